@@ -1,0 +1,3 @@
+from ddppipe.cli import main
+
+raise SystemExit(main())

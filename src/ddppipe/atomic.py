@@ -1,0 +1,64 @@
+"""Atomic file writes: a temporary file in the destination's folder, fsync, then rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``dest``; on success it replaces ``dest`` atomically.
+
+    On any exception the temporary file is removed and ``dest`` is left untouched.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_umask())
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+        _fsync_dir(dest.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes(dest: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``dest`` atomically."""
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(dest: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``dest`` atomically."""
+    write_bytes(dest, text.encode())
+
+
+def write_json(dest: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``dest`` atomically."""
+    write_text(dest, json.dumps(obj, indent=2, sort_keys=True) + "\n")

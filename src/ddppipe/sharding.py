@@ -1,0 +1,49 @@
+"""Per-epoch data order, sharded across ranks like DistributedSampler but without padding.
+
+Each epoch draws one permutation from (seed, epoch). Step k's global batch is
+``perm[k*B:(k+1)*B]`` whatever the world size; each rank takes one contiguous slice of it.
+So every sample is seen exactly once per epoch, ranks are disjoint, and the global batch
+composition does not depend on how many ranks share it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """A permutation of range(n) determined by seed and epoch only."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator)
+
+
+def steps_per_epoch(n: int, global_batch: int) -> int:
+    return -(-n // global_batch)
+
+
+def global_batch(perm: torch.Tensor, step: int, global_batch_size: int) -> torch.Tensor:
+    return perm[step * global_batch_size : (step + 1) * global_batch_size]
+
+
+def local_slice(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank's contiguous share of a global batch (sizes differ by at most one)."""
+    return torch.tensor_split(batch, world_size)[rank]
+
+
+def shard(n: int, seed: int, epoch: int, batch_size: int, rank: int, world_size: int) -> list[
+    torch.Tensor
+]:
+    """All of one rank's index batches for one epoch."""
+    perm = epoch_permutation(n, seed, epoch)
+    return [
+        local_slice(global_batch(perm, k, batch_size), rank, world_size)
+        for k in range(steps_per_epoch(n, batch_size))
+    ]
+
+
+def eval_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, stop) of rank's contiguous share of an evaluation set."""
+    bounds = torch.tensor_split(torch.arange(n), world_size)[rank]
+    if bounds.numel() == 0:
+        return 0, 0
+    return int(bounds[0]), int(bounds[-1]) + 1

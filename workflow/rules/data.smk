@@ -1,0 +1,29 @@
+rule write_config:
+    """The validated config with its preset filled in: what every later step reads."""
+    output:
+        "results/{run}/config.yaml",
+    params:
+        config=lambda wc: config,
+    log:
+        "logs/{run}/write_config.log",
+    localrule: True
+    run:
+        import yaml
+        from ddppipe import config as ddp_config
+
+        ddp_config.write(ddp_config.resolve(params.config), output[0])
+
+
+rule download_mnist:
+    """Download the four MNIST IDX files from the first working mirror and verify them."""
+    input:
+        config=f"results/{RUN}/config.yaml",
+    output:
+        expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+    log:
+        "logs/download_mnist.log",
+    benchmark:
+        "benchmarks/download_mnist.tsv"
+    localrule: True
+    shell:
+        "ddppipe download --config {input.config} --dest {DATA} 2> {log}"

@@ -1,0 +1,18 @@
+rule train:
+    """Multi-process DDP training, started by torchrun; resumes from the run's checkpoints."""
+    input:
+        config="results/{run}/config.yaml",
+        data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+    output:
+        checkpoint="results/{run}/train/final.pt",
+        metrics="results/{run}/train/metrics.jsonl",
+    params:
+        state="results/{run}/state",
+    log:
+        "logs/{run}/train.log",
+    benchmark:
+        "benchmarks/{run}/train.tsv"
+    threads: workflow.cores
+    shell:
+        "ddppipe launch --config {input.config} --data {DATA} --state {params.state}"
+        " --checkpoint {output.checkpoint} --metrics {output.metrics} 2> {log}"

@@ -12,7 +12,7 @@ rule train:
         "logs/{run}/train.log",
     benchmark:
         "benchmarks/{run}/train.tsv"
-    threads: workflow.cores
+    threads: config["launch"]["nproc_per_node"]
     shell:
         "ddppipe launch --config {input.config} --data {DATA} --state {params.state}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics} 2> {log}"

@@ -1,0 +1,36 @@
+# Two entry points on a fresh machine: `make run` (the pipeline) and `make test` (the tests).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CORES ?= all
+# An offline or institutional MNIST mirror, e.g. MIRROR=file:///data/mnist/
+MIRROR ?=
+SNAKEMAKE_ARGS ?=
+MIRROR_ARG := $(if $(MIRROR),--config 'data={mirrors: [$(MIRROR)]}',)
+
+.PHONY: run test env system-deps lint clean
+
+$(BIN)/ddppipe: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+env: $(BIN)/ddppipe
+
+run: env
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES) $(MIRROR_ARG) $(SNAKEMAKE_ARGS)
+
+# SLURM and Apptainer for the tests that need them (root on Debian 12; idempotent).
+system-deps:
+	bash .ci/install_system_deps.sh
+
+test: env system-deps
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
+
+lint: env
+	$(BIN)/ruff check src tests workflow bench
+
+clean:
+	rm -rf results logs benchmarks .snakemake report.html

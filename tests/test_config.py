@@ -1,0 +1,58 @@
+import pytest
+
+from ddppipe import config
+from tests.tiny import default_config
+
+
+def test_default_config_is_valid_and_resolves_the_fast_preset() -> None:
+    cfg = config.resolve(default_config())
+    assert cfg["train"]["preset"] == "fast"
+    assert all(cfg["train"][k] is not None for k in config.presets.RECIPE_KEYS)
+    assert cfg["launch"]["nproc_per_node"] == 2
+
+
+def test_reference_preset_batch_is_64_per_rank() -> None:
+    cfg = default_config()
+    cfg["train"]["preset"] = "reference"
+    cfg["launch"]["nproc_per_node"] = 4
+    resolved = config.resolve(cfg)["train"]
+    assert (resolved["batch_size"], resolved["optimizer"], resolved["epochs"]) == (
+        256,
+        "adadelta",
+        14,
+    )
+
+
+def test_explicit_keys_override_the_preset() -> None:
+    cfg = default_config()
+    cfg["train"].update(epochs=7, lr=0.5)
+    resolved = config.resolve(cfg)["train"]
+    assert (resolved["epochs"], resolved["lr"]) == (7, 0.5)
+
+
+def test_unknown_key_and_wrong_type_are_clear_errors() -> None:
+    cfg = default_config()
+    cfg["train"]["epoch"] = 3
+    cfg["launch"]["nproc_per_node"] = "two"
+    with pytest.raises(config.ConfigError) as e:
+        config.validate(cfg)
+    text = str(e.value)
+    assert "train: Additional properties are not allowed ('epoch' was unexpected)" in text
+    assert "launch.nproc_per_node: 'two' is not of type 'integer'" in text
+
+
+def test_batch_must_divide_by_world_size() -> None:
+    cfg = default_config()
+    cfg["train"]["batch_size"] = 129
+    with pytest.raises(config.ConfigError, match="divisible by the world size 2"):
+        config.resolve(cfg)
+
+
+def test_hash_ignores_process_count_but_not_the_recipe() -> None:
+    base = config.resolve(default_config())
+    more = default_config()
+    more["launch"]["nproc_per_node"] = 4
+    assert config.train_hash(config.resolve(more)) == config.train_hash(base)
+    other = default_config()
+    other["train"]["seed"] = 1
+    assert config.train_hash(config.resolve(other)) != config.train_hash(base)

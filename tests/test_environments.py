@@ -1,0 +1,113 @@
+import pytest
+
+from ddppipe import environments as envs
+
+
+def test_torchrun() -> None:
+    env = {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "node1",
+        "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "x",
+        # torchrun under srun: SLURM variables are present too and must lose
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "2",
+    }
+    e = envs.detect(env)
+    assert isinstance(e, envs.TorchElastic)
+    assert (e.rank, e.local_rank, e.world_size) == (3, 1, 4)
+    assert (e.master_addr, e.master_port) == ("node1", 29400)
+
+
+def test_slurm_srun_first_host_and_job_port() -> None:
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "8",
+        "SLURM_STEP_NUM_TASKS": "6",
+        "SLURM_JOB_NODELIST": "gpu[07-09],cpu1",
+        "SLURM_JOB_ID": "123456",
+    }
+    e = envs.detect(env)
+    assert isinstance(e, envs.Slurm)
+    assert (e.rank, e.local_rank, e.world_size) == (5, 1, 6)  # the step's tasks win
+    assert e.master_addr == "gpu07"
+    assert e.master_port == envs.job_port(123456)
+    other = envs.detect({**env, "SLURM_JOB_ID": "123457"})
+    assert other.master_port != e.master_port
+
+
+def test_slurm_explicit_master_overrides() -> None:
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_ID": "7",
+        "MASTER_ADDR": "10.0.0.5",
+        "MASTER_PORT": "1234",
+    }
+    e = envs.detect(env)
+    assert (e.master_addr, e.master_port) == ("10.0.0.5", 1234)
+
+
+def test_openmpi_inside_slurm_allocation() -> None:
+    env = {
+        "OMPI_COMM_WORLD_RANK": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NODELIST": "a[3-4]",
+    }
+    e = envs.detect(env)
+    assert isinstance(e, envs.OpenMPI)
+    assert (e.rank, e.local_rank, e.world_size, e.master_addr) == (2, 0, 4, "a3")
+    assert e.master_port == envs.DEFAULT_PORT
+
+
+def test_pmi() -> None:
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MASTER_ADDR": "h0"}
+    e = envs.detect(env)
+    assert isinstance(e, envs.PMI)
+    assert (e.rank, e.local_rank, e.world_size, e.master_addr) == (1, 1, 2, "h0")
+
+
+def test_mpi_without_rendezvous_host_is_a_clear_error() -> None:
+    e = envs.detect(
+        {
+            "OMPI_COMM_WORLD_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_SIZE": "2",
+        }
+    )
+    with pytest.raises(envs.LauncherEnvError, match="MASTER_ADDR"):
+        _ = e.master_addr
+
+
+def test_single_process() -> None:
+    e = envs.detect({})
+    assert isinstance(e, envs.Single)
+    assert (e.rank, e.local_rank, e.world_size, e.master_addr) == (0, 0, 1, "127.0.0.1")
+
+
+def test_bad_values_are_clear_errors() -> None:
+    with pytest.raises(envs.LauncherEnvError, match="RANK='x' is not an integer"):
+        envs.detect(
+            {
+                "RANK": "x",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "a",
+                "MASTER_PORT": "1",
+                "TORCHELASTIC_RUN_ID": "1",
+            }
+        )
+    with pytest.raises(envs.LauncherEnvError, match="outside world size"):
+        envs.detect({"PMI_RANK": "2", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "0"})
+    with pytest.raises(envs.LauncherEnvError, match="node list"):
+        envs.first_host("node[3-")

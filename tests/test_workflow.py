@@ -1,0 +1,100 @@
+"""The Snakemake DAG: its shape for the default config, and real end-to-end runs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddppipe import checkpoint
+from ddppipe.model import Net
+from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
+from tests.workflow_helpers import job_counts, rule_graph, snakemake
+
+
+def test_default_dag_rules_and_order(tmp_path: Path) -> None:
+    cfg = default_config()
+    counts = job_counts(tmp_path, cfg)
+    assert counts == {
+        "write_config": 1,
+        "download_mnist": 1,
+        "train": 1,
+        "evaluate": 1,
+        "export": 1,
+        "plot_training": 1,
+        "all": 1,
+    }
+    edges = rule_graph(tmp_path, cfg)
+    for edge in [
+        ("write_config", "download_mnist"),
+        ("download_mnist", "train"),
+        ("write_config", "train"),
+        ("train", "evaluate"),
+        ("train", "export"),
+        ("train", "plot_training"),
+        ("evaluate", "all"),
+        ("export", "all"),
+    ]:
+        assert edge in edges, edge
+    assert ("download_mnist", "evaluate") in edges  # evaluation reads the test files
+
+
+def test_invalid_config_fails_before_anything_runs(tmp_path: Path) -> None:
+    cfg = default_config()
+    cfg["train"]["epochz"] = 2
+    result = snakemake(tmp_path, cfg, "-n", check=False)
+    assert result.returncode != 0
+    assert "epochz" in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
+    """Every rule runs for real on tiny data; a second run has nothing to do."""
+    cfg = tiny_config(tiny)
+    snakemake(tmp_path, cfg, "--cores", "2")
+    run = tmp_path / "results" / "tiny"
+    for rel in [
+        "config.yaml",
+        "train/final.pt",
+        "train/metrics.jsonl",
+        "train/training_curves.png",
+        "eval/metrics.json",
+        "eval/confusion_matrix.png",
+        "export/model.pt",
+        "export/provenance.json",
+    ]:
+        assert (run / rel).stat().st_size > 0, rel
+    for rule in ["train", "evaluate", "export"]:
+        assert (tmp_path / "benchmarks" / "tiny" / f"{rule}.tsv").is_file()
+    again = snakemake(tmp_path, cfg, "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
+    """The DAG on real MNIST served over loopback HTTP: 2-process DDP, >= 97 % after 1 epoch."""
+    cfg = default_config()
+    cfg["data"]["mirrors"] = ["http://127.0.0.1:9/", http_mirror(REAL_MNIST)]  # first one fails
+    cfg["data"]["sha256"] = real_mnist_sha256()
+    cfg["train"]["epochs"] = 1
+    snakemake(tmp_path, cfg, "--cores", "2")
+    run = tmp_path / "results" / cfg["run"]
+
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert metrics["test_count"] == 10_000
+    assert metrics["test_accuracy"] >= 0.97
+    assert len(metrics["per_class_accuracy"]) == 10
+    assert sum(map(sum, metrics["confusion_matrix"])) == 10_000
+    assert (run / "eval" / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    provenance = json.loads((run / "export" / "provenance.json").read_text())
+    assert provenance["training"]["world_size"] == 2
+    assert provenance["data_sha256"] == real_mnist_sha256()
+    assert provenance["seed"] == 0 and provenance["epochs"] == 1
+    assert provenance["config_hash"] == checkpoint.load(run / "train" / "final.pt")["config_hash"]
+    assert provenance["software"]["torch"] == torch.__version__
+
+    model = Net()
+    model.load_state_dict(torch.load(run / "export" / "model.pt", weights_only=True))
+    history = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert history[0]["test_accuracy"] == pytest.approx(metrics["test_accuracy"])

@@ -1,0 +1,82 @@
+"""Tiny generated MNIST-like IDX data and configs for fast tests."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ddppipe import idx, mnist
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"
+
+
+@dataclass(frozen=True)
+class TinyData:
+    data_dir: Path  # decompressed IDX files, as the download rule leaves them
+    mirror: Path  # <name>.gz files, as a mirror serves them
+    sha256: dict[str, str]
+
+    @property
+    def mirror_url(self) -> str:
+        return self.mirror.as_uri() + "/"
+
+
+def make_split(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images whose mean brightness encodes the label, so a model can learn something."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 10, (n,), generator=g, dtype=torch.uint8)
+    noise = torch.randint(0, 40, (n, 28, 28), generator=g)
+    images = (noise + labels.long().view(-1, 1, 1) * 20).clamp(max=255).to(torch.uint8)
+    return images, labels
+
+
+def make_tiny(root: Path, n_train: int = 256, n_test: int = 128) -> TinyData:
+    """Write a tiny dataset and a gzip mirror of it below ``root``."""
+    data_dir, mirror = root / "data", root / "mirror"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    mirror.mkdir(parents=True, exist_ok=True)
+    train_x, train_y = make_split(n_train, 1)
+    test_x, test_y = make_split(n_test, 2)
+    tensors = {
+        mnist.TRAIN_IMAGES: train_x,
+        mnist.TRAIN_LABELS: train_y,
+        mnist.TEST_IMAGES: test_x,
+        mnist.TEST_LABELS: test_y,
+    }
+    sha = {}
+    for name, tensor in tensors.items():
+        content = idx.encode(tensor)
+        (data_dir / name).write_bytes(content)
+        (mirror / f"{name}.gz").write_bytes(gzip.compress(content, mtime=0))
+        sha[name] = hashlib.sha256(content).hexdigest()
+    return TinyData(data_dir, mirror, sha)
+
+
+def default_config() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def tiny_config(data: TinyData, **train: Any) -> dict[str, Any]:
+    """The default config pointed at a tiny mirror, trained briefly."""
+    cfg = copy.deepcopy(default_config())
+    cfg["run"] = "tiny"
+    cfg["data"] = {"mirrors": [data.mirror_url], "sha256": data.sha256, "timeout_s": 10}
+    cfg["train"].update({"epochs": 1, "batch_size": 32, "eval_batch_size": 64})
+    cfg["train"].update(train)
+    return cfg
+
+
+def real_mnist_sha256() -> dict[str, str]:
+    sums = {}
+    for line in (REAL_MNIST / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split()
+        sums[name] = digest
+    return sums

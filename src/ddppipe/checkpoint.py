@@ -22,8 +22,18 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{6})\.pt$")
 REQUIRED_KEYS = frozenset(
-    {"format", "config_hash", "epoch", "step", "model", "optimizer", "scheduler", "rng",
-     "history", "meta"}
+    {
+        "format",
+        "config_hash",
+        "epoch",
+        "step",
+        "model",
+        "optimizer",
+        "scheduler",
+        "rng",
+        "history",
+        "meta",
+    }
 )
 
 
@@ -48,7 +58,7 @@ def load(path: Path) -> dict[str, Any]:
         snapshot = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a damaged file
         raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(snapshot, dict) or not REQUIRED_KEYS <= snapshot.keys():
+    if not isinstance(snapshot, dict) or not snapshot.keys() >= REQUIRED_KEYS:
         raise CheckpointError(f"{path}: not a ddppipe checkpoint (missing keys)")
     if snapshot["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {snapshot['format']}, expected {FORMAT}")
@@ -102,5 +112,8 @@ class Store:
             shutil.move(path, stale / path.name)
         log.warning(
             "checkpoints in %s belong to training config %s, not %s: moved to %s, starting over",
-            self.folder, old_hash, new_hash, stale,
+            self.folder,
+            old_hash,
+            new_hash,
+            stale,
         )

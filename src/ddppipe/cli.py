@@ -21,7 +21,7 @@ def _setup_logging() -> None:
     )
 
 
-def _train_paths(args: argparse.Namespace):  # noqa: ANN202
+def _train_paths(args: argparse.Namespace):
     from ddppipe.train import Paths
 
     return Paths(args.data, args.state, args.checkpoint, args.metrics)
@@ -60,8 +60,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from ddppipe import config, launch
 
     cfg = config.load(args.config)
-    train_args = launch.train_args(args.config, args.data, args.state, args.checkpoint,
-                                   args.metrics)
+    train_args = launch.train_args(
+        args.config, args.data, args.state, args.checkpoint, args.metrics
+    )
     command = launch.local_torchrun(cfg, train_args)
     env = launch.environment(cfg, launch.available_cpus())
     logging.getLogger("ddppipe").info("exec: %s", " ".join(command))
@@ -109,8 +110,12 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="resolved config YAML")
     p.add_argument("--data", type=Path, required=True, help="folder with the MNIST IDX files")
-    p.add_argument("--state", type=Path, required=True,
-                   help="run state folder (checkpoints); kept across failed attempts")
+    p.add_argument(
+        "--state",
+        type=Path,
+        required=True,
+        help="run state folder (checkpoints); kept across failed attempts",
+    )
     p.add_argument("--checkpoint", type=Path, required=True, help="final checkpoint to write")
     p.add_argument("--metrics", type=Path, required=True, help="per-epoch metrics (JSON lines)")
 
@@ -173,8 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         # Known failure modes carry actionable messages; show them without a traceback.
         from ddppipe import checkpoint, config, download, environments, idx
 
-        known = (config.ConfigError, download.DownloadError, idx.IdxError,
-                 checkpoint.CheckpointError, environments.LauncherEnvError, FileNotFoundError)
+        known = (
+            config.ConfigError,
+            download.DownloadError,
+            idx.IdxError,
+            checkpoint.CheckpointError,
+            environments.LauncherEnvError,
+            FileNotFoundError,
+        )
         if isinstance(e, known):
             print(f"ddppipe {args.command}: error: {e}", file=sys.stderr)
             return 2

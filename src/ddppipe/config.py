@@ -31,7 +31,7 @@ def _fill_defaults(validator_class: type) -> type:
     """A validator class that also writes each property's schema default into the instance."""
     validate_properties = validator_class.VALIDATORS["properties"]
 
-    def set_defaults(validator, properties, instance, schema_):  # noqa: ANN001, ANN202
+    def set_defaults(validator, properties, instance, schema_):
         if isinstance(instance, dict):
             for prop, sub in properties.items():
                 if "default" in sub:

@@ -40,9 +40,7 @@ class ProcessEnvironment:
         except KeyError as e:
             raise LauncherEnvError(f"{self.name}: environment variable {key} is not set") from e
         except ValueError as e:
-            raise LauncherEnvError(
-                f"{self.name}: {key}={self.env[key]!r} is not an integer"
-            ) from e
+            raise LauncherEnvError(f"{self.name}: {key}={self.env[key]!r} is not an integer") from e
 
     @property
     def rank(self) -> int:
@@ -169,8 +167,10 @@ class Slurm(ProcessEnvironment):
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
-        return "SLURM_PROCID" in env and "SLURM_LOCALID" in env and (
-            "SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env
+        return (
+            "SLURM_PROCID" in env
+            and "SLURM_LOCALID" in env
+            and ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env)
         )
 
     @property

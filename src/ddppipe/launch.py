@@ -27,12 +27,17 @@ def local_torchrun(cfg: dict[str, Any], train_args: list[str]) -> list[str]:
     """``torchrun --standalone`` with the configured processes, running ``ddppipe train``."""
     launch = cfg["launch"]
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={launch['nproc_per_node']}",
         f"--max-restarts={launch['max_restarts']}",
-        "-m", "ddppipe", "train", *train_args,
+        "-m",
+        "ddppipe",
+        "train",
+        *train_args,
     ]
 
 
@@ -52,6 +57,9 @@ def exec_command(command: list[str], env: dict[str, str]) -> None:
 
 def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> list[str]:
     return [
-        f"--config={config}", f"--data={data}", f"--state={state}",
-        f"--checkpoint={checkpoint}", f"--metrics={metrics}",
+        f"--config={config}",
+        f"--data={data}",
+        f"--state={state}",
+        f"--checkpoint={checkpoint}",
+        f"--metrics={metrics}",
     ]

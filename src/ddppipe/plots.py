@@ -9,9 +9,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from ddppipe import atomic  # noqa: E402
+from ddppipe import atomic
 
 
 def _save(fig: Any, path: Path) -> None:

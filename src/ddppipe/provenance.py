@@ -14,6 +14,7 @@ from ddppipe import __version__, download, mnist
 
 def git_commit(cwd: Path | None = None) -> dict[str, Any]:
     """HEAD's commit and whether the work tree has uncommitted changes (None outside git)."""
+
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=30

@@ -30,9 +30,9 @@ def local_slice(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor
     return torch.tensor_split(batch, world_size)[rank]
 
 
-def shard(n: int, seed: int, epoch: int, batch_size: int, rank: int, world_size: int) -> list[
-    torch.Tensor
-]:
+def shard(
+    n: int, seed: int, epoch: int, batch_size: int, rank: int, world_size: int
+) -> list[torch.Tensor]:
     """All of one rank's index batches for one epoch."""
     perm = epoch_permutation(n, seed, epoch)
     return [

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -89,7 +88,9 @@ class Trainer:
         self.ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg)
         self.scheduler = make_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
-        self.store = checkpoint.Store(paths.state_dir / "checkpoints", self.train_cfg["keep_checkpoints"])
+        self.store = checkpoint.Store(
+            paths.state_dir / "checkpoints", self.train_cfg["keep_checkpoints"]
+        )
         self.hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.history: list[dict[str, Any]] = []
@@ -132,7 +133,8 @@ class Trainer:
             "launcher": self.ctx.launcher,
             "device": self.ctx.device.type,
             "device_name": torch.cuda.get_device_name(self.ctx.device)
-            if self.ctx.device.type == "cuda" else "cpu",
+            if self.ctx.device.type == "cuda"
+            else "cpu",
             "torch": str(torch.__version__),
             "ddppipe": __version__,
             "seed": self.train_cfg["seed"],
@@ -161,7 +163,11 @@ class Trainer:
         self.model.load_state_dict(snapshot["model"])
         self.optimizer.load_state_dict(snapshot["optimizer"])
         self.scheduler.load_state_dict(snapshot["scheduler"])
-        self.epoch, self.step, self.history = snapshot["epoch"], snapshot["step"], snapshot["history"]
+        self.epoch, self.step, self.history = (
+            snapshot["epoch"],
+            snapshot["step"],
+            snapshot["history"],
+        )
         if len(snapshot["rng"]) == self.ctx.world_size:
             self._set_rng(snapshot["rng"][self.ctx.rank])
         else:
@@ -184,8 +190,9 @@ class Trainer:
         train = self.data.train
         x = mnist.normalize(train.images[indices]).contiguous(memory_format=self.memory_format)
         y = train.labels[indices]
-        with torch.autocast(self.ctx.device.type, dtype=self.dtype,
-                            enabled=self.dtype != torch.float32):
+        with torch.autocast(
+            self.ctx.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
+        ):
             logits = self.ddp(x)
         loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
         # DDP averages gradients over ranks; scaling by world/global count makes the result
@@ -229,8 +236,9 @@ class Trainer:
             self.model, shard, self.train_cfg["eval_batch_size"], self.dtype, self.memory_format
         )
         if self.ctx.device.type == "cuda":
-            result = evaluate.Counts(result.loss_sum.to(self.ctx.device),
-                                     result.confusion.to(self.ctx.device))
+            result = evaluate.Counts(
+                result.loss_sum.to(self.ctx.device), result.confusion.to(self.ctx.device)
+            )
         return result.all_reduce()
 
     def run(self) -> None:
@@ -246,17 +254,19 @@ class Trainer:
                 counts = self._evaluate()
                 eval_seconds = time.perf_counter() - eval_start
                 self.epoch, self.step = self.epoch + 1, 0
-                self.history.append({
-                    "epoch": self.epoch,
-                    "train_loss": self._epoch_loss,
-                    "test_loss": counts.loss,
-                    "test_accuracy": counts.accuracy,
-                    "images_per_s": self._epoch_images / train_seconds,
-                    "epoch_seconds": train_seconds + eval_seconds,
-                    "train_seconds": train_seconds,
-                    "lr": self.scheduler.get_last_lr()[0],
-                    "world_size": self.ctx.world_size,
-                })
+                self.history.append(
+                    {
+                        "epoch": self.epoch,
+                        "train_loss": self._epoch_loss,
+                        "test_loss": counts.loss,
+                        "test_accuracy": counts.accuracy,
+                        "images_per_s": self._epoch_images / train_seconds,
+                        "epoch_seconds": train_seconds + eval_seconds,
+                        "train_seconds": train_seconds,
+                        "lr": self.scheduler.get_last_lr()[0],
+                        "world_size": self.ctx.world_size,
+                    }
+                )
                 if self.ctx.is_main:
                     log.info("epoch %d: %s", self.epoch, json.dumps(self.history[-1]))
                 last = self.epoch == self.train_cfg["epochs"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.slurm_fixtures import slurm_accounting_cluster, slurm_cluster, slurm_slot  # noqa: F401
 from tests.tiny import REPO, TinyData, make_tiny
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

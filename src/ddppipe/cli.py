@@ -63,11 +63,67 @@ def cmd_launch(args: argparse.Namespace) -> int:
     train_args = launch.train_args(
         args.config, args.data, args.state, args.checkpoint, args.metrics
     )
-    command = launch.local_torchrun(cfg, train_args)
-    env = launch.environment(cfg, launch.available_cpus())
+    if cfg["launch"]["nnodes"] > 1:
+        command, env = _slurm_launch(cfg, ["train", *train_args])
+    else:
+        command = launch.local_torchrun(cfg, train_args)
+        env = launch.environment(cfg, launch.available_cpus())
     logging.getLogger("ddppipe").info("exec: %s", " ".join(command))
     launch.exec_command(command, env)
     return 0  # not reached
+
+
+def _slurm_job(cfg: dict) -> tuple[str, list[str]]:
+    from ddppipe import config, slurm
+
+    job = slurm.job_id()
+    if not job:
+        raise config.ConfigError(
+            f"launch.nnodes={cfg['launch']['nnodes']} needs a SLURM allocation: run "
+            "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
+        )
+    return job, slurm.job_nodes(job)
+
+
+def _slurm_launch(cfg: dict, module_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Preflight on the job's nodes, then the srun + torchrun command of the real run."""
+    from ddppipe import launch, preflight
+
+    job, hosts = _slurm_job(cfg)
+    log = logging.getLogger("ddppipe")
+    log.info("preflight on %s:\n%s", ",".join(hosts), preflight.run(cfg, job, hosts))
+    return launch.slurm_torchrun(cfg, job, hosts, module_args), launch.slurm_environment(cfg)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from ddppipe import launch
+
+    return launch.run_agent(args.torchrun_args)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from ddppipe import config, preflight
+
+    cfg = config.load(args.config)
+    job, hosts = _slurm_job(cfg)
+    print(preflight.run(cfg, job, hosts), end="")
+    return 0
+
+
+def cmd_preflight_node(args: argparse.Namespace) -> int:
+    from ddppipe import preflight
+
+    problems = preflight.check_node(args.host, args.gpus, args.nproc)
+    for problem in problems:
+        print(f"preflight: {problem}", file=sys.stderr)
+    return 3 if problems else 0
+
+
+def cmd_preflight_allreduce(args: argparse.Namespace) -> int:
+    from ddppipe import preflight
+
+    print(f"preflight: {preflight.allreduce()}", flush=True)
+    return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -92,11 +148,38 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_image(args: argparse.Namespace) -> int:
+    from ddppipe import atomic, container
+
+    container.build(args.recipe, args.image, args.log, args.context)
+    atomic.write_json(args.info, container.image_info(args.image, args.recipe))
+    return 0
+
+
+def cmd_image_info(args: argparse.Namespace) -> int:
+    from ddppipe import atomic, container
+
+    atomic.write_json(args.out, container.image_info(args.image, args.recipe))
+    return 0
+
+
 def cmd_plot_training(args: argparse.Namespace) -> int:
     from ddppipe import plots
 
     history = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
     plots.training_curves(history, args.out)
+    return 0
+
+
+def cmd_plot_scaling(args: argparse.Namespace) -> int:
+    from ddppipe import scaling_plots, scaling_results
+
+    results = scaling_results.load(args.metrics, args.configs)
+    scaling_plots.learning_curves(results, args.curves)
+    scaling_plots.throughput(results, args.throughput)
+    rows = scaling_results.table(results, args.targets)
+    scaling_results.write_csv(rows, args.table_csv)
+    scaling_results.write_html(rows, args.table_html)
     return 0
 
 
@@ -143,6 +226,23 @@ def parser() -> argparse.ArgumentParser:
     _add_train_args(p)
     p.set_defaults(func=cmd_launch)
 
+    p = sub.add_parser("agent", help="torchrun on this node, safe from SIGUSR1 (srun starts it)")
+    p.add_argument("torchrun_args", nargs=argparse.REMAINDER, help="torchrun arguments")
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("preflight", help="check the SLURM job's nodes before training")
+    p.add_argument("--config", type=Path, required=True)
+    p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("preflight-node", help="(one per node) resolve the host, count GPUs")
+    p.add_argument("--host", required=True)
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--nproc", type=int, default=1)
+    p.set_defaults(func=cmd_preflight_node)
+
+    p = sub.add_parser("preflight-allreduce", help="(one per rank, under torchrun) all-reduce")
+    p.set_defaults(func=cmd_preflight_allreduce)
+
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on the test set")
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True)
@@ -159,10 +259,41 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-info", type=Path, help="JSON describing the container image used")
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("build-image", help="build the Apptainer image (atomically) and its info")
+    p.add_argument("--recipe", type=Path, required=True, help="Apptainer definition file")
+    p.add_argument("--image", type=Path, required=True, help=".sif to write")
+    p.add_argument("--info", type=Path, required=True, help="image-info JSON (sha256, labels)")
+    p.add_argument("--log", type=Path, required=True, help="apptainer build output")
+    p.add_argument("--context", type=Path, default=Path.cwd(),
+                   help="folder the recipe's %%files paths are relative to (repository root)")
+    p.set_defaults(func=cmd_build_image)
+
+    p = sub.add_parser("image-info", help="write the info JSON (sha256, labels) of an image")
+    p.add_argument("--image", type=Path, required=True)
+    p.add_argument("--recipe", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_image_info)
+
     p = sub.add_parser("plot-training", help="plot per-epoch loss and accuracy")
     p.add_argument("--metrics", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_plot_training)
+
+    p = sub.add_parser(
+        "plot-scaling", help="figures and time-to-accuracy table of the scaling study"
+    )
+    p.add_argument("--metrics", type=Path, nargs="+", required=True,
+                   help="metrics.jsonl of each grid point")
+    p.add_argument("--configs", type=Path, nargs="+", required=True,
+                   help="resolved config.yaml of each grid point, in the same order")
+    p.add_argument("--targets", type=float, nargs="+", default=[0.98, 0.99],
+                   help="test accuracies (fractions) to tabulate the time to")
+    p.add_argument("--curves", type=Path, required=True, help="learning-curves PNG to write")
+    p.add_argument("--throughput", type=Path, required=True,
+                   help="throughput and efficiency PNG to write")
+    p.add_argument("--table-csv", type=Path, required=True)
+    p.add_argument("--table-html", type=Path, required=True)
+    p.set_defaults(func=cmd_plot_scaling)
 
     p = sub.add_parser("selfcheck", help="print versions and run a one-process DDP smoke test")
     p.set_defaults(func=cmd_selfcheck)
@@ -170,20 +301,37 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:  # torchrun's own options follow; argparse would take them
+        from ddppipe import launch
+
+        return launch.run_agent(argv[1:])
     args = parser().parse_args(argv)
     _setup_logging()
     try:
         return args.func(args)
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         # Known failure modes carry actionable messages; show them without a traceback.
-        from ddppipe import checkpoint, config, download, environments, idx
+        from ddppipe import (
+            checkpoint,
+            config,
+            container,
+            download,
+            environments,
+            idx,
+            preflight,
+            slurm,
+        )
 
         known = (
+            container.ContainerError,
             config.ConfigError,
             download.DownloadError,
             idx.IdxError,
             checkpoint.CheckpointError,
             environments.LauncherEnvError,
+            preflight.PreflightError,
+            slurm.SlurmRequestError,
             FileNotFoundError,
         )
         if isinstance(e, known):

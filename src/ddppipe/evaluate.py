@@ -84,16 +84,29 @@ def counts(
     return Counts(loss_sum.cpu(), confusion.reshape(idx.NUM_CLASSES, -1).cpu())
 
 
+def numerics(train: dict[str, Any]) -> tuple[torch.dtype, torch.memory_format]:
+    """Autocast dtype and memory format of a training recipe (evaluation uses the same)."""
+    dtype = torch.bfloat16 if train.get("precision") == "bf16" else torch.float32
+    layout = torch.channels_last if train.get("channels_last") else torch.contiguous_format
+    return dtype, layout
+
+
 def evaluate_checkpoint(checkpoint: Path, data_dir: Path, batch_size: int) -> dict[str, Any]:
-    """Load a checkpoint's model and evaluate it on the test split of ``data_dir``."""
+    """Evaluate a checkpoint's model on the test split of ``data_dir``.
+
+    It runs with the training recipe's precision and layout, so its accuracy is the one the
+    training run reported after its last epoch.
+    """
     from ddppipe import checkpoint as ckpt
     from ddppipe.model import Net
 
     snapshot = ckpt.load(checkpoint)
-    model = Net()
+    dtype, layout = numerics(snapshot["meta"]["train"])
+    model = Net().to(memory_format=layout)
     model.load_state_dict(snapshot["model"])
     test = mnist.load(data_dir).test
-    result = counts(model, test, batch_size).summary()
+    result = counts(model, test, batch_size, dtype, layout).summary()
+    result["precision"] = str(dtype).removeprefix("torch.")
     result["epochs"] = snapshot["epoch"]
     result["config_hash"] = snapshot["config_hash"]
     return result

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddppipe import container
+
 
 def threads_per_proc(cfg: dict[str, Any], cpus: int) -> int:
     """CPU threads for each training process: configured, or the node's CPUs shared out."""
@@ -24,10 +26,13 @@ def available_cpus() -> int:
 
 
 def local_torchrun(cfg: dict[str, Any], train_args: list[str]) -> list[str]:
-    """``torchrun --standalone`` with the configured processes, running ``ddppipe train``."""
+    """``torchrun --standalone`` with the configured processes, running ``ddppipe train``.
+
+    With ``container.mode: apptainer`` it runs inside the image (``apptainer exec IMAGE``).
+    """
     launch = cfg["launch"]
     return [
-        sys.executable,
+        *container.python_command(cfg),
         "-m",
         "torch.distributed.run",
         "--standalone",
@@ -63,3 +68,98 @@ def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics:
         f"--checkpoint={checkpoint}",
         f"--metrics={metrics}",
     ]
+
+
+# -- SLURM: one torchrun agent per node, started by one srun step ---------------------------
+
+RDZV_JOIN_TIMEOUT_S = 120
+
+
+def rendezvous_endpoint(cfg: dict[str, Any], job_id: str, hosts: list[str]) -> str:
+    """``host:port``: the configured host or the job's first node; the port from the job id."""
+    from ddppipe.environments import job_port
+
+    host = cfg["slurm"].get("rendezvous_host") or hosts[0]
+    return f"{host}:{job_port(int(job_id))}"
+
+
+def srun_step(cfg: dict[str, Any], job_id: str, kill_on_bad_exit: bool = True) -> list[str]:
+    """``srun`` of one task per node of the job, each with the CPUs (and GPUs) of its node."""
+    launch, slurm = cfg["launch"], cfg["slurm"]
+    nodes = launch["nnodes"]
+    command = [
+        "srun",
+        f"--jobid={job_id}",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={launch['nproc_per_node'] * slurm['cpus_per_task']}",
+        f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
+        "--export=ALL",
+    ]
+    if slurm["gpus_per_node"]:
+        command.append(f"--gres=gpu:{slurm['gpus_per_node']}")
+    return command
+
+
+def slurm_torchrun(
+    cfg: dict[str, Any],
+    job_id: str,
+    hosts: list[str],
+    module_args: list[str],
+    max_restarts: int | None = None,
+    join_timeout_s: int = RDZV_JOIN_TIMEOUT_S,
+) -> list[str]:
+    """srun step starting ``ddppipe agent`` (torchrun, USR1-safe) on every node of the job."""
+    launch = cfg["launch"]
+    restarts = launch["max_restarts"] if max_restarts is None else max_restarts
+    gpus = bool(cfg["slurm"]["gpus_per_node"])
+    return [
+        *srun_step(cfg, job_id),
+        *container.python_command(cfg, gpus),  # [apptainer exec --nv IMAGE] python
+        "-m",
+        "ddppipe",
+        "agent",
+        f"--nnodes={launch['nnodes']}",
+        f"--nproc-per-node={launch['nproc_per_node']}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous_endpoint(cfg, job_id, hosts)}",
+        f"--rdzv-id={job_id}",
+        f"--rdzv-conf=join_timeout={join_timeout_s}",
+        f"--max-restarts={restarts}",
+        "-m",
+        "ddppipe",
+        *module_args,
+    ]
+
+
+def slurm_environment(cfg: dict[str, Any]) -> dict[str, str]:
+    """Environment of the srun step: one thread per allocated CPU of each process."""
+    env = dict(os.environ)
+    threads = cfg["launch"].get("threads_per_proc") or cfg["slurm"]["cpus_per_task"]
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_agent(torchrun_argv: list[str]) -> int:
+    """torchrun in this process, surviving SIGUSR1, passing a worker's exit 75 on.
+
+    SLURM signals every process of the step; torchrun's agent would die of SIGUSR1 (its
+    default action). Ignoring it here is inherited by the workers until the training
+    loop installs its own handler (ddppipe.preemption), so no process dies of it.
+    """
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    from ddppipe.preemption import EXIT_CODE
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        torchrun_main(torchrun_argv)
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        print(f"ddppipe agent: workers failed with exit codes {sorted(codes)}", file=sys.stderr)
+        return EXIT_CODE if EXIT_CODE in codes else 1
+    return 0

@@ -14,7 +14,8 @@ import matplotlib.pyplot as plt
 from ddppipe import atomic
 
 
-def _save(fig: Any, path: Path) -> None:
+def save(fig: Any, path: Path) -> None:
+    """Write a figure as PNG (atomically) and close it."""
     with atomic.atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -37,7 +38,7 @@ def confusion_matrix(matrix: Sequence[Sequence[int]], accuracy: float, path: Pat
     ax.set_ylabel("true digit")
     ax.set_title(f"MNIST test set: confusion matrix (accuracy {accuracy:.2%})")
     fig.colorbar(image, ax=ax, label="images (log scale)")
-    _save(fig, path)
+    save(fig, path)
 
 
 def training_curves(history: Sequence[dict[str, Any]], path: Path) -> None:
@@ -58,4 +59,4 @@ def training_curves(history: Sequence[dict[str, Any]], path: Path) -> None:
     for ax in (ax_loss, ax_acc):
         ax.set_xticks(epochs)
     fig.suptitle("Training curves")
-    _save(fig, path)
+    save(fig, path)

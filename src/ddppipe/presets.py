@@ -14,6 +14,7 @@ RECIPE_KEYS = (
     "gamma",
     "precision",
     "channels_last",
+    "label_smoothing",
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -29,18 +30,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "gamma": 0.7,
         "precision": "fp32",
         "channels_last": False,
+        "label_smoothing": 0.0,
     },
     # Reaches >= 99.0 % test accuracy on MNIST in as little time as we measured.
     "fast": {
         "epochs": 3,
-        "batch_size": 128,
+        "batch_size": 256,
         "optimizer": "adamw",
-        "lr": 0.003,
+        "lr": 0.005,
         "weight_decay": 0.01,
         "schedule": "onecycle",
         "gamma": 0.7,
-        "precision": "fp32",
-        "channels_last": False,
+        "precision": "bf16",
+        "channels_last": True,
+        "label_smoothing": 0.1,
     },
 }
 

@@ -1,14 +1,20 @@
+from ddppipe import scaling as ddp_scaling
+
+
 rule write_config:
-    """The validated config with its preset filled in: what every later step reads."""
+    """The run's validated config with its preset filled in: what every later step reads.
+
+    The base run gets the config as given; a scaling-study run (scaling-n<N>-p<P>-c<C>) gets
+    it with that grid point's launch settings (ddppipe.scaling).
+    """
     output:
         "results/{run}/config.yaml",
     params:
-        config=lambda wc: config,
+        config=lambda wc: ddp_scaling.config_for_run(config, wc.run),
     log:
         "logs/{run}/write_config.log",
     localrule: True
     run:
-        import yaml
         from ddppipe import config as ddp_config
 
         ddp_config.write(ddp_config.resolve(params.config), output[0])

@@ -3,19 +3,28 @@ rule evaluate:
     input:
         checkpoint="results/{run}/train/final.pt",
         data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+        image=image_input(),
     output:
-        metrics="results/{run}/eval/metrics.json",
+        metrics=report(
+            "results/{run}/eval/metrics.json",
+            caption="../report/eval_metrics.rst",
+            category="Evaluation",
+            subcategory="{run}",
+        ),
         plot=report(
             "results/{run}/eval/confusion_matrix.png",
             caption="../report/confusion_matrix.rst",
             category="Evaluation",
+            subcategory="{run}",
         ),
+    params:
+        exec=image_exec(),  # "apptainer exec ... IMAGE " with container.mode apptainer
     log:
         "logs/{run}/evaluate.log",
     benchmark:
         "benchmarks/{run}/evaluate.tsv"
     shell:
-        "ddppipe evaluate --checkpoint {input.checkpoint} --data {DATA}"
+        "{params.exec}ddppipe evaluate --checkpoint {input.checkpoint} --data {DATA}"
         " --metrics {output.metrics} --plot {output.plot} 2> {log}"
 
 
@@ -28,6 +37,7 @@ rule plot_training:
             "results/{run}/train/training_curves.png",
             caption="../report/training_curves.rst",
             category="Training",
+            subcategory="{run}",
         ),
     log:
         "logs/{run}/plot_training.log",
@@ -41,13 +51,22 @@ rule export:
     input:
         checkpoint="results/{run}/train/final.pt",
         data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+        image=image_input(),
     output:
         weights="results/{run}/export/model.pt",
-        provenance="results/{run}/export/provenance.json",
+        provenance=report(
+            "results/{run}/export/provenance.json",
+            caption="../report/provenance.rst",
+            category="Provenance",
+            subcategory="{run}",
+        ),
+    params:
+        image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
     log:
         "logs/{run}/export.log",
     benchmark:
         "benchmarks/{run}/export.tsv"
     shell:
         "ddppipe export --checkpoint {input.checkpoint} --data {DATA}"
-        " --weights {output.weights} --provenance {output.provenance} 2> {log}"
+        " --weights {output.weights} --provenance {output.provenance} {params.image_info}"
+        " 2> {log}"

@@ -3,6 +3,7 @@ rule train:
     input:
         config="results/{run}/config.yaml",
         data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+        image=image_input(),  # container.mode apptainer: launch runs torchrun in the image
     output:
         checkpoint="results/{run}/train/final.pt",
         metrics="results/{run}/train/metrics.jsonl",
@@ -13,6 +14,8 @@ rule train:
     benchmark:
         "benchmarks/{run}/train.tsv"
     threads: config["launch"]["nproc_per_node"]
+    resources:
+        **ddp_slurm.resources(config),
     shell:
         "ddppipe launch --config {input.config} --data {DATA} --state {params.state}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics} 2> {log}"

@@ -1,0 +1,143 @@
+"""Apptainer images: build one atomically, describe it, and prefix commands to run inside it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+APPTAINER = "apptainer"
+BUILD_OPTIONS = ("--fakeroot", "--force", "--mksquashfs-args", "-comp zstd -Xcompression-level 3")
+IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
+
+
+class ContainerError(RuntimeError):
+    """An image could not be built or inspected; the message says which step and where to look."""
+
+
+def enabled(cfg: dict[str, Any]) -> bool:
+    return cfg.get("container", {}).get("mode", "none") == "apptainer"
+
+
+def info_path(image: str | Path) -> Path:
+    """The image-info JSON written next to an image: ``X.sif`` -> ``X.json``."""
+    return Path(image).with_suffix(".json")
+
+
+def gpus_present() -> bool:
+    """Whether this host has NVIDIA GPUs that ``apptainer exec --nv`` could bind in."""
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def exec_prefix(cfg: dict[str, Any], gpus: bool | None = None) -> list[str]:
+    """``apptainer exec [--nv] [exec_args] IMAGE``, or ``[]`` when containers are off.
+
+    ``--nv`` is added when ``gpus`` is true, or (``gpus=None``) when this host has GPUs.
+    """
+    if not enabled(cfg):
+        return []
+    c = cfg["container"]
+    extra = list(c.get("exec_args") or [])
+    want_gpus = gpus_present() if gpus is None else gpus
+    nv = ["--nv"] if want_gpus and "--nv" not in extra else []
+    return [APPTAINER, "exec", *nv, *extra, str(c["image"])]
+
+
+def python_command(cfg: dict[str, Any], gpus: bool | None = None) -> list[str]:
+    """The Python to start training with: this interpreter, or the image's via exec_prefix."""
+    prefix = exec_prefix(cfg, gpus)
+    return [*prefix, IMAGE_PYTHON] if prefix else [sys.executable]
+
+
+def sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def labels(image: str | Path) -> dict[str, str]:
+    """The image's labels, from ``apptainer inspect --json --labels``."""
+    cmd = [APPTAINER, "inspect", "--json", "--labels", str(image)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        stderr = getattr(e, "stderr", "") or ""
+        raise ContainerError(f"`{' '.join(cmd)}` failed: {e}\n{stderr}") from e
+    return json.loads(out)["data"]["attributes"]["labels"]
+
+
+def image_info(image: str | Path, recipe: str | Path, path: str | Path | None = None) -> dict:
+    """What the provenance records of an image: its path, SHA-256, recipe and labels."""
+    return {
+        "path": str(path or image),
+        "sha256": sha256(image),
+        "size_bytes": Path(image).stat().st_size,
+        "recipe": str(recipe),
+        "recipe_sha256": sha256(recipe),
+        "labels": labels(image),
+    }
+
+
+def build_args(context: Path) -> list[str]:
+    """``--build-arg`` options: ddppipe's version and the git commit of ``context``."""
+    from ddppipe import __version__, provenance
+
+    git = provenance.git_commit(context)
+    commit = git["commit"] or "unknown"
+    if git["dirty"]:
+        commit += "-dirty"
+    return ["--build-arg", f"DDPPIPE_VERSION={__version__}", "--build-arg", f"GIT_COMMIT={commit}"]
+
+
+def _tail(log: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def build(recipe: Path, image: Path, log: Path, context: Path, timeout_s: float = 3600) -> None:
+    """``apptainer build`` ``recipe`` into ``image``, atomically, run in ``context``.
+
+    The recipe's %files paths are relative to ``context`` (the repository root). The image
+    is built into a temporary file next to ``image`` and renamed only on success, so a
+    failed build never leaves a half-written image where the next step would use it.
+    """
+    recipe, image, log, context = (Path(p).resolve() for p in (recipe, image, log, context))
+    if not recipe.is_file():
+        raise ContainerError(f"container recipe {recipe} not found (config container.recipe)")
+    if shutil.which(APPTAINER) is None:
+        raise ContainerError(
+            "apptainer is not on PATH: install it (.ci/install_apptainer.sh on Debian) "
+            "or set container.mode: none"
+        )
+    image.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tmp = image.with_name(f".{image.name}.{os.getpid()}.building")
+    cmd = [APPTAINER, "build", *BUILD_OPTIONS, *build_args(context), str(tmp), str(recipe)]
+    try:
+        with open(log, "w") as f:
+            f.write(f"# cwd: {context}\n# {' '.join(cmd)}\n")
+            f.flush()
+            rc = subprocess.run(
+                cmd, cwd=context, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s
+            ).returncode
+        if rc != 0 or not tmp.is_file():
+            raise ContainerError(
+                f"apptainer build of {recipe} failed (exit {rc}); full log: {log}\n"
+                f"--- last lines ---\n{_tail(log)}"
+            )
+        os.replace(tmp, image)
+    except subprocess.TimeoutExpired as e:
+        raise ContainerError(
+            f"apptainer build of {recipe} timed out after {timeout_s} s; log: {log}"
+        ) from e
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,210 @@
+"""The scaling study: grid and per-run configs, its numbers, its DAG, and a real tiny study."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddppipe import config, scaling, scaling_results
+from ddppipe.scaling import Point
+from ddppipe.scaling_results import RunResult
+from tests.tiny import TinyData, default_config, tiny_config
+from tests.workflow_helpers import job_counts, snakemake
+
+
+def study_config(**scaling_section: Any) -> dict[str, Any]:
+    cfg = default_config()
+    cfg["scaling"] = {"nodes": [1], "procs_per_node": [1, 2], "cpus_per_task": [1],
+                      "epochs": 3, **scaling_section}
+    return cfg
+
+
+# -- grid and per-run configs --------------------------------------------------------------
+def test_grid_is_the_product_of_the_three_lists_sorted() -> None:
+    cfg = study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_task=[4])
+    assert scaling.run_names(cfg) == [
+        "scaling-n1-p1-c4", "scaling-n1-p2-c4", "scaling-n2-p1-c4", "scaling-n2-p2-c4"]
+    assert [p.world_size for p in scaling.grid(cfg)] == [1, 2, 2, 4]
+
+
+def test_run_name_round_trip() -> None:
+    point = Point(nodes=2, procs_per_node=4, cpus_per_task=8)
+    assert Point.from_run(point.run) == point
+    assert Point.from_run("mnist") is None
+    assert Point.from_run("scaling-n1-p2") is None
+
+
+def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
+    cfg = study_config()
+    run_cfg = scaling.config_for_run(cfg, "scaling-n1-p2-c1")
+    assert run_cfg["run"] == "scaling-n1-p2-c1"
+    assert run_cfg["launch"] == {**cfg["launch"], "nnodes": 1, "nproc_per_node": 2,
+                                 "threads_per_proc": 1}
+    assert run_cfg["train"] == {**cfg["train"], "epochs": 3}
+    assert run_cfg["data"] == cfg["data"]
+    assert "scaling" not in run_cfg
+    assert cfg["scaling"]["epochs"] == 3 and cfg["run"] == "mnist"  # the base is untouched
+    resolved = config.resolve(run_cfg)
+    assert config.world_size(resolved) == 2 and resolved["train"]["epochs"] == 3
+
+
+def test_every_point_trains_the_same_recipe() -> None:
+    """Same global batch and hashed recipe at every point: only the layout changes."""
+    cfg = study_config(procs_per_node=[1, 2], cpus_per_task=[1, 2])
+    resolved = [config.resolve(scaling.config_for_run(cfg, run)) for run in
+                scaling.run_names(cfg)]
+    assert len({config.train_hash(r) for r in resolved}) == 1
+    assert {(r["launch"]["nproc_per_node"], r["launch"]["threads_per_proc"]) for r in resolved} \
+        == {(1, 1), (1, 2), (2, 1), (2, 2)}
+
+
+def test_null_study_epochs_keep_the_train_epochs() -> None:
+    cfg = study_config(epochs=None)
+    cfg["train"]["epochs"] = 5
+    assert scaling.config_for_run(cfg, "scaling-n1-p1-c1")["train"]["epochs"] == 5
+
+
+def test_base_run_config_is_the_config_without_the_study() -> None:
+    cfg = study_config()
+    base = scaling.config_for_run(cfg, "mnist")
+    assert base == {k: v for k, v in cfg.items() if k != "scaling"}
+
+
+@pytest.mark.parametrize("run", ["scaling-n1-p4-c1", "other", "scaling-n1-p2"])
+def test_unknown_run_is_a_clear_error(run: str) -> None:
+    with pytest.raises(config.ConfigError, match=f"unknown run '{run}'.*scaling-n1-p2-c1"):
+        scaling.config_for_run(study_config(), run)
+
+
+def test_schema_fills_the_study_defaults() -> None:
+    cfg = default_config()
+    del cfg["scaling"]
+    study = config.validate(cfg)["scaling"]
+    assert study["nodes"] == [1] and study["epochs"] == 2
+    bad = study_config(procs_per_node=[0])
+    with pytest.raises(config.ConfigError, match=r"scaling\.procs_per_node"):
+        config.validate(bad)
+
+
+# -- the study's numbers -------------------------------------------------------------------
+def history(accuracies: list[float], images_per_s: float, seconds: float = 10.0) -> list[dict]:
+    return [{"epoch": i + 1, "test_accuracy": a, "test_loss": 1 - a, "epoch_seconds": seconds,
+             "images_per_s": images_per_s} for i, a in enumerate(accuracies)]
+
+
+def test_time_to_accuracy_counts_epochs_until_the_target() -> None:
+    r = RunResult(Point(1, 1, 1), history([0.97, 0.985, 0.991], 100.0))
+    assert r.time_to_accuracy(0.98) == 20.0
+    assert r.time_to_accuracy(0.99) == 30.0
+    assert r.time_to_accuracy(0.995) is None
+
+
+def test_efficiency_is_relative_to_one_process_with_the_same_cpus() -> None:
+    one = RunResult(Point(1, 1, 1), history([0.9], 100.0))
+    two = RunResult(Point(1, 2, 1), history([0.9], 150.0))
+    lonely = RunResult(Point(1, 2, 2), history([0.9], 300.0))
+    results = [one, two, lonely]
+    assert scaling_results.efficiency(one, results) == 1.0
+    assert scaling_results.efficiency(two, results) == 0.75
+    assert scaling_results.efficiency(lonely, results) is None
+
+
+def test_table_csv_and_html(tmp_path: Path) -> None:
+    results = [RunResult(Point(1, 1, 1), history([0.97, 0.99], 100.0)),
+               RunResult(Point(1, 2, 1), history([0.96, 0.98], 180.0, seconds=6.0))]
+    rows = scaling_results.table(results, [0.98, 0.99])
+    scaling_results.write_csv(rows, tmp_path / "t.csv")
+    scaling_results.write_html(rows, tmp_path / "t.html")
+    read = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert [r["run"] for r in read] == ["scaling-n1-p1-c1", "scaling-n1-p2-c1"]
+    assert read[1]["scaling_efficiency"] == "0.9"
+    assert (read[0]["seconds_to_98pct"], read[0]["seconds_to_99pct"]) == ("20.0", "20.0")
+    assert (read[1]["seconds_to_98pct"], read[1]["seconds_to_99pct"]) == ("12.0", "")
+    page = (tmp_path / "t.html").read_text()
+    assert "time to 99 % test accuracy (s)" in page and "not reached" in page
+    assert "scaling-n1-p2-c1" in page
+
+
+# -- the workflow --------------------------------------------------------------------------
+def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None:
+    cfg = study_config(procs_per_node=[1, 2], cpus_per_task=[1, 2])
+    counts = job_counts(tmp_path, cfg, "scaling")
+    assert counts["train"] == 4
+    assert counts["plot_scaling"] == 1
+    assert counts["export"] == 4  # each point's provenance
+    assert counts["write_config"] == 5  # the 4 points and the base run (for the download)
+    assert counts["scaling"] == 1
+    assert "evaluate" not in counts
+
+
+def test_unknown_run_target_fails_in_the_dry_run(tmp_path: Path) -> None:
+    result = snakemake(tmp_path, study_config(), "-n", "results/scaling-n1-p8-c1/config.yaml",
+                       check=False)
+    assert result.returncode != 0
+    assert "unknown run 'scaling-n1-p8-c1'" in result.stdout + result.stderr
+
+
+def _data_uri_payload(page: str, path: Path) -> bool:
+    return base64.b64encode(path.read_bytes()).decode() in page
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The base run and a study of world sizes 1 and 2, for real, on tiny data; then the report."""
+    workdir = tmp_path_factory.mktemp("study")
+    cfg = tiny_config(tiny, epochs=2)
+    cfg["scaling"] = {"nodes": [1], "procs_per_node": [1, 2], "cpus_per_task": [1],
+                      "epochs": 2, "accuracy_targets": [0.5, 0.999]}
+    snakemake(workdir, cfg, "--cores", "2", "all", "scaling")
+    snakemake(workdir, cfg, "--report", "report.html", "all", "scaling")
+    return workdir, copy.deepcopy(cfg)
+
+
+def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
+    workdir, _ = tiny_study
+    out = workdir / "results" / "scaling"
+    for name in ["learning_curves.png", "throughput.png"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    rows = list(csv.DictReader((out / "time_to_accuracy.csv").open()))
+    assert [(r["world_size"], r["epochs"]) for r in rows] == [("1", "2"), ("2", "2")]
+    assert rows[0]["scaling_efficiency"] == "1.0"
+    assert float(rows[1]["images_per_s"]) > 0
+    for run, world in [("scaling-n1-p1-c1", 1), ("scaling-n1-p2-c1", 2)]:
+        run_cfg = yaml.safe_load((workdir / "results" / run / "config.yaml").read_text())
+        assert run_cfg["launch"]["threads_per_proc"] == 1
+        provenance = json.loads((workdir / "results" / run / "export" / "provenance.json")
+                                .read_text())
+        assert provenance["training"]["world_size"] == world
+    history = [json.loads(x) for x in (workdir / "results" / "scaling-n1-p2-c1" / "train" /
+                                       "metrics.jsonl").read_text().splitlines()]
+    assert [m["world_size"] for m in history] == [2, 2]
+
+
+def test_report_embeds_plots_metrics_and_provenance(tiny_study: tuple[Path, dict]) -> None:
+    workdir, cfg = tiny_study
+    page = (workdir / "report.html").read_text()
+    results = workdir / "results"
+    embedded = [
+        results / "scaling" / "learning_curves.png",
+        results / "scaling" / "throughput.png",
+        results / "scaling" / "time_to_accuracy.csv",
+        results / "scaling" / "time_to_accuracy.html",
+        results / cfg["run"] / "train" / "training_curves.png",
+        results / cfg["run"] / "eval" / "confusion_matrix.png",
+        results / cfg["run"] / "eval" / "metrics.json",
+        results / cfg["run"] / "export" / "provenance.json",
+        results / "scaling-n1-p1-c1" / "export" / "provenance.json",
+        results / "scaling-n1-p2-c1" / "export" / "provenance.json",
+    ]
+    for path in embedded:
+        assert path.name in page, path
+        assert _data_uri_payload(page, path), f"{path} is not embedded in the report"
+    for caption in ["Scaling study: test loss", "scaling efficiency", "Provenance of run"]:
+        assert caption in page, caption

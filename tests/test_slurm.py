@@ -1,0 +1,290 @@
+"""The workflow on the real two-node SLURM test cluster (tests/slurm_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+import yaml
+
+from tests.slurm_cluster import SlurmCluster
+from tests.tiny import REAL_MNIST, REPO, TinyData, make_tiny, real_mnist_sha256, tiny_config
+
+pytestmark = pytest.mark.slurm
+PROFILE = str(REPO / "profiles" / "slurm")
+T = TypeVar("T")
+
+
+def two_nodes(cfg: dict[str, Any], gpus: int = 0) -> dict[str, Any]:
+    cfg["launch"].update(nnodes=2, nproc_per_node=2, max_restarts=0)
+    cfg["slurm"].update(gpus_per_node=gpus, cpus_per_task=1, mem_mb=1500, runtime=10,
+                        partition="debug")
+    return cfg
+
+
+def snakemake_slurm(
+    cluster: SlurmCluster, workdir: Path, cfg: dict[str, Any], *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``snakemake --profile profiles/slurm`` in ``workdir`` with the cluster's environment."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = cluster.environ({"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin"})
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+         "--configfile", str(workdir / "config.yaml"), "--profile", PROFILE, *args],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def logs(workdir: Path, result: subprocess.CompletedProcess) -> str:
+    parts = [result.stdout[-4000:], result.stderr[-6000:]]
+    for log in sorted(workdir.glob(".snakemake/slurm_logs/**/*.log")):
+        parts.append(f"==> {log} <==\n{log.read_text(errors='replace')[-3000:]}")
+    for log in sorted(workdir.glob("logs/**/train.log")):
+        parts.append(f"==> {log} <==\n{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
+
+
+def train_job_ids(result: subprocess.CompletedProcess) -> list[str]:
+    pattern = r"submitted with SLURM jobid (\d+) \(log: [^)]*rule_train/"
+    return re.findall(pattern, result.stderr)
+
+
+def provenance(workdir: Path, run: str) -> dict[str, Any]:
+    return json.loads((workdir / f"results/{run}/export/provenance.json").read_text())
+
+
+def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")))
+    cfg["run"] = "mnist2n"
+    cfg["data"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
+    cfg["train"].update(epochs=1, batch_size=256, eval_batch_size=1000)
+    started = time.monotonic()
+    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)
+    print(f"(a) wall time {time.monotonic() - started:.1f}s")
+    assert result.returncode == 0, logs(tmp_path / "wd", result)
+    training = provenance(tmp_path / "wd", "mnist2n")["training"]
+    assert training["world_size"] >= 2 and set(training["hosts"]) == {"node1", "node2"}
+    metrics = json.loads((tmp_path / "wd/results/mnist2n/eval/metrics.json").read_text())
+    assert metrics["test_accuracy"] >= 0.95
+    train_log = (tmp_path / "wd/logs/mnist2n/train.log").read_text()
+    assert "all-reduce ok" in train_log
+
+
+def test_fake_gpus_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    tiny = make_tiny(tmp_path / "tiny")
+    cfg = two_nodes(tiny_config(tiny), gpus=2)
+    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)
+    assert result.returncode == 0, logs(tmp_path / "wd", result)
+    assert set(provenance(tmp_path / "wd", "tiny")["training"]["hosts"]) == {"node1", "node2"}
+    job = train_job_ids(result)[0]
+    record = slurm_cluster.run(["scontrol", "-o", "show", "job", job], check=False).stdout
+    # slurmctld keeps finished jobs for MinJobAge (300 s) in the test cluster
+    assert "NumNodes=2" in record and "gpu:2" in record, record
+
+
+def test_preflight_fails_fast_on_unresolvable_host(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")))
+    cfg["slurm"]["rendezvous_host"] = "no-such-host.invalid"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "preflight.out"
+    started = time.monotonic()
+    job = slurm_cluster.sbatch(
+        "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", f"--output={out}",
+        f"--chdir={REPO}", "--wrap", f"{sys.executable} -m ddppipe preflight --config {path}",
+    )  # fmt: skip
+    assert slurm_cluster.wait_job(job, timeout=60) == "FAILED"
+    assert time.monotonic() - started < 30
+    text = out.read_text()
+    assert "cannot resolve the rendezvous host 'no-such-host.invalid'" in text
+    assert "node1:" in text and "node2:" in text
+
+
+def test_impossible_gpu_request_errors(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    cfg = tiny_config(make_tiny(tmp_path / "tiny"))
+    cfg["launch"].update(nnodes=2, nproc_per_node=3)
+    cfg["train"]["batch_size"] = 60
+    cfg["slurm"].update(gpus_per_node=3, partition="debug")
+    started = time.monotonic()
+    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, timeout=180)
+    assert result.returncode != 0
+    # SLURM refuses at submission (here the 3 CPUs of 3 processes/node come first).
+    text = result.stdout + result.stderr
+    assert "SLURM sbatch failed" in text and "Batch job submission failed" in text, text
+    assert time.monotonic() - started < 120
+
+
+FINAL = "results/tiny/train/final.pt"  # training only: evaluate/export add nothing here
+
+
+def _worker_pids(workdir: Path) -> list[int]:
+    """PIDs of the ``ddppipe train`` workers (not agents or srun) running in ``workdir``.
+
+    The test cluster's nodes are network namespaces, so they share the host's process table.
+    """
+    found = subprocess.run(["pgrep", "-f", "ddppipe train"], capture_output=True, text=True)
+    pids = []
+    for pid in map(int, found.stdout.split()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            cwd = Path(f"/proc/{pid}/cwd").resolve()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # exited meanwhile
+        if cwd != workdir.resolve() or "agent" in argv or Path(argv[0]).name == "srun":
+            continue
+        if any(argv[i : i + 2] == ["ddppipe", "train"] for i in range(len(argv))):
+            pids.append(pid)
+    return pids
+
+
+def _catches_sigusr1(pid: int) -> bool:
+    """Whether ``pid`` has a SIGUSR1 handler installed (the training loop's preemption Guard)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def _poll(
+    condition: Callable[[], T | None], proc: subprocess.Popen, timeout: float, what: str, out: Path
+) -> T:
+    """``condition()`` once it is truthy, polling every 0.2 s while ``proc`` runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"snakemake exited {proc.returncode} before {what}:\n{out.read_text()}")
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"no {what} within {timeout:.0f}s:\n{out.read_text()[-6000:]}")
+
+
+def _start_snakemake(
+    cluster: SlurmCluster, workdir: Path, cfg: dict[str, Any], *args: str
+) -> tuple[subprocess.Popen, Path]:
+    """``snakemake --profile profiles/slurm`` in the background; its output goes to a file."""
+    workdir.mkdir(parents=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = cluster.environ({"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin"})
+    out = workdir.parent / f"{workdir.name}.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+             "--configfile", str(workdir / "config.yaml"), "--profile", PROFILE, *args],
+            cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    return proc, out
+
+
+def _running_two_node_job(cluster: SlurmCluster) -> str | None:
+    jobs = cluster.run("squeue -h -o '%i %D %T'", check=False).stdout.splitlines()
+    running = [j.split()[0] for j in jobs if j.split()[1:] == ["2", "RUNNING"]]
+    return running[0] if running else None
+
+
+def _model(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=False)["model"]
+
+
+def test_preemption_resumes_to_identical_weights(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """(d) USR1 to the training step mid-epoch: checkpoint, exit 75, retry, resume, same weights."""
+    # 20 steps an epoch: USR1 right after the handlers are in stops at step 10 (mid-epoch).
+    tiny: TinyData = make_tiny(tmp_path / "tiny", n_train=320)
+    cfg = two_nodes(tiny_config(tiny, epochs=2, batch_size=16))
+    world_size = cfg["launch"]["nnodes"] * cfg["launch"]["nproc_per_node"]
+    started = time.monotonic()
+    wd = tmp_path / "preempted"
+    proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
+
+    def guarded_workers() -> list[int] | None:
+        pids = _worker_pids(wd)
+        ok = len(pids) == world_size and all(map(_catches_sigusr1, pids))
+        return pids if ok else None
+
+    # Every rank's training loop has its USR1 handler (earlier, USR1 is ignored).
+    _poll(guarded_workers, proc, 240, "training workers with a SIGUSR1 handler", out)
+    job = _poll(lambda: _running_two_node_job(slurm_cluster), proc, 30, "running job", out)
+    slurm_cluster.run(["scancel", "--signal=USR1", job])
+    signalled_at = time.monotonic() - started
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    text = out.read_text()
+    print(f"(d) wall time with preemption {time.monotonic() - started:.1f}s "
+          f"(USR1 to job {job} at {signalled_at:.1f}s)")  # fmt: skip
+    assert proc.returncode == 0, text
+    assert len(re.findall(r"rule train:", text)) >= 2, f"no retry of train after exit 75:\n{text}"
+    first = wd / f".snakemake/slurm_logs/rule_train/tiny/{job}.log"
+    first_log = first.read_text(errors="replace") if first.exists() else text
+    assert "exit status 75" in first_log, (
+        f"the signalled attempt did not exit 75:\n{first_log[-3000:]}"
+    )
+    train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
+    print("(d) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
+    resumed = re.search(r"resuming from \S*ckpt-e(\d{4})-s(\d{6})\.pt", train_log)
+    assert resumed, f"the retry did not resume from a checkpoint:\n{train_log[-3000:]}"
+    assert (int(resumed[1]), int(resumed[2]) > 0) == (0, True), (
+        f"expected a mid-epoch checkpoint of epoch 0, resumed from {resumed[0]}"
+    )
+
+    # The reference runs on the cluster too: a local torchrun with the same world size
+    # can differ in the last bits (gloo over loopback vs. between nodes, thread pools).
+    ref = tmp_path / "reference"
+    result = snakemake_slurm(slurm_cluster, ref, cfg, FINAL, timeout=300)
+    assert result.returncode == 0, logs(ref, result)
+    a, b = _model(wd / FINAL), _model(ref / FINAL)
+    assert a.keys() == b.keys()
+    differ = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not differ, f"resumed weights differ from the uninterrupted run in {differ}"
+
+
+def test_killed_worker_resumes_from_last_checkpoint(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """(e) SIGKILL of one rank's worker in epoch 2: the job fails; the retry resumes at 1."""
+    tiny = make_tiny(tmp_path / "tiny", n_train=320)
+    cfg = two_nodes(tiny_config(tiny, epochs=3, batch_size=16, checkpoint_every=1))
+    started = time.monotonic()
+    wd = tmp_path / "killed"
+    proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
+    checkpoints = wd / "results/tiny/state/checkpoints"
+    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
+          "epoch 1 checkpoint", out)  # fmt: skip
+    victims = _poll(lambda: _worker_pids(wd), proc, 30, "training workers", out)
+    os.kill(victims[-1], signal.SIGKILL)
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    text = out.read_text()
+    print(f"(e) wall time with a killed worker {time.monotonic() - started:.1f}s")
+    assert proc.returncode == 0, text
+    train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
+    print("(e) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
+    epochs = [int(e) for e in re.findall(r"resumed at epoch (\d+)", train_log)]
+    assert epochs and min(epochs) >= 1, (
+        f"expected a resume at epoch >= 1 after the kill, got {epochs}:\n{train_log[-3000:]}"
+    )
+    assert (wd / FINAL).exists()

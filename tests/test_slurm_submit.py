@@ -1,0 +1,81 @@
+"""Golden tests of the SLURM request: the plugin's own sbatch line for the train rule."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+from ddppipe import slurm
+from tests.tiny import REPO, default_config
+
+PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+PARAMS = {
+    "run_uuid": "RUN",
+    "slurm_logfile": "LOG",
+    "comment_str": "rule_train_wildcards_mnist",
+    "account": "",
+    "partition": "",
+    "workdir": "/work",
+}
+
+
+class Resources(dict):
+    """What the plugin expects of ``job.resources``: a mapping with attribute access."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self[name]
+
+
+def sbatch_line(cfg: dict[str, Any]) -> str:
+    res = Resources({**PROFILE["default-resources"], **slurm.resources(cfg)})
+    job = SimpleNamespace(resources=res, threads=cfg["launch"]["nproc_per_node"])
+    # The plugin appends the GRES flag right after the submit command (run_job).
+    return get_submit_command(job, PARAMS) + set_gres_string(job)
+
+
+def test_default_profile_and_config() -> None:
+    assert sbatch_line(default_config()) == (
+        "sbatch --parsable --job-name RUN --output LOG --export=ALL"
+        " --comment rule_train_wildcards_mnist   -t 30 --mem 2000 --nodes=1 --ntasks=1"
+        " --cpus-per-task=2 --ntasks-per-node=1 --signal=USR1@60 --requeue -D /work"
+    )
+
+
+def test_two_nodes_with_gpus() -> None:
+    cfg = default_config()
+    cfg["launch"]["nnodes"] = 2
+    cfg["slurm"].update(gpus_per_node=2, cpus_per_task=3, partition="debug", qos="hi",
+                        constraint="a100", account="proj")
+    res = slurm.resources(cfg)
+    assert res["slurm_partition"] == "debug" and res["slurm_account"] == "proj"
+    assert sbatch_line(cfg) == (
+        "sbatch --parsable --job-name RUN --output LOG --export=ALL"
+        " --comment rule_train_wildcards_mnist   -t 30 -C a100 --qos=hi --mem 2000 --nodes=2"
+        " --ntasks=2 --cpus-per-task=6 --ntasks-per-node=1 --signal=USR1@60 --requeue"
+        " -D /work --gres=gpu:2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"slurm": {"gpus_per_node": 4}}, "must equal launch.nproc_per_node"),
+        ({"launch": {"nnodes": 3}, "train": {"batch_size": 64}}, "divisible by the world size 6"),
+    ],
+)
+def test_bad_requests_fail_before_submitting(change: dict, message: str) -> None:
+    cfg = default_config()
+    for section, values in change.items():
+        cfg[section].update(values)
+    with pytest.raises(slurm.SlurmRequestError, match=message):
+        slurm.resources(cfg)
+
+
+def test_parse_nodelist() -> None:
+    line = "JobId=7 JobName=x NodeList=node[1-2] BatchHost=node1"
+    assert slurm.parse_nodelist(line) == ["node1", "node2"]

@@ -1,0 +1,54 @@
+# The scaling study: one training run per grid point of config["scaling"], each trained by the
+# same `train` rule as the base run (results/<scaling run>/config.yaml comes from write_config),
+# then one plot rule. Run it with `snakemake --cores all scaling`.
+
+SCALING_RUNS = ddp_scaling.run_names(config)
+SCALING = "results/scaling"
+
+
+rule scaling:
+    """Target: the study's figures and time-to-accuracy table, and each run's provenance."""
+    input:
+        f"{SCALING}/learning_curves.png",
+        f"{SCALING}/throughput.png",
+        f"{SCALING}/time_to_accuracy.csv",
+        f"{SCALING}/time_to_accuracy.html",
+        expand("results/{run}/export/provenance.json", run=SCALING_RUNS),
+
+
+rule plot_scaling:
+    """Learning curves per grid point, throughput and scaling efficiency, time to accuracy."""
+    input:
+        metrics=expand("results/{run}/train/metrics.jsonl", run=SCALING_RUNS),
+        configs=expand("results/{run}/config.yaml", run=SCALING_RUNS),
+    output:
+        curves=report(
+            f"{SCALING}/learning_curves.png",
+            caption="../report/scaling_curves.rst",
+            category="Scaling study",
+        ),
+        throughput=report(
+            f"{SCALING}/throughput.png",
+            caption="../report/scaling_throughput.rst",
+            category="Scaling study",
+        ),
+        table_csv=report(
+            f"{SCALING}/time_to_accuracy.csv",
+            caption="../report/scaling_table.rst",
+            category="Scaling study",
+        ),
+        table_html=report(
+            f"{SCALING}/time_to_accuracy.html",
+            caption="../report/scaling_table.rst",
+            category="Scaling study",
+        ),
+    params:
+        targets=config["scaling"]["accuracy_targets"],
+    log:
+        "logs/scaling/plot_scaling.log",
+    localrule: True
+    shell:
+        "ddppipe plot-scaling --metrics {input.metrics} --configs {input.configs}"
+        " --targets {params.targets} --curves {output.curves}"
+        " --throughput {output.throughput} --table-csv {output.table_csv}"
+        " --table-html {output.table_html} 2> {log}"

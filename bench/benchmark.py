@@ -75,8 +75,10 @@ def write_tiny(folder: Path, n_train: int = 256, n_test: int = 128) -> None:
     """Tiny MNIST-like IDX files whose image brightness encodes the label."""
     folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
-    for images_name, labels_name, n in ((mnist.TRAIN_IMAGES, mnist.TRAIN_LABELS, n_train),
-                                        (mnist.TEST_IMAGES, mnist.TEST_LABELS, n_test)):
+    for images_name, labels_name, n in (
+        (mnist.TRAIN_IMAGES, mnist.TRAIN_LABELS, n_train),
+        (mnist.TEST_IMAGES, mnist.TEST_LABELS, n_test),
+    ):
         labels = torch.randint(0, 10, (n,), generator=g, dtype=torch.uint8)
         noise = torch.randint(0, 40, (n, 28, 28), generator=g)
         images = (noise + 20 * labels.long().view(-1, 1, 1)).clamp(max=255).to(torch.uint8)
@@ -100,14 +102,24 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def run_classic(data: Path, work: Path, nproc: int, threads: int, epochs: int,
-                target: float, workers: int) -> Run:
+def run_classic(
+    data: Path, work: Path, nproc: int, threads: int, epochs: int, target: float, workers: int
+) -> Run:
     """The classic script under torchrun, stopped after the first epoch reaching ``target``."""
     root = torchvision_root(data, work / "torchvision")
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={nproc}", str(CLASSIC), f"--root={root}", f"--epochs={epochs}",
-        f"--batch-size={BATCH_PER_RANK}", f"--num-workers={workers}", f"--stop-at={target}",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        str(CLASSIC),
+        f"--root={root}",
+        f"--epochs={epochs}",
+        f"--batch-size={BATCH_PER_RANK}",
+        f"--num-workers={workers}",
+        f"--stop-at={target}",
     ]
     run = Run("classic DataLoader script", "classic: Adadelta lr 1.0, StepLR 0.7, 64/rank, fp32")
     out = _timed(run, command, child_env(threads), work / "classic.log")
@@ -133,9 +145,17 @@ def run_ddppipe(name: str, recipe: str, cfg: dict, data: Path, work: Path) -> Ru
     cfg_path = folder / "config.yaml"
     config.write(cfg, cfg_path)
     metrics = folder / "metrics.jsonl"
-    command = [sys.executable, "-m", "ddppipe", "launch", f"--config={cfg_path}",
-               f"--data={data}", f"--state={folder / 'state'}",
-               f"--checkpoint={folder / 'final.pt'}", f"--metrics={metrics}"]
+    command = [
+        sys.executable,
+        "-m",
+        "ddppipe",
+        "launch",
+        f"--config={cfg_path}",
+        f"--data={data}",
+        f"--state={folder / 'state'}",
+        f"--checkpoint={folder / 'final.pt'}",
+        f"--metrics={metrics}",
+    ]
     run = Run(name, recipe)
     _timed(run, command, dict(os.environ), folder / "launch.log")
     run.epochs = [json.loads(line) for line in metrics.read_text().splitlines() if line]
@@ -155,8 +175,9 @@ def _timed(run: Run, command: list[str], env: dict[str, str], log: Path) -> str:
     run.load_after = os.getloadavg()[0]
     log.write_text(result.stdout + result.stderr)
     if result.returncode != 0:
-        raise RuntimeError(f"{run.name} failed ({result.returncode}); see {log}:\n"
-                           + result.stderr[-3000:])
+        raise RuntimeError(
+            f"{run.name} failed ({result.returncode}); see {log}:\n" + result.stderr[-3000:]
+        )
     return result.stdout
 
 
@@ -171,8 +192,10 @@ def throughput_table(classic: Run, others: list[Run]) -> str:
         "|---|---:|---:|",
     ]
     for run in [classic, *others]:
-        lines.append(f"| {run.name} | {run.images_per_s:,.0f} | "
-                     f"{_ratio(run.images_per_s, classic.images_per_s)} |")
+        lines.append(
+            f"| {run.name} | {run.images_per_s:,.0f} | "
+            f"{_ratio(run.images_per_s, classic.images_per_s)} |"
+        )
     return "\n".join(lines)
 
 
@@ -188,8 +211,9 @@ def time_table(classic: Run, fast: Run, target: float) -> str:
         seconds = f"{reached[0]:.1f} s" if reached else "not reached"
         epoch = str(reached[1]) if reached else f"({len(run.epochs)} run)"
         ratio = _ratio(reached[0] if reached else None, base[0] if base else None)
-        lines.append(f"| {run.recipe} | {seconds} | {epoch} | "
-                     f"{100 * run.final_accuracy:.2f} % | {ratio} |")
+        lines.append(
+            f"| {run.recipe} | {seconds} | {epoch} | {100 * run.final_accuracy:.2f} % | {ratio} |"
+        )
     return "\n".join(lines)
 
 
@@ -208,18 +232,37 @@ def machine() -> str:
 # -- main ----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny generated data and one epoch per run (a smoke test, not figures)")
-    ap.add_argument("--data", type=Path, default=REPO / "resources" / "mnist",
-                    help="folder with the four decompressed MNIST IDX files")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny generated data and one epoch per run (a smoke test, not figures)",
+    )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=REPO / "resources" / "mnist",
+        help="folder with the four decompressed MNIST IDX files",
+    )
     ap.add_argument("--nproc", type=int, default=2, help="training processes for every run")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="CPU threads per process (default: the CPUs divided by --nproc)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process (default: the CPUs divided by --nproc)",
+    )
     ap.add_argument("--target", type=float, default=0.99, help="test accuracy to time")
-    ap.add_argument("--classic-workers", type=int, default=1,
-                    help="DataLoader worker processes per rank of the classic script")
-    ap.add_argument("--max-classic-epochs", type=int, default=14,
-                    help="the classic run stops here if it never reaches the target")
+    ap.add_argument(
+        "--classic-workers",
+        type=int,
+        default=1,
+        help="DataLoader worker processes per rank of the classic script",
+    )
+    ap.add_argument(
+        "--max-classic-epochs",
+        type=int,
+        default=14,
+        help="the classic run stops here if it never reaches the target",
+    )
     ap.add_argument("--json", type=Path, help="also write the measurements here")
     return ap.parse_args(argv)
 
@@ -234,47 +277,82 @@ def main(argv: list[str] | None = None) -> int:
             data = work / "tiny"
             write_tiny(data)
         elif not all((data / name).is_file() for name in mnist.FILES):
-            print(f"{data} lacks the MNIST IDX files: run `snakemake --cores all download_mnist`"
-                  " or pass --data", file=sys.stderr)
+            print(
+                f"{data} lacks the MNIST IDX files: run `snakemake --cores all download_mnist`"
+                " or pass --data",
+                file=sys.stderr,
+            )
             return 2
         sha = {name: config_sha(data / name) for name in mnist.FILES}
         epochs = {"epochs": 1} if args.quick else {}
         speed = {"precision": "bf16", "channels_last": True}
         batch = BATCH_PER_RANK * args.nproc
 
-        classic = run_classic(data, work, args.nproc, threads,
-                              1 if args.quick else args.max_classic_epochs, args.target,
-                              args.classic_workers)
+        classic = run_classic(
+            data,
+            work,
+            args.nproc,
+            threads,
+            1 if args.quick else args.max_classic_epochs,
+            args.target,
+            args.classic_workers,
+        )
         ref = {"preset": "reference", "epochs": 1, "batch_size": batch}
         ref_fp32 = run_ddppipe(
-            "ddppipe, reference recipe, fp32", "ddppipe reference",
-            ddppipe_config(sha, args.nproc, threads, **ref, precision="fp32",
-                           channels_last=False), data, work)
+            "ddppipe, reference recipe, fp32",
+            "ddppipe reference",
+            ddppipe_config(sha, args.nproc, threads, **ref, precision="fp32", channels_last=False),
+            data,
+            work,
+        )
         ref_fast = run_ddppipe(
-            "ddppipe, reference recipe + bf16 + channels_last", "ddppipe reference (bf16)",
-            ddppipe_config(sha, args.nproc, threads, **ref, **speed), data, work)
+            "ddppipe, reference recipe + bf16 + channels_last",
+            "ddppipe reference (bf16)",
+            ddppipe_config(sha, args.nproc, threads, **ref, **speed),
+            data,
+            work,
+        )
         fast_cfg = ddppipe_config(sha, args.nproc, threads, preset="fast", **epochs)
         t = fast_cfg["train"]
         fast = run_ddppipe(
             "ddppipe fast preset",
             f"ddppipe fast: {t['optimizer']} {t['schedule']} lr {t['lr']}, global batch "
-            f"{t['batch_size']}, {t['epochs']} epochs, {t['precision']}", fast_cfg, data, work)
+            f"{t['batch_size']}, {t['epochs']} epochs, {t['precision']}",
+            fast_cfg,
+            data,
+            work,
+        )
 
     runs = [classic, ref_fp32, ref_fast, fast]
-    print(f"\nddppipe benchmark{' (--quick: tiny data, not figures)' if args.quick else ''}: "
-          f"{args.nproc} processes x {threads} thread(s), {machine()}")
-    print("load average (1 min) before/after each run: " + ", ".join(
-        f"{r.name}: {r.load_before:.1f}/{r.load_after:.1f}" for r in runs))
+    print(
+        f"\nddppipe benchmark{' (--quick: tiny data, not figures)' if args.quick else ''}: "
+        f"{args.nproc} processes x {threads} thread(s), {machine()}"
+    )
+    print(
+        "load average (1 min) before/after each run: "
+        + ", ".join(f"{r.name}: {r.load_before:.1f}/{r.load_after:.1f}" for r in runs)
+    )
     print("\n(a) training throughput\n")
     print(throughput_table(classic, [ref_fp32, ref_fast]))
-    print(f"\n(b) wall time from launch to >= {100 * args.target:.1f} % test accuracy "
-          "(start-up, data loading and per-epoch evaluation included)\n")
+    print(
+        f"\n(b) wall time from launch to >= {100 * args.target:.1f} % test accuracy "
+        "(start-up, data loading and per-epoch evaluation included)\n"
+    )
     print(time_table(classic, fast, args.target))
     if args.json:
-        args.json.write_text(json.dumps(
-            {"machine": machine(), "nproc": args.nproc, "threads": threads,
-             "target": args.target, "quick": args.quick,
-             "runs": [asdict(r) | {"images_per_s": r.images_per_s} for r in runs]}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "nproc": args.nproc,
+                    "threads": threads,
+                    "target": args.target,
+                    "quick": args.quick,
+                    "runs": [asdict(r) | {"images_per_s": r.images_per_s} for r in runs],
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

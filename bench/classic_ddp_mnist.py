@@ -55,8 +55,13 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-def train_epoch(model: nn.Module, device: torch.device, loader: DataLoader,
-                optimizer: optim.Optimizer, max_steps: int | None) -> tuple[float, int]:
+def train_epoch(
+    model: nn.Module,
+    device: torch.device,
+    loader: DataLoader,
+    optimizer: optim.Optimizer,
+    max_steps: int | None,
+) -> tuple[float, int]:
     """One epoch (or ``max_steps`` steps); return (seconds, this rank's images)."""
     model.train()
     images = 0
@@ -99,8 +104,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--gamma", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
-    ap.add_argument("--stop-at", type=float, default=None,
-                    help="stop after the first epoch whose test accuracy reaches this fraction")
+    ap.add_argument(
+        "--stop-at",
+        type=float,
+        default=None,
+        help="stop after the first epoch whose test accuracy reaches this fraction",
+    )
     ap.add_argument("--max-steps", type=int, default=None, help="steps per epoch at most")
     return ap.parse_args()
 
@@ -121,11 +130,13 @@ def main() -> None:
     )
     train_set = datasets.MNIST(args.root, train=True, download=False, transform=transform)
     test_set = datasets.MNIST(args.root, train=False, download=False, transform=transform)
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=args.seed)
+    sampler = DistributedSampler(
+        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed
+    )
     loader_kwargs = {"num_workers": args.num_workers, "pin_memory": cuda}
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                              **loader_kwargs)
+    train_loader = DataLoader(
+        train_set, batch_size=args.batch_size, sampler=sampler, **loader_kwargs
+    )
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, **loader_kwargs)
 
     model = DDP(Net().to(device), device_ids=[local_rank] if cuda else None)
@@ -137,12 +148,21 @@ def main() -> None:
         test_loss, accuracy = test(model, device, test_loader)
         scheduler.step()
         if rank == 0:
-            print(json.dumps({
-                "epoch": epoch, "time": time.time(), "train_seconds": seconds,
-                "train_images": images * world_size,
-                "images_per_s": images * world_size / seconds,
-                "test_loss": test_loss, "test_accuracy": accuracy, "world_size": world_size,
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "epoch": epoch,
+                        "time": time.time(),
+                        "train_seconds": seconds,
+                        "train_images": images * world_size,
+                        "images_per_s": images * world_size / seconds,
+                        "test_loss": test_loss,
+                        "test_accuracy": accuracy,
+                        "world_size": world_size,
+                    }
+                ),
+                flush=True,
+            )
         if args.stop_at is not None and accuracy >= args.stop_at:
             break  # every rank evaluated the same model, so all ranks stop together
     dist.destroy_process_group()

@@ -14,13 +14,20 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [sys.executable, str(REPO / "bench" / "benchmark.py"), "--quick", f"--json={out}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "(a) training throughput" in text and "(b) wall time from launch" in text
-    for name in ["classic DataLoader script", "ddppipe, reference recipe, fp32",
-                 "ddppipe, reference recipe + bf16 + channels_last", "ddppipe fast"]:
+    for name in [
+        "classic DataLoader script",
+        "ddppipe, reference recipe, fp32",
+        "ddppipe, reference recipe + bf16 + channels_last",
+        "ddppipe fast",
+    ]:
         assert name in text, name
     measured = json.loads(out.read_text())
     assert measured["quick"] is True

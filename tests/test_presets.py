@@ -17,9 +17,14 @@ from tests.tiny import TinyData, default_config, tiny_config
 def launch(cfg: dict[str, Any], tiny: TinyData, run_dir: Path) -> None:
     """Resolve ``cfg`` into ``run_dir`` and train with ``ddppipe launch`` (torchrun)."""
     config.write(config.resolve(cfg), run_dir / "config.yaml")
-    run_cli("launch", f"--config={run_dir / 'config.yaml'}", f"--data={tiny.data_dir}",
-            f"--state={run_dir / 'state'}", f"--checkpoint={run_dir / 'final.pt'}",
-            f"--metrics={run_dir / 'metrics.jsonl'}")
+    run_cli(
+        "launch",
+        f"--config={run_dir / 'config.yaml'}",
+        f"--data={tiny.data_dir}",
+        f"--state={run_dir / 'state'}",
+        f"--checkpoint={run_dir / 'final.pt'}",
+        f"--metrics={run_dir / 'metrics.jsonl'}",
+    )
 
 
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))
@@ -39,13 +44,18 @@ def test_reference_preset_is_the_classic_recipe() -> None:
     cfg["train"]["preset"] = "reference"
     train = config.resolve(cfg)["train"]
     assert (train["optimizer"], train["lr"], train["schedule"], train["gamma"]) == (
-        "adadelta", 1.0, "step", 0.7)
+        "adadelta",
+        1.0,
+        "step",
+        0.7,
+    )
     assert (train["epochs"], train["batch_size"], train["precision"]) == (14, 128, "fp32")
 
 
 @pytest.mark.parametrize("preset", ["fast", "reference"])
-def test_preset_trains_one_epoch_with_two_processes(preset: str, tiny: TinyData,
-                                                    tmp_path: Path) -> None:
+def test_preset_trains_one_epoch_with_two_processes(
+    preset: str, tiny: TinyData, tmp_path: Path
+) -> None:
     """Each preset's own recipe (batch, optimizer, schedule, precision), one epoch on tiny data."""
     cfg = tiny_config(tiny, preset=preset, epochs=1, batch_size=None)
     launch(cfg, tiny, tmp_path)

@@ -21,8 +21,13 @@ from tests.workflow_helpers import job_counts, snakemake
 
 def study_config(**scaling_section: Any) -> dict[str, Any]:
     cfg = default_config()
-    cfg["scaling"] = {"nodes": [1], "procs_per_node": [1, 2], "cpus_per_task": [1],
-                      "epochs": 3, **scaling_section}
+    cfg["scaling"] = {
+        "nodes": [1],
+        "procs_per_node": [1, 2],
+        "cpus_per_task": [1],
+        "epochs": 3,
+        **scaling_section,
+    }
     return cfg
 
 
@@ -30,7 +35,11 @@ def study_config(**scaling_section: Any) -> dict[str, Any]:
 def test_grid_is_the_product_of_the_three_lists_sorted() -> None:
     cfg = study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_task=[4])
     assert scaling.run_names(cfg) == [
-        "scaling-n1-p1-c4", "scaling-n1-p2-c4", "scaling-n2-p1-c4", "scaling-n2-p2-c4"]
+        "scaling-n1-p1-c4",
+        "scaling-n1-p2-c4",
+        "scaling-n2-p1-c4",
+        "scaling-n2-p2-c4",
+    ]
     assert [p.world_size for p in scaling.grid(cfg)] == [1, 2, 2, 4]
 
 
@@ -42,11 +51,21 @@ def test_run_name_round_trip() -> None:
 
 
 def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
-    cfg = study_config()
+    cfg = study_config(cpus_per_task=[1, 4])
+    cfg["slurm"] = {"cpus_per_task": 8, "mem_mb": 4000}
+    assert scaling.config_for_run(cfg, "scaling-n1-p2-c4")["slurm"] == {
+        "cpus_per_task": 4,
+        "mem_mb": 4000,
+    }
     run_cfg = scaling.config_for_run(cfg, "scaling-n1-p2-c1")
     assert run_cfg["run"] == "scaling-n1-p2-c1"
-    assert run_cfg["launch"] == {**cfg["launch"], "nnodes": 1, "nproc_per_node": 2,
-                                 "threads_per_proc": 1}
+    assert run_cfg["launch"] == {
+        **cfg["launch"],
+        "nnodes": 1,
+        "nproc_per_node": 2,
+        "threads_per_proc": 1,
+    }
+    assert run_cfg["slurm"]["cpus_per_task"] == 1  # --cpus-per-task on SLURM
     assert run_cfg["train"] == {**cfg["train"], "epochs": 3}
     assert run_cfg["data"] == cfg["data"]
     assert "scaling" not in run_cfg
@@ -58,11 +77,14 @@ def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
 def test_every_point_trains_the_same_recipe() -> None:
     """Same global batch and hashed recipe at every point: only the layout changes."""
     cfg = study_config(procs_per_node=[1, 2], cpus_per_task=[1, 2])
-    resolved = [config.resolve(scaling.config_for_run(cfg, run)) for run in
-                scaling.run_names(cfg)]
+    resolved = [config.resolve(scaling.config_for_run(cfg, run)) for run in scaling.run_names(cfg)]
     assert len({config.train_hash(r) for r in resolved}) == 1
-    assert {(r["launch"]["nproc_per_node"], r["launch"]["threads_per_proc"]) for r in resolved} \
-        == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert {(r["launch"]["nproc_per_node"], r["launch"]["threads_per_proc"]) for r in resolved} == {
+        (1, 1),
+        (1, 2),
+        (2, 1),
+        (2, 2),
+    }
 
 
 def test_null_study_epochs_keep_the_train_epochs() -> None:
@@ -95,8 +117,16 @@ def test_schema_fills_the_study_defaults() -> None:
 
 # -- the study's numbers -------------------------------------------------------------------
 def history(accuracies: list[float], images_per_s: float, seconds: float = 10.0) -> list[dict]:
-    return [{"epoch": i + 1, "test_accuracy": a, "test_loss": 1 - a, "epoch_seconds": seconds,
-             "images_per_s": images_per_s} for i, a in enumerate(accuracies)]
+    return [
+        {
+            "epoch": i + 1,
+            "test_accuracy": a,
+            "test_loss": 1 - a,
+            "epoch_seconds": seconds,
+            "images_per_s": images_per_s,
+        }
+        for i, a in enumerate(accuracies)
+    ]
 
 
 def test_time_to_accuracy_counts_epochs_until_the_target() -> None:
@@ -117,8 +147,10 @@ def test_efficiency_is_relative_to_one_process_with_the_same_cpus() -> None:
 
 
 def test_table_csv_and_html(tmp_path: Path) -> None:
-    results = [RunResult(Point(1, 1, 1), history([0.97, 0.99], 100.0)),
-               RunResult(Point(1, 2, 1), history([0.96, 0.98], 180.0, seconds=6.0))]
+    results = [
+        RunResult(Point(1, 1, 1), history([0.97, 0.99], 100.0)),
+        RunResult(Point(1, 2, 1), history([0.96, 0.98], 180.0, seconds=6.0)),
+    ]
     rows = scaling_results.table(results, [0.98, 0.99])
     scaling_results.write_csv(rows, tmp_path / "t.csv")
     scaling_results.write_html(rows, tmp_path / "t.html")
@@ -145,8 +177,9 @@ def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None
 
 
 def test_unknown_run_target_fails_in_the_dry_run(tmp_path: Path) -> None:
-    result = snakemake(tmp_path, study_config(), "-n", "results/scaling-n1-p8-c1/config.yaml",
-                       check=False)
+    result = snakemake(
+        tmp_path, study_config(), "-n", "results/scaling-n1-p8-c1/config.yaml", check=False
+    )
     assert result.returncode != 0
     assert "unknown run 'scaling-n1-p8-c1'" in result.stdout + result.stderr
 
@@ -160,8 +193,13 @@ def tiny_study(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """The base run and a study of world sizes 1 and 2, for real, on tiny data; then the report."""
     workdir = tmp_path_factory.mktemp("study")
     cfg = tiny_config(tiny, epochs=2)
-    cfg["scaling"] = {"nodes": [1], "procs_per_node": [1, 2], "cpus_per_task": [1],
-                      "epochs": 2, "accuracy_targets": [0.5, 0.999]}
+    cfg["scaling"] = {
+        "nodes": [1],
+        "procs_per_node": [1, 2],
+        "cpus_per_task": [1],
+        "epochs": 2,
+        "accuracy_targets": [0.5, 0.999],
+    }
     snakemake(workdir, cfg, "--cores", "2", "all", "scaling")
     snakemake(workdir, cfg, "--report", "report.html", "all", "scaling")
     return workdir, copy.deepcopy(cfg)
@@ -179,11 +217,16 @@ def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
     for run, world in [("scaling-n1-p1-c1", 1), ("scaling-n1-p2-c1", 2)]:
         run_cfg = yaml.safe_load((workdir / "results" / run / "config.yaml").read_text())
         assert run_cfg["launch"]["threads_per_proc"] == 1
-        provenance = json.loads((workdir / "results" / run / "export" / "provenance.json")
-                                .read_text())
+        provenance = json.loads(
+            (workdir / "results" / run / "export" / "provenance.json").read_text()
+        )
         assert provenance["training"]["world_size"] == world
-    history = [json.loads(x) for x in (workdir / "results" / "scaling-n1-p2-c1" / "train" /
-                                       "metrics.jsonl").read_text().splitlines()]
+    history = [
+        json.loads(x)
+        for x in (workdir / "results" / "scaling-n1-p2-c1" / "train" / "metrics.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert [m["world_size"] for m in history] == [2, 2]
 
 

@@ -264,8 +264,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image", type=Path, required=True, help=".sif to write")
     p.add_argument("--info", type=Path, required=True, help="image-info JSON (sha256, labels)")
     p.add_argument("--log", type=Path, required=True, help="apptainer build output")
-    p.add_argument("--context", type=Path, default=Path.cwd(),
-                   help="folder the recipe's %%files paths are relative to (repository root)")
+    p.add_argument(
+        "--context",
+        type=Path,
+        default=Path.cwd(),
+        help="folder the recipe's %%files paths are relative to (repository root)",
+    )
     p.set_defaults(func=cmd_build_image)
 
     p = sub.add_parser("image-info", help="write the info JSON (sha256, labels) of an image")
@@ -282,15 +286,27 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plot-scaling", help="figures and time-to-accuracy table of the scaling study"
     )
-    p.add_argument("--metrics", type=Path, nargs="+", required=True,
-                   help="metrics.jsonl of each grid point")
-    p.add_argument("--configs", type=Path, nargs="+", required=True,
-                   help="resolved config.yaml of each grid point, in the same order")
-    p.add_argument("--targets", type=float, nargs="+", default=[0.98, 0.99],
-                   help="test accuracies (fractions) to tabulate the time to")
+    p.add_argument(
+        "--metrics", type=Path, nargs="+", required=True, help="metrics.jsonl of each grid point"
+    )
+    p.add_argument(
+        "--configs",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="resolved config.yaml of each grid point, in the same order",
+    )
+    p.add_argument(
+        "--targets",
+        type=float,
+        nargs="+",
+        default=[0.98, 0.99],
+        help="test accuracies (fractions) to tabulate the time to",
+    )
     p.add_argument("--curves", type=Path, required=True, help="learning-curves PNG to write")
-    p.add_argument("--throughput", type=Path, required=True,
-                   help="throughput and efficiency PNG to write")
+    p.add_argument(
+        "--throughput", type=Path, required=True, help="throughput and efficiency PNG to write"
+    )
     p.add_argument("--table-csv", type=Path, required=True)
     p.add_argument("--table-html", type=Path, required=True)
     p.set_defaults(func=cmd_plot_scaling)

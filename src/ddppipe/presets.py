@@ -32,12 +32,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "channels_last": False,
         "label_smoothing": 0.0,
     },
-    # Reaches >= 99.0 % test accuracy on MNIST in as little time as we measured.
+    # >= 99.0 % test accuracy on MNIST in as little time as we measured (2 CPU processes:
+    # 99.12 / 99.18 / 99.12 % for seeds 0 / 1 / 2; 2 epochs, or batch 256, stay at 98.9-99.0 %).
     "fast": {
         "epochs": 3,
-        "batch_size": 256,
+        "batch_size": 128,
         "optimizer": "adamw",
-        "lr": 0.005,
+        "lr": 0.004,
         "weight_decay": 0.01,
         "schedule": "onecycle",
         "gamma": 0.7,

@@ -1,7 +1,8 @@
 """The scaling study's grid: one training run per (nodes, processes per node, CPUs per process).
 
 Each grid point is a run named ``scaling-n<nodes>-p<procs per node>-c<cpus per task>``; its
-config is the base config with the point's launch settings and the study's epoch count.
+config is the base config with the point's launch settings (CPUs per task become
+``launch.threads_per_proc`` and ``slurm.cpus_per_task``) and the study's epoch count.
 The global batch stays the base config's, so every point trains the same recipe and only the
 way the work is spread changes.
 """
@@ -45,15 +46,19 @@ class Point:
     def from_config(cls, cfg: dict[str, Any]) -> Point:
         """The point a (resolved) run config describes."""
         launch = cfg["launch"]
-        return cls(launch.get("nnodes", 1), launch["nproc_per_node"],
-                   launch.get("threads_per_proc") or 0)
+        return cls(
+            launch.get("nnodes", 1), launch["nproc_per_node"], launch.get("threads_per_proc") or 0
+        )
 
 
 def grid(cfg: dict[str, Any]) -> list[Point]:
     """Every point of the config's ``scaling`` section, sorted by nodes, processes, CPUs."""
     study = cfg.get("scaling") or {}
-    axes = (study.get("nodes", [1]), study.get("procs_per_node", [1, 2]),
-            study.get("cpus_per_task", [1]))
+    axes = (
+        study.get("nodes", [1]),
+        study.get("procs_per_node", [1, 2]),
+        study.get("cpus_per_task", [1]),
+    )
     return sorted({Point(*values) for values in itertools.product(*axes)})
 
 
@@ -69,6 +74,7 @@ def apply(cfg: dict[str, Any], point: Point) -> dict[str, Any]:
     out["launch"]["nnodes"] = point.nodes
     out["launch"]["nproc_per_node"] = point.procs_per_node
     out["launch"]["threads_per_proc"] = point.cpus_per_task
+    out.setdefault("slurm", {})["cpus_per_task"] = point.cpus_per_task  # SLURM's --cpus-per-task
     if study.get("epochs") is not None:
         out["train"]["epochs"] = study["epochs"]
     return out

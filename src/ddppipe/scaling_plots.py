@@ -14,8 +14,10 @@ from ddppipe.scaling_results import RunResult, efficiency
 def label(result: RunResult) -> str:
     p = result.point
     cpus = "CPU" if p.cpus_per_task == 1 else "CPUs"
-    return (f"{p.nodes} node{'s' if p.nodes > 1 else ''} x {p.procs_per_node} proc, "
-            f"{p.cpus_per_task} {cpus}/proc (world {p.world_size})")
+    return (
+        f"{p.nodes} node{'s' if p.nodes > 1 else ''} x {p.procs_per_node} proc, "
+        f"{p.cpus_per_task} {cpus}/proc (world {p.world_size})"
+    )
 
 
 def learning_curves(results: Sequence[RunResult], path: Path) -> None:
@@ -46,8 +48,9 @@ def throughput(results: Sequence[RunResult], path: Path) -> None:
     """Training images/s and scaling efficiency against world size, one line per CPUs/process."""
     fig, (ax_ips, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.5))
     for cpus in sorted({r.point.cpus_per_task for r in results}):
-        group = sorted((r for r in results if r.point.cpus_per_task == cpus),
-                       key=lambda r: r.point.world_size)
+        group = sorted(
+            (r for r in results if r.point.cpus_per_task == cpus), key=lambda r: r.point.world_size
+        )
         sizes = [r.point.world_size for r in group]
         name = f"{cpus} CPU{'s' if cpus > 1 else ''} per process"
         ax_ips.plot(sizes, [r.images_per_s for r in group], "o-", label=name)

@@ -58,8 +58,11 @@ def load(metrics: Sequence[Path], configs: Sequence[Path]) -> list[RunResult]:
 
 def efficiency(result: RunResult, results: Sequence[RunResult]) -> float | None:
     """images/s / (world size x images/s of the one-process run with the same CPUs per task)."""
-    single = [r for r in results if r.point.world_size == 1
-              and r.point.cpus_per_task == result.point.cpus_per_task]
+    single = [
+        r
+        for r in results
+        if r.point.world_size == 1 and r.point.cpus_per_task == result.point.cpus_per_task
+    ]
     if not single:
         return None
     return result.images_per_s / (result.point.world_size * single[0].images_per_s)
@@ -119,7 +122,7 @@ HEADERS = {
 
 def _header(column: str) -> str:
     if column.startswith("seconds_to_"):
-        return f"time to {column[len('seconds_to_'):-3]} % test accuracy (s)"
+        return f"time to {column[len('seconds_to_') : -3]} % test accuracy (s)"
     return HEADERS.get(column, column)
 
 
@@ -140,7 +143,7 @@ def write_html(rows: Sequence[dict[str, Any]], path: Path) -> None:
         for row in rows
     )
     page = (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         "<title>Scaling study: time to accuracy</title><style>"
         "body{font-family:sans-serif}table{border-collapse:collapse}"
         "th,td{border:1px solid #bbb;padding:4px 8px;text-align:right}th{background:#eee}"

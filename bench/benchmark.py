@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import config, idx, launch, mnist
+from ddppipe import config, download, idx, launch, mnist
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSIC = Path(__file__).resolve().parent / "classic_ddp_mnist.py"
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        sha = {name: config_sha(data / name) for name in mnist.FILES}
+        sha = {name: download.file_sha256(data / name) for name in mnist.FILES}
         epochs = {"epochs": 1} if args.quick else {}
         speed = {"precision": "bf16", "channels_last": True}
         batch = BATCH_PER_RANK * args.nproc
@@ -316,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         t = fast_cfg["train"]
         fast = run_ddppipe(
             "ddppipe fast preset",
-            f"ddppipe fast: {t['optimizer']} {t['schedule']} lr {t['lr']}, global batch "
-            f"{t['batch_size']}, {t['epochs']} epochs, {t['precision']}",
+            f"ddppipe fast: {t['optimizer']} {t['schedule']} lr {t['lr']}, label smoothing "
+            f"{t['label_smoothing']}, global batch {t['batch_size']}, {t['epochs']} epochs, "
+            f"{t['precision']}{', channels_last' if t['channels_last'] else ''}",
             fast_cfg,
             data,
             work,
@@ -354,12 +355,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 0
-
-
-def config_sha(path: Path) -> str:
-    from ddppipe import download
-
-    return download.file_sha256(path)
 
 
 if __name__ == "__main__":

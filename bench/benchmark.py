@@ -98,7 +98,7 @@ def torchvision_root(data: Path, root: Path) -> Path:
 # -- runs ----------------------------------------------------------------------------------
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(threads)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)  # torch lets MKL's win
     return env
 
 

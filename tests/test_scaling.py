@@ -6,6 +6,7 @@ import base64
 import copy
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,25 @@ def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None
     assert counts["write_config"] == 5  # the 4 points and the base run (for the download)
     assert counts["scaling"] == 1
     assert "evaluate" not in counts
+
+
+def test_each_point_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
+    """The train jobs' SLURM resources (and local threads) come from their grid point."""
+    cfg = study_config(nodes=[1, 2], procs_per_node=[1, 2], cpus_per_task=[3])
+    out = snakemake(tmp_path, cfg, "-n", "--cores", "8", "scaling").stdout
+    jobs = {}
+    for block in out.split("rule train:")[1:]:
+        run = re.search(r"wildcards: run=(\S+)", block)[1]
+        jobs[run] = dict(re.findall(r"\b(nodes|tasks|cpus_per_task|mpi)=(\w+)", block))
+        jobs[run]["threads"] = (re.search(r"threads: (\d+)", block) or [0, "1"])[1]
+    assert jobs == {
+        "scaling-n1-p1-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "3", "threads": "1"},
+        "scaling-n1-p2-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "6", "threads": "2"},
+        "scaling-n2-p1-c3": {"nodes": "2", "tasks": "2", "cpus_per_task": "3", "mpi": "srun",
+                             "threads": "1"},
+        "scaling-n2-p2-c3": {"nodes": "2", "tasks": "2", "cpus_per_task": "6", "mpi": "srun",
+                             "threads": "2"},
+    }  # fmt: skip
 
 
 def test_unknown_run_target_fails_in_the_dry_run(tmp_path: Path) -> None:

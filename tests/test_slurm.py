@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from tests.processes import guarded_workers, worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.tiny import REAL_MNIST, REPO, TinyData, make_tiny, real_mnist_sha256, tiny_config
 
@@ -130,36 +131,6 @@ def test_impossible_gpu_request_errors(slurm_cluster: SlurmCluster, tmp_path: Pa
 FINAL = "results/tiny/train/final.pt"  # training only: evaluate/export add nothing here
 
 
-def _worker_pids(workdir: Path) -> list[int]:
-    """PIDs of the ``ddppipe train`` workers (not agents or srun) running in ``workdir``.
-
-    The test cluster's nodes are network namespaces, so they share the host's process table.
-    """
-    found = subprocess.run(["pgrep", "-f", "ddppipe train"], capture_output=True, text=True)
-    pids = []
-    for pid in map(int, found.stdout.split()):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-            cwd = Path(f"/proc/{pid}/cwd").resolve()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue  # exited meanwhile
-        if cwd != workdir.resolve() or "agent" in argv or Path(argv[0]).name == "srun":
-            continue
-        if any(argv[i : i + 2] == ["ddppipe", "train"] for i in range(len(argv))):
-            pids.append(pid)
-    return pids
-
-
-def _catches_sigusr1(pid: int) -> bool:
-    """Whether ``pid`` has a SIGUSR1 handler installed (the training loop's preemption Guard)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
-
-
 def _poll(
     condition: Callable[[], T | None], proc: subprocess.Popen, timeout: float, what: str, out: Path
 ) -> T:
@@ -215,13 +186,9 @@ def test_preemption_resumes_to_identical_weights(
     wd = tmp_path / "preempted"
     proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
 
-    def guarded_workers() -> list[int] | None:
-        pids = _worker_pids(wd)
-        ok = len(pids) == world_size and all(map(_catches_sigusr1, pids))
-        return pids if ok else None
-
     # Every rank's training loop has its USR1 handler (earlier, USR1 is ignored).
-    _poll(guarded_workers, proc, 240, "training workers with a SIGUSR1 handler", out)
+    _poll(lambda: guarded_workers(wd, world_size), proc, 240,
+          "training workers with a SIGUSR1 handler", out)  # fmt: skip
     job = _poll(lambda: _running_two_node_job(slurm_cluster), proc, 30, "running job", out)
     slurm_cluster.run(["scancel", "--signal=USR1", job])
     signalled_at = time.monotonic() - started
@@ -271,7 +238,7 @@ def test_killed_worker_resumes_from_last_checkpoint(
     checkpoints = wd / "results/tiny/state/checkpoints"
     _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
           "epoch 1 checkpoint", out)  # fmt: skip
-    victims = _poll(lambda: _worker_pids(wd), proc, 30, "training workers", out)
+    victims = _poll(lambda: worker_pids(wd), proc, 30, "training workers", out)
     os.kill(victims[-1], signal.SIGKILL)
     try:
         proc.wait(timeout=300)

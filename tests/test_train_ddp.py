@@ -2,30 +2,38 @@
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from ddppipe import checkpoint, config
+from ddppipe import checkpoint, config, preemption
 from tests.conftest import run_cli
-from tests.tiny import TinyData, tiny_config
+from tests.processes import guarded_workers
+from tests.tiny import TinyData, make_tiny, tiny_config
 
 
-def launch(cfg: dict, tiny: TinyData, run_dir: Path, command: str = "launch"):
+def cli_args(cfg: dict, tiny: TinyData, run_dir: Path) -> list[str]:
+    """Write ``cfg`` into ``run_dir``; the launch/train arguments of a run there."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.yaml"
     config.write(config.resolve(cfg), cfg_path)
-    result = run_cli(
-        command,
+    return [
         f"--config={cfg_path}",
         f"--data={tiny.data_dir}",
         f"--state={run_dir / 'state'}",
         f"--checkpoint={run_dir / 'final.pt'}",
         f"--metrics={run_dir / 'metrics.jsonl'}",
-    )
-    return result
+    ]
+
+
+def launch(cfg: dict, tiny: TinyData, run_dir: Path, command: str = "launch"):
+    return run_cli(command, *cli_args(cfg, tiny, run_dir))
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -104,3 +112,38 @@ def test_plain_process_is_a_world_of_one(tiny: TinyData, tmp_path: Path) -> None
     assert "single: rank 0/1" in result.stderr
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["epochs"] == 1
     assert checkpoint.load(tmp_path / "final.pt")["meta"]["world_size"] == 1
+
+
+def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
+    tmp_path: Path,
+) -> None:
+    """`kill` of a local `ddppipe launch`: the ranks checkpoint, it exits 75; a relaunch
+    resumes there and ends with the weights of an uninterrupted run."""
+    tiny = make_tiny(tmp_path / "tiny", n_train=640)
+    cfg = tiny_config(tiny, epochs=3, batch_size=16)  # 40 steps an epoch
+    reference = tmp_path / "reference"
+    launch(cfg, tiny, reference)
+
+    run_dir = tmp_path / "stopped"
+    args = cli_args(cfg, tiny, run_dir)
+    log = run_dir / "launch.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
+                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not guarded_workers(run_dir, 2):
+        assert proc.poll() is None, f"launch exited {proc.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no training workers:\n{log.read_text()}"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()
+    text = log.read_text()
+    assert "training stopped on SIGTERM after writing" in text, text
+    assert not (run_dir / "final.pt").exists()
+    assert not (run_dir / "state" / preemption.NOTE).exists()  # the launcher took the note
+    stored = checkpoint.Store(run_dir / "state" / "checkpoints").paths()
+    assert stored, f"no checkpoint after SIGTERM:\n{text}"
+
+    result = run_cli("launch", *args, cwd=run_dir)
+    assert f"resuming from {stored[-1]}" in result.stderr, result.stderr
+    assert_identical(weights(run_dir / "final.pt"), weights(reference / "final.pt"))

@@ -68,9 +68,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     else:
         command = launch.local_torchrun(cfg, train_args)
         env = launch.environment(cfg, launch.available_cpus())
-    logging.getLogger("ddppipe").info("exec: %s", " ".join(command))
-    launch.exec_command(command, env)
-    return 0  # not reached
+    logging.getLogger("ddppipe").info("run: %s", " ".join(command))
+    return launch.supervise(command, env, args.state)
 
 
 def _slurm_job(cfg: dict) -> tuple[str, list[str]]:

@@ -1,13 +1,19 @@
-"""From a config to the command line that starts training: torchrun on one node."""
+"""From a config to the processes that train: torchrun agents, locally or under srun."""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from ddppipe import container
+from ddppipe import container, preemption
+
+log = logging.getLogger(__name__)
 
 
 def threads_per_proc(cfg: dict[str, Any], cpus: int) -> int:
@@ -26,7 +32,7 @@ def available_cpus() -> int:
 
 
 def local_torchrun(cfg: dict[str, Any], train_args: list[str]) -> list[str]:
-    """``torchrun --standalone`` with the configured processes, running ``ddppipe train``.
+    """``torchrun --standalone`` (as ``ddppipe agent``) with the configured processes.
 
     With ``container.mode: apptainer`` it runs inside the image (``apptainer exec IMAGE``).
     """
@@ -34,7 +40,8 @@ def local_torchrun(cfg: dict[str, Any], train_args: list[str]) -> list[str]:
     return [
         *container.python_command(cfg),
         "-m",
-        "torch.distributed.run",
+        "ddppipe",
+        "agent",
         "--standalone",
         "--nnodes=1",
         f"--nproc-per-node={launch['nproc_per_node']}",
@@ -53,11 +60,42 @@ def environment(cfg: dict[str, Any], cpus: int) -> dict[str, str]:
     return env
 
 
-def exec_command(command: list[str], env: dict[str, str]) -> None:
-    """Replace this process with ``command`` (so signals reach the launcher directly)."""
+# Signals the launcher passes on to the torchrun agent or srun it started.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+def supervise(command: list[str], env: dict[str, str], state_dir: Path) -> int:
+    """Run ``command`` (torchrun or srun), passing signals on; its exit status, or 75.
+
+    The child runs in its own session, so a signal to the launcher's process group reaches
+    it once, through the launcher. If training stopped on a signal after writing a checkpoint
+    (the note of :func:`ddppipe.preemption.record`), the result is
+    :data:`~ddppipe.preemption.EXIT_CODE` however srun reported the ranks' exits.
+    """
+    preemption.take(state_dir)  # a note left by an earlier run is not this run's
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(command[0], command, env)
+    child = subprocess.Popen(command, env=env, start_new_session=True)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    note = preemption.take(state_dir)
+    if note and code != 0:
+        log.warning(
+            "training stopped on %s after writing %s (launcher exit status %d): exiting %d "
+            "so the job is retried and resumes there",
+            note["signal"], note["checkpoint"], code, preemption.EXIT_CODE,
+        )  # fmt: skip
+        return preemption.EXIT_CODE
+    return code if code >= 0 else 128 - code
 
 
 def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> list[str]:
@@ -147,6 +185,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
     SLURM signals every process of the step; torchrun's agent would die of SIGUSR1 (its
     default action). Ignoring it here is inherited by the workers until the training
     loop installs its own handler (ddppipe.preemption), so no process dies of it.
+    The launcher decides the run's exit status (:func:`supervise`); 75 here is for srun's log.
     """
     import signal
 
@@ -160,6 +199,6 @@ def run_agent(torchrun_argv: list[str]) -> int:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:
         codes = {f.exitcode for f in e.failures.values()}
-        print(f"ddppipe agent: workers failed with exit codes {sorted(codes)}", file=sys.stderr)
+        print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
         return EXIT_CODE if EXIT_CODE in codes else 1
     return 0

@@ -2,17 +2,27 @@
 
 SLURM sends ``--signal`` (e.g. USR1 some seconds before the time limit) and SIGTERM on
 preemption or ``scancel``. The handler only records the signal; the training loop asks
-:meth:`Guard.requested` at step boundaries, checkpoints and exits with :data:`EXIT_CODE`.
+:meth:`Guard.requested` at step boundaries, checkpoints, leaves a :func:`record` note in
+the state folder and exits. The launcher turns that note into :data:`EXIT_CODE`, whatever
+exit status srun or torchrun made of the ranks' exits (srun reports a task it killed
+after another node's agent exited first as 143).
 """
 
 from __future__ import annotations
 
+import json
 import signal
+import time
+from pathlib import Path
 from types import FrameType
+
+from ddppipe import atomic
 
 # Exit status of a run that stopped early to be resumed (distinct from crashes).
 EXIT_CODE = 75  # EX_TEMPFAIL
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# The note rank 0 leaves in the state folder when it stopped on a signal.
+NOTE = "stopped-on-signal.json"
 
 
 class Guard:
@@ -46,3 +56,20 @@ class Preempted(Exception):
         )
         self.signum = signum
         self.checkpoint = checkpoint
+
+
+def record(state_dir: Path, signum: int, checkpoint: str) -> None:
+    """Note in ``state_dir`` that training stopped on ``signum`` after writing ``checkpoint``."""
+    note = {"signal": signal.Signals(signum).name if signum else None, "checkpoint": checkpoint}
+    atomic.write_text(state_dir / NOTE, json.dumps({**note, "time": time.time()}) + "\n")
+
+
+def take(state_dir: Path) -> dict | None:
+    """The note of the run that just ended, removed so the next run starts without one."""
+    path = state_dir / NOTE
+    try:
+        note = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    path.unlink(missing_ok=True)
+    return note

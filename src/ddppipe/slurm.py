@@ -11,11 +11,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import hostlist
 
 from ddppipe import config as ddp_config
+from ddppipe import scaling
+
+# Every resource resources() may set (None where a config leaves it out).
+RESOURCE_KEYS = (
+    "nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_partition", "slurm_account",
+    "constraint", "qos", "mpi", "gres", "tasks_per_gpu", "slurm_extra",
+)  # fmt: skip
 
 
 class SlurmRequestError(ValueError):
@@ -66,6 +74,22 @@ def resources(cfg: dict[str, Any]) -> dict[str, Any]:
         res.update(gres=f"gpu:{gpus}", tasks_per_gpu=0)
     res["slurm_extra"] = " ".join(extra)
     return {k: v for k, v in res.items() if v is not None}
+
+
+def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
+    """The train rule's resources, each a function of the job's ``run`` wildcard.
+
+    A scaling-study point asks for its own nodes and CPUs (:func:`ddppipe.scaling.config_for_run`).
+    The base run's request is checked here, so a bad one fails when the Snakefile is read.
+    """
+    by_run = {cfg["run"]: resources(scaling.config_for_run(cfg, cfg["run"]))}
+
+    def of_run(run: str) -> dict[str, Any]:
+        if run not in by_run:
+            by_run[run] = resources(scaling.config_for_run(cfg, run))
+        return by_run[run]
+
+    return {key: lambda wildcards, key=key: of_run(wildcards.run).get(key) for key in RESOURCE_KEYS}
 
 
 def job_nodes(job_id: str, run: Any = subprocess.run) -> list[str]:

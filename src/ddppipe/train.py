@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -26,10 +27,10 @@ from ddppipe import (
     evaluate,
     heap,
     mnist,
+    preemption,
     sharding,
 )
 from ddppipe.model import Net
-from ddppipe.preemption import Guard, Preempted
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class Trainer:
         atomic.write_text(self.paths.state_dir / "metrics.jsonl", lines)
 
     # -- loop ----------------------------------------------------------------------------
-    def _stop_requested(self, guard: Guard) -> bool:
+    def _stop_requested(self, guard: preemption.Guard) -> bool:
         flag = torch.tensor([1 if guard.requested() else 0], device=self.ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -248,7 +249,7 @@ class Trainer:
         self.scheduler.step()
         return loss_sum.detach()
 
-    def _run_epoch(self, guard: Guard) -> float | None:
+    def _run_epoch(self, guard: preemption.Guard) -> float | None:
         """Train the rest of the current epoch; return its seconds, or None when stopped."""
         n, batch = len(self.data.train), self.train_cfg["batch_size"]
         perm = sharding.epoch_permutation(n, self.train_cfg["seed"], self.epoch).to(self.ctx.device)
@@ -288,13 +289,12 @@ class Trainer:
 
     def run(self) -> None:
         self.resume()
-        guard = Guard()
+        guard = preemption.Guard()
         try:
             while self.epoch < self.train_cfg["epochs"]:
                 train_seconds = self._run_epoch(guard)
                 if train_seconds is None:
-                    path = self.save_checkpoint()
-                    raise Preempted(guard.received or 0, str(path))
+                    self._stop(guard, self.save_checkpoint())
                 eval_start = time.perf_counter()
                 counts = self._evaluate()
                 eval_seconds = time.perf_counter() - eval_start
@@ -320,10 +320,17 @@ class Trainer:
                 if last or stop or self.epoch % self.train_cfg["checkpoint_every"] == 0:
                     path = self.save_checkpoint()
                 if stop:
-                    raise Preempted(guard.received or 0, str(path))
+                    self._stop(guard, path)
         finally:
             guard.restore()
         self._write_outputs()
+
+    def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
+        """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
+        signum = guard.received or 0
+        if self.ctx.is_main:
+            preemption.record(self.paths.state_dir, signum, str(path))
+        raise preemption.Preempted(signum, str(path))
 
     def _write_outputs(self) -> None:
         snapshot = self.snapshot()
@@ -334,9 +341,22 @@ class Trainer:
         dist.barrier()
 
 
+def use_launcher_threads() -> None:
+    """Run OMP_NUM_THREADS threads (the launcher's per-process share), MKL included.
+
+    torch lets MKL_NUM_THREADS override OMP_NUM_THREADS, and Snakemake exports
+    MKL_NUM_THREADS = the job's threads: 2 processes x 2 threads on 2 CPUs halved the
+    images/s (and MKL's thread count changes the numerics).
+    """
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
 def train(cfg: dict[str, Any], paths: Paths) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
+    use_launcher_threads()
     ctx = distributed.setup(cfg["launch"]["backend"])
     try:
         Trainer(cfg, paths, ctx).run()

@@ -1,6 +1,3 @@
-from ddppipe import scaling as ddp_scaling
-
-
 rule write_config:
     """The run's validated config with its preset filled in: what every later step reads.
 

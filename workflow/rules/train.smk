@@ -13,9 +13,9 @@ rule train:
         "logs/{run}/train.log",
     benchmark:
         "benchmarks/{run}/train.tsv"
-    threads: config["launch"]["nproc_per_node"]
+    threads: lambda wc: ddp_scaling.config_for_run(config, wc.run)["launch"]["nproc_per_node"]
     resources:
-        **ddp_slurm.resources(config),
+        **ddp_slurm.train_resources(config),  # per run: a scaling point's own nodes and CPUs
     shell:
         "ddppipe launch --config {input.config} --data {DATA} --state {params.state}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics} 2> {log}"

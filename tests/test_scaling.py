@@ -178,7 +178,7 @@ def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None
 
 
 def test_each_point_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
-    """The train jobs' SLURM resources (and local threads) come from their grid point."""
+    """The train jobs' SLURM resources and local threads (processes x CPUs) follow the point."""
     cfg = study_config(nodes=[1, 2], procs_per_node=[1, 2], cpus_per_task=[3])
     out = snakemake(tmp_path, cfg, "-n", "--cores", "8", "scaling").stdout
     jobs = {}
@@ -187,12 +187,12 @@ def test_each_point_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
         jobs[run] = dict(re.findall(r"\b(nodes|tasks|cpus_per_task|mpi)=(\w+)", block))
         jobs[run]["threads"] = (re.search(r"threads: (\d+)", block) or [0, "1"])[1]
     assert jobs == {
-        "scaling-n1-p1-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "3", "threads": "1"},
-        "scaling-n1-p2-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "6", "threads": "2"},
+        "scaling-n1-p1-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "3", "threads": "3"},
+        "scaling-n1-p2-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "6", "threads": "6"},
         "scaling-n2-p1-c3": {"nodes": "2", "tasks": "2", "cpus_per_task": "3", "mpi": "srun",
-                             "threads": "1"},
+                             "threads": "3"},
         "scaling-n2-p2-c3": {"nodes": "2", "tasks": "2", "cpus_per_task": "6", "mpi": "srun",
-                             "threads": "2"},
+                             "threads": "6"},
     }  # fmt: skip
 
 

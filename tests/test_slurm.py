@@ -147,6 +147,16 @@ def _poll(
     pytest.fail(f"no {what} within {timeout:.0f}s:\n{out.read_text()[-6000:]}")
 
 
+def _finish(proc: subprocess.Popen, out: Path, timeout: float = 300) -> str:
+    """Wait for the background snakemake; its output."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return out.read_text()
+
+
 def _start_snakemake(
     cluster: SlurmCluster, workdir: Path, cfg: dict[str, Any], *args: str
 ) -> tuple[subprocess.Popen, Path]:
@@ -192,12 +202,7 @@ def test_preemption_resumes_to_identical_weights(
     job = _poll(lambda: _running_two_node_job(slurm_cluster), proc, 30, "running job", out)
     slurm_cluster.run(["scancel", "--signal=USR1", job])
     signalled_at = time.monotonic() - started
-    try:
-        proc.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    text = out.read_text()
+    text = _finish(proc, out)
     print(f"(d) wall time with preemption {time.monotonic() - started:.1f}s "
           f"(USR1 to job {job} at {signalled_at:.1f}s)")  # fmt: skip
     assert proc.returncode == 0, text
@@ -240,12 +245,7 @@ def test_killed_worker_resumes_from_last_checkpoint(
           "epoch 1 checkpoint", out)  # fmt: skip
     victims = _poll(lambda: worker_pids(wd), proc, 30, "training workers", out)
     os.kill(victims[-1], signal.SIGKILL)
-    try:
-        proc.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    text = out.read_text()
+    text = _finish(proc, out)
     print(f"(e) wall time with a killed worker {time.monotonic() - started:.1f}s")
     assert proc.returncode == 0, text
     train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")

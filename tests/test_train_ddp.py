@@ -14,7 +14,7 @@ import yaml
 
 from ddppipe import checkpoint, config, preemption
 from tests.conftest import run_cli
-from tests.processes import guarded_workers
+from tests.processes import guarded_workers, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
 
 
@@ -114,6 +114,20 @@ def test_plain_process_is_a_world_of_one(tiny: TinyData, tmp_path: Path) -> None
     assert checkpoint.load(tmp_path / "final.pt")["meta"]["world_size"] == 1
 
 
+def start_guarded_launch(args: list[str], run_dir: Path) -> tuple[subprocess.Popen, Path]:
+    """`ddppipe launch` in the background, returned once both ranks' training loops run."""
+    log = run_dir / "launch.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
+                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not guarded_workers(run_dir, 2):
+        assert proc.poll() is None, f"launch exited {proc.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no training workers:\n{log.read_text()}"
+        time.sleep(0.1)
+    return proc, log
+
+
 def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     tmp_path: Path,
 ) -> None:
@@ -126,15 +140,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
 
     run_dir = tmp_path / "stopped"
     args = cli_args(cfg, tiny, run_dir)
-    log = run_dir / "launch.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
-                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not guarded_workers(run_dir, 2):
-        assert proc.poll() is None, f"launch exited {proc.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"no training workers:\n{log.read_text()}"
-        time.sleep(0.1)
+    proc, log = start_guarded_launch(args, run_dir)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()
     text = log.read_text()
@@ -147,3 +153,18 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     result = run_cli("launch", *args, cwd=run_dir)
     assert f"resuming from {stored[-1]}" in result.stderr, result.stderr
     assert_identical(weights(run_dir / "final.pt"), weights(reference / "final.pt"))
+
+
+def test_sigkill_of_the_launcher_stops_training_with_a_checkpoint(tmp_path: Path) -> None:
+    """No orphaned ranks: torchrun gets SIGTERM when its launcher dies, the ranks checkpoint."""
+    tiny = make_tiny(tmp_path / "tiny", n_train=640)
+    run_dir = tmp_path / "killed"
+    proc, log = start_guarded_launch(cli_args(tiny_config(tiny, epochs=50), tiny, run_dir), run_dir)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while worker_pids(run_dir):
+        assert time.monotonic() < deadline, f"training outlived its launcher:\n{log.read_text()}"
+        time.sleep(0.2)
+    assert checkpoint.Store(run_dir / "state" / "checkpoints").paths(), log.read_text()
+    assert (run_dir / "state" / preemption.NOTE).exists()  # nobody took it: the launcher died

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -22,6 +23,14 @@ def threads_per_proc(cfg: dict[str, Any], cpus: int) -> int:
     if configured:
         return configured
     return max(1, cpus // cfg["launch"]["nproc_per_node"])
+
+
+def job_threads(cfg: dict[str, Any]) -> int:
+    """CPU threads a local training job uses: its processes times their threads.
+
+    The train rule's ``threads``, so Snakemake does not run two trainings on the same cores.
+    """
+    return cfg["launch"]["nproc_per_node"] * threads_per_proc(cfg, available_cpus())
 
 
 def available_cpus() -> int:
@@ -64,18 +73,29 @@ def environment(cfg: dict[str, Any], cpus: int) -> dict[str, str]:
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """(In the child, before exec) Get SIGTERM when the launcher dies, even of SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
 def supervise(command: list[str], env: dict[str, str], state_dir: Path) -> int:
     """Run ``command`` (torchrun or srun), passing signals on; its exit status, or 75.
 
     The child runs in its own session, so a signal to the launcher's process group reaches
-    it once, through the launcher. If training stopped on a signal after writing a checkpoint
-    (the note of :func:`ddppipe.preemption.record`), the result is
-    :data:`~ddppipe.preemption.EXIT_CODE` however srun reported the ranks' exits.
+    it once, through the launcher; if the launcher is killed outright, the child gets
+    SIGTERM. If training stopped on a signal after writing a checkpoint (the note of
+    :func:`ddppipe.preemption.record`), the result is :data:`~ddppipe.preemption.EXIT_CODE`
+    however srun reported the ranks' exits.
     """
     preemption.take(state_dir)  # a note left by an earlier run is not this run's
     sys.stdout.flush()
     sys.stderr.flush()
-    child = subprocess.Popen(command, env=env, start_new_session=True)
+    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if child.poll() is None:

@@ -1,4 +1,5 @@
 # Paths and helpers shared by the rules.
+from ddppipe import launch as ddp_launch
 from ddppipe import scaling as ddp_scaling
 from ddppipe import slurm as ddp_slurm
 

@@ -13,7 +13,7 @@ rule train:
         "logs/{run}/train.log",
     benchmark:
         "benchmarks/{run}/train.tsv"
-    threads: lambda wc: ddp_scaling.config_for_run(config, wc.run)["launch"]["nproc_per_node"]
+    threads: lambda wc: ddp_launch.job_threads(ddp_scaling.config_for_run(config, wc.run))
     resources:
         **ddp_slurm.train_resources(config),  # per run: a scaling point's own nodes and CPUs
     shell:

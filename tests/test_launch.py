@@ -1,0 +1,34 @@
+"""The local launch command and the CPU threads a training job takes."""
+
+from __future__ import annotations
+
+import sys
+
+from ddppipe import launch
+from tests.tiny import default_config
+
+
+def test_threads_are_configured_or_the_cpus_shared_out() -> None:
+    cfg = default_config()
+    cfg["launch"].update(nproc_per_node=2, threads_per_proc=None)
+    assert launch.threads_per_proc(cfg, 16) == 8
+    assert launch.threads_per_proc(cfg, 1) == 1  # never zero threads
+    cfg["launch"]["threads_per_proc"] = 3
+    assert launch.threads_per_proc(cfg, 16) == 3
+
+
+def test_job_threads_count_every_process_thread() -> None:
+    cfg = default_config()
+    cfg["launch"].update(nproc_per_node=2, threads_per_proc=3)
+    assert launch.job_threads(cfg) == 6
+    cfg["launch"]["threads_per_proc"] = None  # all of this machine's CPUs
+    assert launch.job_threads(cfg) == 2 * max(1, launch.available_cpus() // 2)
+
+
+def test_local_command_is_a_standalone_sigusr1_safe_agent() -> None:
+    cfg = default_config()
+    cfg["launch"].update(nproc_per_node=3, max_restarts=1)
+    command = launch.local_torchrun(cfg, ["--config=c.yaml"])
+    assert command[:4] == [sys.executable, "-m", "ddppipe", "agent"]
+    assert {"--standalone", "--nproc-per-node=3", "--max-restarts=1"} <= set(command)
+    assert command[-4:] == ["-m", "ddppipe", "train", "--config=c.yaml"]

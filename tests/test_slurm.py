@@ -94,6 +94,25 @@ def test_fake_gpus_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None
     assert "NumNodes=2" in record and "gpu:2" in record, record
 
 
+def test_sacct_status_mode_with_accounting(
+    slurm_accounting_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The profile with `slurm-status-command: sacct` on a cluster with slurmdbd.
+
+    Without slurmdbd this mode never sees the job finish (so the profile uses squeue).
+    """
+    cluster = slurm_accounting_cluster
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")))
+    started = time.monotonic()
+    result = snakemake_slurm(cluster, tmp_path / "wd", cfg, FINAL,
+                             "--slurm-status-command", "sacct", timeout=400)  # fmt: skip
+    print(f"(sacct) wall time {time.monotonic() - started:.1f}s")
+    assert result.returncode == 0, logs(tmp_path / "wd", result)
+    job = train_job_ids(result)[0]
+    out = cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State,NNodes"]).stdout
+    assert f"{job}|COMPLETED|2" in out.split(), out
+
+
 def test_preflight_fails_fast_on_unresolvable_host(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

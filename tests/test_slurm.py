@@ -274,3 +274,44 @@ def test_killed_worker_resumes_from_last_checkpoint(
         f"expected a resume at epoch >= 1 after the kill, got {epochs}:\n{train_log[-3000:]}"
     )
     assert (wd / FINAL).exists()
+
+
+def _running_job_node(cluster: SlurmCluster) -> tuple[str, str] | None:
+    jobs = cluster.run("squeue -h -o '%i %T %N'", check=False).stdout.splitlines()
+    running = [j.split() for j in jobs if j.split()[1:2] == ["RUNNING"]]
+    return (running[0][0], running[0][2]) if running else None
+
+
+def test_node_failure_requeues_and_resumes_on_the_other_node(
+    slurm_accounting_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """(f) The training job's node goes DOWN mid-run: SLURM stops the job (the ranks
+    checkpoint on its SIGTERM) and requeues it (same job id) on the other node, where it
+    resumes; the plugin waits for it and submits no second job that would train alongside."""
+    cluster = slurm_accounting_cluster
+    tiny = make_tiny(tmp_path / "tiny", n_train=1920)
+    cfg = tiny_config(tiny, epochs=20, batch_size=16, checkpoint_every=1)  # 120 steps an epoch
+    cfg["launch"].update(nnodes=1, nproc_per_node=2, max_restarts=0)
+    cfg["slurm"].update(cpus_per_task=1, mem_mb=1500, runtime=10, partition="debug")
+    started = time.monotonic()
+    wd = tmp_path / "node-down"
+    proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
+    checkpoints = wd / "results/tiny/state/checkpoints"
+    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
+          "epoch 1 checkpoint", out)  # fmt: skip
+    job, node = _poll(lambda: _running_job_node(cluster), proc, 30, "running job", out)
+    # Drained first: the test cluster returns DOWN nodes to service at once (ReturnToService=2),
+    # and a drained one stays out of scheduling, as a failed node would.
+    for state in ("DRAIN", "DOWN"):
+        cluster.run(["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=test"])
+    text = _finish(proc, out, timeout=400)
+    print(f"(f) wall time with {node} down: {time.monotonic() - started:.1f}s (job {job})")
+    assert proc.returncode == 0, text
+    assert re.findall(r"submitted with SLURM jobid (\d+)[^\n]*rule_train", text) == [job], text
+    train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
+    print("(f) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
+    epochs = [int(e) for e in re.findall(r"resumed at epoch (\d+)", train_log)]
+    assert epochs and 1 <= min(epochs) < 20, f"no resume mid-run:\n{train_log[-3000:]}"
+    other = ({"node1", "node2"} - {node}).pop()
+    hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
+    assert set(hosts) == {other}, f"the resumed training ran on {hosts}, not on {other}"

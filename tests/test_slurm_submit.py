@@ -35,14 +35,16 @@ def sbatch_line(cfg: dict[str, Any]) -> str:
     res = Resources({**PROFILE["default-resources"], **slurm.resources(cfg)})
     job = SimpleNamespace(resources=res, threads=cfg["launch"]["nproc_per_node"])
     # The plugin appends the GRES flag right after the submit command (run_job).
-    return get_submit_command(job, PARAMS) + set_gres_string(job)
+    settings = SimpleNamespace(requeue=PROFILE["slurm-requeue"], no_requeue=False, qos=None,
+                               reservation=None)  # fmt: skip
+    return get_submit_command(job, PARAMS, settings) + set_gres_string(job)
 
 
 def test_default_profile_and_config() -> None:
     assert sbatch_line(default_config()) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
-        " --comment rule_train_wildcards_mnist   -t 30 --mem 2000 --nodes=1 --ntasks=1"
-        " --cpus-per-task=2 --ntasks-per-node=1 --signal=USR1@60 --requeue -D /work"
+        " --comment rule_train_wildcards_mnist   -t 30 --mem 2000 --nodes=1 --requeue"
+        " --ntasks=1 --cpus-per-task=2 --ntasks-per-node=1 --signal=USR1@60 -D /work"
     )
 
 
@@ -56,7 +58,7 @@ def test_two_nodes_with_gpus() -> None:
     assert sbatch_line(cfg) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
         " --comment rule_train_wildcards_mnist   -t 30 -C a100 --qos=hi --mem 2000 --nodes=2"
-        " --ntasks=2 --cpus-per-task=6 --ntasks-per-node=1 --signal=USR1@60 --requeue"
+        " --requeue --ntasks=2 --cpus-per-task=6 --ntasks-per-node=1 --signal=USR1@60"
         " -D /work --gres=gpu:2"
     )
 

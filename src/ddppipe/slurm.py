@@ -53,7 +53,8 @@ def resources(cfg: dict[str, Any]) -> dict[str, Any]:
     validate(cfg)
     launch, slurm = cfg["launch"], cfg["slurm"]
     nodes, nproc, gpus = launch["nnodes"], launch["nproc_per_node"], slurm["gpus_per_node"]
-    extra = [f"--ntasks-per-node=1 --signal=USR1@{slurm['signal_seconds']} --requeue"]
+    # --requeue comes from the profile (slurm-requeue), so the plugin knows SLURM requeues.
+    extra = [f"--ntasks-per-node=1 --signal=USR1@{slurm['signal_seconds']}"]
     res: dict[str, Any] = {
         "nodes": nodes,
         "cpus_per_task": nproc * slurm["cpus_per_task"],

@@ -96,12 +96,6 @@ def torchvision_root(data: Path, root: Path) -> Path:
 
 
 # -- runs ----------------------------------------------------------------------------------
-def child_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)  # torch lets MKL's win
-    return env
-
-
 def run_classic(
     data: Path, work: Path, nproc: int, threads: int, epochs: int, target: float, workers: int
 ) -> Run:
@@ -122,7 +116,7 @@ def run_classic(
         f"--stop-at={target}",
     ]
     run = Run("classic DataLoader script", "classic: Adadelta lr 1.0, StepLR 0.7, 64/rank, fp32")
-    out = _timed(run, command, child_env(threads), work / "classic.log")
+    out = _timed(run, command, launch.thread_environment(threads), work / "classic.log")
     run.epochs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return run
 

@@ -32,3 +32,15 @@ def test_local_command_is_a_standalone_sigusr1_safe_agent() -> None:
     assert command[:4] == [sys.executable, "-m", "ddppipe", "agent"]
     assert {"--standalone", "--nproc-per-node=3", "--max-restarts=1"} <= set(command)
     assert command[-4:] == ["-m", "ddppipe", "train", "--config=c.yaml"]
+
+
+def test_launched_processes_get_the_same_omp_and_mkl_threads(monkeypatch) -> None:
+    """Snakemake exports MKL_NUM_THREADS = the job's threads; torch would let it win."""
+    monkeypatch.setenv("MKL_NUM_THREADS", "8")
+    cfg = default_config()
+    cfg["launch"].update(nproc_per_node=2, threads_per_proc=None)
+    env = launch.environment(cfg, 4)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("2", "2")
+    cfg["slurm"]["cpus_per_task"] = 3
+    env = launch.slurm_environment(cfg)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("3", "3")

@@ -193,10 +193,13 @@ def _start_snakemake(
     return proc, out
 
 
-def _running_two_node_job(cluster: SlurmCluster) -> str | None:
-    jobs = cluster.run("squeue -h -o '%i %D %T'", check=False).stdout.splitlines()
-    running = [j.split()[0] for j in jobs if j.split()[1:] == ["2", "RUNNING"]]
-    return running[0] if running else None
+def _running_job(cluster: SlurmCluster, nodes: int | None = None) -> tuple[str, str] | None:
+    """(job id, node list) of the first RUNNING job, of ``nodes`` nodes when given."""
+    lines = cluster.run("squeue -h -o '%i %T %D %N'", check=False).stdout.splitlines()
+    for job, state, count, nodelist in (line.split() for line in lines):
+        if state == "RUNNING" and nodes in (None, int(count)):
+            return job, nodelist
+    return None
 
 
 def _model(path: Path) -> dict[str, torch.Tensor]:
@@ -218,7 +221,7 @@ def test_preemption_resumes_to_identical_weights(
     # Every rank's training loop has its USR1 handler (earlier, USR1 is ignored).
     _poll(lambda: guarded_workers(wd, world_size), proc, 240,
           "training workers with a SIGUSR1 handler", out)  # fmt: skip
-    job = _poll(lambda: _running_two_node_job(slurm_cluster), proc, 30, "running job", out)
+    job, _ = _poll(lambda: _running_job(slurm_cluster, nodes=2), proc, 30, "running job", out)
     slurm_cluster.run(["scancel", "--signal=USR1", job])
     signalled_at = time.monotonic() - started
     text = _finish(proc, out)
@@ -276,12 +279,6 @@ def test_killed_worker_resumes_from_last_checkpoint(
     assert (wd / FINAL).exists()
 
 
-def _running_job_node(cluster: SlurmCluster) -> tuple[str, str] | None:
-    jobs = cluster.run("squeue -h -o '%i %T %N'", check=False).stdout.splitlines()
-    running = [j.split() for j in jobs if j.split()[1:2] == ["RUNNING"]]
-    return (running[0][0], running[0][2]) if running else None
-
-
 def test_node_failure_requeues_and_resumes_on_the_other_node(
     slurm_accounting_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -299,7 +296,7 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(
     checkpoints = wd / "results/tiny/state/checkpoints"
     _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
           "epoch 1 checkpoint", out)  # fmt: skip
-    job, node = _poll(lambda: _running_job_node(cluster), proc, 30, "running job", out)
+    job, node = _poll(lambda: _running_job(cluster), proc, 30, "running job", out)
     # Drained first: the test cluster returns DOWN nodes to service at once (ReturnToService=2),
     # and a drained one stays out of scheduling, as a failed node would.
     for state in ("DRAIN", "DOWN"):

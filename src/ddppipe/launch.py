@@ -62,11 +62,19 @@ def local_torchrun(cfg: dict[str, Any], train_args: list[str]) -> list[str]:
     ]
 
 
+def thread_environment(threads: int) -> dict[str, str]:
+    """This environment with ``threads`` CPU threads per launched process.
+
+    MKL's count too: torch lets MKL_NUM_THREADS override OMP_NUM_THREADS, and Snakemake
+    exports MKL_NUM_THREADS = the job's threads, which made 2 ranks run 2 threads each on
+    2 CPUs (half the images/s; MKL's thread count also changes the numerics).
+    """
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
 def environment(cfg: dict[str, Any], cpus: int) -> dict[str, str]:
     """Environment for the launched processes (thread counts)."""
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(threads_per_proc(cfg, cpus))
-    return env
+    return thread_environment(threads_per_proc(cfg, cpus))
 
 
 # Signals the launcher passes on to the torchrun agent or srun it started.
@@ -193,10 +201,8 @@ def slurm_torchrun(
 
 def slurm_environment(cfg: dict[str, Any]) -> dict[str, str]:
     """Environment of the srun step: one thread per allocated CPU of each process."""
-    env = dict(os.environ)
-    threads = cfg["launch"].get("threads_per_proc") or cfg["slurm"]["cpus_per_task"]
-    env["OMP_NUM_THREADS"] = str(threads)
-    return env
+    launch, slurm = cfg["launch"], cfg["slurm"]
+    return thread_environment(launch.get("threads_per_proc") or slurm["cpus_per_task"])
 
 
 def run_agent(torchrun_argv: list[str]) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import sys
 import time
@@ -341,22 +340,9 @@ class Trainer:
         dist.barrier()
 
 
-def use_launcher_threads() -> None:
-    """Run OMP_NUM_THREADS threads (the launcher's per-process share), MKL included.
-
-    torch lets MKL_NUM_THREADS override OMP_NUM_THREADS, and Snakemake exports
-    MKL_NUM_THREADS = the job's threads: 2 processes x 2 threads on 2 CPUs halved the
-    images/s (and MKL's thread count changes the numerics).
-    """
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-
-
 def train(cfg: dict[str, Any], paths: Paths) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
-    use_launcher_threads()
     ctx = distributed.setup(cfg["launch"]["backend"])
     try:
         Trainer(cfg, paths, ctx).run()

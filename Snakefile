@@ -1,12 +1,17 @@
 # ddppipe: download MNIST -> DDP training with torchrun -> evaluation -> export -> report.
 from snakemake.utils import min_version, validate
 
+from ddppipe.config import validate as ddp_validate
+
 min_version("9.0")
 
 
 configfile: "config/config.yaml"
 
 
+# `--config` values arrive as text ('launch={nnodes: 2}' gives "2"): coerced to the schema's
+# types first, with a clear error naming each key that cannot be; then the standard check.
+ddp_validate(config)
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
@@ -19,6 +24,10 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/scaling.smk"
+
+
+onstart:
+    check_cluster_policy()  # SLURM executor: settings that would hang or lose work
 
 
 rule all:

@@ -127,7 +127,7 @@ def ddppipe_config(data_sha: dict[str, str], nproc: int, threads: int, **train: 
     cfg.pop("scaling", None)
     cfg["run"] = "bench"
     cfg["data"]["sha256"] = data_sha
-    cfg["launch"].update(nproc_per_node=nproc, threads_per_proc=threads)
+    cfg["launch"].update(nproc_per_node=nproc, cpus_per_proc=threads)
     cfg["train"].update(train)
     return config.resolve(cfg)
 

@@ -63,3 +63,58 @@ def test_weights_only_rejects_arbitrary_objects(tmp_path: Path) -> None:
     torch.save({"evil": Path("x")}, tmp_path / "c.pt")
     with pytest.raises(checkpoint.CheckpointError, match="unreadable checkpoint"):
         checkpoint.load(tmp_path / "c.pt")
+
+
+def test_damaged_newest_twice_in_a_row_is_moved_aside_and_keep_good_ones_remain(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each resume finds a freshly damaged ckpt-e0002 and resumes from the good one before it."""
+    store = checkpoint.Store(tmp_path, keep=2)
+    store.save(snapshot(1))
+    store.save(snapshot(2))
+    for attempt in (1, 2):
+        newest = store.paths()[-1]
+        assert newest.name == "ckpt-e0002-s000000.pt"
+        newest.write_bytes(b"damaged %d" % attempt)
+        resumed, step = store.latest("abc"), 10 * (attempt - 1)
+        assert (resumed["epoch"], resumed["step"]) == (1, step)
+        assert f"{newest}: unreadable checkpoint" in caplog.text
+        # The resumed run stops 10 steps later (a checkpoint of another name), then ends epoch 2.
+        store.save(snapshot(1, step + 10))
+        assert [checkpoint.load(p)["step"] for p in store.paths()] == [step, step + 10]
+        store.save(snapshot(2))
+    damaged = tmp_path / "damaged"
+    first, second = damaged / "ckpt-e0002-s000000.pt", damaged / "ckpt-e0002-s000000.1.pt"
+    assert sorted(damaged.iterdir()) == sorted([first, second])
+    assert (first.read_bytes(), second.read_bytes()) == (b"damaged 1", b"damaged 2")
+    assert f"moved to {second}, falling back" in caplog.text
+
+
+def test_moving_aside_into_an_existing_stale_folder_overwrites_nothing(tmp_path: Path) -> None:
+    """Config old, new, old, new: both runs of the old config stay in stale-old/."""
+    store = checkpoint.Store(tmp_path)
+    for attempt in (1, 2):
+        old = snapshot(1, config_hash="old")
+        old["history"] = [{"attempt": attempt}]
+        store.save(old)
+        assert store.latest("new") is None
+    stale = tmp_path / "stale-old"
+    assert sorted(p.name for p in stale.iterdir()) == [
+        "ckpt-e0001-s000000.1.pt",
+        "ckpt-e0001-s000000.pt",
+    ]
+    assert checkpoint.load(stale / "ckpt-e0001-s000000.pt")["history"] == [{"attempt": 1}]
+    assert checkpoint.load(stale / "ckpt-e0001-s000000.1.pt")["history"] == [{"attempt": 2}]
+    assert store.paths() == []
+
+
+def test_leftover_temp_files_of_checkpoints_are_removed_others_kept(tmp_path: Path) -> None:
+    """A save killed before its rename leaves `.<name>.<random>.tmp`; the next save removes it."""
+    leftover = tmp_path / ".ckpt-e0001-s000000.pt.k3_x9qzb.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    others = [tmp_path / ".metrics.jsonl.abcdefgh.tmp", tmp_path / "notes.tmp"]
+    for other in others:
+        other.write_text("not ours")
+    checkpoint.Store(tmp_path).save(snapshot(2))
+    assert not leftover.exists()
+    assert all(other.exists() for other in others)

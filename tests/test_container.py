@@ -85,7 +85,12 @@ def test_production_recipe_parses_with_pinned_base() -> None:
 def test_exec_prefix() -> None:
     cfg = {"container": {"mode": "apptainer", "image": "i.sif", "exec_args": ["--bind", "/d"]}}
     assert container.exec_prefix(cfg, gpus=True) == [
-        "apptainer", "exec", "--nv", "--bind", "/d", "i.sif"
+        "apptainer",
+        "exec",
+        "--nv",
+        "--bind",
+        "/d",
+        "i.sif",
     ]
     assert container.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
     assert container.exec_prefix({"container": {"mode": "none"}}) == []
@@ -132,19 +137,43 @@ def test_exec_by_hand(image_run: ImageRun) -> None:
     out = "hand"
     env_cfg = w / "results/tiny/config.yaml"
     run(
-        "apptainer", "exec", img, "python", "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node=2", "-m", "ddppipe", "train", f"--config={env_cfg}",
-        "--data=resources/mnist", f"--state={out}/state", f"--checkpoint={out}/final.pt",
+        "apptainer",
+        "exec",
+        img,
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "ddppipe",
+        "train",
+        f"--config={env_cfg}",
+        "--data=resources/mnist",
+        f"--state={out}/state",
+        f"--checkpoint={out}/final.pt",
         f"--metrics={out}/metrics.jsonl",
     )
     run(
-        "apptainer", "exec", img, "ddppipe", "evaluate", f"--checkpoint={out}/final.pt",
-        "--data=resources/mnist", f"--metrics={out}/eval.json", f"--plot={out}/cm.png",
+        "apptainer",
+        "exec",
+        img,
+        "ddppipe",
+        "evaluate",
+        f"--checkpoint={out}/final.pt",
+        "--data=resources/mnist",
+        f"--metrics={out}/eval.json",
+        f"--plot={out}/cm.png",
     )
     run(
-        sys.executable, "-m", "ddppipe", "export", f"--checkpoint={out}/final.pt",
+        sys.executable,
+        "-m",
+        "ddppipe",
+        "export",
+        f"--checkpoint={out}/final.pt",
         "--data=resources/mnist",
-        f"--weights={out}/model.pt", f"--provenance={out}/provenance.json",
+        f"--weights={out}/model.pt",
+        f"--provenance={out}/provenance.json",
         "--image-info=results/images/ddppipe.json",
     )
     snap = torch.load(w / out / "final.pt", weights_only=True)

@@ -1,46 +1,71 @@
-"""The local launch command and the CPU threads a training job takes."""
+"""The launch plan (local or SLURM, from the environment) and the CPU threads it uses."""
 
 from __future__ import annotations
 
 import sys
 
-from ddppipe import launch
+import pytest
+
+from ddppipe import config, launch, slurm
 from tests.tiny import default_config
 
 
 def test_threads_are_configured_or_the_cpus_shared_out() -> None:
     cfg = default_config()
-    cfg["launch"].update(nproc_per_node=2, threads_per_proc=None)
-    assert launch.threads_per_proc(cfg, 16) == 8
-    assert launch.threads_per_proc(cfg, 1) == 1  # never zero threads
-    cfg["launch"]["threads_per_proc"] = 3
-    assert launch.threads_per_proc(cfg, 16) == 3
+    cfg["launch"].update(nproc_per_node=2, cpus_per_proc=None)
+    request = slurm.Request.from_config(cfg)
+    assert request.threads(16) == 8
+    assert request.threads(1) == 1  # never zero threads
+    assert request.cpus_per_node == 2  # SLURM asks for 1 CPU per process when unset
+    cfg["launch"]["cpus_per_proc"] = 3
+    request = slurm.Request.from_config(cfg)
+    assert (request.threads(16), request.cpus_per_node) == (3, 6)
 
 
 def test_job_threads_count_every_process_thread() -> None:
     cfg = default_config()
-    cfg["launch"].update(nproc_per_node=2, threads_per_proc=3)
+    cfg["launch"].update(nproc_per_node=2, cpus_per_proc=3)
     assert launch.job_threads(cfg) == 6
-    cfg["launch"]["threads_per_proc"] = None  # all of this machine's CPUs
+    cfg["launch"]["cpus_per_proc"] = None  # all of this machine's CPUs
     assert launch.job_threads(cfg) == 2 * max(1, launch.available_cpus() // 2)
 
 
-def test_local_command_is_a_standalone_sigusr1_safe_agent() -> None:
+def test_outside_slurm_the_plan_is_a_local_sigusr1_safe_agent() -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=3, max_restarts=1)
-    command = launch.local_torchrun(cfg, ["--config=c.yaml"])
-    assert command[:4] == [sys.executable, "-m", "ddppipe", "agent"]
-    assert {"--standalone", "--nproc-per-node=3", "--max-restarts=1"} <= set(command)
-    assert command[-4:] == ["-m", "ddppipe", "train", "--config=c.yaml"]
+    cfg["train"]["batch_size"] = 96
+    plan = launch.plan(cfg, ["train", "--config=c.yaml"], env={"PATH": "/bin"})
+    assert plan.job is None
+    assert plan.command[:4] == [sys.executable, "-m", "ddppipe", "agent"]
+    assert {"--standalone", "--nproc-per-node=3", "--max-restarts=1"} <= set(plan.command)
+    assert plan.command[-4:] == ["-m", "ddppipe", "train", "--config=c.yaml"]
 
 
-def test_launched_processes_get_the_same_omp_and_mkl_threads(monkeypatch) -> None:
-    """Snakemake exports MKL_NUM_THREADS = the job's threads; torch would let it win."""
-    monkeypatch.setenv("MKL_NUM_THREADS", "8")
+def test_inside_slurm_even_one_node_is_an_srun_step() -> None:
+    """Local or SLURM comes from the environment, not from the node count."""
     cfg = default_config()
-    cfg["launch"].update(nproc_per_node=2, threads_per_proc=None)
-    env = launch.environment(cfg, 4)
+    cfg["launch"].update(nnodes=1, nproc_per_node=2, cpus_per_proc=2)
+    plan = launch.plan(cfg, ["train"], env={"SLURM_JOB_ID": "42"}, hosts=["cn07"])
+    assert plan.job == "42" and plan.command[0] == "srun"
+    assert "--cpus-per-task=4" in plan.command and "--rdzv-endpoint=cn07:15042" in plan.command
+    assert (plan.env["OMP_NUM_THREADS"], plan.env["MKL_NUM_THREADS"]) == ("2", "2")
+
+
+def test_several_nodes_outside_slurm_is_a_clear_error() -> None:
+    cfg = default_config()
+    cfg["launch"]["nnodes"] = 2
+    with pytest.raises(config.ConfigError, match="no SLURM allocation"):
+        launch.plan(cfg, ["train"], env={})
+
+
+def test_a_job_of_another_size_is_refused() -> None:
+    cfg = default_config()
+    cfg["launch"]["nnodes"] = 2
+    with pytest.raises(slurm.SlurmRequestError, match="has 1 node"):
+        launch.plan(cfg, ["train"], env={"SLURM_JOB_ID": "7"}, hosts=["a01"])
+
+
+def test_launched_processes_get_the_same_omp_and_mkl_threads() -> None:
+    """Snakemake exports MKL_NUM_THREADS = the job's threads; torch would let it win."""
+    env = launch.thread_environment(2, {"MKL_NUM_THREADS": "8"})
     assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("2", "2")
-    cfg["slurm"]["cpus_per_task"] = 3
-    env = launch.slurm_environment(cfg)
-    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("3", "3")

@@ -25,7 +25,7 @@ def study_config(**scaling_section: Any) -> dict[str, Any]:
     cfg["scaling"] = {
         "nodes": [1],
         "procs_per_node": [1, 2],
-        "cpus_per_task": [1],
+        "cpus_per_proc": [1],
         "epochs": 3,
         **scaling_section,
     }
@@ -34,7 +34,7 @@ def study_config(**scaling_section: Any) -> dict[str, Any]:
 
 # -- grid and per-run configs --------------------------------------------------------------
 def test_grid_is_the_product_of_the_three_lists_sorted() -> None:
-    cfg = study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_task=[4])
+    cfg = study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_proc=[4])
     assert scaling.run_names(cfg) == [
         "scaling-n1-p1-c4",
         "scaling-n1-p2-c4",
@@ -45,28 +45,24 @@ def test_grid_is_the_product_of_the_three_lists_sorted() -> None:
 
 
 def test_run_name_round_trip() -> None:
-    point = Point(nodes=2, procs_per_node=4, cpus_per_task=8)
+    point = Point(nodes=2, procs_per_node=4, cpus_per_proc=8)
     assert Point.from_run(point.run) == point
     assert Point.from_run("mnist") is None
     assert Point.from_run("scaling-n1-p2") is None
 
 
 def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
-    cfg = study_config(cpus_per_task=[1, 4])
-    cfg["slurm"] = {"cpus_per_task": 8, "mem_mb": 4000}
-    assert scaling.config_for_run(cfg, "scaling-n1-p2-c4")["slurm"] == {
-        "cpus_per_task": 4,
-        "mem_mb": 4000,
-    }
+    cfg = study_config(cpus_per_proc=[1, 4])
+    cfg["slurm"] = {"mem_mb": 4000}
+    assert scaling.config_for_run(cfg, "scaling-n1-p2-c4")["slurm"] == {"mem_mb": 4000}
     run_cfg = scaling.config_for_run(cfg, "scaling-n1-p2-c1")
     assert run_cfg["run"] == "scaling-n1-p2-c1"
     assert run_cfg["launch"] == {
         **cfg["launch"],
         "nnodes": 1,
         "nproc_per_node": 2,
-        "threads_per_proc": 1,
+        "cpus_per_proc": 1,
     }
-    assert run_cfg["slurm"]["cpus_per_task"] == 1  # --cpus-per-task on SLURM
     assert run_cfg["train"] == {**cfg["train"], "epochs": 3}
     assert run_cfg["data"] == cfg["data"]
     assert "scaling" not in run_cfg
@@ -77,10 +73,10 @@ def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
 
 def test_every_point_trains_the_same_recipe() -> None:
     """Same global batch and hashed recipe at every point: only the layout changes."""
-    cfg = study_config(procs_per_node=[1, 2], cpus_per_task=[1, 2])
+    cfg = study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2])
     resolved = [config.resolve(scaling.config_for_run(cfg, run)) for run in scaling.run_names(cfg)]
     assert len({config.train_hash(r) for r in resolved}) == 1
-    assert {(r["launch"]["nproc_per_node"], r["launch"]["threads_per_proc"]) for r in resolved} == {
+    assert {(r["launch"]["nproc_per_node"], r["launch"]["cpus_per_proc"]) for r in resolved} == {
         (1, 1),
         (1, 2),
         (2, 1),
@@ -167,33 +163,36 @@ def test_table_csv_and_html(tmp_path: Path) -> None:
 
 # -- the workflow --------------------------------------------------------------------------
 def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None:
-    cfg = study_config(procs_per_node=[1, 2], cpus_per_task=[1, 2])
+    cfg = study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2])
     counts = job_counts(tmp_path, cfg, "scaling")
     assert counts["train"] == 4
     assert counts["plot_scaling"] == 1
     assert counts["export"] == 4  # each point's provenance
-    assert counts["write_config"] == 5  # the 4 points and the base run (for the download)
+    assert counts["write_config"] == 4  # the 4 points; the dataset needs no run's config
     assert counts["scaling"] == 1
     assert "evaluate" not in counts
 
 
 def test_each_point_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
     """The train jobs' SLURM resources and local threads (processes x CPUs) follow the point."""
-    cfg = study_config(nodes=[1, 2], procs_per_node=[1, 2], cpus_per_task=[3])
+    cfg = study_config(nodes=[1, 2], procs_per_node=[1, 2], cpus_per_proc=[3])
     out = snakemake(tmp_path, cfg, "-n", "--cores", "8", "scaling").stdout
     jobs = {}
     for block in out.split("rule train:")[1:]:
         run = re.search(r"wildcards: run=(\S+)", block)[1]
         jobs[run] = dict(re.findall(r"\b(nodes|tasks|cpus_per_task|mpi)=(\w+)", block))
         jobs[run]["threads"] = (re.search(r"threads: (\d+)", block) or [0, "1"])[1]
+
+    def job(nodes: int, cpus: int) -> dict[str, str]:
+        return {"nodes": str(nodes), "tasks": str(nodes), "cpus_per_task": str(cpus), "mpi": "0",
+                "threads": str(cpus)}  # fmt: skip
+
     assert jobs == {
-        "scaling-n1-p1-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "3", "threads": "3"},
-        "scaling-n1-p2-c3": {"nodes": "1", "tasks": "1", "cpus_per_task": "6", "threads": "6"},
-        "scaling-n2-p1-c3": {"nodes": "2", "tasks": "2", "cpus_per_task": "3", "mpi": "srun",
-                             "threads": "3"},
-        "scaling-n2-p2-c3": {"nodes": "2", "tasks": "2", "cpus_per_task": "6", "mpi": "srun",
-                             "threads": "6"},
-    }  # fmt: skip
+        "scaling-n1-p1-c3": job(1, 3),
+        "scaling-n1-p2-c3": job(1, 6),
+        "scaling-n2-p1-c3": job(2, 3),
+        "scaling-n2-p2-c3": job(2, 6),
+    }
 
 
 def test_unknown_run_target_fails_in_the_dry_run(tmp_path: Path) -> None:
@@ -216,7 +215,7 @@ def tiny_study(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> tupl
     cfg["scaling"] = {
         "nodes": [1],
         "procs_per_node": [1, 2],
-        "cpus_per_task": [1],
+        "cpus_per_proc": [1],
         "epochs": 2,
         "accuracy_targets": [0.5, 0.999],
     }
@@ -236,7 +235,7 @@ def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
     assert float(rows[1]["images_per_s"]) > 0
     for run, world in [("scaling-n1-p1-c1", 1), ("scaling-n1-p2-c1", 2)]:
         run_cfg = yaml.safe_load((workdir / "results" / run / "config.yaml").read_text())
-        assert run_cfg["launch"]["threads_per_proc"] == 1
+        assert run_cfg["launch"]["cpus_per_proc"] == 1
         provenance = json.loads(
             (workdir / "results" / run / "export" / "provenance.json").read_text()
         )

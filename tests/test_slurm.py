@@ -28,8 +28,9 @@ T = TypeVar("T")
 
 def two_nodes(cfg: dict[str, Any], gpus: int = 0) -> dict[str, Any]:
     cfg["launch"].update(nnodes=2, nproc_per_node=2, max_restarts=0)
-    cfg["slurm"].update(gpus_per_node=gpus, cpus_per_task=1, mem_mb=1500, runtime=10,
-                        partition="debug")
+    cfg["slurm"].update(
+        gpus_per_node=gpus, cpus_per_task=1, mem_mb=1500, runtime=10, partition="debug"
+    )
     return cfg
 
 

@@ -1,10 +1,10 @@
-"""Golden test of the multinode launch command (a pure function of config and job)."""
+"""Golden tests of the srun step and torchrun options, from the one SLURM request object."""
 
 from __future__ import annotations
 
 import sys
 
-from ddppipe import launch
+from ddppipe import launch, slurm
 from tests.tiny import default_config
 
 
@@ -12,12 +12,14 @@ def test_srun_torchrun_command() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=2, max_restarts=3)
     cfg["slurm"].update(gpus_per_node=2)
-    command = launch.slurm_torchrun(cfg, "1234", ["node1", "node2"], ["train", "--config=c"])
-    assert command == [
+    plan = launch.plan(
+        cfg, ["train", "--config=c"], env={"SLURM_JOB_ID": "1234"}, hosts=["gpu-a01", "gpu-a02"]
+    )
+    assert plan.command == [
         "srun", "--jobid=1234", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--cpus-per-task=2", "--kill-on-bad-exit=1", "--export=ALL", "--gres=gpu:2",
         sys.executable, "-m", "ddppipe", "agent", "--nnodes=2", "--nproc-per-node=2",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=node1:16234", "--rdzv-id=1234",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=gpu-a01:16234", "--rdzv-id=1234",
         "--rdzv-conf=join_timeout=120", "--max-restarts=3", "-m", "ddppipe", "train", "--config=c",
     ]  # fmt: skip
 
@@ -25,4 +27,11 @@ def test_srun_torchrun_command() -> None:
 def test_rendezvous_host_override() -> None:
     cfg = default_config()
     cfg["slurm"]["rendezvous_host"] = "ib-node1"
-    assert launch.rendezvous_endpoint(cfg, "7", ["node1"]) == "ib-node1:15007"
+    assert slurm.Request.from_config(cfg).rendezvous("7", ["node1"]) == "ib-node1:15007"
+
+
+def test_scontrol_records_and_hostlists() -> None:
+    line = "JobId=7 JobName=x JobState=RUNNING Reason=None NodeList=cn[07-08] TRES=cpu=2,mem=1G"
+    record = slurm.parse_record(line)
+    assert record["JobState"] == "RUNNING" and record["TRES"] == "cpu=2,mem=1G"
+    assert slurm.parse_nodelist(line) == ["cn07", "cn08"]

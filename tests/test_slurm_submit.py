@@ -32,7 +32,7 @@ class Resources(dict):
 
 
 def sbatch_line(cfg: dict[str, Any]) -> str:
-    res = Resources({**PROFILE["default-resources"], **slurm.resources(cfg)})
+    res = Resources({**PROFILE["default-resources"], **slurm.Request.from_config(cfg).resources()})
     job = SimpleNamespace(resources=res, threads=cfg["launch"]["nproc_per_node"])
     # The plugin appends the GRES flag right after the submit command (run_job).
     settings = SimpleNamespace(requeue=PROFILE["slurm-requeue"], no_requeue=False, qos=None,
@@ -51,15 +51,17 @@ def test_default_profile_and_config() -> None:
 def test_two_nodes_with_gpus() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
-    cfg["slurm"].update(gpus_per_node=2, cpus_per_task=3, partition="debug", qos="hi",
-                        constraint="a100", account="proj")
-    res = slurm.resources(cfg)
+    cfg["launch"]["cpus_per_proc"] = 3
+    cfg["slurm"].update(gpus_per_node=2, partition="debug", qos="hi", constraint="a100",
+                        account="proj")  # fmt: skip
+    res = slurm.Request.from_config(cfg).resources()
+    assert res["mpi"] == 0  # the jobstep runs the rule in the batch step (see Request)
     assert res["slurm_partition"] == "debug" and res["slurm_account"] == "proj"
     assert sbatch_line(cfg) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
         " --comment rule_train_wildcards_mnist   -t 30 -C a100 --qos=hi --mem 2000 --nodes=2"
-        " --requeue --ntasks=2 --cpus-per-task=6 --ntasks-per-node=1 --signal=USR1@60"
-        " -D /work --gres=gpu:2"
+        " --requeue --cpus-per-task=6 --ntasks-per-node=1 --signal=USR1@60"
+        " -D /work --gres=gpu:2"  # GPU jobs: 2 tasks from --nodes=2 x --ntasks-per-node=1
     )
 
 
@@ -75,7 +77,7 @@ def test_bad_requests_fail_before_submitting(change: dict, message: str) -> None
     for section, values in change.items():
         cfg[section].update(values)
     with pytest.raises(slurm.SlurmRequestError, match=message):
-        slurm.resources(cfg)
+        slurm.Request.from_config(cfg)
 
 
 def test_parse_nodelist() -> None:

@@ -144,7 +144,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()
     text = log.read_text()
-    assert "training stopped on SIGTERM after writing" in text, text
+    assert "training stopped (stopped on SIGTERM) after writing" in text, text
     assert not (run_dir / "final.pt").exists()
     assert not (run_dir / "state" / preemption.NOTE).exists()  # the launcher took the note
     stored = checkpoint.Store(run_dir / "state" / "checkpoints").paths()

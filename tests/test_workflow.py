@@ -17,7 +17,9 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
     counts = job_counts(tmp_path, cfg)
     assert counts == {
         "write_config": 1,
+        "data_config": 1,
         "download_mnist": 1,
+        "attempt_history": 1,
         "train": 1,
         "evaluate": 1,
         "export": 1,
@@ -26,7 +28,7 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
     }
     edges = rule_graph(tmp_path, cfg)
     for edge in [
-        ("write_config", "download_mnist"),
+        ("data_config", "download_mnist"),
         ("download_mnist", "train"),
         ("write_config", "train"),
         ("train", "evaluate"),
@@ -37,6 +39,7 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
     ]:
         assert edge in edges, edge
     assert ("download_mnist", "evaluate") in edges  # evaluation reads the test files
+    assert ("write_config", "download_mnist") not in edges  # the data needs no run's config
 
 
 def test_invalid_config_fails_before_anything_runs(tmp_path: Path) -> None:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# The temporary files of atomic_path: .<destination name>.<mkstemp's random part>.tmp
+_TEMP = re.compile(r"\.(.+)\.[a-z0-9_]+\.tmp")
+
 
 @contextmanager
 def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it replaces ``dest`` atomically.
 
-    On any exception the temporary file is removed and ``dest`` is left untouched.
+    On any exception the temporary file is removed and ``dest`` is left untouched; an OSError
+    with an errno but no file name (a failed write) gets ``dest``'s.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -29,9 +34,20 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, dest)
         _fsync_dir(dest.parent)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:
+            e.filename = str(dest)
         raise
+
+
+def temp_target(name: str) -> str | None:
+    """The destination name of :func:`atomic_path`'s temporary file ``name``, else None.
+
+    A temporary file outlives its write only when the writing process was killed.
+    """
+    match = _TEMP.fullmatch(name)
+    return match[1] if match else None
 
 
 def _umask() -> int:

@@ -2,18 +2,24 @@
 
 Checkpoints live in a run's state folder, outside Snakemake's declared outputs, so that a
 failed or preempted job (whose outputs Snakemake deletes) keeps them for the next attempt.
+Only one training writes a state folder at a time, so a temporary file found there when the
+store saves or resumes was left by a killed writer. Nothing is ever deleted but those and the
+checkpoints beyond ``keep``: damaged ones go to ``damaged/``, another config's to ``stale-<hash>/``.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from ddppipe import atomic
 
@@ -37,8 +43,11 @@ REQUIRED_KEYS = frozenset(
 )
 
 
+T = TypeVar("T")
+
+
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be read or does not fit the run."""
+    """A checkpoint could not be read or written, or does not fit the run."""
 
 
 def file_name(epoch: int, step: int) -> str:
@@ -47,9 +56,14 @@ def file_name(epoch: int, step: int) -> str:
 
 
 def save(snapshot: dict[str, Any], path: Path) -> None:
-    """Write a snapshot atomically (temp file, fsync, rename)."""
-    with atomic.atomic_path(path) as tmp:
-        torch.save(snapshot, tmp)
+    """Write a snapshot atomically (temp file, fsync, rename); OSError naming ``path`` if not."""
+    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save(snapshot, f)
+        except RuntimeError as e:  # torch's writer hides a failed write's OSError (disk full)
+            if isinstance(e.__context__, OSError):
+                raise OSError(e.__context__.errno, e.__context__.strerror) from e
+            raise
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -80,6 +94,8 @@ class Store:
         return sorted(found, key=lambda p: p.name)
 
     def save(self, snapshot: dict[str, Any]) -> Path:
+        """Write ``snapshot``, then remove all but the newest ``keep`` checkpoints."""
+        self._remove_leftovers()
         path = self.folder / file_name(snapshot["epoch"], snapshot["step"])
         save(snapshot, path)
         for old in self.paths()[: -self.keep]:
@@ -89,14 +105,16 @@ class Store:
     def latest(self, config_hash: str) -> dict[str, Any] | None:
         """The newest readable checkpoint of this config, falling back past damaged ones.
 
-        Checkpoints of a different training config are moved aside (never deleted) so the
-        run starts over.
+        Damaged checkpoints are moved to ``damaged/``; checkpoints of a different training
+        config to ``stale-<hash>/``, so the run starts over.
         """
+        self._remove_leftovers()
         for path in reversed(self.paths()):
             try:
                 snapshot = load(path)
             except CheckpointError as e:
-                log.warning("%s; falling back to the previous checkpoint", e)
+                moved = _move(path, self.folder / "damaged")
+                log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
                 continue
             if snapshot["config_hash"] != config_hash:
                 self._move_aside(snapshot["config_hash"], config_hash)
@@ -107,9 +125,8 @@ class Store:
 
     def _move_aside(self, old_hash: str, new_hash: str) -> None:
         stale = self.folder / f"stale-{old_hash}"
-        stale.mkdir(exist_ok=True)
         for path in self.paths():
-            shutil.move(path, stale / path.name)
+            _move(path, stale)
         log.warning(
             "checkpoints in %s belong to training config %s, not %s: moved to %s, starting over",
             self.folder,
@@ -117,3 +134,60 @@ class Store:
             new_hash,
             stale,
         )
+
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary files of saves whose process was killed."""
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.iterdir():
+            if _NAME.match(atomic.temp_target(path.name) or ""):
+                path.unlink(missing_ok=True)
+                log.warning("removed %s, left by an interrupted checkpoint save", path)
+
+
+def _move(path: Path, folder: Path) -> Path:
+    """Move ``path`` into ``folder`` without overwriting: ``<stem>.<n><suffix>`` on a clash."""
+    folder.mkdir(exist_ok=True)
+    dest, n = folder / path.name, 0
+    while dest.exists():
+        n += 1
+        dest = folder / f"{path.stem}.{n}{path.suffix}"
+    shutil.move(path, dest)
+    return dest
+
+
+def rank0_writes(write: Callable[[], T]) -> T | None:
+    """Collective: ``write()`` on rank 0; if it fails, every rank raises CheckpointError.
+
+    Rank 0's outcome is broadcast in place of a barrier, so a failed write (a full disk) fails
+    the other ranks at once with its message instead of leaving them waiting for it.
+    """
+    result: T | None = None
+    error: Exception | None = None
+    failure: list[str | None] = [None]  # rank 0's message, broadcast
+    if dist.get_rank() == 0:
+        try:
+            result = write()
+        except Exception as e:
+            error, failure[0] = e, _write_failure(e)
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is None:
+        return result
+    if error is not None and not isinstance(error, OSError):
+        raise error  # a bug, not the storage: keep its traceback
+    raise CheckpointError(failure[0]) from error
+
+
+def _write_failure(e: Exception) -> str:
+    """Rank 0's message for a failed write, with the space left when the disk is full."""
+    if not isinstance(e, OSError) or e.filename is None:
+        return f"rank 0 could not write: {type(e).__name__}: {e}"
+    path = Path(e.filename)
+    text = f"rank 0 could not write {path}: [Errno {e.errno}] {e.strerror}"
+    if e.errno == errno.ENOSPC:  # the partial file is gone: this is the space the write had
+        disk = shutil.disk_usage(path.parent)
+        text += (
+            f"; {path.parent} has {disk.free / 2**20:.1f} MiB free "
+            f"(of {disk.total / 2**20:.1f} MiB): make room there"
+        )
+    return text

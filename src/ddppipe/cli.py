@@ -37,10 +37,7 @@ def cmd_resolve_config(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     from ddppipe import config, download
 
-    cfg = config.load(args.config)
-    download.download_all(
-        cfg["data"]["sha256"], cfg["data"]["mirrors"], args.dest, cfg["data"]["timeout_s"]
-    )
+    download.download_all(config.load_section(args.config, "data"), args.dest)
     return 0
 
 
@@ -57,41 +54,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from ddppipe import config, launch
+    from ddppipe import config, launch, lifecycle
 
     cfg = config.load(args.config)
     train_args = launch.train_args(
         args.config, args.data, args.state, args.checkpoint, args.metrics
     )
-    if cfg["launch"]["nnodes"] > 1:
-        command, env = _slurm_launch(cfg, ["train", *train_args])
-    else:
-        command = launch.local_torchrun(cfg, train_args)
-        env = launch.environment(cfg, launch.available_cpus())
-    logging.getLogger("ddppipe").info("run: %s", " ".join(command))
-    return launch.supervise(command, env, args.state)
-
-
-def _slurm_job(cfg: dict) -> tuple[str, list[str]]:
-    from ddppipe import config, slurm
-
-    job = slurm.job_id()
-    if not job:
-        raise config.ConfigError(
-            f"launch.nnodes={cfg['launch']['nnodes']} needs a SLURM allocation: run "
-            "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
-        )
-    return job, slurm.job_nodes(job)
-
-
-def _slurm_launch(cfg: dict, module_args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Preflight on the job's nodes, then the srun + torchrun command of the real run."""
-    from ddppipe import launch, preflight
-
-    job, hosts = _slurm_job(cfg)
-    log = logging.getLogger("ddppipe")
-    log.info("preflight on %s:\n%s", ",".join(hosts), preflight.run(cfg, job, hosts))
-    return launch.slurm_torchrun(cfg, job, hosts, module_args), launch.slurm_environment(cfg)
+    return lifecycle.run(cfg, train_args, args.state, args.attempts)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -101,11 +70,24 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from ddppipe import config, preflight
+    from ddppipe import config, launch, preflight
 
     cfg = config.load(args.config)
-    job, hosts = _slurm_job(cfg)
-    print(preflight.run(cfg, job, hosts), end="")
+    plan = launch.plan(cfg, ["train"])
+    if plan.job is None:
+        raise config.ConfigError("ddppipe preflight checks a SLURM job's nodes: run it in one")
+    print(preflight.run(cfg, plan), end="")
+    return 0
+
+
+def cmd_attempts(args: argparse.Namespace) -> int:
+    from ddppipe import atomic, attempts
+
+    history = attempts.read(args.history)
+    if args.html:
+        atomic.write_text(args.html, attempts.html_table(history, args.run))
+    else:
+        print(attempts.table(history))
     return 0
 
 
@@ -143,7 +125,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         torch.save(snapshot["model"], tmp)
     image = json.loads(Path(args.image_info).read_text()) if args.image_info else None
-    atomic.write_json(args.provenance, provenance.record(snapshot, args.data, image))
+    history = json.loads(args.attempts.read_text()) if args.attempts else None
+    atomic.write_json(args.provenance, provenance.record(snapshot, args.data, image, history))
     return 0
 
 
@@ -213,7 +196,9 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_resolve_config)
 
     p = sub.add_parser("download", help="download and verify the MNIST IDX files")
-    p.add_argument("--config", type=Path, required=True)
+    p.add_argument(
+        "--config", type=Path, required=True, help="YAML with a data: section (a config file)"
+    )
     p.add_argument("--dest", type=Path, required=True)
     p.set_defaults(func=cmd_download)
 
@@ -221,8 +206,11 @@ def parser() -> argparse.ArgumentParser:
     _add_train_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("launch", help="start torchrun for this node with the configured processes")
+    p = sub.add_parser(
+        "launch", help="train one slot: torchrun locally, or an srun step in a SLURM job"
+    )
     _add_train_args(p)
+    p.add_argument("--attempts", type=Path, help="attempt history to write once complete")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("agent", help="torchrun on this node, safe from SIGUSR1 (srun starts it)")
@@ -232,6 +220,15 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("preflight", help="check the SLURM job's nodes before training")
     p.add_argument("--config", type=Path, required=True)
     p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("attempts", help="print (or write as HTML) a run's attempt history")
+    p.add_argument(
+        "--history", type=Path, required=True,
+        help="attempts.json (results/<run>/state/ while it trains, results/<run>/train/ after)",
+    )  # fmt: skip
+    p.add_argument("--run", default="run", help="run name for the HTML page's title")
+    p.add_argument("--html", type=Path, help="HTML page to write instead of printing")
+    p.set_defaults(func=cmd_attempts)
 
     p = sub.add_parser("preflight-node", help="(one per node) resolve the host, count GPUs")
     p.add_argument("--host", required=True)
@@ -256,6 +253,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", type=Path, required=True)
     p.add_argument("--provenance", type=Path, required=True)
     p.add_argument("--image-info", type=Path, help="JSON describing the container image used")
+    p.add_argument("--attempts", type=Path, help="the run's attempt history (attempts.json)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("build-image", help="build the Apptainer image (atomically) and its info")

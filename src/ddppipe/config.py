@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,14 @@ from ddppipe import atomic, presets
 # Keys that change the numbers a training run produces. Anything else (process count,
 # checkpoint interval, logging) may change between a run and its resumption.
 HASHED_TRAIN_KEYS = (*presets.RECIPE_KEYS, "seed")
+
+
+# Keys that earlier versions had, and where their setting lives now.
+RENAMED = {
+    "launch.threads_per_proc": "launch.cpus_per_proc",
+    "slurm.cpus_per_task": "launch.cpus_per_proc",
+    "scaling.cpus_per_task": "scaling.cpus_per_proc",
+}
 
 
 class ConfigError(ValueError):
@@ -41,15 +51,95 @@ def _fill_defaults(validator_class: type) -> type:
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
+_NULL_WORDS = frozenset({"null", "~"})  # YAML's spellings of null
+_BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False}
+
+
+def _types(node: dict[str, Any]) -> set[str]:
+    """The JSON types a schema node admits (from ``type``, or from its ``enum`` values)."""
+    declared = node.get("type")
+    if declared is not None:
+        return {declared} if isinstance(declared, str) else set(declared)
+    names = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string"}
+    return {names[type(v)] for v in node.get("enum", []) if type(v) in names}
+
+
+def _coerce_text(text: str, types: set[str]) -> Any:
+    """``text`` as the first of ``types`` it spells; raise ValueError when it spells none."""
+    if "null" in types and text.strip() in _NULL_WORDS:
+        return None
+    if "string" in types:
+        return text
+    if "boolean" in types and text.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[text.strip().lower()]
+    if "integer" in types:
+        with contextlib.suppress(ValueError):
+            return int(text)
+    if "number" in types:
+        with contextlib.suppress(ValueError):
+            return float(text)
+    if types & {"array", "object"}:
+        parsed = yaml.safe_load(text)
+        if isinstance(parsed, list | dict):
+            return parsed
+    raise ValueError(f"{text!r} is not of type {' or '.join(sorted(types))}")
+
+
+def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
+    """``value`` with text turned into the types the schema ``node`` asks for.
+
+    Snakemake 9 parses nested ``--config`` values with YAML's BaseLoader, so
+    ``--config 'launch={nnodes: 2}'`` arrives as ``{"nnodes": "2"}``; this makes it 2.
+    A text that spells no wanted type is left as it is, for the schema to report.
+    """
+    if isinstance(value, dict):
+        props, patterns = node.get("properties", {}), node.get("patternProperties", {})
+        for key, sub in value.items():
+            child = props.get(key) or next(
+                (s for pattern, s in patterns.items() if re.search(pattern, str(key))), None
+            )
+            if child is not None:
+                value[key] = coerce(sub, child, f"{where}.{key}" if where else str(key))
+        return value
+    if isinstance(value, list):
+        items = node.get("items")
+        if not isinstance(items, dict):
+            return value
+        return [coerce(v, items, f"{where}[{i}]") for i, v in enumerate(value)]
+    types = _types(node)
+    nullable = "null" in types and isinstance(value, str) and value.strip() in _NULL_WORDS
+    if isinstance(value, str) and types and ("string" not in types or nullable):
+        try:
+            value = _coerce_text(value, types)
+        except ValueError:
+            return value  # left for the schema to report, with every other error
+        return coerce(value, node, where) if isinstance(value, list | dict) else value
+    if types == {"string"} and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _renamed(cfg: dict[str, Any]) -> list[str]:
+    """Lines for keys that moved (old configs), saying where their setting lives now."""
+    lines = []
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        if isinstance(cfg.get(section), dict) and key in cfg[section]:
+            lines.append(f"  {old}: this key is now {new}; rename it")
+    return lines
+
+
 def validate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``cfg`` in place against the schema, filling defaults; raise ConfigError."""
+    """Coerce, validate ``cfg`` in place against the schema, fill defaults; raise ConfigError."""
+    cfg = coerce(cfg, schema())
     validator = _fill_defaults(jsonschema.Draft202012Validator)(schema())
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = []
+        lines = _renamed(cfg)
         for e in errors:
             where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-            lines.append(f"  {where}: {e.message}")
+            hint = " (command-line values are text)" if isinstance(e.instance, str) else ""
+            lines.append(f"  {where}: {e.message}{hint}")
         raise ConfigError(
             "invalid configuration:\n" + "\n".join(lines) + "\nSee README.md (Configuration)."
         )
@@ -63,6 +153,22 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
     return validate(cfg)
+
+
+def load_section(path: str | Path, name: str) -> dict[str, Any]:
+    """Read a YAML file holding one section (``name: {...}``) and validate that section."""
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get(name), dict):
+        raise ConfigError(f"{path}: expected a YAML mapping with a {name!r} section")
+    node = schema()["properties"][name]
+    section = coerce(doc[name], node, name)
+    validator = _fill_defaults(jsonschema.Draft202012Validator)(node)
+    errors = [f"  {name}.{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(section)]  # fmt: skip
+    if errors:
+        raise ConfigError(f"invalid configuration ({path}):\n" + "\n".join(errors))
+    return section
 
 
 def world_size(cfg: dict[str, Any]) -> int:

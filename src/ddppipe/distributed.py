@@ -76,6 +76,13 @@ def setup(backend: str = "auto", timeout_s: float = 600) -> Context:
     return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name)
 
 
-def teardown() -> None:
+def teardown(synchronize: bool = True) -> None:
+    """Leave the process group; with ``synchronize``, after every rank got here.
+
+    A rank that left while another still received its last broadcast made gloo abort
+    ("terminate called without an active exception").
+    """
     if dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()

@@ -63,10 +63,10 @@ def allreduce() -> str:
         dist.destroy_process_group()
 
 
-def _step(command: list[str], what: str) -> str:
+def _step(command: list[str], env: dict[str, str], what: str) -> str:
     try:
         result = subprocess.run(
-            command, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
+            command, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired as e:
         raise PreflightError(f"preflight {what}: no answer within {STEP_TIMEOUT_S}s") from e
@@ -78,21 +78,19 @@ def _step(command: list[str], what: str) -> str:
     return result.stdout
 
 
-def run(cfg: dict[str, Any], job_id: str, hosts: list[str]) -> str:
+def run(cfg: dict[str, Any], plan: launch.Plan) -> str:
     """Both checks on the job's nodes, one srun step each; raise PreflightError."""
-    nodes = cfg["launch"]["nnodes"]
-    if len(hosts) != nodes:
-        raise PreflightError(f"job {job_id} has {len(hosts)} nodes {hosts}, config wants {nodes}")
-    host = launch.rendezvous_endpoint(cfg, job_id, hosts).rsplit(":", 1)[0]
+    request, job = plan.request, str(plan.job)
+    host = request.rendezvous(job, plan.hosts).rsplit(":", 1)[0]
     node_check = [
-        *launch.srun_step(cfg, job_id, kill_on_bad_exit=False),
+        *request.srun(job, kill_on_bad_exit=False),
         sys.executable, "-m", "ddppipe", "preflight-node", f"--host={host}",
-        f"--gpus={cfg['slurm']['gpus_per_node']}", f"--nproc={cfg['launch']['nproc_per_node']}",
+        f"--gpus={request.gpus_per_node}", f"--nproc={request.procs_per_node}",
     ]  # fmt: skip
-    out = _step(node_check, "node check")
-    allreduce_step = launch.slurm_torchrun(
-        cfg, job_id, hosts, ["preflight-allreduce"], max_restarts=0,
+    out = _step(node_check, plan.env, "node check")
+    allreduce = launch.plan(
+        cfg, ["preflight-allreduce"], plan.env, plan.hosts, max_restarts=0,
         join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
     )  # fmt: skip
-    out += _step(allreduce_step, "all-reduce")
+    out += _step(allreduce.command, allreduce.env, "all-reduce")
     return out

@@ -47,7 +47,10 @@ def data_checksums(data_dir: Path) -> dict[str, str]:
 
 
 def record(
-    snapshot: dict[str, Any], data_dir: Path, image: dict[str, Any] | None = None
+    snapshot: dict[str, Any],
+    data_dir: Path,
+    image: dict[str, Any] | None = None,
+    attempts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The provenance of a final training snapshot."""
     meta = snapshot["meta"]
@@ -71,4 +74,5 @@ def record(
         "train_config": meta["train"],
         "data_sha256": data_checksums(data_dir),
         "container": image,
+        "attempts": attempts,
     }

@@ -1,8 +1,8 @@
 """The scaling study's grid: one training run per (nodes, processes per node, CPUs per process).
 
 Each grid point is a run named ``scaling-n<nodes>-p<procs per node>-c<cpus per task>``; its
-config is the base config with the point's launch settings (CPUs per task become
-``launch.threads_per_proc`` and ``slurm.cpus_per_task``) and the study's epoch count.
+config is the base config with the point's launch settings (``launch.nnodes``,
+``launch.nproc_per_node``, ``launch.cpus_per_proc``) and the study's epoch count.
 The global batch stays the base config's, so every point trains the same recipe and only the
 way the work is spread changes.
 """
@@ -26,7 +26,7 @@ class Point:
 
     nodes: int
     procs_per_node: int
-    cpus_per_task: int
+    cpus_per_proc: int
 
     @property
     def world_size(self) -> int:
@@ -34,7 +34,7 @@ class Point:
 
     @property
     def run(self) -> str:
-        return f"scaling-n{self.nodes}-p{self.procs_per_node}-c{self.cpus_per_task}"
+        return f"scaling-n{self.nodes}-p{self.procs_per_node}-c{self.cpus_per_proc}"
 
     @classmethod
     def from_run(cls, run: str) -> Point | None:
@@ -47,7 +47,7 @@ class Point:
         """The point a (resolved) run config describes."""
         launch = cfg["launch"]
         return cls(
-            launch.get("nnodes", 1), launch["nproc_per_node"], launch.get("threads_per_proc") or 0
+            launch.get("nnodes", 1), launch["nproc_per_node"], launch.get("cpus_per_proc") or 0
         )
 
 
@@ -57,7 +57,7 @@ def grid(cfg: dict[str, Any]) -> list[Point]:
     axes = (
         study.get("nodes", [1]),
         study.get("procs_per_node", [1, 2]),
-        study.get("cpus_per_task", [1]),
+        study.get("cpus_per_proc", [1]),
     )
     return sorted({Point(*values) for values in itertools.product(*axes)})
 
@@ -73,8 +73,7 @@ def apply(cfg: dict[str, Any], point: Point) -> dict[str, Any]:
     out["run"] = point.run
     out["launch"]["nnodes"] = point.nodes
     out["launch"]["nproc_per_node"] = point.procs_per_node
-    out["launch"]["threads_per_proc"] = point.cpus_per_task
-    out.setdefault("slurm", {})["cpus_per_task"] = point.cpus_per_task  # SLURM's --cpus-per-task
+    out["launch"]["cpus_per_proc"] = point.cpus_per_proc
     if study.get("epochs") is not None:
         out["train"]["epochs"] = study["epochs"]
     return out

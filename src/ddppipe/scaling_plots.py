@@ -13,10 +13,10 @@ from ddppipe.scaling_results import RunResult, efficiency
 
 def label(result: RunResult) -> str:
     p = result.point
-    cpus = "CPU" if p.cpus_per_task == 1 else "CPUs"
+    cpus = "CPU" if p.cpus_per_proc == 1 else "CPUs"
     return (
         f"{p.nodes} node{'s' if p.nodes > 1 else ''} x {p.procs_per_node} proc, "
-        f"{p.cpus_per_task} {cpus}/proc (world {p.world_size})"
+        f"{p.cpus_per_proc} {cpus}/proc (world {p.world_size})"
     )
 
 
@@ -47,9 +47,9 @@ def learning_curves(results: Sequence[RunResult], path: Path) -> None:
 def throughput(results: Sequence[RunResult], path: Path) -> None:
     """Training images/s and scaling efficiency against world size, one line per CPUs/process."""
     fig, (ax_ips, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for cpus in sorted({r.point.cpus_per_task for r in results}):
+    for cpus in sorted({r.point.cpus_per_proc for r in results}):
         group = sorted(
-            (r for r in results if r.point.cpus_per_task == cpus), key=lambda r: r.point.world_size
+            (r for r in results if r.point.cpus_per_proc == cpus), key=lambda r: r.point.world_size
         )
         sizes = [r.point.world_size for r in group]
         name = f"{cpus} CPU{'s' if cpus > 1 else ''} per process"

@@ -61,7 +61,7 @@ def efficiency(result: RunResult, results: Sequence[RunResult]) -> float | None:
     single = [
         r
         for r in results
-        if r.point.world_size == 1 and r.point.cpus_per_task == result.point.cpus_per_task
+        if r.point.world_size == 1 and r.point.cpus_per_proc == result.point.cpus_per_proc
     ]
     if not single:
         return None
@@ -82,7 +82,7 @@ def table(results: Sequence[RunResult], targets: Sequence[float]) -> list[dict[s
             "run": r.point.run,
             "nodes": r.point.nodes,
             "procs_per_node": r.point.procs_per_node,
-            "cpus_per_task": r.point.cpus_per_task,
+            "cpus_per_proc": r.point.cpus_per_proc,
             "world_size": r.point.world_size,
             "epochs": last["epoch"],
             "images_per_s": round(r.images_per_s, 1),
@@ -110,7 +110,7 @@ HEADERS = {
     "run": "run",
     "nodes": "nodes",
     "procs_per_node": "processes / node",
-    "cpus_per_task": "CPUs / process",
+    "cpus_per_proc": "CPUs / process",
     "world_size": "world size",
     "epochs": "epochs",
     "images_per_s": "training images/s",

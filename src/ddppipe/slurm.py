@@ -1,80 +1,172 @@
-"""SLURM: the train rule's Snakemake resources, request checks, and the job's node list.
+"""The SLURM side of a training run: one request object, and what SLURM says about a job.
 
-The request shape is one ``torchrun`` task per node (``--ntasks-per-node=1``) that starts
-``launch.nproc_per_node`` training processes, so a task needs the CPUs of all of them.
-Nodes are ``launch.nnodes`` (also the world size's node count), processes per node are
-``launch.nproc_per_node``; everything else comes from the ``slurm:`` config section.
+:class:`Request` is derived once from a config. Both the train rule's Snakemake resources
+(the plugin's sbatch line) and the srun step and torchrun arguments of the job come from it,
+so nodes, CPUs and GPUs cannot disagree between them. Its shape is one task per node
+(``--ntasks-per-node=1``): ``ddppipe agent`` (torchrun) starts that node's training processes,
+so a task holds the CPUs (and GPUs) of all of them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import hostlist
 
 from ddppipe import config as ddp_config
 from ddppipe import scaling
+from ddppipe.environments import job_port
 
-# Every resource resources() may set (None where a config leaves it out).
+# Every resource Request.resources() may set (None where a request leaves it out).
 RESOURCE_KEYS = (
     "nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_partition", "slurm_account",
     "constraint", "qos", "mpi", "gres", "tasks_per_gpu", "slurm_extra",
 )  # fmt: skip
+RDZV_JOIN_TIMEOUT_S = 120
 
 
 class SlurmRequestError(ValueError):
     """The SLURM request the config describes cannot work; the message says how to fix it."""
 
 
-def validate(cfg: dict[str, Any]) -> None:
-    """Raise SlurmRequestError for a request SLURM would reject or training could not use."""
-    launch, slurm = cfg["launch"], cfg["slurm"]
-    nodes, nproc, gpus = launch["nnodes"], launch["nproc_per_node"], slurm["gpus_per_node"]
-    if nodes < 1:
-        raise SlurmRequestError(f"launch.nnodes is {nodes}; request at least 1 node")
-    if gpus and gpus != nproc:
-        raise SlurmRequestError(
-            f"slurm.gpus_per_node ({gpus}) must equal launch.nproc_per_node ({nproc}): "
-            "one training process per GPU; set both to the same value (or gpus_per_node: 0)"
+@dataclass(frozen=True)
+class Request:
+    """The training job's shape and SLURM options, derived from one config."""
+
+    nodes: int
+    procs_per_node: int
+    cpus_per_proc: int | None  # None: the node's CPUs shared out (locally), 1 on SLURM
+    gpus_per_node: int
+    mem_mb: int
+    runtime: int
+    partition: str | None
+    account: str | None
+    constraint: str | None
+    qos: str | None
+    signal_seconds: int
+    rendezvous_host: str | None
+    max_restarts: int
+    max_continuations: int
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> Request:
+        """The request of a config; raise SlurmRequestError for one that cannot work."""
+        cfg = ddp_config.validate(json.loads(json.dumps(cfg)))
+        launch, slurm = cfg["launch"], cfg["slurm"]
+        request = cls(
+            nodes=launch["nnodes"],
+            procs_per_node=launch["nproc_per_node"],
+            cpus_per_proc=launch["cpus_per_proc"],
+            gpus_per_node=slurm["gpus_per_node"],
+            mem_mb=slurm["mem_mb"],
+            runtime=slurm["runtime"],
+            partition=slurm["partition"],
+            account=slurm["account"],
+            constraint=slurm["constraint"],
+            qos=slurm["qos"],
+            signal_seconds=slurm["signal_seconds"],
+            rendezvous_host=slurm["rendezvous_host"],
+            max_restarts=launch["max_restarts"],
+            max_continuations=slurm["max_continuations"],
         )
-    try:
-        ddp_config.resolve(cfg)  # checks the global batch divides by nodes x processes
-    except ddp_config.ConfigError as e:
-        raise SlurmRequestError(str(e)) from e
+        if request.gpus_per_node and request.gpus_per_node != request.procs_per_node:
+            raise SlurmRequestError(
+                f"slurm.gpus_per_node ({request.gpus_per_node}) must equal "
+                f"launch.nproc_per_node ({request.procs_per_node}): one training process per "
+                "GPU; set both to the same value (or gpus_per_node: 0)"
+            )
+        try:
+            ddp_config.resolve(cfg)  # checks the global batch divides by nodes x processes
+        except ddp_config.ConfigError as e:
+            raise SlurmRequestError(str(e)) from e
+        return request
 
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
 
-def resources(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Snakemake resources of the train rule for the SLURM executor plugin (validated)."""
-    cfg = ddp_config.validate(json.loads(json.dumps(cfg)))
-    validate(cfg)
-    launch, slurm = cfg["launch"], cfg["slurm"]
-    nodes, nproc, gpus = launch["nnodes"], launch["nproc_per_node"], slurm["gpus_per_node"]
-    # --requeue comes from the profile (slurm-requeue), so the plugin knows SLURM requeues.
-    extra = [f"--ntasks-per-node=1 --signal=USR1@{slurm['signal_seconds']}"]
-    res: dict[str, Any] = {
-        "nodes": nodes,
-        "cpus_per_task": nproc * slurm["cpus_per_task"],
-        "mem_mb": slurm["mem_mb"],
-        "runtime": slurm["runtime"],
-        "slurm_partition": slurm["partition"],
-        "slurm_account": slurm["account"],
-        "constraint": slurm["constraint"],
-        "qos": slurm["qos"],
-    }
-    if nodes > 1:
-        # The rule's shell runs in the batch step and calls srun itself. The plugin
-        # insists on tasks > 1 for MPI-style jobs, so one node runs as a plain job.
-        res.update(mpi="srun", tasks=nodes)
-    else:
-        res["tasks"] = 1
-    if gpus:
-        res.update(gres=f"gpu:{gpus}", tasks_per_gpu=0)
-    res["slurm_extra"] = " ".join(extra)
-    return {k: v for k, v in res.items() if v is not None}
+    @property
+    def cpus_per_node(self) -> int:
+        """CPUs the job asks for on each node (its one task's ``--cpus-per-task``)."""
+        return self.procs_per_node * (self.cpus_per_proc or 1)
+
+    def threads(self, cpus: int) -> int:
+        """CPU threads of each training process on a node where ``cpus`` CPUs are usable."""
+        return self.cpus_per_proc or max(1, cpus // self.procs_per_node)
+
+    def resources(self) -> dict[str, Any]:
+        """The train rule's resources for snakemake-executor-plugin-slurm (2.x).
+
+        ``mpi: 0``: the key's presence makes the plugin's jobstep run the rule in the batch
+        step, not inside ``srun -n1 snakemake``, so the training's own srun step is the only
+        step the warning signal (``--signal=USR1@N``, no ``B:``) reaches, for one node as for
+        many. Its false value keeps the submit side's plain request (``--ntasks``), which
+        allows one task where the MPI branch insists on more than one.
+        ``--requeue`` comes from the profile (``slurm-requeue``), so the plugin knows.
+        """
+        res: dict[str, Any] = {
+            "nodes": self.nodes,
+            "tasks": self.nodes,
+            "mpi": 0,
+            "cpus_per_task": self.cpus_per_node,
+            "mem_mb": self.mem_mb,
+            "runtime": self.runtime,
+            "slurm_partition": self.partition,
+            "slurm_account": self.account,
+            "constraint": self.constraint,
+            "qos": self.qos,
+            "slurm_extra": f"--ntasks-per-node=1 --signal=USR1@{self.signal_seconds}",
+        }
+        if self.gpus_per_node:
+            res.update(gres=f"gpu:{self.gpus_per_node}", tasks_per_gpu=0)
+        return {k: v for k, v in res.items() if v is not None}
+
+    def srun(self, job_id: str, kill_on_bad_exit: bool = True) -> list[str]:
+        """``srun`` of one task per node of the job, each with its node's CPUs (and GPUs)."""
+        command = [
+            "srun",
+            f"--jobid={job_id}",
+            f"--nodes={self.nodes}",
+            f"--ntasks={self.nodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={self.cpus_per_node}",
+            f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
+            "--export=ALL",
+        ]
+        if self.gpus_per_node:
+            command.append(f"--gres=gpu:{self.gpus_per_node}")
+        return command
+
+    def rendezvous(self, job_id: str, hosts: list[str]) -> str:
+        """``host:port``: the configured host or the job's first node; the port from the job."""
+        return f"{self.rendezvous_host or hosts[0]}:{job_port(int(job_id))}"
+
+    def torchrun_args(
+        self,
+        job_id: str | None = None,
+        hosts: list[str] | None = None,
+        max_restarts: int | None = None,
+        join_timeout_s: int = RDZV_JOIN_TIMEOUT_S,
+    ) -> list[str]:
+        """torchrun options: standalone without a job, c10d rendezvous on the job's nodes."""
+        restarts = self.max_restarts if max_restarts is None else max_restarts
+        common = [f"--nnodes={self.nodes}", f"--nproc-per-node={self.procs_per_node}"]
+        if job_id is None:
+            return ["--standalone", *common, f"--max-restarts={restarts}"]
+        return [
+            *common,
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.rendezvous(job_id, hosts or [])}",
+            f"--rdzv-id={job_id}",
+            f"--rdzv-conf=join_timeout={join_timeout_s}",
+            f"--max-restarts={restarts}",
+        ]
 
 
 def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
@@ -83,36 +175,65 @@ def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
     A scaling-study point asks for its own nodes and CPUs (:func:`ddppipe.scaling.config_for_run`).
     The base run's request is checked here, so a bad one fails when the Snakefile is read.
     """
-    by_run = {cfg["run"]: resources(scaling.config_for_run(cfg, cfg["run"]))}
+
+    def request(run: str) -> dict[str, Any]:
+        return Request.from_config(scaling.config_for_run(cfg, run)).resources()
+
+    by_run = {cfg["run"]: request(cfg["run"])}
 
     def of_run(run: str) -> dict[str, Any]:
         if run not in by_run:
-            by_run[run] = resources(scaling.config_for_run(cfg, run))
+            by_run[run] = request(run)
         return by_run[run]
 
     return {key: lambda wildcards, key=key: of_run(wildcards.run).get(key) for key in RESOURCE_KEYS}
 
 
-def job_nodes(job_id: str, run: Any = subprocess.run) -> list[str]:
-    """Hosts of a SLURM job, in order, from ``scontrol show job`` (the job's NodeList)."""
-    out = run(
-        ["scontrol", "-o", "show", "job", str(job_id)],
-        capture_output=True, text=True, check=True,
+# -- what SLURM says ------------------------------------------------------------------------
+
+
+def job_id(env: dict[str, str] | None = None) -> str | None:
+    """The SLURM job this process runs in, if any (inside an allocation or not)."""
+    env = os.environ if env is None else env
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+
+
+def _scontrol(*args: str, run: Any = subprocess.run) -> str:
+    return run(
+        ["scontrol", "-o", *args], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    return parse_nodelist(out)
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """``Key=Value`` fields of one ``scontrol -o show`` line (values without spaces)."""
+    return dict(m.groups() for m in re.finditer(r"(\w[\w:/]*)=(\S*)", line))
+
+
+def job_record(job: str, run: Any = subprocess.run) -> dict[str, str]:
+    """The job's ``scontrol -o show job`` fields (JobState, NodeList, EndTime, ...)."""
+    return parse_record(_scontrol("show", "job", str(job), run=run))
+
+
+def job_nodes(job: str, run: Any = subprocess.run) -> list[str]:
+    """Hosts of a SLURM job, in order, from ``scontrol show job`` (the job's NodeList)."""
+    return parse_nodelist(_scontrol("show", "job", str(job), run=run))
 
 
 def parse_nodelist(scontrol_output: str) -> list[str]:
     """Expanded ``NodeList=`` of one ``scontrol -o show job`` line."""
-    for field in scontrol_output.split():
-        if field.startswith("NodeList="):
-            value = field.split("=", 1)[1]
-            if value and value != "(null)":
-                return hostlist.expand_hostlist(value)
+    value = parse_record(scontrol_output).get("NodeList", "")
+    if value and value != "(null)":
+        return hostlist.expand_hostlist(value)
     raise SlurmRequestError(f"no NodeList in scontrol output: {scontrol_output.strip()[:200]!r}")
 
 
-def job_id(env: dict[str, str] | None = None) -> str | None:
-    """The SLURM job this process runs in, if any."""
-    env = os.environ if env is None else env
-    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+def node_states(nodes: list[str], run: Any = subprocess.run) -> dict[str, str]:
+    """Each node's ``State`` (e.g. ``MIXED``, ``DOWN+DRAIN``) from ``scontrol show node``."""
+    text = _scontrol("show", "node", hostlist.collect_hostlist(nodes), run=run)
+    records = (parse_record(line) for line in text.splitlines() if line.strip())
+    return {r["NodeName"]: r.get("State", "") for r in records if "NodeName" in r}
+
+
+def requeue(job: str, run: Any = subprocess.run) -> None:
+    """``scontrol requeue JOB``: the job goes back to the queue, same id, a fresh time slot."""
+    run(["scontrol", "requeue", str(job)], capture_output=True, text=True, check=True, timeout=60)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ddppipe import (
     __version__,
     atomic,
+    attempts,
     checkpoint,
     config,
     distributed,
@@ -138,6 +139,7 @@ class Trainer:
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
+        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
 
     # -- checkpoints ---------------------------------------------------------------------
     def _rng_state(self) -> dict[str, torch.Tensor]:
@@ -185,13 +187,23 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> Path | None:
+        """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
+        started = time.perf_counter()
         snapshot = self.snapshot()
-        path = None
-        if self.ctx.is_main:
+
+        def write() -> Path:
             path = self.store.save(snapshot)
             self._write_live_metrics()
-        dist.barrier()
-        return path
+            self._record_progress(
+                end_step=self.epoch * self.steps_per_epoch + self.step,
+                checkpoint=path.name,
+                checkpoint_seconds=max(
+                    self.progress["checkpoint_seconds"], time.perf_counter() - started
+                ),
+            )
+            return path
+
+        return checkpoint.rank0_writes(write)
 
     def resume(self) -> None:
         """Load the newest valid checkpoint of this config, if any (rank 0 decides)."""
@@ -200,6 +212,10 @@ class Trainer:
             found[0] = self.store.latest(self.config_hash)
         dist.broadcast_object_list(found, src=0)
         snapshot = found[0]
+        self._record_progress(
+            resumed_from=snapshot and checkpoint.file_name(snapshot["epoch"], snapshot["step"]),
+            start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
+        )
         if snapshot is None:
             torch.manual_seed(rank_seed(self.train_cfg["seed"], 0, self.ctx.rank))
             return
@@ -218,6 +234,16 @@ class Trainer:
             torch.manual_seed(rank_seed(self.train_cfg["seed"], self.epoch, self.ctx.rank))
         if self.ctx.is_main:
             log.info("resumed at epoch %d step %d", self.epoch, self.step)
+
+    def _record_progress(self, **changes: Any) -> None:
+        """(Rank 0) This slot's progress for its attempt record (:mod:`ddppipe.attempts`)."""
+        if not self.ctx.is_main:
+            return
+        if "start_step" in changes:
+            changes["start_step"] = changes["start_step"] or 0
+            changes["end_step"] = changes["start_step"]
+        self.progress.update(changes)
+        attempts.write_progress(self.paths.state_dir, self.progress)
 
     def _write_live_metrics(self) -> None:
         lines = "".join(json.dumps(m) + "\n" for m in self.history)
@@ -332,12 +358,15 @@ class Trainer:
         raise preemption.Preempted(signum, str(path))
 
     def _write_outputs(self) -> None:
+        """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
         snapshot = self.snapshot()
-        if self.ctx.is_main:
+
+        def write() -> None:
             checkpoint.save(snapshot, self.paths.final_checkpoint)
             lines = "".join(json.dumps(m) + "\n" for m in self.history)
             atomic.write_text(self.paths.metrics, lines)
-        dist.barrier()
+
+        checkpoint.rank0_writes(write)
 
 
 def train(cfg: dict[str, Any], paths: Paths) -> None:
@@ -346,5 +375,7 @@ def train(cfg: dict[str, Any], paths: Paths) -> None:
     ctx = distributed.setup(cfg["launch"]["backend"])
     try:
         Trainer(cfg, paths, ctx).run()
-    finally:
-        distributed.teardown()
+    except BaseException:
+        distributed.teardown(synchronize=False)  # the others may never get to a barrier
+        raise
+    distributed.teardown()

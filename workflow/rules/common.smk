@@ -1,4 +1,7 @@
 # Paths and helpers shared by the rules.
+from snakemake.logging import logger
+
+from ddppipe import cluster_policy as ddp_cluster_policy
 from ddppipe import launch as ddp_launch
 from ddppipe import scaling as ddp_scaling
 from ddppipe import slurm as ddp_slurm
@@ -22,6 +25,21 @@ def all_outputs():
         f"results/{RUN}/eval/metrics.json",
         f"results/{RUN}/eval/confusion_matrix.png",
         f"results/{RUN}/train/training_curves.png",
+        f"results/{RUN}/train/attempts.html",
         f"results/{RUN}/export/model.pt",
         f"results/{RUN}/export/provenance.json",
     ]
+
+
+def check_cluster_policy():
+    """Before the SLURM executor submits anything: fail (or warn) on cluster settings that
+    would hang the workflow or lose work (ddppipe.cluster_policy)."""
+    if workflow.executor_plugin.name != "slurm":
+        return
+    settings = workflow.executor_settings
+    runs = [RUN, *ddp_scaling.run_names(config)]
+    found = ddp_cluster_policy.check_cluster(
+        config, settings.status_command, settings.requeue, [f"{run_dir(r)}/state" for r in runs]
+    )
+    for finding in found:
+        logger.warning(f"ddppipe cluster check: {finding}")

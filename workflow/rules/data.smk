@@ -17,10 +17,25 @@ rule write_config:
         ddp_config.write(ddp_config.resolve(params.config), output[0])
 
 
+rule data_config:
+    """The data settings alone: the dataset depends on them and on nothing of any run."""
+    output:
+        f"{DATA}.yaml",
+    params:
+        data=config["data"],
+    log:
+        "logs/data_config.log",
+    localrule: True
+    run:
+        from ddppipe import config as ddp_config
+
+        ddp_config.write({"data": params.data}, output[0])
+
+
 rule download_mnist:
     """Download the four MNIST IDX files from the first working mirror and verify them."""
     input:
-        config=f"results/{RUN}/config.yaml",
+        settings=f"{DATA}.yaml",
     output:
         expand(f"{DATA}/{{name}}", name=MNIST_FILES),
     log:
@@ -29,4 +44,4 @@ rule download_mnist:
         "benchmarks/download_mnist.tsv"
     localrule: True
     shell:
-        "ddppipe download --config {input.config} --dest {DATA} 2> {log}"
+        "ddppipe download --config {input.settings} --dest {DATA} 2> {log}"

@@ -46,10 +46,29 @@ rule plot_training:
         "ddppipe plot-training --metrics {input} --out {output} 2> {log}"
 
 
+rule attempt_history:
+    """Every job slot that trained the run: job, nodes, times, how it ended, steps trained."""
+    input:
+        "results/{run}/train/attempts.json",
+    output:
+        report(
+            "results/{run}/train/attempts.html",
+            caption="../report/attempts.rst",
+            category="Training",
+            subcategory="{run}",
+        ),
+    log:
+        "logs/{run}/attempt_history.log",
+    localrule: True
+    shell:
+        "ddppipe attempts --history {input} --run {wildcards.run} --html {output} 2> {log}"
+
+
 rule export:
-    """Final weights and a provenance record (code, software, hosts, seed, data checksums)."""
+    """Final weights and a provenance record (code, software, hosts, seed, data, attempts)."""
     input:
         checkpoint="results/{run}/train/final.pt",
+        attempts="results/{run}/train/attempts.json",
         data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
         image=image_input(),
     output:
@@ -69,4 +88,5 @@ rule export:
     shell:
         "ddppipe export --checkpoint {input.checkpoint} --data {DATA}"
         " --weights {output.weights} --provenance {output.provenance} {params.image_info}"
+        " --attempts {input.attempts}"
         " 2> {log}"

@@ -1,5 +1,10 @@
 rule train:
-    """Multi-process DDP training, started by torchrun; resumes from the run's checkpoints."""
+    """Multi-process DDP training, started by torchrun; resumes from the run's checkpoints.
+
+    In a SLURM job the training is an srun step; a stop on the time-limit warning requeues
+    the job (same id, next slot) until training completes (ddppipe.lifecycle). The log is
+    appended to, so it keeps every slot of a requeued job.
+    """
     input:
         config="results/{run}/config.yaml",
         data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
@@ -7,6 +12,7 @@ rule train:
     output:
         checkpoint="results/{run}/train/final.pt",
         metrics="results/{run}/train/metrics.jsonl",
+        attempts="results/{run}/train/attempts.json",  # every job slot that trained the run
     params:
         state="results/{run}/state",
     log:
@@ -15,7 +21,8 @@ rule train:
         "benchmarks/{run}/train.tsv"
     threads: lambda wc: ddp_launch.job_threads(ddp_scaling.config_for_run(config, wc.run))
     resources:
-        **ddp_slurm.train_resources(config),  # per run: a scaling point's own nodes and CPUs
+        **ddp_slurm.train_resources(config),  # ddppipe.slurm.Request, per run
     shell:
         "ddppipe launch --config {input.config} --data {DATA} --state {params.state}"
-        " --checkpoint {output.checkpoint} --metrics {output.metrics} 2> {log}"
+        " --checkpoint {output.checkpoint} --metrics {output.metrics}"
+        " --attempts {output.attempts} 2>> {log}"

@@ -1,0 +1,152 @@
+"""The attempt history of a run: one record per job slot (or local launch) that trained it.
+
+The launcher opens a record when it starts and closes it when training ends; rank 0 leaves
+its progress (the checkpoint it resumed from, the checkpoints it wrote and how long they
+took) in ``progress.json``, which the record takes over. Both files live in the run's state
+folder, which survives failed and requeued jobs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ddppipe import atomic
+
+HISTORY = "attempts.json"
+PROGRESS = "progress.json"
+LOST = "lost (the launcher was killed: node failure, out of memory or SIGKILL)"
+
+
+@dataclass
+class Attempt:
+    """One job slot's share of a run."""
+
+    number: int
+    job: str  # SLURM job id, or "local"
+    restarts: int  # SLURM's requeue count of the job when this slot started
+    nodes: list[str]
+    start: float  # Unix time
+    end: float | None = None
+    outcome: str = "running"  # completed | time limit | preempted | node failure | ...
+    exit_status: int | None = None
+    resumed_from: str | None = None  # checkpoint file name, None for a fresh start
+    start_step: int | None = None  # global optimizer step it started at
+    end_step: int | None = None  # global step of the last checkpoint it wrote
+    checkpoint: str | None = None  # the last checkpoint it wrote
+    checkpoint_seconds: float | None = None  # slowest checkpoint write of the slot
+    detail: str = ""
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps this slot trained and checkpointed."""
+        if self.end_step is None or self.start_step is None:
+            return 0
+        return self.end_step - self.start_step
+
+
+def read(path: Path) -> list[Attempt]:
+    """The history in ``path`` (a state folder's or the train rule's copy); [] if none."""
+    if not Path(path).exists():
+        return []
+    known = {f.name for f in fields(Attempt)}
+    records = json.loads(Path(path).read_text())
+    return [Attempt(**{k: v for k, v in r.items() if k in known}) for r in records]
+
+
+def load(state_dir: Path) -> list[Attempt]:
+    return read(Path(state_dir) / HISTORY)
+
+
+def save(state_dir: Path, history: list[Attempt]) -> None:
+    atomic.write_json(Path(state_dir) / HISTORY, [asdict(a) for a in history])
+
+
+def begin(state_dir: Path, job: str | None, restarts: int, nodes: list[str]) -> list[Attempt]:
+    """Open this slot's record; a record left open by a killed launcher is closed as lost."""
+    history = load(state_dir)
+    for attempt in history:
+        if attempt.outcome == "running":
+            attempt.outcome = LOST
+    (Path(state_dir) / PROGRESS).unlink(missing_ok=True)
+    number = len(history) + 1
+    history.append(Attempt(number, job or "local", restarts, nodes, time.time()))
+    save(state_dir, history)
+    return history
+
+
+def read_progress(state_dir: Path) -> dict[str, Any]:
+    """Rank 0's progress of the current slot ({} before it has resumed)."""
+    try:
+        return json.loads((Path(state_dir) / PROGRESS).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def write_progress(state_dir: Path, progress: dict[str, Any]) -> None:
+    """(Rank 0) The slot's progress so far; see :class:`Attempt` for the keys."""
+    atomic.write_json(Path(state_dir) / PROGRESS, progress)
+
+
+def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") -> list[Attempt]:
+    """Close the open record with how the slot ended and rank 0's progress."""
+    history = load(state_dir)
+    attempt = history[-1]
+    progress = read_progress(state_dir)
+    attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
+    attempt.detail = detail
+    for key in ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds"):
+        if key in progress:
+            setattr(attempt, key, progress[key])
+    save(state_dir, history)
+    return history
+
+
+def measured_checkpoint_seconds(state_dir: Path) -> float | None:
+    """The slowest checkpoint write any slot of the run measured, if one did."""
+    times = [a.checkpoint_seconds for a in load(state_dir) if a.checkpoint_seconds]
+    progress = read_progress(state_dir).get("checkpoint_seconds")
+    return max([*times, *([progress] if progress else [])], default=None)
+
+
+COLUMNS = ("#", "job", "nodes", "start", "end", "outcome", "resumed from", "steps")
+
+
+def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
+    def when(t: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+    out = []
+    for a in history:
+        job = a.job if not a.restarts else f"{a.job} (requeue {a.restarts})"
+        out.append((
+            str(a.number), job, ",".join(a.nodes), when(a.start), when(a.end), a.outcome,
+            a.resumed_from or "(start)", str(a.steps),
+        ))  # fmt: skip
+    return out
+
+
+def table(history: list[Attempt]) -> str:
+    """The history as a plain-text table (the launcher's log, ``ddppipe attempts``)."""
+    lines = [COLUMNS, *rows(history)]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in lines)  # fmt: skip
+
+
+def html_table(history: list[Attempt], run: str) -> str:
+    """A small HTML page of the history (the report's "Training" section)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row in rows(history)
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(run)}: attempts"
+        f"</title></head><body><h1>{html.escape(run)}: {len(history)} attempt(s)</h1>"
+        f"<table border='1' cellpadding='4'><tr>{head}</tr>{body}</table></body></html>\n"
+    )

@@ -1,0 +1,91 @@
+"""After training stopped on a signal: why, and whether the job goes on in a new slot.
+
+A stop on the time-limit warning (``--signal=USR1@N``) or on a user's ``scancel --signal``
+continues by requeueing the job itself (``scontrol requeue``, as submitit and Lightning do):
+the same job id goes back to the queue and gets a fresh time slot, and the Snakemake SLURM
+plugin, which sees a PENDING or RUNNING job, keeps waiting; its ``retries`` stay for real
+failures. Preemption and node failures are requeued by SLURM itself (``--requeue``). A slot
+that checkpointed no new step, or a run past ``slurm.max_continuations``, fails instead of
+looping.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ddppipe.attempts import Attempt
+
+# The warning arrives signal_seconds before the end; the stop then takes some seconds more.
+TIME_LIMIT_SLACK_S = 30
+# Outcomes after which SLURM requeues the job itself (the job was submitted with --requeue).
+REQUEUED_BY_SLURM = ("preempted", "node failure")
+BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")
+
+
+def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
+    """Seconds until the job's EndTime (scontrol's local time), None when it has none."""
+    end = job.get("EndTime", "")
+    try:
+        parsed = time.strptime(end, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    now = time.time() if now is None else now
+    return time.mktime(parsed) - now
+
+
+def classify(
+    signal_name: str | None,
+    job: dict[str, str] | None,
+    nodes: dict[str, str],
+    signal_seconds: int,
+    now: float | None = None,
+) -> str:
+    """How a slot that stopped on ``signal_name`` ended, from what SLURM says right after.
+
+    ``job`` is the job's scontrol record (None outside SLURM), ``nodes`` its nodes' states.
+    """
+    signal_name = signal_name or "a signal"
+    if job is None:
+        return f"stopped on {signal_name}"
+    bad = [n for n, state in nodes.items() if any(s in state for s in BAD_NODE_STATES)]
+    if bad:
+        return "node failure"
+    if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
+        return "preempted"
+    left = seconds_left(job, now)
+    near_end = left is not None and left <= signal_seconds + TIME_LIMIT_SLACK_S
+    if signal_name == "SIGUSR1" and near_end:
+        return "time limit"
+    return f"stopped on {signal_name}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether the job should requeue itself, and why not when it should not."""
+
+    requeue: bool
+    reason: str
+
+
+def decide(history: list[Attempt], max_continuations: int) -> Decision:
+    """Requeue after the last slot of ``history`` (which stopped on a signal)?"""
+    last = history[-1]
+    if last.outcome in REQUEUED_BY_SLURM:
+        return Decision(False, f"{last.outcome}: SLURM requeues the job itself")
+    if last.steps <= 0:
+        return Decision(
+            False,
+            f"no progress: slot {last.number} (job {last.job}) checkpointed no new step "
+            f"(it resumed from {last.resumed_from or 'the start'}). The time left after "
+            "start-up is too short for one checkpoint interval: raise slurm.runtime, or lower "
+            "slurm.signal_seconds if the warning comes long before the checkpoint is needed",
+        )
+    requeues = sum(1 for a in history[:-1] if a.job == last.job)
+    if requeues >= max_continuations:
+        return Decision(
+            False,
+            f"slurm.max_continuations ({max_continuations}) reached: job {last.job} ran "
+            f"{requeues + 1} slots; raise slurm.max_continuations or slurm.runtime",
+        )
+    return Decision(True, "")

@@ -1,0 +1,52 @@
+"""Which jobs a change re-runs: dry runs against outputs that are already built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import TinyData, tiny_config
+from tests.workflow_helpers import job_counts, snakemake
+
+
+@pytest.fixture(scope="module")
+def built(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """Run ``tiny`` and a one-point scaling study, built for real."""
+    workdir = tmp_path_factory.mktemp("built")
+    cfg = tiny_config(tiny)
+    cfg["scaling"] = {"nodes": [1], "procs_per_node": [1], "cpus_per_proc": [1], "epochs": 1}
+    snakemake(workdir, cfg, "--cores", "2", "all", "scaling")
+    return workdir, cfg
+
+
+def test_nothing_to_do_when_built(built: tuple[Path, dict]) -> None:
+    workdir, cfg = built
+    out = snakemake(workdir, cfg, "-n", "all", "scaling").stdout
+    assert "Nothing to be done" in out, out
+
+
+def test_a_new_run_name_leaves_the_data_and_other_runs_alone(built: tuple[Path, dict]) -> None:
+    workdir, cfg = built
+    counts = job_counts(workdir, cfg, "all", "scaling", "--config", "run=other")
+    assert counts.get("train") == 1, counts  # only the new run trains
+    assert "download_mnist" not in counts and "data_config" not in counts, counts
+    assert "plot_scaling" not in counts, counts
+
+
+def test_changing_lr_reruns_only_that_runs_training_and_what_follows(
+    built: tuple[Path, dict],
+) -> None:
+    """Also a nested `--config` value, which Snakemake passes on as text."""
+    workdir, cfg = built
+    counts = job_counts(workdir, cfg, "all", "--config", "train={lr: 0.0123}")
+    assert counts == {
+        "write_config": 1, "train": 1, "evaluate": 1, "export": 1, "plot_training": 1,
+        "attempt_history": 1, "all": 1,
+    }, counts  # fmt: skip
+
+
+def test_changing_the_data_settings_reruns_the_download(built: tuple[Path, dict]) -> None:
+    workdir, cfg = built
+    counts = job_counts(workdir, cfg, "all", "--config", "data={timeout_s: 7}")
+    assert counts.get("data_config") == 1 and counts.get("download_mnist") == 1, counts

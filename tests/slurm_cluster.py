@@ -5,9 +5,13 @@ private configuration under a work directory:
 
 * ``munged`` with its own key and socket (a filesystem socket, so reachable from
   every network namespace);
-* two compute nodes ``node1`` and ``node2``: each a network namespace (own IP on
-  a private bridge), a UTS namespace (own hostname) and a mount namespace (the
-  cluster's config dir on /etc/slurm) running one ``slurmd``;
+* compute nodes (by default ``node1`` and ``node2``; any names, e.g. the hostlist
+  ``cn[07-09]``): each a network namespace (own IP on a private bridge), a UTS
+  namespace (own hostname) and a mount namespace (the cluster's config dir on
+  /etc/slurm) running one ``slurmd``;
+* partitions and any ``slurm.conf`` setting (preemption mode, ``JobRequeue``,
+  ``MinJobAge``, ...) as the test asks, so tests can run on clusters shaped
+  unlike the default one;
 * ``slurmctld`` on the host end of the bridge, in its own UTS namespace whose
   hostname matches ``SlurmctldHost``;
 * with ``accounting=True``: MariaDB (Unix socket only) and ``slurmdbd``, so that
@@ -48,6 +52,7 @@ BRIDGE = "ddpslurm0"
 PREFIX_LEN = 24
 HOST_ADDR = "10.77.0.1"
 NODE_ADDRS: dict[str, str] = {"node1": "10.77.0.11", "node2": "10.77.0.12"}
+FIRST_NODE_ADDR = 11  # the nodes get 10.77.0.11, .12, ... in order
 CTLD_HOSTNAME = "slurmctl"
 CLUSTER_NAME = "ddppipe"
 PARTITION = "debug"
@@ -117,7 +122,13 @@ class SlurmCluster:
         cpus_per_node: int = 2,
         memory_mb: int = 4000,
         start_timeout: float = 60.0,
+        nodes: Sequence[str] = tuple(NODE_ADDRS),
+        partitions: Mapping[str, str] | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
+        """``partitions``: name -> attributes of its PartitionName line (all nodes in each;
+        by default a default ``debug`` partition that ``urgent`` preempts by requeueing);
+        ``settings``: slurm.conf keys to set or replace, e.g. ``{"JobRequeue": "0"}``."""
         self.workdir = Path(workdir).resolve()
         self.accounting = accounting
         self.gpus_per_node = gpus_per_node
@@ -125,11 +136,17 @@ class SlurmCluster:
         self.memory_mb = memory_mb
         self.start_timeout = start_timeout
         self.cluster_name = CLUSTER_NAME
-        self.partition = PARTITION
+        self.partitions: dict[str, str] = dict(partitions or DEFAULT_PARTITIONS)
+        self.partition = next(  # the default partition
+            (n for n, attrs in self.partitions.items() if "Default=YES" in attrs), PARTITION
+        )
         self.urgent_partition = URGENT_PARTITION  # PriorityTier above, preempts `partition`
         self.preempt_grace_s = PREEMPT_GRACE_S
-        self.nodes: list[str] = list(NODE_ADDRS)
-        self.node_addrs: dict[str, str] = dict(NODE_ADDRS)
+        self.settings = dict(settings or {})
+        self.nodes: list[str] = list(nodes)
+        self.node_addrs: dict[str, str] = {
+            node: f"10.77.0.{FIRST_NODE_ADDR + i}" for i, node in enumerate(self.nodes)
+        }
         self.controller_addr = HOST_ADDR
         self.start_seconds = 0.0
         self._paths = _Layout(self.workdir)
@@ -163,7 +180,7 @@ class SlurmCluster:
         check_ports_free()
         try:
             self._prepare_files()
-            setup_network()
+            setup_network(self.node_addrs)
             self._start_munge()
             if self.accounting:
                 self._start_mariadb()
@@ -186,7 +203,7 @@ class SlurmCluster:
             kill_pids(netns_pids(node))
         stop_processes(list(self._procs.values()))
         self._procs.clear()
-        cleanup_stale_state()
+        cleanup_stale_state(self.nodes)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -294,7 +311,12 @@ class SlurmCluster:
 
     def _slurm_conf(self) -> str:
         p = self._paths
-        return SLURM_CONF_TEMPLATE.format(
+        node_list = ",".join(self.nodes)
+        partitions = "\n".join(
+            f"PartitionName={name} Nodes={node_list} {attrs}"
+            for name, attrs in self.partitions.items()
+        )
+        text = SLURM_CONF_TEMPLATE.format(
             cluster=CLUSTER_NAME,
             ctld_host=CTLD_HOSTNAME,
             host_addr=HOST_ADDR,
@@ -307,11 +329,14 @@ class SlurmCluster:
             logs=p.logs,
             accounting=self._accounting_lines(),
             node_lines="\n".join(self._node_line(n) for n in self.nodes),
-            node_list=",".join(self.nodes),
-            partition=PARTITION,
-            urgent=URGENT_PARTITION,
-            grace=PREEMPT_GRACE_S,
+            partitions=partitions,
         )
+        for key, value in self.settings.items():
+            line = f"{key}={value}"
+            text, found = re.subn(rf"(?m)^{key}=.*$", line, text)
+            if not found:
+                text += line + "\n"
+        return text
 
     def _accounting_lines(self) -> str:
         if not self.accounting:
@@ -327,7 +352,7 @@ class SlurmCluster:
     def _node_line(self, node: str) -> str:
         gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
         return (
-            f"NodeName={node} NodeAddr={NODE_ADDRS[node]} NodeHostname={node}"
+            f"NodeName={node} NodeAddr={self.node_addrs[node]} NodeHostname={node}"
             f" CPUs={self.cpus_per_node} Boards=1 SocketsPerBoard=1"
             f" CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1"
             f" RealMemory={self.memory_mb}{gres} State=UNKNOWN"
@@ -521,11 +546,14 @@ JobCompType=jobcomp/none
 MailProg=/bin/true
 {accounting}
 {node_lines}
-PartitionName={partition} Nodes={node_list} Default=YES MaxTime=INFINITE State=UP \
-PriorityTier=1 PreemptMode=REQUEUE GraceTime={grace}
-PartitionName={urgent} Nodes={node_list} MaxTime=INFINITE State=UP \
-PriorityTier=10 PreemptMode=OFF
+{partitions}
 """
+
+DEFAULT_PARTITIONS = {
+    PARTITION: "Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE "
+    f"GraceTime={PREEMPT_GRACE_S}",
+    URGENT_PARTITION: "MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+}
 
 SLURMDBD_CONF_TEMPLATE = """\
 # Generated by tests/slurm_cluster.py.
@@ -583,12 +611,13 @@ def veth_name(node: str) -> str:
     return f"ddp-{node}"
 
 
-def setup_network() -> None:
+def setup_network(node_addrs: Mapping[str, str]) -> None:
     """A bridge for the host (10.77.0.1) and a veth-connected netns per node; hosts entries."""
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{HOST_ADDR}/{PREFIX_LEN}", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
-    for node, addr in NODE_ADDRS.items():
+    record_nodes(list(node_addrs))
+    for node, addr in node_addrs.items():
         host_end = veth_name(node)
         _ip("netns", "add", node)
         _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", node)
@@ -596,17 +625,17 @@ def setup_network() -> None:
         _ip("-n", node, "addr", "add", f"{addr}/{PREFIX_LEN}", "dev", "eth0")
         _ip("-n", node, "link", "set", "eth0", "up")
         _ip("-n", node, "link", "set", "lo", "up")
-    names = {CTLD_HOSTNAME: HOST_ADDR, **NODE_ADDRS}
+    names = {CTLD_HOSTNAME: HOST_ADDR, **node_addrs}
     write_hosts_entries([f"{addr} {name} {HOSTS_MARKER}" for name, addr in names.items()])
 
 
-def teardown_network() -> None:
+def teardown_network(nodes: Sequence[str]) -> None:
     """Remove the namespaces, veths, bridge and hosts entries.
 
     The veths are deleted explicitly: a namespace whose last process was just
     killed is destroyed asynchronously, and its veth pair lingers until then.
     """
-    for node in NODE_ADDRS:
+    for node in nodes:
         if Path(f"/run/netns/{node}").exists():
             _ip("netns", "del", node, check=False)
         if _ip("link", "show", veth_name(node), check=False).returncode == 0:
@@ -687,6 +716,21 @@ def stop_processes(procs: Sequence[subprocess.Popen[bytes]], grace: float = 5.0)
             proc.wait()
 
 
+NODES_KEY = "_nodes"  # the state file's entry of the node names a run set up
+
+
+def record_nodes(nodes: list[str]) -> None:
+    """Remember the nodes (network namespaces) being set up, for a later cleanup."""
+    state = _load_state()
+    state[NODES_KEY] = {"names": nodes}
+    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    STATE_FILE.write_text(json.dumps(state))
+
+
+def _recorded_nodes() -> list[str]:
+    return list(_load_state().get(NODES_KEY, {}).get("names", []))
+
+
 def _load_state() -> dict[str, dict[str, int | str]]:
     with contextlib.suppress(OSError, ValueError):
         return dict(json.loads(STATE_FILE.read_text()))
@@ -708,7 +752,9 @@ def record_process(name: str, pid: int, program: str, marker: str) -> None:
 
 def _stale_pids() -> Iterator[int]:
     """Recorded daemons that are still alive and still the same program."""
-    for entry in _load_state().values():
+    for name, entry in _load_state().items():
+        if name == NODES_KEY:
+            continue
         pid = int(entry["pid"])
         cmdline = _cmdline(pid)
         if cmdline is None or pid == os.getpid():
@@ -736,10 +782,11 @@ def check_ports_free() -> None:
             )
 
 
-def cleanup_stale_state() -> None:
+def cleanup_stale_state(nodes: Sequence[str] = ()) -> None:
     """Undo what an earlier (maybe crashed) run left: processes, network, hosts entries."""
-    for node in NODE_ADDRS:
+    nodes = sorted({*nodes, *NODE_ADDRS, *_recorded_nodes()})
+    for node in nodes:
         kill_pids(netns_pids(node))
     kill_pids(list(_stale_pids()))
-    teardown_network()
+    teardown_network(nodes)
     STATE_FILE.unlink(missing_ok=True)

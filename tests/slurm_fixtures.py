@@ -8,9 +8,11 @@ Import them into ``conftest.py``::
 
 Only one cluster can run per machine, so a session-wide :class:`SlurmSlot`
 owns it: ``slurm_cluster`` is the session's plain cluster (started on first
-use); ``slurm_accounting_cluster`` suspends it for the length of one test,
-runs a cluster with slurmdbd + MariaDB instead, and restarts the plain one
-after (same object, fresh state: job ids start again at 1).
+use), shaped unlike a default one on purpose: nodes ``cn07``, ``cn08`` (the
+hostlist ``cn[07-08]``), a default partition ``short`` and a non-default one
+``train`` that the workflow tests train in; ``slurm_accounting_cluster``
+suspends it for the length of one test, runs a cluster with slurmdbd + MariaDB
+instead, and restarts the plain one after (same object, fresh state: job ids start again at 1).
 
 Without root or the Slurm packages (``bash .ci/install_slurm.sh``) the
 fixtures skip, except under CI (``CI`` set), where they fail.
@@ -23,10 +25,22 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.slurm_cluster import SBIN_PATH, SlurmCluster
+from tests.slurm_cluster import PREEMPT_GRACE_S, SBIN_PATH, URGENT_PARTITION, SlurmCluster
+
+SESSION_NODES = ("cn07", "cn08")  # the hostlist cn[07-08]
+TRAIN_PARTITION = "train"  # not the default partition
+_PREEMPTIBLE = (
+    f"MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={PREEMPT_GRACE_S}"
+)
+SESSION_PARTITIONS = {
+    "short": f"Default=YES {_PREEMPTIBLE}",
+    TRAIN_PARTITION: _PREEMPTIBLE,
+    URGENT_PARTITION: "MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+}
 
 REQUIRED_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged", "nsenter", "unshare", "ip")
 
@@ -52,7 +66,9 @@ class SlurmSlot:
     def cluster(self) -> SlurmCluster:
         """The plain (no accounting) cluster, started if it is not running."""
         if self._cluster is None:
-            self._cluster = SlurmCluster(self._make_workdir("slurm"))
+            self._cluster = SlurmCluster(
+                self._make_workdir("slurm"), nodes=SESSION_NODES, partitions=SESSION_PARTITIONS
+            )
         if not self._cluster.running:
             self._cluster.start()
         return self._cluster
@@ -69,9 +85,10 @@ class SlurmSlot:
             if was_running:
                 self.cluster()
 
-    def new_cluster(self, name: str, accounting: bool = False) -> SlurmCluster:
-        """An unstarted cluster in a fresh work directory (start it inside ``suspended()``)."""
-        return SlurmCluster(self._make_workdir(name), accounting=accounting)
+    def new_cluster(self, name: str, accounting: bool = False, **shape: Any) -> SlurmCluster:
+        """An unstarted cluster in a fresh work directory (start it inside ``suspended()``);
+        ``shape``: SlurmCluster's nodes, partitions, settings."""
+        return SlurmCluster(self._make_workdir(name), accounting=accounting, **shape)
 
     def close(self) -> None:
         if self._cluster is not None:
@@ -93,12 +110,13 @@ def slurm_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSlot]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
-    """A started two-node cluster (node1, node2; 2 CPUs and 2 fake GPUs each), no accounting."""
+    """A started two-node cluster (cn07, cn08; 2 CPUs and 2 fake GPUs each), no accounting."""
     return slurm_slot.cluster()
 
 
 @pytest.fixture
 def slurm_accounting_cluster(slurm_slot: SlurmSlot) -> Iterator[SlurmCluster]:
-    """A started cluster with slurmdbd, so ``sacct`` works (suspends ``slurm_cluster``)."""
+    """A started cluster with slurmdbd, so ``sacct`` works (suspends ``slurm_cluster``);
+    the default shape: node1, node2, one default partition ``debug``."""
     with slurm_slot.suspended(), slurm_slot.new_cluster("slurm-acct", accounting=True) as cluster:
         yield cluster

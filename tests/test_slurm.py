@@ -19,6 +19,7 @@ import yaml
 
 from tests.processes import guarded_workers, worker_pids
 from tests.slurm_cluster import SlurmCluster
+from tests.slurm_fixtures import TRAIN_PARTITION
 from tests.tiny import REAL_MNIST, REPO, TinyData, make_tiny, real_mnist_sha256, tiny_config
 
 pytestmark = pytest.mark.slurm
@@ -26,16 +27,33 @@ PROFILE = str(REPO / "profiles" / "slurm")
 T = TypeVar("T")
 
 
-def two_nodes(cfg: dict[str, Any], gpus: int = 0) -> dict[str, Any]:
-    cfg["launch"].update(nnodes=2, nproc_per_node=2, max_restarts=0)
+def partition(cluster: SlurmCluster) -> str | None:
+    """The cluster's non-default training partition where it has one, else its default."""
+    return TRAIN_PARTITION if TRAIN_PARTITION in cluster.partitions else None
+
+
+def on_cluster(
+    cfg: dict[str, Any], cluster: SlurmCluster, nodes: int = 2, procs: int = 2, gpus: int = 0,
+    runtime: int = 10,
+) -> dict[str, Any]:  # fmt: skip
+    cfg["launch"].update(nnodes=nodes, nproc_per_node=procs, max_restarts=0, cpus_per_proc=1)
     cfg["slurm"].update(
-        gpus_per_node=gpus, cpus_per_task=1, mem_mb=1500, runtime=10, partition="debug"
+        gpus_per_node=gpus, mem_mb=1500, runtime=runtime, partition=partition(cluster)
     )
     return cfg
 
 
+def two_nodes(cfg: dict[str, Any], cluster: SlurmCluster, gpus: int = 0) -> dict[str, Any]:
+    return on_cluster(cfg, cluster, gpus=gpus)
+
+
 def snakemake_slurm(
-    cluster: SlurmCluster, workdir: Path, cfg: dict[str, Any], *args: str, timeout: float = 600
+    cluster: SlurmCluster,
+    workdir: Path,
+    cfg: dict[str, Any],
+    *args: str,
+    timeout: float = 600,
+    profile: str = PROFILE,
 ) -> subprocess.CompletedProcess:
     """``snakemake --profile profiles/slurm`` in ``workdir`` with the cluster's environment."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -43,7 +61,7 @@ def snakemake_slurm(
     env = cluster.environ({"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin"})
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-         "--configfile", str(workdir / "config.yaml"), "--profile", PROFILE, *args],
+         "--configfile", str(workdir / "config.yaml"), "--profile", profile, *args],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
 
@@ -67,7 +85,7 @@ def provenance(workdir: Path, run: str) -> dict[str, Any]:
 
 
 def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")))
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster)
     cfg["run"] = "mnist2n"
     cfg["data"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
     cfg["train"].update(epochs=1, batch_size=256, eval_batch_size=1000)
@@ -76,7 +94,7 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     print(f"(a) wall time {time.monotonic() - started:.1f}s")
     assert result.returncode == 0, logs(tmp_path / "wd", result)
     training = provenance(tmp_path / "wd", "mnist2n")["training"]
-    assert training["world_size"] >= 2 and set(training["hosts"]) == {"node1", "node2"}
+    assert training["world_size"] >= 2 and set(training["hosts"]) == set(slurm_cluster.nodes)
     metrics = json.loads((tmp_path / "wd/results/mnist2n/eval/metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.95
     train_log = (tmp_path / "wd/logs/mnist2n/train.log").read_text()
@@ -85,10 +103,10 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
 
 def test_fake_gpus_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     tiny = make_tiny(tmp_path / "tiny")
-    cfg = two_nodes(tiny_config(tiny), gpus=2)
+    cfg = two_nodes(tiny_config(tiny), slurm_cluster, gpus=2)
     result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)
     assert result.returncode == 0, logs(tmp_path / "wd", result)
-    assert set(provenance(tmp_path / "wd", "tiny")["training"]["hosts"]) == {"node1", "node2"}
+    assert set(provenance(tmp_path / "wd", "tiny")["training"]["hosts"]) == set(slurm_cluster.nodes)
     job = train_job_ids(result)[0]
     record = slurm_cluster.run(["scontrol", "-o", "show", "job", job], check=False).stdout
     # slurmctld keeps finished jobs for MinJobAge (300 s) in the test cluster
@@ -103,7 +121,7 @@ def test_sacct_status_mode_with_accounting(
     Without slurmdbd this mode never sees the job finish (so the profile uses squeue).
     """
     cluster = slurm_accounting_cluster
-    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")))
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), cluster)
     started = time.monotonic()
     result = snakemake_slurm(cluster, tmp_path / "wd", cfg, FINAL,
                              "--slurm-status-command", "sacct", timeout=400)  # fmt: skip
@@ -117,7 +135,7 @@ def test_sacct_status_mode_with_accounting(
 def test_preflight_fails_fast_on_unresolvable_host(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")))
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster)
     cfg["slurm"]["rendezvous_host"] = "no-such-host.invalid"
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -131,14 +149,14 @@ def test_preflight_fails_fast_on_unresolvable_host(
     assert time.monotonic() - started < 30
     text = out.read_text()
     assert "cannot resolve the rendezvous host 'no-such-host.invalid'" in text
-    assert "node1:" in text and "node2:" in text
+    assert all(f"{node}:" in text for node in slurm_cluster.nodes), text
 
 
 def test_impossible_gpu_request_errors(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     cfg = tiny_config(make_tiny(tmp_path / "tiny"))
     cfg["launch"].update(nnodes=2, nproc_per_node=3)
     cfg["train"]["batch_size"] = 60
-    cfg["slurm"].update(gpus_per_node=3, partition="debug")
+    cfg["slurm"].update(gpus_per_node=3, partition=partition(slurm_cluster))
     started = time.monotonic()
     result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, timeout=180)
     assert result.returncode != 0
@@ -207,51 +225,106 @@ def _model(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=False)["model"]
 
 
-def test_preemption_resumes_to_identical_weights(
+def _history(workdir: Path, run: str = "tiny") -> list[dict[str, Any]]:
+    return json.loads((workdir / f"results/{run}/train/attempts.json").read_text())
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _model(a), _model(b)
+    assert wa.keys() == wb.keys()
+    differ = [key for key in wa if not torch.equal(wa[key], wb[key])]
+    assert not differ, f"resumed weights differ from the uninterrupted run in {differ}"
+
+
+# Time-limit slots: 1 minute each, the warning 40 s before the end, so about 20 s of a slot
+# (start-up, preflight, training) before it checkpoints and requeues itself. Measured here:
+# about 1,000 steps a slot on one node (2 processes), 600 on two (1 process each), so the
+# epochs (of 120 steps) below need about 6 slots, 5 or more.
+SLOT_MINUTES, SLOT_WARNING_S, SLOT_STEPS = 1, 40, 120
+SLOT_EPOCHS = {1: 50, 2: 30}  # by node count
+
+
+def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:
+    cfg = tiny_config(tiny, epochs=SLOT_EPOCHS[nodes], batch_size=16, checkpoint_every=5)
+    cfg["slurm"]["signal_seconds"] = SLOT_WARNING_S
+    return on_cluster(cfg, cluster, nodes=nodes, procs=2 // nodes, runtime=runtime)
+
+
+@pytest.fixture(scope="module")
+def slot_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
+    return make_tiny(tmp_path_factory.mktemp("slot-data"), n_train=16 * SLOT_STEPS)
+
+
+def _time_limit_slots(
+    cluster: SlurmCluster, tmp_path: Path, tiny: TinyData, nodes: int, *args: str
+) -> None:
+    """A training longer than 5 time limits completes in one snakemake call: the same job
+    requeues itself, no retry is used, and the weights are bitwise an uninterrupted run's."""
+    cfg = slot_config(tiny, cluster, nodes, SLOT_MINUTES)
+    started = time.monotonic()
+    wd = tmp_path / "slots"
+    result = snakemake_slurm(cluster, wd, cfg, FINAL, *args, timeout=900)
+    wall = time.monotonic() - started
+    assert result.returncode == 0, logs(wd, result)
+    history = _history(wd)
+    table = (wd / "logs/tiny/train.log").read_text().split("training complete; attempts:")[-1]
+    print(f"({nodes} node(s)) {len(history)} slots in {wall:.0f}s wall; attempts:{table}")
+    assert len(train_job_ids(result)) == 1, "a second submission of train: a retry was used"
+    assert len(history) >= 5, table
+    outcomes = [a["outcome"] for a in history]
+    assert outcomes == ["time limit"] * (len(history) - 1) + ["completed"], table
+    assert {a["job"] for a in history} == set(train_job_ids(result)), table
+    assert [a["restarts"] for a in history] == list(range(len(history))), table
+    assert all(a["end_step"] > a["start_step"] for a in history), table
+    assert history[-1]["end_step"] == SLOT_EPOCHS[nodes] * SLOT_STEPS
+    assert all(len(a["nodes"]) == nodes and set(a["nodes"]) <= set(cluster.nodes) for a in history)
+    reference = tmp_path / "reference"  # the same training in one long slot, same cluster
+    ref = snakemake_slurm(cluster, reference, slot_config(tiny, cluster, nodes, 10), FINAL)
+    assert ref.returncode == 0, logs(reference, ref)
+    assert [a["outcome"] for a in _history(reference)] == ["completed"]
+    _assert_same_weights(wd / FINAL, reference / FINAL)
+
+
+def test_time_limit_slots_on_two_nodes(
+    slurm_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
+) -> None:
+    """On cn[07-08], in the partition `train`, which is not the default."""
+    _time_limit_slots(slurm_cluster, tmp_path, slot_data, 2)
+
+
+def test_time_limit_slots_on_one_node_with_sacct(
+    slurm_accounting_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
+) -> None:
+    """On node1/node2 in the default partition, the plugin polling sacct (requeued states)."""
+    cluster = slurm_accounting_cluster
+    _time_limit_slots(cluster, tmp_path, slot_data, 1, "--slurm-status-command", "sacct")
+
+
+def test_scancel_usr1_of_a_one_node_job_is_a_continuation(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """(d) USR1 to the training step mid-epoch: checkpoint, exit 75, retry, resume, same weights."""
-    # 20 steps an epoch: USR1 right after the handlers are in stops at step 10 (mid-epoch).
-    tiny: TinyData = make_tiny(tmp_path / "tiny", n_train=320)
-    cfg = two_nodes(tiny_config(tiny, epochs=2, batch_size=16))
-    world_size = cfg["launch"]["nnodes"] * cfg["launch"]["nproc_per_node"]
+    """USR1 to the job's steps mid-epoch: the training checkpoints, the job requeues itself
+    (same id), the next slot resumes mid-epoch; nothing dies of the signal; same weights."""
+    tiny: TinyData = make_tiny(tmp_path / "tiny", n_train=320)  # 20 steps an epoch
+    cfg = on_cluster(tiny_config(tiny, epochs=2, batch_size=16), slurm_cluster, nodes=1)
     started = time.monotonic()
-    wd = tmp_path / "preempted"
+    wd = tmp_path / "signalled"
     proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
-
-    # Every rank's training loop has its USR1 handler (earlier, USR1 is ignored).
-    _poll(lambda: guarded_workers(wd, world_size), proc, 240,
-          "training workers with a SIGUSR1 handler", out)  # fmt: skip
-    job, _ = _poll(lambda: _running_job(slurm_cluster, nodes=2), proc, 30, "running job", out)
+    _poll(lambda: guarded_workers(wd, 2), proc, 240, "training workers", out)
+    job, _ = _poll(lambda: _running_job(slurm_cluster), proc, 30, "running job", out)
     slurm_cluster.run(["scancel", "--signal=USR1", job])
-    signalled_at = time.monotonic() - started
     text = _finish(proc, out)
-    print(f"(d) wall time with preemption {time.monotonic() - started:.1f}s "
-          f"(USR1 to job {job} at {signalled_at:.1f}s)")  # fmt: skip
+    print(f"(USR1, 1 node) wall time {time.monotonic() - started:.1f}s")
     assert proc.returncode == 0, text
-    assert len(re.findall(r"rule train:", text)) >= 2, f"no retry of train after exit 75:\n{text}"
-    first = wd / f".snakemake/slurm_logs/rule_train/tiny/{job}.log"
-    first_log = first.read_text(errors="replace") if first.exists() else text
-    assert "exit status 75" in first_log, (
-        f"the signalled attempt did not exit 75:\n{first_log[-3000:]}"
-    )
-    train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
-    print("(d) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
-    resumed = re.search(r"resuming from \S*ckpt-e(\d{4})-s(\d{6})\.pt", train_log)
-    assert resumed, f"the retry did not resume from a checkpoint:\n{train_log[-3000:]}"
-    assert (int(resumed[1]), int(resumed[2]) > 0) == (0, True), (
-        f"expected a mid-epoch checkpoint of epoch 0, resumed from {resumed[0]}"
-    )
-
-    # The reference runs on the cluster too: a local torchrun with the same world size
-    # can differ in the last bits (gloo over loopback vs. between nodes, thread pools).
+    assert re.findall(r"submitted with SLURM jobid (\d+)[^\n]*rule_train", text) == [job], text
+    history = _history(wd)
+    assert [a["outcome"] for a in history] == ["stopped on SIGUSR1", "completed"], history
+    assert history[1]["resumed_from"].startswith("ckpt-e0000-s0000"), history
+    assert "User defined signal 1" not in text
     ref = tmp_path / "reference"
     result = snakemake_slurm(slurm_cluster, ref, cfg, FINAL, timeout=300)
     assert result.returncode == 0, logs(ref, result)
-    a, b = _model(wd / FINAL), _model(ref / FINAL)
-    assert a.keys() == b.keys()
-    differ = [key for key in a if not torch.equal(a[key], b[key])]
-    assert not differ, f"resumed weights differ from the uninterrupted run in {differ}"
+    _assert_same_weights(wd / FINAL, ref / FINAL)
 
 
 def test_killed_worker_resumes_from_last_checkpoint(
@@ -259,7 +332,8 @@ def test_killed_worker_resumes_from_last_checkpoint(
 ) -> None:
     """(e) SIGKILL of one rank's worker in epoch 2: the job fails; the retry resumes at 1."""
     tiny = make_tiny(tmp_path / "tiny", n_train=320)
-    cfg = two_nodes(tiny_config(tiny, epochs=3, batch_size=16, checkpoint_every=1))
+    cfg = tiny_config(tiny, epochs=3, batch_size=16, checkpoint_every=1)
+    cfg = two_nodes(cfg, slurm_cluster)
     started = time.monotonic()
     wd = tmp_path / "killed"
     proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
@@ -289,8 +363,7 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(
     cluster = slurm_accounting_cluster
     tiny = make_tiny(tmp_path / "tiny", n_train=1920)
     cfg = tiny_config(tiny, epochs=20, batch_size=16, checkpoint_every=1)  # 120 steps an epoch
-    cfg["launch"].update(nnodes=1, nproc_per_node=2, max_restarts=0)
-    cfg["slurm"].update(cpus_per_task=1, mem_mb=1500, runtime=10, partition="debug")
+    on_cluster(cfg, cluster, nodes=1)
     started = time.monotonic()
     wd = tmp_path / "node-down"
     proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
@@ -310,6 +383,6 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(
     print("(f) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
     epochs = [int(e) for e in re.findall(r"resumed at epoch (\d+)", train_log)]
     assert epochs and 1 <= min(epochs) < 20, f"no resume mid-run:\n{train_log[-3000:]}"
-    other = ({"node1", "node2"} - {node}).pop()
+    other = (set(cluster.nodes) - {node}).pop()
     hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
     assert set(hosts) == {other}, f"the resumed training ran on {hosts}, not on {other}"

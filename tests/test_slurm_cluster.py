@@ -18,7 +18,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     netns_pids,
 )
-from tests.slurm_fixtures import SlurmSlot
+from tests.slurm_fixtures import SESSION_NODES, SlurmSlot
 
 pytestmark = pytest.mark.slurm
 
@@ -79,7 +79,7 @@ def wait_for_text(path: Path, text: str, timeout: float = 30.0) -> str:
 
 def test_srun_spans_both_nodes(slurm_cluster: SlurmCluster) -> None:
     out = slurm_cluster.run("srun -N2 --ntasks-per-node=1 hostname", timeout=30).stdout
-    assert sorted(out.split()) == ["node1", "node2"]
+    assert sorted(out.split()) == sorted(slurm_cluster.nodes)
 
 
 def test_gpu_request_sets_cuda_visible_devices(slurm_cluster: SlurmCluster) -> None:
@@ -107,7 +107,9 @@ def test_tcp_rendezvous_across_nodes(slurm_cluster: SlurmCluster, tmp_path: Path
         script=RENDEZVOUS_JOB.format(script=script),
     )  # fmt: skip
     assert slurm_cluster.wait_job(job, timeout=60) == "COMPLETED", out.read_text()
-    assert f"node1 accepted {NODE_ADDRS['node2']}: hello from node2" in out.read_text()
+    first, second = slurm_cluster.nodes
+    addr = slurm_cluster.node_addrs[second]
+    assert f"{first} accepted {addr}: hello from {second}" in out.read_text()
 
 
 def test_host_sbatch_wrap_runs_host_python_on_nodes(
@@ -201,11 +203,11 @@ def test_start_recovers_from_a_crashed_run(slurm_slot: SlurmSlot, tmp_path: Path
             out = fresh.run("srun -N2 hostname", timeout=30).stdout
             assert sorted(out.split()) == ["node1", "node2"]
             assert not set(orphans) & set(netns_pids("node1"))
-        assert_no_leftovers()
+        assert_no_leftovers([*NODE_ADDRS, *SESSION_NODES])
 
 
-def assert_no_leftovers() -> None:
-    assert not any(Path(f"/run/netns/{node}").exists() for node in NODE_ADDRS)
+def assert_no_leftovers(nodes: list[str]) -> None:
+    assert not any(Path(f"/run/netns/{node}").exists() for node in nodes)
     link = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False)
     assert link.returncode != 0
     assert HOSTS_MARKER not in HOSTS_FILE.read_text()

@@ -44,7 +44,7 @@ def test_default_profile_and_config() -> None:
     assert sbatch_line(default_config()) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
         " --comment rule_train_wildcards_mnist   -t 30 --mem 2000 --nodes=1 --requeue"
-        " --ntasks=1 --cpus-per-task=2 --ntasks-per-node=1 --signal=USR1@60 -D /work"
+        " --ntasks=1 --cpus-per-task=2 --ntasks-per-node=1 -D /work"
     )
 
 
@@ -60,7 +60,7 @@ def test_two_nodes_with_gpus() -> None:
     assert sbatch_line(cfg) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
         " --comment rule_train_wildcards_mnist   -t 30 -C a100 --qos=hi --mem 2000 --nodes=2"
-        " --requeue --cpus-per-task=6 --ntasks-per-node=1 --signal=USR1@60"
+        " --requeue --cpus-per-task=6 --ntasks-per-node=1"
         " -D /work --gres=gpu:2"  # GPU jobs: 2 tasks from --nodes=2 x --ntasks-per-node=1
     )
 

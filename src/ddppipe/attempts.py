@@ -39,6 +39,7 @@ class Attempt:
     end_step: int | None = None  # global step of the last checkpoint it wrote
     checkpoint: str | None = None  # the last checkpoint it wrote
     checkpoint_seconds: float | None = None  # slowest checkpoint write of the slot
+    stop_seconds: float | None = None  # from the stop signal to its checkpoint written
     detail: str = ""
 
     @property
@@ -99,7 +100,9 @@ def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") ->
     progress = read_progress(state_dir)
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
     attempt.detail = detail
-    for key in ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds"):
+    keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
+            "stop_seconds")  # fmt: skip
+    for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])
     save(state_dir, history)
@@ -107,10 +110,13 @@ def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") ->
 
 
 def measured_checkpoint_seconds(state_dir: Path) -> float | None:
-    """The slowest checkpoint write any slot of the run measured, if one did."""
-    times = [a.checkpoint_seconds for a in load(state_dir) if a.checkpoint_seconds]
-    progress = read_progress(state_dir).get("checkpoint_seconds")
-    return max([*times, *([progress] if progress else [])], default=None)
+    """The longest checkpoint write (or signal-to-checkpoint stop) the run measured, if any."""
+    progress = read_progress(state_dir)
+    times = [
+        *(t for a in load(state_dir) for t in (a.checkpoint_seconds, a.stop_seconds)),
+        progress.get("checkpoint_seconds"), progress.get("stop_seconds"),
+    ]  # fmt: skip
+    return max((t for t in times if t), default=None)
 
 
 COLUMNS = ("#", "job", "nodes", "start", "end", "outcome", "resumed from", "steps")

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ddppipe import atomic
+from ddppipe.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ REQUIRED_KEYS = frozenset(
 T = TypeVar("T")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeError, UserError):
     """A checkpoint could not be read or written, or does not fit the run."""
 
 

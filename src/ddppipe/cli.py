@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ddppipe import __version__
+from ddppipe.errors import UserError
 
 
 def _setup_logging() -> None:
@@ -42,21 +43,26 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ddppipe import config, preemption, train
+    from ddppipe import preemption
 
-    cfg = config.load(args.config)
+    # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
+    guard = preemption.Guard()
     try:
-        train.train(cfg, _train_paths(args))
+        from ddppipe import config, train
+
+        train.train(config.load_resolved(args.config), _train_paths(args), guard)
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)
-        return preemption.EXIT_CODE
+        return 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE
+    finally:
+        guard.restore()
     return 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from ddppipe import config, launch, lifecycle
 
-    cfg = config.load(args.config)
+    cfg = config.load_resolved(args.config)
     train_args = launch.train_args(
         args.config, args.data, args.state, args.checkpoint, args.metrics
     )
@@ -323,31 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
+    except (UserError, FileNotFoundError) as e:
         # Known failure modes carry actionable messages; show them without a traceback.
-        from ddppipe import (
-            checkpoint,
-            config,
-            container,
-            download,
-            environments,
-            idx,
-            preflight,
-            slurm,
-        )
-
-        known = (
-            container.ContainerError,
-            config.ConfigError,
-            download.DownloadError,
-            idx.IdxError,
-            checkpoint.CheckpointError,
-            environments.LauncherEnvError,
-            preflight.PreflightError,
-            slurm.SlurmRequestError,
-            FileNotFoundError,
-        )
-        if isinstance(e, known):
-            print(f"ddppipe {args.command}: error: {e}", file=sys.stderr)
-            return 2
-        raise
+        print(f"ddppipe {args.command}: error: {e}", file=sys.stderr)
+        return 2

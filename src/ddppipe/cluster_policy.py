@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe import attempts, slurm
+from ddppipe.errors import UserError
 
 # The SLURM plugin polls job states as rarely as every 180 s (its back-off cap).
 PLUGIN_MAX_POLL_S = 180
-# Time a stop needs beyond the checkpoint write: the ranks agree on a signal every 10 steps.
-STOP_MARGIN_S = 10
+# Slack on top of the run's measured stop time (signal to checkpoint written).
+STOP_MARGIN_S = 2
 
 
-class ClusterPolicyError(RuntimeError):
+class ClusterPolicyError(RuntimeError, UserError):
     """The cluster's settings would hang the workflow or lose work; the message says which."""
 
 
@@ -116,7 +117,6 @@ def check(
     if checkpoint_seconds:
         need = checkpoint_seconds + STOP_MARGIN_S
         kill_wait = seconds(conf.get("KillWait", "30")) or 0
-        grace = seconds(part.get("GraceTime", "0")) or 0
         if kill_wait < need:
             found.append(Finding(
                 f"KillWait={kill_wait}s",
@@ -124,15 +124,7 @@ def check(
                 f"between SIGTERM and SIGKILL, but this run's checkpoints took up to "
                 f"{checkpoint_seconds:.1f}s (+{STOP_MARGIN_S}s to stop): the slot's work since "
                 "the last checkpoint is lost",
-                "checkpoint more often (train.checkpoint_every) or ask for a longer KillWait",
-            ))  # fmt: skip
-        if preempting and "REQUEUE" in mode and grace + kill_wait < need:
-            found.append(Finding(
-                f"GraceTime={grace}s (partition {name})",
-                f"a preempted job gets {grace + kill_wait}s (GraceTime + KillWait) to stop, "
-                f"but this run's checkpoints took up to {checkpoint_seconds:.1f}s: the work "
-                "since the last checkpoint is lost at every preemption",
-                "ask for a longer GraceTime, or train in a partition that is not preempted",
+                "ask for a longer KillWait (preemption adds the partition's GraceTime to it)",
             ))  # fmt: skip
         if request.signal_seconds < need:
             found.append(Finding(

@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from ddppipe import atomic, presets
+from ddppipe.errors import UserError
 
 # Keys that change the numbers a training run produces. Anything else (process count,
 # checkpoint interval, logging) may change between a run and its resumption.
@@ -28,7 +29,7 @@ RENAMED = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, UserError):
     """The configuration is invalid; the message says which key and why."""
 
 
@@ -186,6 +187,19 @@ def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"train.batch_size {cfg['train']['batch_size']} is the global batch and must be "
             f"divisible by the world size {ws}; choose a multiple of {ws}"
+        )
+    return cfg
+
+
+def load_resolved(path: str | Path) -> dict[str, Any]:
+    """A config that :func:`resolve` wrote (every recipe key filled in); raise ConfigError."""
+    cfg = load(path)
+    missing = [k for k in presets.RECIPE_KEYS if cfg["train"].get(k) is None]
+    if missing:
+        raise ConfigError(
+            f"{path}: train.{', train.'.join(missing)} null: this config was never resolved. "
+            "Training reads results/<run>/config.yaml, which the workflow writes; by hand, run "
+            f"`ddppipe resolve-config --config {path} --out RESOLVED.yaml` and use that"
         )
     return cfg
 

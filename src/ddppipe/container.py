@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddppipe.errors import UserError
+
 APPTAINER = "apptainer"
 BUILD_OPTIONS = ("--fakeroot", "--force", "--mksquashfs-args", "-comp zstd -Xcompression-level 3")
 IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
 
 
-class ContainerError(RuntimeError):
+class ContainerError(RuntimeError, UserError):
     """An image could not be built or inspected; the message says which step and where to look."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ddppipe import atomic, idx, mnist
+from ddppipe.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ INFLATE_CHUNK = 1 << 20  # most decompressed bytes produced at once
 MAX_HEADER = 4 + 4 * idx.IMAGES_NDIM
 
 
-class DownloadError(RuntimeError):
+class DownloadError(RuntimeError, UserError):
     """No mirror delivered a valid copy of a file."""
 
 

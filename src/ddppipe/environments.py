@@ -13,13 +13,15 @@ from typing import ClassVar
 
 import hostlist
 
+from ddppipe.errors import UserError
+
 DEFAULT_PORT = 29500
 # SLURM jobs derive their port from the job id, so two jobs sharing a node never collide.
 SLURM_PORT_BASE = 15000
 SLURM_PORT_SPAN = 20000
 
 
-class LauncherEnvError(RuntimeError):
+class LauncherEnvError(RuntimeError, UserError):
     """The launcher's environment is incomplete or inconsistent."""
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ddppipe.errors import UserError
+
 UBYTE = 0x08
 IMAGES_NDIM = 3
 LABELS_NDIM = 1
@@ -15,7 +17,7 @@ IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
 
 
-class IdxError(ValueError):
+class IdxError(ValueError, UserError):
     """An IDX file is malformed or does not have the expected layout."""
 
 

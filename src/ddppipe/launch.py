@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,7 @@ def plan(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
             f"{request.nodes}: run it in a job of that many nodes (the SLURM profile asks for them)"
         )
+    check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
         *request.srun(job), *container.python_command(cfg, gpus), *agent,
         *request.torchrun_args(job, hosts, max_restarts, join_timeout_s),
@@ -105,6 +107,31 @@ def plan(
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
     return Plan(command, thread_environment(threads, env), job, hosts, request)
+
+
+def _addresses(host: str) -> set[str]:
+    return {info[4][0] for info in socket.getaddrinfo(host, None)}
+
+
+def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
+    """Raise SlurmRequestError when ``slurm.rendezvous_host`` is none of the job's nodes.
+
+    (Names that do not resolve here are left to the preflight, which names each node.)
+    """
+    if not host or host in hosts:
+        return
+    try:
+        wanted = _addresses(host)
+        nodes = {node: _addresses(node) for node in hosts}
+    except OSError:
+        return
+    if not any(wanted & addrs for addrs in nodes.values()):
+        raise slurm.SlurmRequestError(
+            f"slurm.rendezvous_host {host!r} ({', '.join(sorted(wanted))}) is none of this "
+            f"job's nodes ({', '.join(hosts)}): torchrun would wait for it until its join "
+            "timeout. Set it to a name of the job's first node (e.g. its InfiniBand name) or "
+            "to null"
+        )
 
 
 def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> list[str]:
@@ -131,16 +158,23 @@ def _die_with_parent() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
-def supervise(command: list[str], env: dict[str, str], state_dir: Path) -> tuple[int, dict | None]:
+def supervise(
+    command: list[str], env: dict[str, str], state_dir: Path, warn_in: float | None = None
+) -> tuple[int, dict | None]:
     """Run ``command`` (torchrun or srun), passing signals on; its exit status and stop note.
+
+    ``warn_in``: seconds after which the child gets SIGUSR1, the time-limit warning (srun
+    passes it on to its tasks, so only the training processes see it).
 
     The child runs in its own session, so a signal to the launcher's process group reaches
     it once, through the launcher; if the launcher is killed outright, the child gets
     SIGTERM. The note is :func:`ddppipe.preemption.record`'s, left when training stopped on
     a signal after writing a checkpoint (None otherwise), whatever exit status srun made of
-    the ranks' exits.
+    the ranks' exits; a note of another launcher's training is ignored.
     """
     preemption.take(state_dir)  # a note left by an earlier run is not this run's
+    attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
+    env = {**env, preemption.ATTEMPT_ENV: attempt}
     sys.stdout.flush()
     sys.stderr.flush()
     child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
@@ -149,28 +183,44 @@ def supervise(command: list[str], env: dict[str, str], state_dir: Path) -> tuple
         if child.poll() is None:
             child.send_signal(signum)
 
+    def warn() -> None:
+        log.warning("time-limit warning: SIGUSR1 to the training")
+        forward(signal.SIGUSR1, None)
+
+    timer = threading.Timer(warn_in, warn) if warn_in is not None else None
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
+        if timer:
+            timer.daemon = True
+            timer.start()
         code = child.wait()
     finally:
+        if timer:
+            timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     note = preemption.take(state_dir)
-    return (code if code >= 0 else 128 - code), (note if code != 0 else None)
+    if note is not None and note.get("attempt") != attempt:
+        log.warning("ignored the stop note of another training: %s", note)
+        note = None
+    return (code if code >= 0 else 128 - code), note
 
 
 def run_agent(torchrun_argv: list[str]) -> int:
     """torchrun in this process, surviving SIGUSR1, passing a worker's exit 75 on.
 
     SLURM signals every process of the step; torchrun's agent would die of SIGUSR1 (its
-    default action). Ignoring it here is inherited by the workers until the training
-    loop installs its own handler (ddppipe.preemption), so no process dies of it.
-    The launcher decides the run's exit status; 75 here is for srun's log.
+    default action). Ignoring it here is inherited by the workers until they install their
+    own handler (ddppipe.preemption), so no process dies of it. Workers that stopped on a
+    signal exit 0 under the agent, so ``--max-restarts`` never restarts them in place in an
+    allocation that is about to end; the launcher turns their stop note into the slot's
+    outcome.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.environ[preemption.UNDER_AGENT_ENV] = "1"  # workers that stop on a signal exit 0
     try:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:

@@ -1,5 +1,9 @@
 """One slot of a training run, start to end: preflight, attempt record, training, what next.
 
+In a SLURM job the launcher times the warning itself: SIGUSR1 to the training
+``slurm.signal_seconds`` before the job's end (SLURM's own ``--signal`` may come up to a
+minute early, its resolution, and would reach every process of a step).
+
 ``ddppipe launch`` (the train rule) calls :func:`run`. Its exit status: 0 when training is
 complete; :data:`~ddppipe.preemption.EXIT_CODE` (75) when it stopped on a signal after a
 checkpoint and goes on (in SLURM: the job has requeued itself, or SLURM requeues it; outside:
@@ -15,7 +19,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddppipe import atomic, attempts, continuation, launch, preemption, preflight, slurm
+from ddppipe import (
+    atomic,
+    attempts,
+    continuation,
+    launch,
+    preemption,
+    preflight,
+    slurm,
+    state_lock,
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
@@ -24,23 +37,34 @@ NO_PROGRESS_EXIT = 1
 def run(cfg: dict[str, Any], train_args: list[str], state: Path, record: Path | None) -> int:
     """Train one slot; ``record`` receives the attempt history when training is complete."""
     plan = launch.plan(cfg, ["train", *train_args])
-    restarts = 0
+    with state_lock.hold(state, plan.job):
+        return _slot(cfg, plan, state, record)
+
+
+def _slot(cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None) -> int:
+    restarts, warn_in = 0, None
     if plan.job:
         log.info("preflight on %s:\n%s", ",".join(plan.hosts), preflight.run(cfg, plan))
-        restarts = int(_job_record(plan.job).get("Restarts", "0") or 0)
+        job = _job_record(plan.job)
+        restarts = int(job.get("Restarts", "0") or 0)
+        left = continuation.seconds_left(job)
+        if left is not None:  # None: no time limit
+            warn_in = max(0.0, left - plan.request.signal_seconds)
+            log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
+                     warn_in, plan.request.signal_seconds)  # fmt: skip
     history = attempts.begin(state, plan.job, restarts, plan.hosts)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
-    code, note = launch.supervise(plan.command, plan.env, state)
+    code, note = launch.supervise(plan.command, plan.env, state, warn_in)
+    if note is not None:
+        return _stopped(plan, note, state)
     if code == 0:
         history = attempts.finish(state, "completed", 0)
         log.info("training complete; attempts:\n%s", attempts.table(history))
         if record is not None:
             atomic.write_json(record, [asdict(a) for a in history])
         return 0
-    if note is None:
-        attempts.finish(state, f"crashed (exit {code})", code)
-        return code
-    return _stopped(plan, note, state)
+    attempts.finish(state, f"crashed (exit {code})", code)
+    return code
 
 
 def _job_record(job: str) -> dict[str, str]:

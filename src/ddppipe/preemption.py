@@ -11,6 +11,7 @@ after another node's agent exited first as 143).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -23,6 +24,10 @@ EXIT_CODE = 75  # EX_TEMPFAIL
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 # The note rank 0 leaves in the state folder when it stopped on a signal.
 NOTE = "stopped-on-signal.json"
+# Set by the launcher for its training: which launcher's training wrote a note.
+ATTEMPT_ENV = "DDPPIPE_ATTEMPT"
+# Set by ``ddppipe agent`` for its workers: stop with exit 0, not 75 (see launch.run_agent).
+UNDER_AGENT_ENV = "DDPPIPE_UNDER_AGENT"
 
 
 class Guard:
@@ -30,13 +35,14 @@ class Guard:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.received_at: float | None = None  # time.monotonic() of the first signal
         self._previous = {}
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
-            self.received = signum
+            self.received, self.received_at = signum, time.monotonic()
 
     def requested(self) -> bool:
         return self.received is not None
@@ -60,7 +66,11 @@ class Preempted(Exception):
 
 def record(state_dir: Path, signum: int, checkpoint: str) -> None:
     """Note in ``state_dir`` that training stopped on ``signum`` after writing ``checkpoint``."""
-    note = {"signal": signal.Signals(signum).name if signum else None, "checkpoint": checkpoint}
+    note = {
+        "signal": signal.Signals(signum).name if signum else None,
+        "checkpoint": checkpoint,
+        "attempt": os.environ.get(ATTEMPT_ENV),  # job id, host and pid of the launcher
+    }
     atomic.write_text(state_dir / NOTE, json.dumps({**note, "time": time.time()}) + "\n")
 
 

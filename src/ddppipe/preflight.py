@@ -13,12 +13,13 @@ import sys
 from typing import Any
 
 from ddppipe import launch
+from ddppipe.errors import UserError
 
 STEP_TIMEOUT_S = 90
 ALLREDUCE_JOIN_TIMEOUT_S = 30
 
 
-class PreflightError(RuntimeError):
+class PreflightError(RuntimeError, UserError):
     """A node of the allocation cannot run the training; the message says which and why."""
 
 

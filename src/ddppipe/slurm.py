@@ -22,6 +22,7 @@ import hostlist
 from ddppipe import config as ddp_config
 from ddppipe import scaling
 from ddppipe.environments import job_port
+from ddppipe.errors import UserError
 
 # Every resource Request.resources() may set (None where a request leaves it out).
 RESOURCE_KEYS = (
@@ -31,7 +32,7 @@ RESOURCE_KEYS = (
 RDZV_JOIN_TIMEOUT_S = 120
 
 
-class SlurmRequestError(ValueError):
+class SlurmRequestError(ValueError, UserError):
     """The SLURM request the config describes cannot work; the message says how to fix it."""
 
 
@@ -81,6 +82,12 @@ class Request:
                 f"launch.nproc_per_node ({request.procs_per_node}): one training process per "
                 "GPU; set both to the same value (or gpus_per_node: 0)"
             )
+        if request.signal_seconds >= request.runtime * 60:
+            raise SlurmRequestError(
+                f"slurm.signal_seconds ({request.signal_seconds}) must be shorter than "
+                f"slurm.runtime ({request.runtime} min = {request.runtime * 60} s): the warning "
+                "would come before training starts; lower signal_seconds or raise runtime"
+            )
         try:
             ddp_config.resolve(cfg)  # checks the global batch divides by nodes x processes
         except ddp_config.ConfigError as e:
@@ -105,9 +112,10 @@ class Request:
 
         ``mpi: 0``: the key's presence makes the plugin's jobstep run the rule in the batch
         step, not inside ``srun -n1 snakemake``, so the training's own srun step is the only
-        step the warning signal (``--signal=USR1@N``, no ``B:``) reaches, for one node as for
-        many. Its false value keeps the submit side's plain request (``--ntasks``), which
-        allows one task where the MPI branch insists on more than one.
+        step a signal to the job's steps (``scancel --signal=USR1``) reaches, for one node as
+        for many. Its false value keeps the submit side's plain request (``--ntasks``), which
+        allows one task where the MPI branch insists on more than one. The time-limit warning
+        is the launcher's own (:mod:`ddppipe.lifecycle`), not ``--signal``.
         ``--requeue`` comes from the profile (``slurm-requeue``), so the plugin knows.
         """
         res: dict[str, Any] = {
@@ -121,7 +129,7 @@ class Request:
             "slurm_account": self.account,
             "constraint": self.constraint,
             "qos": self.qos,
-            "slurm_extra": f"--ntasks-per-node=1 --signal=USR1@{self.signal_seconds}",
+            "slurm_extra": "--ntasks-per-node=1",
         }
         if self.gpus_per_node:
             res.update(gres=f"gpu:{self.gpus_per_node}", tasks_per_gpu=0)

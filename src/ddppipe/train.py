@@ -312,48 +312,51 @@ class Trainer:
             )
         return result.all_reduce()
 
-    def run(self) -> None:
+    def run(self, guard: preemption.Guard) -> None:
+        """Resume, train to the last epoch, write the outputs; raise Preempted on a signal.
+
+        ``guard`` was installed when the process started, so a signal that arrives while it
+        loads data, joins the group or resumes stops it at its first step check.
+        """
         self.resume()
-        guard = preemption.Guard()
-        try:
-            while self.epoch < self.train_cfg["epochs"]:
-                train_seconds = self._run_epoch(guard)
-                if train_seconds is None:
-                    self._stop(guard, self.save_checkpoint())
-                eval_start = time.perf_counter()
-                counts = self._evaluate()
-                eval_seconds = time.perf_counter() - eval_start
-                self.epoch, self.step = self.epoch + 1, 0
-                self.history.append(
-                    {
-                        "epoch": self.epoch,
-                        "train_loss": self._epoch_loss,
-                        "test_loss": counts.loss,
-                        "test_accuracy": counts.accuracy,
-                        "images_per_s": self._epoch_images / train_seconds,
-                        "epoch_seconds": train_seconds + eval_seconds,
-                        "train_seconds": train_seconds,
-                        "lr": self.scheduler.get_last_lr()[0],
-                        "world_size": self.ctx.world_size,
-                        "time": time.time(),  # Unix time at the end of this evaluation
-                    }
-                )
-                if self.ctx.is_main:
-                    log.info("epoch %d: %s", self.epoch, json.dumps(self.history[-1]))
-                last = self.epoch == self.train_cfg["epochs"]
-                stop = not last and self._stop_requested(guard)
-                if last or stop or self.epoch % self.train_cfg["checkpoint_every"] == 0:
-                    path = self.save_checkpoint()
-                if stop:
-                    self._stop(guard, path)
-        finally:
-            guard.restore()
-        self._write_outputs()
+        while self.epoch < self.train_cfg["epochs"]:
+            train_seconds = self._run_epoch(guard)
+            if train_seconds is None:
+                self._stop(guard, self.save_checkpoint())
+            eval_start = time.perf_counter()
+            counts = self._evaluate()
+            eval_seconds = time.perf_counter() - eval_start
+            self.epoch, self.step = self.epoch + 1, 0
+            self.history.append(
+                {
+                    "epoch": self.epoch,
+                    "train_loss": self._epoch_loss,
+                    "test_loss": counts.loss,
+                    "test_accuracy": counts.accuracy,
+                    "images_per_s": self._epoch_images / train_seconds,
+                    "epoch_seconds": train_seconds + eval_seconds,
+                    "train_seconds": train_seconds,
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "world_size": self.ctx.world_size,
+                    "time": time.time(),  # Unix time at the end of this evaluation
+                }
+            )
+            if self.ctx.is_main:
+                log.info("epoch %d: %s", self.epoch, json.dumps(self.history[-1]))
+            last = self.epoch == self.train_cfg["epochs"]
+            stop = not last and self._stop_requested(guard)
+            if last or stop or self.epoch % self.train_cfg["checkpoint_every"] == 0:
+                path = self.save_checkpoint()
+            if stop:
+                self._stop(guard, path)
+        self._write_outputs()  # a signal now is noted and changes nothing: the run completes
 
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
         signum = guard.received or 0
         if self.ctx.is_main:
+            if guard.received_at is not None:  # signal to checkpoint written: what a stop takes
+                self._record_progress(stop_seconds=time.monotonic() - guard.received_at)
             preemption.record(self.paths.state_dir, signum, str(path))
         raise preemption.Preempted(signum, str(path))
 
@@ -369,12 +372,12 @@ class Trainer:
         checkpoint.rank0_writes(write)
 
 
-def train(cfg: dict[str, Any], paths: Paths) -> None:
+def train(cfg: dict[str, Any], paths: Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
     ctx = distributed.setup(cfg["launch"]["backend"])
     try:
-        Trainer(cfg, paths, ctx).run()
+        Trainer(cfg, paths, ctx).run(guard)
     except BaseException:
         distributed.teardown(synchronize=False)  # the others may never get to a barrier
         raise

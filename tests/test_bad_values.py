@@ -1,0 +1,74 @@
+"""Values the schema accepts but a run cannot use: rejected before anything is submitted or
+started, with a message naming the key and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddppipe import config, launch, slurm
+from tests.conftest import run_cli
+from tests.tiny import default_config
+
+
+def setting(section: str, **values: Any) -> Callable[[dict], None]:
+    return lambda cfg: cfg[section].update(values)
+
+
+CASES = [
+    ("signal during start-up", setting("slurm", runtime=1, signal_seconds=60),
+     slurm.SlurmRequestError, "slurm.signal_seconds (60) must be shorter than slurm.runtime"),
+    ("GPUs != processes", setting("slurm", gpus_per_node=4), slurm.SlurmRequestError,
+     "must equal launch.nproc_per_node"),
+    ("batch not divisible", lambda c: (c["launch"].update(nnodes=3), c["train"].update(
+        batch_size=64)), slurm.SlurmRequestError, "divisible by the world size 6"),
+    ("renamed key", setting("slurm", cpus_per_task=2), config.ConfigError,
+     "slurm.cpus_per_task: this key is now launch.cpus_per_proc"),
+    ("text that is no number", setting("launch", nnodes="two"), config.ConfigError,
+     "'two' is not of type 'integer' (command-line values are text)"),
+    ("negative continuations", setting("slurm", max_continuations=-1), config.ConfigError,
+     "slurm.max_continuations"),
+    ("unknown cluster check", setting("slurm", cluster_check="ignore"), config.ConfigError,
+     "slurm.cluster_check"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "change", "error", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_value_is_rejected_with_its_key(
+    name: str, change: Callable, error: type, message: str
+) -> None:
+    cfg = default_config()
+    change(cfg)
+    with pytest.raises(error) as e:
+        slurm.Request.from_config(cfg)
+    assert message in str(e.value)
+
+
+def test_rendezvous_host_outside_the_allocation() -> None:
+    with pytest.raises(slurm.SlurmRequestError, match="is none of this job's nodes"):
+        launch.check_rendezvous_host("127.0.0.2", ["127.0.0.1"])
+    launch.check_rendezvous_host("localhost", ["127.0.0.1"])  # another name of a node: fine
+    launch.check_rendezvous_host(None, ["127.0.0.1"])
+
+
+def test_several_nodes_without_slurm() -> None:
+    cfg = default_config()
+    cfg["launch"]["nnodes"] = 2
+    with pytest.raises(config.ConfigError, match="no SLURM allocation"):
+        launch.plan(cfg, ["train"], env={})
+
+
+@pytest.mark.parametrize("command", ["launch", "train"])
+def test_an_unresolved_config_is_a_clear_error(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(default_config()))  # batch_size & co. still null
+    paths = [f"--data={tmp_path}", f"--state={tmp_path}/s", f"--checkpoint={tmp_path}/f.pt",
+             f"--metrics={tmp_path}/m"]  # fmt: skip
+    result = run_cli(command, f"--config={path}", *paths, check=False)
+    assert result.returncode == 2
+    assert "this config was never resolved" in result.stderr and "resolve-config" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -236,17 +236,19 @@ def _assert_same_weights(a: Path, b: Path) -> None:
     assert not differ, f"resumed weights differ from the uninterrupted run in {differ}"
 
 
-# Time-limit slots: 1 minute each, the warning 40 s before the end, so about 20 s of a slot
-# (start-up, preflight, training) before it checkpoints and requeues itself. Measured here:
-# about 1,000 steps a slot on one node (2 processes), 600 on two (1 process each), so the
-# epochs (of 120 steps) below need about 6 slots, 5 or more.
-SLOT_MINUTES, SLOT_WARNING_S, SLOT_STEPS = 1, 40, 120
-SLOT_EPOCHS = {1: 50, 2: 30}  # by node count
+# Time-limit slots of 1 minute. The warning comes 40 s (2 nodes: 45 s) before the end, after
+# about 10 s of start-up and preflight, so a slot trains for some seconds before it
+# checkpoints and requeues itself. Measured here: about 1,000 steps a slot on one node
+# (2 processes), 250 on two (1 process each, 45 s): the epochs (of 120 steps) below need about
+# 6 slots, 5 or more. max_continuations bounds a run that slows down badly.
+SLOT_MINUTES, SLOT_STEPS = 1, 120
+SLOT_EPOCHS = {1: 50, 2: 15}  # by node count
+SLOT_WARNING_S = {1: 40, 2: 45}
 
 
 def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:
     cfg = tiny_config(tiny, epochs=SLOT_EPOCHS[nodes], batch_size=16, checkpoint_every=5)
-    cfg["slurm"]["signal_seconds"] = SLOT_WARNING_S
+    cfg["slurm"].update(signal_seconds=SLOT_WARNING_S[nodes], max_continuations=30)
     return on_cluster(cfg, cluster, nodes=nodes, procs=2 // nodes, runtime=runtime)
 
 

@@ -112,16 +112,22 @@ def test_cancelling_preemption_requeue_off_and_short_min_job_age(
         assert_nothing_submitted(cluster)
 
 
+def refused(cluster: SlurmCluster, wd: Path, *args: str) -> str:
+    """Run a tiny 1-node training with the SLURM profile; the check must refuse it: its text."""
+    cfg = on_cluster(tiny_config(make_tiny(wd.parent / "tiny")), cluster, nodes=1)
+    result = snakemake_slurm(cluster, wd, cfg, FINAL, *args)
+    text = result.stdout + result.stderr
+    assert result.returncode != 0, text
+    assert not list(wd.glob(".snakemake/slurm_logs/**/*.log")), text  # no job submitted
+    return text
+
+
 @pytest.mark.slurm
 def test_sacct_status_without_accounting_is_refused(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    cfg = on_cluster(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, nodes=1)
-    wd = tmp_path / "wd"
-    result = snakemake_slurm(slurm_cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
-    text = result.stdout + result.stderr
-    assert result.returncode != 0 and "sacct never sees the jobs" in text, text
-    assert not list(wd.glob(".snakemake/slurm_logs/**/*.log"))  # no job
+    text = refused(slurm_cluster, tmp_path / "wd", "--slurm-status-command", "sacct")
+    assert "sacct never sees the jobs" in text, text
 
 
 @pytest.mark.slurm
@@ -129,15 +135,11 @@ def test_kill_wait_shorter_than_the_measured_checkpoint(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """The test cluster's KillWait is 5 s; an earlier slot of the run measured 30 s."""
-    cfg = on_cluster(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, nodes=1)
     wd = tmp_path / "wd"
     state = wd / "results/tiny/state"
     state.mkdir(parents=True)
     earlier = {"number": 1, "job": "7", "restarts": 0, "nodes": ["x"], "start": 0.0,
                "outcome": "time limit", "checkpoint_seconds": 30.0}  # fmt: skip
     (state / "attempts.json").write_text(json.dumps([earlier]))
-    result = snakemake_slurm(slurm_cluster, wd, cfg, FINAL)
-    text = result.stdout + result.stderr
-    assert result.returncode != 0, text
+    text = refused(slurm_cluster, wd)
     assert "KillWait=5s" in text and "took up to 30.0s" in text, text
-    assert not list(wd.glob(".snakemake/slurm_logs/**/*.log"))

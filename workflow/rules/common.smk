@@ -1,4 +1,5 @@
 # Paths and helpers shared by the rules.
+from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ddppipe import cluster_policy as ddp_cluster_policy
@@ -38,8 +39,11 @@ def check_cluster_policy():
         return
     settings = workflow.executor_settings
     runs = [RUN, *ddp_scaling.run_names(config)]
-    found = ddp_cluster_policy.check_cluster(
-        config, settings.status_command, settings.requeue, [f"{run_dir(r)}/state" for r in runs]
-    )
+    try:
+        found = ddp_cluster_policy.check_cluster(
+            config, settings.status_command, settings.requeue, [f"{run_dir(r)}/state" for r in runs]
+        )
+    except ddp_cluster_policy.ClusterPolicyError as e:
+        raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
     for finding in found:
         logger.warning(f"ddppipe cluster check: {finding}")

@@ -26,11 +26,14 @@ run: env
 system-deps:
 	bash .ci/install_system_deps.sh
 
-test: env system-deps
+test: env system-deps lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 
+# ruff; Snakemake's lint (only the documented finding) and snakefmt (tests/test_lint.py).
 lint: env
 	$(BIN)/ruff check src tests workflow bench
+	$(BIN)/ruff format --check src tests bench
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_lint.py
 
 clean:
 	rm -rf results logs benchmarks .snakemake report.html

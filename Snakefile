@@ -18,6 +18,13 @@ validate(config, "workflow/schemas/config.schema.yaml")
 report: "workflow/report/workflow.rst"
 
 
+# Software: every rule runs the `ddppipe` command of this repository's environment (`make run`
+# installs it), so no rule names a conda environment or container, the one `snakemake --lint`
+# finding left (tests/test_lint.py allows only that one). The Apptainer image is ddppipe's own
+# `container.mode`, not the `container:` directive: the train rule must call `srun` outside
+# the image and start the image inside the step, on every node.
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/container.smk"
 include: "workflow/rules/data.smk"
@@ -31,6 +38,6 @@ onstart:
 
 
 rule all:
+    default_target: True
     input:
         all_outputs(),
-    default_target: True

@@ -6,11 +6,11 @@ rule write_config:
     """
     output:
         "results/{run}/config.yaml",
-    params:
-        config=lambda wc: ddp_scaling.config_for_run(config, wc.run),
     log:
         "logs/{run}/write_config.log",
     localrule: True
+    params:
+        config=lambda wc: ddp_scaling.config_for_run(config, wc.run),
     run:
         from ddppipe import config as ddp_config
 
@@ -21,11 +21,11 @@ rule data_config:
     """The data settings alone: the dataset depends on them and on nothing of any run."""
     output:
         f"{DATA}.yaml",
-    params:
-        data=config["data"],
     log:
         "logs/data_config.log",
     localrule: True
+    params:
+        data=config["data"],
     run:
         from ddppipe import config as ddp_config
 
@@ -43,5 +43,7 @@ rule download_mnist:
     benchmark:
         "benchmarks/download_mnist.tsv"
     localrule: True
+    params:
+        data=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "ddppipe download --config {input.settings} --dest {DATA} 2> {log}"
+        "ddppipe download --config {input.settings} --dest {params.data} 2> {log}"

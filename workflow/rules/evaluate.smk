@@ -17,14 +17,15 @@ rule evaluate:
             category="Evaluation",
             subcategory="{run}",
         ),
-    params:
-        exec=image_exec(),  # "apptainer exec ... IMAGE " with container.mode apptainer
     log:
         "logs/{run}/evaluate.log",
     benchmark:
         "benchmarks/{run}/evaluate.tsv"
+    params:
+        data=data_folder,  # the folder of input.data
+        exec=image_exec(),  # "apptainer exec ... IMAGE " with container.mode apptainer
     shell:
-        "{params.exec}ddppipe evaluate --checkpoint {input.checkpoint} --data {DATA}"
+        "{params.exec}ddppipe evaluate --checkpoint {input.checkpoint} --data {params.data}"
         " --metrics {output.metrics} --plot {output.plot} 2> {log}"
 
 
@@ -79,14 +80,15 @@ rule export:
             category="Provenance",
             subcategory="{run}",
         ),
-    params:
-        image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
     log:
         "logs/{run}/export.log",
     benchmark:
         "benchmarks/{run}/export.tsv"
+    params:
+        data=data_folder,  # the folder of input.data
+        image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
     shell:
-        "ddppipe export --checkpoint {input.checkpoint} --data {DATA}"
+        "ddppipe export --checkpoint {input.checkpoint} --data {params.data}"
         " --weights {output.weights} --provenance {output.provenance} {params.image_info}"
         " --attempts {input.attempts}"
         " 2> {log}"

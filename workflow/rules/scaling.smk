@@ -42,11 +42,11 @@ rule plot_scaling:
             caption="../report/scaling_table.rst",
             category="Scaling study",
         ),
-    params:
-        targets=config["scaling"]["accuracy_targets"],
     log:
         "logs/scaling/plot_scaling.log",
     localrule: True
+    params:
+        targets=config["scaling"]["accuracy_targets"],
     shell:
         "ddppipe plot-scaling --metrics {input.metrics} --configs {input.configs}"
         " --targets {params.targets} --curves {output.curves}"

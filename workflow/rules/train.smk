@@ -13,8 +13,6 @@ rule train:
         checkpoint="results/{run}/train/final.pt",
         metrics="results/{run}/train/metrics.jsonl",
         attempts="results/{run}/train/attempts.json",  # every job slot that trained the run
-    params:
-        state="results/{run}/state",
     log:
         "logs/{run}/train.log",
     benchmark:
@@ -22,7 +20,10 @@ rule train:
     threads: lambda wc: ddp_launch.job_threads(ddp_scaling.config_for_run(config, wc.run))
     resources:
         **ddp_slurm.train_resources(config),  # ddppipe.slurm.Request, per run
+    params:
+        data=data_folder,  # the folder of input.data
+        state="results/{run}/state",
     shell:
-        "ddppipe launch --config {input.config} --data {DATA} --state {params.state}"
+        "ddppipe launch --config {input.config} --data {params.data} --state {params.state}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics}"
         " --attempts {output.attempts} 2>> {log}"

@@ -1,6 +1,6 @@
 """After training stopped on a signal: why, and whether the job goes on in a new slot.
 
-A stop on the time-limit warning (``--signal=USR1@N``) or on a user's ``scancel --signal``
+A stop on the time-limit warning (the launcher's SIGUSR1) or on a user's ``scancel --signal``
 continues by requeueing the job itself (``scontrol requeue``, as submitit and Lightning do):
 the same job id goes back to the queue and gets a fresh time slot, and the Snakemake SLURM
 plugin, which sees a PENDING or RUNNING job, keeps waiting; its ``retries`` stay for real

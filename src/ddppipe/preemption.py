@@ -1,6 +1,6 @@
 """Catch the signals a scheduler sends before it stops a job, so training can checkpoint.
 
-SLURM sends ``--signal`` (e.g. USR1 some seconds before the time limit) and SIGTERM on
+The launcher sends USR1 some seconds before a SLURM job's time limit, SLURM SIGTERM on
 preemption or ``scancel``. The handler only records the signal; the training loop asks
 :meth:`Guard.requested` at step boundaries, checkpoints, leaves a :func:`record` note in
 the state folder and exits. The launcher turns that note into :data:`EXIT_CODE`, whatever

@@ -120,7 +120,7 @@ class SlurmCluster:
         accounting: bool = False,
         gpus_per_node: int = 2,
         cpus_per_node: int = 2,
-        memory_mb: int = 4000,
+        memory_mb: int = 20000,  # (SlurmdParameters=config_overrides: not checked)
         start_timeout: float = 60.0,
         nodes: Sequence[str] = tuple(NODE_ADDRS),
         partitions: Mapping[str, str] | None = None,

@@ -38,7 +38,10 @@ def on_cluster(
 ) -> dict[str, Any]:  # fmt: skip
     cfg["launch"].update(nnodes=nodes, nproc_per_node=procs, max_restarts=0, cpus_per_proc=1)
     cfg["slurm"].update(
-        gpus_per_node=gpus, mem_mb=1500, runtime=runtime, partition=partition(cluster)
+        gpus_per_node=gpus,
+        mem_mb=None if gpus else 1500,
+        runtime=runtime,
+        partition=partition(cluster),
     )
     return cfg
 

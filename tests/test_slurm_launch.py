@@ -19,7 +19,7 @@ def test_srun_torchrun_command() -> None:
         "srun", "--jobid=1234", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--cpus-per-task=2", "--kill-on-bad-exit=1", "--export=ALL", "--gres=gpu:2",
         sys.executable, "-m", "ddppipe", "agent", "--nnodes=2", "--nproc-per-node=2",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=gpu-a01:16234", "--rdzv-id=1234",
+        "--rdzv-backend=c10d", "--rdzv-id=1234",
         "--rdzv-conf=join_timeout=120", "--max-restarts=3", "-m", "ddppipe", "train", "--config=c",
     ]  # fmt: skip
 
@@ -27,7 +27,18 @@ def test_srun_torchrun_command() -> None:
 def test_rendezvous_host_override() -> None:
     cfg = default_config()
     cfg["slurm"]["rendezvous_host"] = "ib-node1"
-    assert slurm.Request.from_config(cfg).rendezvous("7", ["node1"]) == "ib-node1:15007"
+    args = slurm.Request.from_config(cfg).torchrun_args("7")
+    assert "--rdzv-endpoint=ib-node1:15007" in args
+
+
+def test_rendezvous_from_the_steps_nodes() -> None:
+    """A step on a subset of its job's nodes meets on its own first node, not the job's."""
+    env = {
+        "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu-a[01-04]",
+        "SLURM_STEP_NODELIST": "gpu-a[03-04]",
+    }  # fmt: skip
+    assert slurm.step_rendezvous(env) == "gpu-a03:15007"
+    assert slurm.step_rendezvous({**env, "SLURM_STEP_NODELIST": ""}) == "gpu-a01:15007"
 
 
 def test_scontrol_records_and_hostlists() -> None:

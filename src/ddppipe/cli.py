@@ -100,16 +100,18 @@ def cmd_attempts(args: argparse.Namespace) -> int:
 def cmd_preflight_node(args: argparse.Namespace) -> int:
     from ddppipe import preflight
 
-    problems = preflight.check_node(args.host, args.gpus, args.nproc)
+    report, problems = preflight.check_node(args.host, args.nproc, args.use, args.precision)
     for problem in problems:
         print(f"preflight: {problem}", file=sys.stderr)
+    if report:
+        print(f"preflight: {report}", flush=True)
     return 3 if problems else 0
 
 
 def cmd_preflight_allreduce(args: argparse.Namespace) -> int:
     from ddppipe import preflight
 
-    print(f"preflight: {preflight.allreduce()}", flush=True)
+    print(f"preflight: {preflight.allreduce(args.backend, args.use)}", flush=True)
     return 0
 
 
@@ -236,13 +238,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, help="HTML page to write instead of printing")
     p.set_defaults(func=cmd_attempts)
 
-    p = sub.add_parser("preflight-node", help="(one per node) resolve the host, count GPUs")
-    p.add_argument("--host", required=True)
-    p.add_argument("--gpus", type=int, default=0)
-    p.add_argument("--nproc", type=int, default=1)
+    p = sub.add_parser("preflight-node", help="(one per node) resolve the host, check devices")
+    p.add_argument("--host", help="rendezvous host (default: the step's first node)")
+    p.add_argument("--nproc", type=int, default=1, help="training processes on this node")
+    p.add_argument("--use", choices=["gpu", "cpu", "auto"], default="auto", help="device")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.set_defaults(func=cmd_preflight_node)
 
-    p = sub.add_parser("preflight-allreduce", help="(one per rank, under torchrun) all-reduce")
+    p = sub.add_parser(
+        "preflight-allreduce", help="(one per rank, under torchrun) all-reduce and bandwidth"
+    )
+    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto")
+    p.add_argument("--use", choices=["gpu", "cpu", "auto"], default="auto", help="device")
     p.set_defaults(func=cmd_preflight_allreduce)
 
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on the test set")

@@ -178,6 +178,11 @@ def world_size(cfg: dict[str, Any]) -> int:
     return launch.get("nnodes", 1) * launch["nproc_per_node"]
 
 
+def gpus_requested(cfg: dict[str, Any]) -> bool:
+    """Whether the run must train on GPUs: it asks SLURM for some, or for the NCCL backend."""
+    return cfg["slurm"]["gpus_per_node"] > 0 or cfg["launch"]["backend"] == "nccl"
+
+
 def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
     """A validated copy of ``cfg`` with the training recipe filled in from its preset."""
     cfg = validate(json.loads(json.dumps(cfg)))

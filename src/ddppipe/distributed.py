@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddppipe import environments
+from ddppipe import devices, environments
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +33,25 @@ class Context:
 
 
 def choose_backend(requested: str, cuda: bool) -> str:
-    """NCCL with CUDA, gloo without; an explicit request must fit the hardware."""
+    """NCCL with CUDA, gloo without; an explicit request must fit the device."""
     if requested == "auto":
         return "nccl" if cuda else "gloo"
     if requested == "nccl" and not cuda:
-        raise RuntimeError("launch.backend is nccl but no CUDA GPU is visible; use auto or gloo")
+        raise devices.DeviceError("launch.backend is nccl but this rank trains on the CPU")
     return requested
 
 
-def setup(backend: str = "auto", timeout_s: float = 600) -> Context:
-    """Detect the launcher, pick device and backend, and join the process group."""
+def setup(backend: str = "auto", timeout_s: float = 600, use: devices.Use = "auto") -> Context:
+    """Detect the launcher, pick device and backend, and join the process group.
+
+    ``use``: :func:`ddppipe.devices.use` -- with ``gpu`` a rank that cannot use a GPU fails
+    here, naming its node and what it sees, instead of training on the CPU.
+    """
     env = environments.detect(os.environ)
-    cuda = torch.cuda.is_available()
+    device = devices.select(env.local_rank, env.local_world_size, use)
+    cuda = device.type == "cuda"
     if cuda:
-        if env.local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"local rank {env.local_rank} on {socket.gethostname()} has no GPU: only "
-                f"{torch.cuda.device_count()} visible; processes per node must not exceed GPUs "
-                "per node"
-            )
-        device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     chosen = choose_backend(backend, cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
     if env.name == "single":
@@ -72,8 +68,31 @@ def setup(backend: str = "auto", timeout_s: float = 600) -> Context:
             world_size=env.world_size,
             timeout=timeout,
         )
+    if cuda and env.world_size > 1:
+        check_distinct_gpus(device)
     log.info("%s, backend %s, device %s", env.describe(), chosen, device)
     return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name)
+
+
+def check_distinct_gpus(device: torch.device) -> None:
+    """Collective: raise DeviceError on every rank when two ranks of a node share a GPU.
+
+    (Two ranks that see one device each may still see the same one, e.g. a node with fewer
+    GPUs than processes; NCCL would fail later with less to go on.)
+    """
+    mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+    seen: list[tuple[str, str]] = [("", "")] * dist.get_world_size()
+    dist.all_gather_object(seen, mine)
+    by_gpu: dict[tuple[str, str], list[int]] = {}
+    for rank, key in enumerate(seen):
+        by_gpu.setdefault(key, []).append(rank)
+    shared = {key: ranks for key, ranks in by_gpu.items() if len(ranks) > 1}
+    if shared:
+        (host, uuid), ranks = next(iter(shared.items()))
+        raise devices.DeviceError(
+            f"{host}: ranks {ranks} share one GPU ({uuid}); each process needs its own: "
+            "set launch.nproc_per_node to the node's GPUs (slurm.gpus_per_node)"
+        )
 
 
 def teardown(synchronize: bool = True) -> None:

@@ -7,6 +7,7 @@ also sees SLURM variables of the batch step), then SLURM ``srun``, then a plain 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -57,10 +58,21 @@ class ProcessEnvironment:
         raise NotImplementedError
 
     @property
+    def local_world_size(self) -> int | None:
+        """Processes on this node, when the launcher says (None when it does not)."""
+        return None
+
+    def _optional_int(self, *keys: str) -> int | None:
+        for key in keys:
+            if key in self.env:
+                return self._int(key)
+        return None
+
+    @property
     def master_addr(self) -> str:
         if "MASTER_ADDR" in self.env:
             return self.env["MASTER_ADDR"]
-        nodelist = self.env.get("SLURM_JOB_NODELIST") or self.env.get("SLURM_NODELIST")
+        nodelist = step_nodelist(self.env)
         if nodelist:
             return first_host(nodelist)
         if self.world_size == 1:
@@ -78,6 +90,14 @@ class ProcessEnvironment:
             f"{self.name}: rank {self.rank}/{self.world_size} (local {self.local_rank}), "
             f"rendezvous {self.master_addr}:{self.master_port}"
         )
+
+
+def step_nodelist(env: Mapping[str, str]) -> str | None:
+    """The nodes of this SLURM step (a step may use a subset of its job's nodes)."""
+    for key in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if env.get(key):
+            return env[key]
+    return None
 
 
 def first_host(nodelist: str) -> str:
@@ -114,6 +134,10 @@ class TorchElastic(ProcessEnvironment):
     def world_size(self) -> int:
         return self._int("WORLD_SIZE")
 
+    @property
+    def local_world_size(self) -> int | None:
+        return self._optional_int("LOCAL_WORLD_SIZE")
+
 
 class OpenMPI(ProcessEnvironment):
     """Open MPI's ``mpirun``: OMPI_COMM_WORLD_*."""
@@ -135,6 +159,10 @@ class OpenMPI(ProcessEnvironment):
     @property
     def world_size(self) -> int:
         return self._int("OMPI_COMM_WORLD_SIZE")
+
+    @property
+    def local_world_size(self) -> int | None:
+        return self._optional_int("OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
 class PMI(ProcessEnvironment):
@@ -160,6 +188,10 @@ class PMI(ProcessEnvironment):
     @property
     def world_size(self) -> int:
         return self._int("PMI_SIZE")
+
+    @property
+    def local_world_size(self) -> int | None:
+        return self._optional_int("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")
 
 
 class Slurm(ProcessEnvironment):
@@ -189,6 +221,23 @@ class Slurm(ProcessEnvironment):
         return self._int(key)
 
     @property
+    def local_world_size(self) -> int | None:
+        """This node's tasks, from ``SLURM_STEP_TASKS_PER_NODE`` (e.g. ``4(x2),3``)."""
+        per_node = self.env.get("SLURM_STEP_TASKS_PER_NODE") or self.env.get("SLURM_TASKS_PER_NODE")
+        nodelist = step_nodelist(self.env)
+        node = self.env.get("SLURMD_NODENAME")
+        if not per_node or not nodelist:
+            return None
+        counts = [
+            int(m[1]) for m in re.finditer(r"(\d+)(?:\(x(\d+)\))?", per_node)
+            for _ in range(int(m[2] or 1))
+        ]  # fmt: skip
+        hosts = hostlist.expand_hostlist(nodelist)
+        if node in hosts and len(counts) == len(hosts):
+            return counts[hosts.index(node)]
+        return counts[0] if len(set(counts)) == 1 else None
+
+    @property
     def master_port(self) -> int:
         if "MASTER_PORT" in self.env:
             return int(self.env["MASTER_PORT"])
@@ -214,6 +263,10 @@ class Single(ProcessEnvironment):
 
     @property
     def world_size(self) -> int:
+        return 1
+
+    @property
+    def local_world_size(self) -> int | None:
         return 1
 
 

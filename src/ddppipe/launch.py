@@ -94,7 +94,7 @@ def plan(
         env = thread_environment(request.threads(available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     hosts = hosts or slurm.job_nodes(job)
-    if len(hosts) != request.nodes:
+    if len(hosts) < request.nodes:
         raise slurm.SlurmRequestError(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
             f"{request.nodes}: run it in a job of that many nodes (the SLURM profile asks for them)"
@@ -102,7 +102,7 @@ def plan(
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
         *request.srun(job), *container.python_command(cfg, gpus), *agent,
-        *request.torchrun_args(job, hosts, max_restarts, join_timeout_s),
+        *request.torchrun_args(job, max_restarts, join_timeout_s),
         "-m", "ddppipe", *module_args,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
@@ -221,6 +221,10 @@ def run_agent(torchrun_argv: list[str]) -> int:
 
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.environ[preemption.UNDER_AGENT_ENV] = "1"  # workers that stop on a signal exit 0
+    if "--rdzv-backend=c10d" in torchrun_argv and not any(
+        a.startswith("--rdzv-endpoint") for a in torchrun_argv
+    ):  # the step's first node: a step may run on a subset of its job's nodes
+        torchrun_argv = [f"--rdzv-endpoint={slurm.step_rendezvous(os.environ)}", *torchrun_argv]
     try:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:

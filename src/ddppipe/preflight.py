@@ -1,57 +1,95 @@
-"""Checks on the job's allocation before training: name resolution, GPUs, an all-reduce.
+"""Checks on the job's nodes before training, with what training will use.
 
-Each check fails within seconds with a message naming the node and the problem, instead of
-a training job that hangs in the rendezvous until its time limit.
+Two srun steps, in the image when there is one: one task per node checks name resolution and
+the node's devices (GPU count, compute capability against the image's torch, bf16); then the
+training's own shape (torchrun, every process) joins the process group with the training's
+backend on the training's device, checks an all-reduce, and measures its bus bandwidth for
+the whole world and for each pair of nodes. Each check fails within seconds with a message
+naming the node, instead of a training job that hangs in the rendezvous until its time limit.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
-import sys
+import time
 from typing import Any
 
-from ddppipe import launch
+from ddppipe import config, container, devices, launch
+from ddppipe.environments import first_host, step_nodelist
 from ddppipe.errors import UserError
 
 STEP_TIMEOUT_S = 90
 ALLREDUCE_JOIN_TIMEOUT_S = 30
+BANDWIDTH_BYTES = 16 * 2**20  # per all-reduce of the bandwidth test
+BANDWIDTH_ITERATIONS = 5
 
 
 class PreflightError(RuntimeError, UserError):
     """A node of the allocation cannot run the training; the message says which and why."""
 
 
-def check_node(host: str, gpus: int, nproc: int) -> list[str]:
-    """Problems of this node: rendezvous host unresolvable, fewer GPUs than processes."""
+def check_node(
+    host: str | None, nproc: int, use: devices.Use, precision: str
+) -> tuple[str, list[str]]:
+    """This node's report, and its problems: rendezvous host unresolvable, devices unfit."""
     me = socket.gethostname()
+    nodelist = step_nodelist(os.environ)
+    host = host or (first_host(nodelist) if nodelist else None)
     problems = []
+    if host:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as e:
+            problems.append(f"{me}: cannot resolve the rendezvous host {host!r} ({e})")
     try:
-        socket.getaddrinfo(host, None)
-    except OSError as e:
-        problems.append(f"{me}: cannot resolve the rendezvous host {host!r} ({e})")
-    if gpus:
-        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-        if len(visible) < nproc:
-            problems.append(
-                f"{me}: sees {len(visible)} GPUs (CUDA_VISIBLE_DEVICES="
-                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}) but runs {nproc} processes"
-            )
-    return problems
+        report = devices.node_check(nproc, use, precision)
+    except devices.DeviceError as e:
+        problems.append(str(e))
+        report = ""
+    return report, problems
 
 
-def allreduce() -> str:
-    """All-reduce rank+1 over the world (gloo); raise unless it sums to W(W+1)/2."""
-    import datetime
+def bus_bandwidth(nbytes: int, ranks: int, seconds: float) -> float:
+    """All-reduce bus bandwidth, bytes/s (NCCL tests' definition: 2(n-1)/n of the size per s)."""
+    return nbytes * 2 * (ranks - 1) / ranks / seconds if ranks > 1 else 0.0
 
+
+def _timed_allreduce(tensor: Any, group: Any = None) -> float:
+    """Seconds per all-reduce of ``tensor`` within ``group`` (after one warm-up)."""
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=ALLREDUCE_JOIN_TIMEOUT_S))
+    def sync() -> None:
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+
+    dist.all_reduce(tensor, group=group)
+    sync()
+    dist.barrier(group=group)
+    started = time.perf_counter()
+    for _ in range(BANDWIDTH_ITERATIONS):
+        dist.all_reduce(tensor, group=group)
+    sync()
+    return (time.perf_counter() - started) / BANDWIDTH_ITERATIONS
+
+
+def allreduce(backend: str, use: devices.Use) -> str:
+    """Join as training does, check an all-reduce, measure bus bandwidth (world, node pairs).
+
+    Every rank returns its line; rank 0's also holds the bandwidth figures.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ddppipe import distributed
+
+    ctx = distributed.setup(backend, ALLREDUCE_JOIN_TIMEOUT_S, use)
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        value = torch.tensor([rank + 1.0])
+        rank, world = ctx.rank, ctx.world_size
+        value = torch.tensor([rank + 1.0], device=ctx.device)
         dist.all_reduce(value)
         expected = world * (world + 1) / 2
         if value.item() != expected:
@@ -59,9 +97,37 @@ def allreduce() -> str:
                 f"{socket.gethostname()} rank {rank}: all-reduce gave {value.item()}, "
                 f"expected {expected}"
             )
-        return f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok"
+        hosts: list[str] = [""] * world
+        dist.all_gather_object(hosts, socket.gethostname())
+        tensor = torch.ones(BANDWIDTH_BYTES // 4, device=ctx.device)
+        figures = [_figure(f"world ({world} ranks)", world, _timed_allreduce(tensor))]
+        nodes = list(dict.fromkeys(hosts))
+        for a, b in itertools.combinations(nodes, 2):
+            ranks = [r for r, h in enumerate(hosts) if h in (a, b)]
+            group = dist.new_group(ranks)  # collective: every rank creates every group
+            if rank in ranks:
+                seconds = _timed_allreduce(tensor, group)
+                if rank == ranks[0]:
+                    figures.append(_figure(f"{a}<->{b}", len(ranks), seconds))
+        gathered: list[list[str]] = [[] for _ in range(world)]
+        dist.all_gather_object(gathered, figures if rank else [])
+        line = (
+            f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok "
+            f"({ctx.backend} on {ctx.device})"
+        )
+        if rank == 0:
+            pairs = list(itertools.chain(*gathered))
+            line += "; bus bandwidth " + "; ".join([*figures, *pairs])
+        return line
     finally:
-        dist.destroy_process_group()
+        distributed.teardown()
+
+
+def _figure(what: str, ranks: int, seconds: float) -> str:
+    size = BANDWIDTH_BYTES / 2**20
+    if ranks < 2:
+        return f"{what}: no peer ({seconds * 1e3:.2f} ms per {size:.0f} MiB all-reduce)"
+    return f"{what}: {bus_bandwidth(BANDWIDTH_BYTES, ranks, seconds) / 1e9:.2f} GB/s"
 
 
 def _step(command: list[str], env: dict[str, str], what: str) -> str:
@@ -73,8 +139,8 @@ def _step(command: list[str], env: dict[str, str], what: str) -> str:
         raise PreflightError(f"preflight {what}: no answer within {STEP_TIMEOUT_S}s") from e
     if result.returncode != 0:
         output = (result.stdout + result.stderr).splitlines()
-        lines = [ln for ln in output if "preflight" in ln or "error" in ln]
-        detail = "\n  ".join(lines or result.stderr.splitlines()[-10:])
+        lines = [ln for ln in output if "preflight" in ln or "error" in ln.lower()]
+        detail = "\n  ".join(dict.fromkeys(lines or result.stderr.splitlines()[-10:]))
         raise PreflightError(f"preflight {what} failed (exit {result.returncode}):\n  {detail}")
     return result.stdout
 
@@ -82,16 +148,19 @@ def _step(command: list[str], env: dict[str, str], what: str) -> str:
 def run(cfg: dict[str, Any], plan: launch.Plan) -> str:
     """Both checks on the job's nodes, one srun step each; raise PreflightError."""
     request, job = plan.request, str(plan.job)
-    host = request.rendezvous(job, plan.hosts).rsplit(":", 1)[0]
+    use = devices.use(cfg, plan.env)
+    precision = config.resolve(cfg)["train"]["precision"]
+    host = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
     node_check = [
         *request.srun(job, kill_on_bad_exit=False),
-        sys.executable, "-m", "ddppipe", "preflight-node", f"--host={host}",
-        f"--gpus={request.gpus_per_node}", f"--nproc={request.procs_per_node}",
+        *container.python_command(cfg, bool(request.gpus_per_node)),
+        "-m", "ddppipe", "preflight-node", *host, f"--nproc={request.procs_per_node}",
+        f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip
     out = _step(node_check, plan.env, "node check")
-    allreduce = launch.plan(
-        cfg, ["preflight-allreduce"], plan.env, plan.hosts, max_restarts=0,
-        join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
+    allreduce_plan = launch.plan(
+        cfg, ["preflight-allreduce", f"--backend={cfg['launch']['backend']}", f"--use={use}"],
+        plan.env, plan.hosts, max_restarts=0, join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
     )  # fmt: skip
-    out += _step(allreduce.command, allreduce.env, "all-reduce")
+    out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce")
     return out

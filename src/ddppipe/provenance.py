@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ddppipe import __version__, download, mnist
+from ddppipe import __version__, devices, download, mnist
 
 
 def git_commit(cwd: Path | None = None) -> dict[str, Any]:
@@ -27,18 +27,36 @@ def git_commit(cwd: Path | None = None) -> dict[str, Any]:
 
 
 def nccl_version() -> str | None:
-    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
+    """NCCL of this torch build ("2.30.7"); it answers without a GPU. None: no NCCL."""
+    if not torch.version.cuda or not torch.distributed.is_nccl_available():
         return None
-    return ".".join(str(v) for v in torch.cuda.nccl.version())
+    try:
+        version = torch.cuda.nccl.version()
+    except (RuntimeError, AttributeError):
+        return None
+    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+
+
+def cudnn_version() -> str | None:
+    """cuDNN of this torch build ("9.24.0"); None without one."""
+    number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if not number:
+        return None
+    major, rest = divmod(number, 10000) if number >= 10000 else divmod(number, 1000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
 
 
 def software() -> dict[str, Any]:
+    """The stack of this process: versions, and the GPUs and driver when there are some."""
     return {
         "ddppipe": __version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
+        "cudnn": cudnn_version(),
         "nccl": nccl_version(),
         "python": platform.python_version(),
+        **devices.info(),
     }
 
 
@@ -56,7 +74,8 @@ def record(
     meta = snapshot["meta"]
     return {
         "git": git_commit(),
-        "software": software(),
+        # the stack that trained (recorded by rank 0), not the one that exports
+        "software": meta.get("software") or software(),
         "training": {
             "world_size": meta["world_size"],
             "hosts": sorted(set(meta["hosts"])),

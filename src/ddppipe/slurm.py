@@ -21,7 +21,7 @@ import hostlist
 
 from ddppipe import config as ddp_config
 from ddppipe import scaling
-from ddppipe.environments import job_port
+from ddppipe.environments import first_host, job_port, step_nodelist
 from ddppipe.errors import UserError
 
 # Every resource Request.resources() may set (None where a request leaves it out).
@@ -30,6 +30,11 @@ RESOURCE_KEYS = (
     "constraint", "qos", "mpi", "gres", "tasks_per_gpu", "slurm_extra",
 )  # fmt: skip
 RDZV_JOIN_TIMEOUT_S = 120
+# Memory per training process when slurm.mem_mb is null, and the least a GPU process needs:
+# a CUDA process holds its context, cuDNN, cuBLAS and NCCL (measured: README "GPUs").
+MEM_MB_PER_CPU_PROC = 1000
+MEM_MB_PER_GPU_PROC = 8000
+MIN_MEM_MB_PER_GPU_PROC = 4000
 
 
 class SlurmRequestError(ValueError, UserError):
@@ -65,7 +70,9 @@ class Request:
             procs_per_node=launch["nproc_per_node"],
             cpus_per_proc=launch["cpus_per_proc"],
             gpus_per_node=slurm["gpus_per_node"],
-            mem_mb=slurm["mem_mb"],
+            mem_mb=slurm["mem_mb"]
+            or launch["nproc_per_node"]
+            * (MEM_MB_PER_GPU_PROC if slurm["gpus_per_node"] else MEM_MB_PER_CPU_PROC),
             runtime=slurm["runtime"],
             partition=slurm["partition"],
             account=slurm["account"],
@@ -81,6 +88,14 @@ class Request:
                 f"slurm.gpus_per_node ({request.gpus_per_node}) must equal "
                 f"launch.nproc_per_node ({request.procs_per_node}): one training process per "
                 "GPU; set both to the same value (or gpus_per_node: 0)"
+            )
+        least = request.gpus_per_node * MIN_MEM_MB_PER_GPU_PROC
+        if request.mem_mb < least:
+            raise SlurmRequestError(
+                f"slurm.mem_mb ({request.mem_mb}) is too little for {request.gpus_per_node} GPU "
+                f"processes per node: each needs at least {MIN_MEM_MB_PER_GPU_PROC} MB of host "
+                f"memory; set slurm.mem_mb to {least} or more (or null: "
+                f"{MEM_MB_PER_GPU_PROC} per GPU)"
             )
         if request.signal_seconds >= request.runtime * 60:
             raise SlurmRequestError(
@@ -151,30 +166,46 @@ class Request:
             command.append(f"--gres=gpu:{self.gpus_per_node}")
         return command
 
-    def rendezvous(self, job_id: str, hosts: list[str]) -> str:
-        """``host:port``: the configured host or the job's first node; the port from the job."""
-        return f"{self.rendezvous_host or hosts[0]}:{job_port(int(job_id))}"
-
     def torchrun_args(
         self,
         job_id: str | None = None,
-        hosts: list[str] | None = None,
         max_restarts: int | None = None,
         join_timeout_s: int = RDZV_JOIN_TIMEOUT_S,
     ) -> list[str]:
-        """torchrun options: standalone without a job, c10d rendezvous on the job's nodes."""
+        """torchrun options: standalone without a job, c10d rendezvous in one.
+
+        The rendezvous endpoint is ``slurm.rendezvous_host`` when set; otherwise ``ddppipe
+        agent`` takes the first node of its own step (:func:`step_rendezvous`).
+        """
         restarts = self.max_restarts if max_restarts is None else max_restarts
         common = [f"--nnodes={self.nodes}", f"--nproc-per-node={self.procs_per_node}"]
         if job_id is None:
             return ["--standalone", *common, f"--max-restarts={restarts}"]
+        endpoint = (
+            [f"--rdzv-endpoint={self.rendezvous_host}:{job_port(int(job_id))}"]
+            if self.rendezvous_host
+            else []
+        )
         return [
             *common,
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={self.rendezvous(job_id, hosts or [])}",
+            *endpoint,
             f"--rdzv-id={job_id}",
             f"--rdzv-conf=join_timeout={join_timeout_s}",
             f"--max-restarts={restarts}",
         ]
+
+
+def step_rendezvous(env: dict[str, str] | os._Environ) -> str:
+    """``host:port`` of a step's rendezvous: its first node, the port from its job."""
+    nodelist = step_nodelist(env)
+    job = job_id(dict(env))
+    if not nodelist or not job:
+        raise SlurmRequestError(
+            "no SLURM step here (SLURM_STEP_NODELIST / SLURM_JOB_ID unset): give torchrun "
+            "--rdzv-endpoint, or set slurm.rendezvous_host"
+        )
+    return f"{first_host(nodelist)}:{job_port(int(job))}"
 
 
 def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:

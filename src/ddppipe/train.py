@@ -23,11 +23,13 @@ from ddppipe import (
     attempts,
     checkpoint,
     config,
+    devices,
     distributed,
     evaluate,
     heap,
     mnist,
     preemption,
+    provenance,
     sharding,
 )
 from ddppipe.model import Net
@@ -112,11 +114,8 @@ class Trainer:
         self.config_hash = config.train_hash(cfg)
         self.dtype, self.memory_format = evaluate.numerics(self.train_cfg)
         cuda = ctx.device.type == "cuda"
-        if cuda and self.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-            raise config.ConfigError(
-                f"train.precision is bf16 but {torch.cuda.get_device_name(ctx.device)} "
-                "does not support bfloat16; set train.precision: fp32"
-            )
+        if cuda:
+            devices.check_gpu(ctx.device.index, self.train_cfg["precision"])
         self.data = mnist.load(paths.data_dir).to(ctx.device)
         self.steps_per_epoch = sharding.steps_per_epoch(
             len(self.data.train), self.train_cfg["batch_size"]
@@ -182,6 +181,7 @@ class Trainer:
             else "cpu",
             "torch": str(torch.__version__),
             "ddppipe": __version__,
+            "software": provenance.software(),
             "seed": self.train_cfg["seed"],
             "train": self.train_cfg,
         }
@@ -375,7 +375,7 @@ class Trainer:
 def train(cfg: dict[str, Any], paths: Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
-    ctx = distributed.setup(cfg["launch"]["backend"])
+    ctx = distributed.setup(cfg["launch"]["backend"], use=devices.use(cfg))
     try:
         Trainer(cfg, paths, ctx).run(guard)
     except BaseException:

@@ -102,3 +102,16 @@ def image_info_arg():
     if not ddp_container.enabled(config):
         return ""
     return f"--image-info {ddp_container.info_path(config['container']['image'])}"
+
+
+def check_gpu_image():
+    """A GPU run (container.mode apptainer) needs an image with CUDA: a config error."""
+    try:
+        ddp_container.check_gpu_image(
+            config, image_sources()["recipe"], config["container"]["image"]
+        )
+    except ddp_container.ContainerError as e:
+        raise WorkflowError(str(e)) from None
+
+
+check_gpu_image()

@@ -78,11 +78,16 @@ def check_distinct_gpus(device: torch.device) -> None:
     """Collective: raise DeviceError on every rank when two ranks of a node share a GPU.
 
     (Two ranks that see one device each may still see the same one, e.g. a node with fewer
-    GPUs than processes; NCCL would fail later with less to go on.)
+    GPUs than processes; NCCL would abort at its first collective with "Duplicate GPU
+    detected".) The check goes through a gloo group, before NCCL starts a communicator.
     """
     mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
     seen: list[tuple[str, str]] = [("", "")] * dist.get_world_size()
-    dist.all_gather_object(seen, mine)
+    group = dist.new_group(backend="gloo")
+    try:
+        dist.all_gather_object(seen, mine, group=group)
+    finally:
+        dist.destroy_process_group(group)
     by_gpu: dict[tuple[str, str], list[int]] = {}
     for rank, key in enumerate(seen):
         by_gpu.setdefault(key, []).append(rank)

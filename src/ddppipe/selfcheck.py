@@ -13,17 +13,24 @@ from ddppipe.model import Net
 
 
 def run() -> dict[str, Any]:
-    """Versions, visible GPUs, and a one-process gloo all-reduce and DDP training step."""
+    """Versions, visible GPUs, and a one-process all-reduce and DDP training step.
+
+    On the first GPU with NCCL when CUDA works here, else on the CPU with gloo.
+    """
     report: dict[str, Any] = provenance.software()
-    report["cuda_available"] = torch.cuda.is_available()
-    report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    cuda = torch.cuda.is_available()
+    report["cuda_available"] = cuda
     report["nccl_available"] = dist.is_nccl_available()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    report["backend"] = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(report["backend"], store=dist.HashStore(), rank=0, world_size=1)
     try:
-        value = torch.ones(3)
+        value = torch.ones(3, device=device)
         dist.all_reduce(value)
-        model = DDP(Net())
-        loss = model(torch.randn(4, 1, 28, 28)).logsumexp(1).mean()
+        model = DDP(Net().to(device), device_ids=[0] if cuda else None)
+        loss = model(torch.randn(4, 1, 28, 28, device=device)).logsumexp(1).mean()
         loss.backward()
         report["ddp_step"] = bool(torch.isfinite(loss)) and value.tolist() == [1.0, 1.0, 1.0]
     finally:

@@ -34,6 +34,9 @@ CASES = [
      "slurm.max_continuations"),
     ("unknown cluster check", setting("slurm", cluster_check="ignore"), config.ConfigError,
      "slurm.cluster_check"),
+    ("too little memory for GPUs", lambda c: (c["launch"].update(nproc_per_node=4),
+     c["slurm"].update(gpus_per_node=4, mem_mb=8000)), slurm.SlurmRequestError,
+     "slurm.mem_mb (8000) is too little for 4 GPU processes per node: each needs at least 4000"),
 ]  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from ddppipe import slurm
 from tests.processes import guarded_workers, worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
@@ -101,19 +102,37 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     metrics = json.loads((tmp_path / "wd/results/mnist2n/eval/metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.95
     train_log = (tmp_path / "wd/logs/mnist2n/train.log").read_text()
-    assert "all-reduce ok" in train_log
+    # The preflight: gloo on CPUs as training, the world's and the node pair's bandwidth.
+    figures = re.search(r"all-reduce ok \(gloo on cpu\); bus bandwidth (.*)", train_log)
+    assert figures, train_log
+    print("(a) preflight bus bandwidth:", figures[1])
+    a, b = slurm_cluster.nodes
+    assert re.search(rf"world \(4 ranks\): [\d.]+ GB/s; {a}<->{b}: [\d.]+ GB/s", figures[1])
 
 
-def test_fake_gpus_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    tiny = make_tiny(tmp_path / "tiny")
-    cfg = two_nodes(tiny_config(tiny), slurm_cluster, gpus=2)
-    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)
-    assert result.returncode == 0, logs(tmp_path / "wd", result)
-    assert set(provenance(tmp_path / "wd", "tiny")["training"]["hosts"]) == set(slurm_cluster.nodes)
+def test_gpus_requested_but_unusable_fail_in_seconds(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The test cluster hands out GPUs (gres) that no driver backs, as a node with a broken
+    driver would: the preflight stops the job in seconds, naming each node and what its ranks
+    see, and nothing trains on the CPU."""
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, gpus=2)
+    wd = tmp_path / "wd"
+    result = snakemake_slurm(slurm_cluster, wd, cfg, "--retries", "0", timeout=300)
+    assert result.returncode != 0
+    text = (wd / "logs/tiny/train.log").read_text()
+    for node in slurm_cluster.nodes:
+        assert f"{node}: 2 process(es) need a GPU each and none is usable" in text, text
+    assert "CUDA_VISIBLE_DEVICES=" in text and f"torch {torch.__version__}" in text, text
+    assert "Fix: no NVIDIA driver is loaded on this node" in text, text
+    assert not (wd / "results/tiny/state/attempts.json").exists(), "training started"
     job = train_job_ids(result)[0]
     record = slurm_cluster.run(["scontrol", "-o", "show", "job", job], check=False).stdout
     # slurmctld keeps finished jobs for MinJobAge (300 s) in the test cluster
     assert "NumNodes=2" in record and "gpu:2" in record, record
+    h, m, sec = (int(x) for x in slurm.parse_record(record)["RunTime"].split(":")[-3:])
+    print(f"GPU job refused after {h * 3600 + m * 60 + sec} s of run time")
+    assert h * 3600 + m * 60 + sec < 60, record
 
 
 def test_sacct_status_mode_with_accounting(
@@ -274,6 +293,10 @@ def _time_limit_slots(
     history = _history(wd)
     table = (wd / "logs/tiny/train.log").read_text().split("training complete; attempts:")[-1]
     print(f"({nodes} node(s)) {len(history)} slots in {wall:.0f}s wall; attempts:{table}")
+    # every slot's preflight ran the training's shape: 2 ranks, gloo on the CPUs
+    preflights = re.findall(r"all-reduce ok \(gloo on cpu\); bus bandwidth world \(2 ranks\)",
+                            (wd / "logs/tiny/train.log").read_text())  # fmt: skip
+    assert len(preflights) == len(history), table
     assert len(train_job_ids(result)) == 1, "a second submission of train: a retry was used"
     assert len(history) >= 5, table
     outcomes = [a["outcome"] for a in history]

@@ -100,7 +100,8 @@ def allreduce(backend: str, use: devices.Use) -> str:
         hosts: list[str] = [""] * world
         dist.all_gather_object(hosts, socket.gethostname())
         tensor = torch.ones(BANDWIDTH_BYTES // 4, device=ctx.device)
-        figures = [_figure(f"world ({world} ranks)", world, _timed_allreduce(tensor))]
+        overall = _figure(f"world ({world} ranks)", world, _timed_allreduce(tensor))
+        pairs: list[str] = []  # measured by the pair's first rank
         nodes = list(dict.fromkeys(hosts))
         for a, b in itertools.combinations(nodes, 2):
             ranks = [r for r, h in enumerate(hosts) if h in (a, b)]
@@ -108,16 +109,15 @@ def allreduce(backend: str, use: devices.Use) -> str:
             if rank in ranks:
                 seconds = _timed_allreduce(tensor, group)
                 if rank == ranks[0]:
-                    figures.append(_figure(f"{a}<->{b}", len(ranks), seconds))
+                    pairs.append(_figure(f"{a}<->{b}", len(ranks), seconds))
         gathered: list[list[str]] = [[] for _ in range(world)]
-        dist.all_gather_object(gathered, figures if rank else [])
+        dist.all_gather_object(gathered, pairs)
         line = (
             f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok "
             f"({ctx.backend} on {ctx.device})"
         )
         if rank == 0:
-            pairs = list(itertools.chain(*gathered))
-            line += "; bus bandwidth " + "; ".join([*figures, *pairs])
+            line += "; bus bandwidth " + "; ".join([overall, *itertools.chain(*gathered)])
         return line
     finally:
         distributed.teardown()

@@ -1,0 +1,76 @@
+"""GPU runs configured here, without a GPU: the SLURM request per scaling point, and GPU runs
+refused before anything runs when their image has no CUDA."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ddppipe import container
+from tests.tiny import REPO, default_config
+from tests.workflow_helpers import snakemake
+
+CPU_RECIPE = """\
+Bootstrap: debootstrap
+OSVersion: bookworm
+
+%labels
+    ddppipe.variant cpu
+"""
+
+
+def test_scaling_points_request_one_gpu_per_process(tmp_path: Path) -> None:
+    """A dry run of the study on the SLURM profile: each point asks for as many GPUs as it
+    runs processes, and memory per GPU process."""
+    cfg = default_config()
+    cfg["slurm"]["gpus_per_node"] = 4
+    cfg["launch"]["nproc_per_node"] = 4
+    cfg["scaling"].update(nodes=[1, 2], procs_per_node=[1, 2, 4], cpus_per_proc=[1])
+    out = snakemake(tmp_path, cfg, "-n", "--profile", str(REPO / "profiles/slurm"), "scaling")
+    pattern = r"wildcards: run=(scaling-n(\d)-p(\d)-c1)\n\s+resources: ([^\n]+)"
+    jobs = re.findall(pattern, out.stdout)
+    train = [job for job in jobs if "slurm_extra=" in job[3]]  # the train rule's request
+    assert len(train) == 6, out.stdout
+    for run, nodes, procs, resources in train:
+        assert f"gres=gpu:{procs}," in resources, (run, resources)
+        assert f"nodes={nodes}," in resources and f"mem_mb={int(procs) * 8000}," in resources
+
+
+@pytest.fixture
+def gpu_container_config(tmp_path: Path) -> dict:
+    cfg = default_config()
+    cfg["slurm"]["gpus_per_node"] = 2
+    cfg["container"].update(mode="apptainer", recipe=str(tmp_path / "cpu.def"))
+    (tmp_path / "cpu.def").write_text(CPU_RECIPE)
+    return cfg
+
+
+def test_gpus_with_a_cpu_only_recipe_are_a_config_error(
+    gpu_container_config: dict, tmp_path: Path
+) -> None:
+    result = snakemake(tmp_path / "wd", gpu_container_config, "-n", check=False)
+    assert result.returncode != 0
+    text = result.stdout + result.stderr
+    assert "GPUs are requested (slurm.gpus_per_node: 2" in text, text
+    assert "builds a CPU-only image (ddppipe.variant cpu)" in text
+    assert "container.recipe: containers/ddppipe.def" in text and "Traceback" not in text
+
+
+def test_a_built_image_answers_with_its_labels(gpu_container_config: dict, tmp_path: Path) -> None:
+    """A built image's labels decide, as long as it was built from the recipe."""
+    recipe = Path(gpu_container_config["container"]["recipe"])
+    image = tmp_path / "img.sif"
+    info = {"path": str(image), "recipe_sha256": container.sha256(recipe), "labels": {}}
+
+    def check(labels: dict[str, str]) -> None:
+        container.info_path(image).write_text(json.dumps({**info, "labels": labels}))
+        container.check_gpu_image(gpu_container_config, recipe, image)
+
+    with pytest.raises(container.ContainerError, match="has a CPU-only torch"):
+        check({"ddppipe.torch.version": "2.14.1+cpu"})
+    check({"ddppipe.cuda.version": "13.0"})  # CUDA image: fine, whatever the recipe says
+    gpu_container_config["slurm"]["gpus_per_node"] = 0
+    container.check_gpu_image(gpu_container_config, recipe, tmp_path / "none.sif")  # CPU run

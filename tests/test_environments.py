@@ -38,6 +38,9 @@ def test_slurm_srun_first_host_and_job_port() -> None:
     assert e.master_port == envs.job_port(123456)
     other = envs.detect({**env, "SLURM_JOB_ID": "123457"})
     assert other.master_port != e.master_port
+    # A step on a subset of the job's nodes meets on the step's first node.
+    step = envs.detect({**env, "SLURM_STEP_NODELIST": "gpu[08-09]"})
+    assert step.master_addr == "gpu08"
 
 
 def test_slurm_explicit_master_overrides() -> None:

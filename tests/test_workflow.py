@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ddppipe import checkpoint
+from ddppipe import provenance as ddp_provenance
 from ddppipe.model import Net
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
 from tests.workflow_helpers import job_counts, rule_graph, snakemake
@@ -95,7 +96,12 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     assert provenance["data_sha256"] == real_mnist_sha256()
     assert provenance["seed"] == 0 and provenance["epochs"] == 1
     assert provenance["config_hash"] == checkpoint.load(run / "train" / "final.pt")["config_hash"]
+    # the training stack's versions (NCCL and cuDNN answer without a GPU in a CUDA build)
     assert provenance["software"]["torch"] == torch.__version__
+    assert provenance["software"]["cuda"] == torch.version.cuda
+    assert provenance["software"]["nccl"] == ddp_provenance.nccl_version()
+    assert torch.version.cuda is None or provenance["software"]["nccl"] is not None
+    assert provenance["software"]["cudnn"] == ddp_provenance.cudnn_version()
 
     model = Net()
     model.load_state_dict(torch.load(run / "export" / "model.pt", weights_only=True))

@@ -79,7 +79,7 @@ def plan(
     env = dict(os.environ if env is None else env)
     request = slurm.Request.from_config(cfg)
     job = slurm.job_id(env)
-    gpus = bool(request.gpus_per_node)
+    gpus = config.gpus_requested(cfg)  # --nv for the image
     agent = ["-m", "ddppipe", "agent"]
     if job is None:
         if request.nodes > 1:

@@ -153,7 +153,7 @@ def run(cfg: dict[str, Any], plan: launch.Plan) -> str:
     host = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
     node_check = [
         *request.srun(job, kill_on_bad_exit=False),
-        *container.python_command(cfg, bool(request.gpus_per_node)),
+        *container.python_command(cfg, config.gpus_requested(cfg)),
         "-m", "ddppipe", "preflight-node", *host, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip

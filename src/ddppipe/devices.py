@@ -14,12 +14,13 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from ddppipe import config
 from ddppipe.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 Use = Literal["gpu", "cpu", "auto"]
 BF16_CAPABILITY = (8, 0)  # Ampere and newer compute bfloat16 natively; older GPUs emulate it
@@ -79,6 +80,8 @@ def _libcuda_loads() -> bool:
 
 
 def _cuda_init_error() -> str | None:
+    import torch
+
     try:
         torch.cuda.init()
     except Exception as e:  # any reason CUDA would not start is the answer
@@ -102,6 +105,8 @@ class Seen:
 
     @classmethod
     def here(cls, env: Mapping[str, str] | None = None) -> Seen:
+        import torch
+
         env = os.environ if env is None else env
         count = torch.cuda.device_count() if torch.version.cuda else 0
         return cls(
@@ -182,6 +187,8 @@ def _arch_supported(capability: tuple[int, int], archs: list[str]) -> bool:
 
 def check_gpu(index: int, precision: str) -> str:
     """Raise DeviceError unless this torch runs on GPU ``index`` at ``precision``; describe it."""
+    import torch
+
     name = torch.cuda.get_device_name(index)
     capability = torch.cuda.get_device_capability(index)
     cc = f"{capability[0]}.{capability[1]}"
@@ -209,6 +216,8 @@ def check_precision(name: str, capability: tuple[int, int], precision: str) -> N
 
 def select(local_rank: int, local_world_size: int | None, wanted: Use) -> torch.device:
     """The device this rank trains on; DeviceError when a GPU is required and unusable."""
+    import torch
+
     if wanted == "cpu":
         return torch.device("cpu")
     seen_count = torch.cuda.device_count() if torch.version.cuda else 0
@@ -220,10 +229,18 @@ def select(local_rank: int, local_world_size: int | None, wanted: Use) -> torch.
 
 
 def node_check(nproc: int, wanted: Use, precision: str) -> str:
-    """One line on this node's devices for ``nproc`` training processes; DeviceError if unfit."""
+    """One line on this node's devices for ``nproc`` training processes; DeviceError if unfit.
+
+    (A CPU run does not import torch here: the preflight's node check stays quick.)
+    """
+    cpus = f"{nproc} process(es) on CPUs ({len(os.sched_getaffinity(0))} usable)"
+    if wanted == "cpu":
+        return f"{socket.gethostname()}: {cpus}"
+    import torch
+
     seen = Seen.here()
-    if wanted == "cpu" or (wanted == "auto" and seen.count == 0):
-        return f"{seen.host}: {nproc} process(es) on CPUs ({len(os.sched_getaffinity(0))} usable)"
+    if wanted == "auto" and seen.count == 0:
+        return f"{seen.host}: {cpus}"
     if seen.count == 0 or not torch.cuda.is_available():
         raise no_gpu_error(seen, f"{nproc} process(es) need a GPU each and none is usable")
     if seen.count < nproc:
@@ -234,6 +251,8 @@ def node_check(nproc: int, wanted: Use, precision: str) -> str:
 
 def info() -> dict[str, Any]:
     """GPU models and driver of this process (for provenance); empty without a GPU."""
+    import torch
+
     if not torch.version.cuda or not torch.cuda.is_available():
         return {}
     return {

@@ -11,10 +11,11 @@ MIRROR_ARG := $(if $(MIRROR),--config 'data={mirrors: [$(MIRROR)]}',)
 
 .PHONY: run test env system-deps lint clean
 
-$(BIN)/ddppipe: pyproject.toml
+# constraints.txt pins torch to the version the training image ships (containers/ddppipe.def).
+$(BIN)/ddppipe: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --constraint constraints.txt -e '.[dev]'
 	touch $@
 
 env: $(BIN)/ddppipe

@@ -1,7 +1,8 @@
-"""The Apptainer image: recipes, a real build by the DAG, training and evaluation inside it.
+"""The Apptainer image: the recipe, a real build by the DAG, training and evaluation inside it.
 
-One session fixture builds the offline (CPU) image once, by running the whole local DAG with
-``container.mode: apptainer`` on tiny data; the other tests reuse that image and workdir.
+One session fixture builds the CUDA + NCCL image users deploy (containers/ddppipe.def) once,
+by running the whole local DAG with ``container.mode: apptainer`` on tiny data (2 processes,
+CPU); the other tests reuse that image and workdir.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import container
+from ddppipe import container, provenance
 from tests.tiny import REPO, TinyData, tiny_config
 from tests.workflow_helpers import snakemake
 
-# The session fixture builds the image: 2.5-7 min on 2 cores, counted in the first test's time.
+# The session fixture builds the image (about 6 min on 2 cores), counted in the first test's time.
 pytestmark = [pytest.mark.apptainer, pytest.mark.timeout(2700)]
 
 IMAGE = "results/images/ddppipe.sif"
@@ -41,7 +42,7 @@ def require_apptainer() -> None:
 class ImageRun:
     workdir: Path
     cfg: dict[str, Any]
-    recipe: Path  # a copy of the offline recipe (tests touch it)
+    recipe: Path  # a copy of the recipe (tests touch it)
     seconds: float  # build + the whole DAG
 
     @property
@@ -54,9 +55,9 @@ def image_run(tmp_path_factory: pytest.TempPathFactory, tiny: TinyData) -> Image
     """The local DAG, image build included, run end to end through the image (once)."""
     require_apptainer()
     root = tmp_path_factory.mktemp("container")
-    recipe = root / "recipe" / "ddppipe-offline.def"
+    recipe = root / "recipe" / "ddppipe.def"
     recipe.parent.mkdir()
-    shutil.copy2(REPO / "containers" / "ddppipe-offline.def", recipe)
+    shutil.copy2(REPO / "containers" / "ddppipe.def", recipe)
     cfg = tiny_config(tiny)
     cfg["container"] = {"mode": "apptainer", "recipe": str(recipe), "image": IMAGE, "exec_args": []}
     workdir = root / "work"
@@ -68,18 +69,19 @@ def image_run(tmp_path_factory: pytest.TempPathFactory, tiny: TinyData) -> Image
 # -- without an image --------------------------------------------------------------------------
 
 
-def test_production_recipe_parses_with_pinned_base() -> None:
-    from spython.main.parse.parsers import SingularityParser
-
+def test_one_recipe_with_the_tests_torch() -> None:
+    """What CI builds is what ships: the default recipe, torch pinned to the tests' own."""
     path = REPO / "containers" / "ddppipe.def"
-    recipe = SingularityParser(str(path)).recipe["spython-base"]
-    assert recipe.files and recipe.install and recipe.environ and recipe.labels and recipe.test
+    assert sorted(p.name for p in (REPO / "containers").iterdir()) == ["ddppipe.def"]
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert cfg["container"]["recipe"] == "containers/ddppipe.def"
     text = path.read_text()
     for section in SECTIONS:
         assert re.search(rf"^{section}\s*$", text, re.M), f"{section} missing"
-    name, _, tag = recipe.fromHeader.partition(":")
-    assert name == "pytorch/pytorch", recipe.fromHeader
-    assert tag and tag != "latest" and re.match(r"\d+\.\d+\.\d+-cuda\d", tag), tag
+    assert container.recipe_labels(path)["ddppipe.variant"] == "cuda"
+    assert "constraints.txt" in text and "libibverbs1 ibverbs-providers librdmacm1" in text
+    pin = re.search(r"^torch==(\S+)$", (REPO / "constraints.txt").read_text(), re.M)
+    assert pin and torch.__version__.split("+")[0] == pin[1], "the tests run another torch"
 
 
 def test_exec_prefix() -> None:
@@ -115,15 +117,35 @@ def test_dag_trains_in_image_and_records_digest(image_run: ImageRun) -> None:
     w = image_run.workdir
     info = json.loads((w / "results/images/ddppipe.json").read_text())
     assert info["sha256"] == container.sha256(image_run.image)
-    assert info["labels"]["ddppipe.variant"] == "offline-cpu"
-    provenance = json.loads((w / "results/tiny/export/provenance.json").read_text())
-    assert provenance["container"]["sha256"] == info["sha256"]
-    assert provenance["training"]["world_size"] == 2
-    # The ranks ran the image's torch, not the host's.
-    assert provenance["training"]["torch"] == info["labels"]["ddppipe.torch.version"]
+    labels = info["labels"]
+    assert labels["ddppipe.variant"] == "cuda"
+    # The image ships the stack the tests run: torch, CUDA, cuDNN, NCCL of the host's build.
+    host = provenance.software()
+    for key in ("torch", "cuda", "cudnn", "nccl"):
+        assert labels[f"ddppipe.{key}.version"] == host[key], key
+    record = json.loads((w / "results/tiny/export/provenance.json").read_text())
+    assert record["container"]["sha256"] == info["sha256"]
+    assert record["training"]["world_size"] == 2
+    # The ranks ran the image's stack (its own Python), recorded in the provenance.
+    for key in ("torch", "cuda", "cudnn", "nccl"):
+        assert record["software"][key] == labels[f"ddppipe.{key}.version"], key
+    assert record["software"]["python"] != host["python"]  # Debian's, in the image
     assert "apptainer exec" in (w / "logs/tiny/train.log").read_text()
     assert json.loads((w / "results/tiny/eval/metrics.json").read_text())["test_accuracy"] >= 0
     print(f"build + DAG: {image_run.seconds:.0f} s, image {info['size_bytes'] / 2**20:.0f} MiB")
+    print("labels:", {k: v for k, v in labels.items() if k.startswith("ddppipe.")})
+
+
+def test_image_checks_pass(image_run: ImageRun) -> None:
+    """The recipe's %test (versions, NCCL, cuDNN, InfiniBand libraries, selfcheck) on the
+    built image, and the RDMA libraries NCCL loads for InfiniBand."""
+    result = subprocess.run(["apptainer", "test", str(image_run.image)], capture_output=True,
+                            text=True, timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '"ddp_step": true' in result.stdout and "rdma providers" in result.stdout
+    probe = "import ctypes; ctypes.CDLL('libibverbs.so.1'); ctypes.CDLL('librdmacm.so.1')"
+    subprocess.run(["apptainer", "exec", str(image_run.image), "python", "-c", probe],
+                   check=True, timeout=120)  # fmt: skip
 
 
 def test_exec_by_hand(image_run: ImageRun) -> None:
@@ -178,8 +200,8 @@ def test_exec_by_hand(image_run: ImageRun) -> None:
     )
     snap = torch.load(w / out / "final.pt", weights_only=True)
     assert snap["meta"]["world_size"] == 2
-    provenance = json.loads((w / out / "provenance.json").read_text())
-    assert provenance["container"]["sha256"] == container.sha256(image_run.image)
+    record = json.loads((w / out / "provenance.json").read_text())
+    assert record["container"]["sha256"] == container.sha256(image_run.image)
 
 
 def test_rebuild_only_when_recipe_changes(image_run: ImageRun) -> None:

@@ -16,6 +16,8 @@ from ddppipe.errors import UserError
 APPTAINER = "apptainer"
 BUILD_OPTIONS = ("--fakeroot", "--force", "--mksquashfs-args", "-comp zstd -Xcompression-level 3")
 IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
+WHEELHOUSE = "build/wheels"  # below the build context: torch's wheels, shared with the host
+WHEELHOUSE_IN_IMAGE = "/opt/wheelhouse"
 
 
 class ContainerError(RuntimeError, UserError):
@@ -105,12 +107,34 @@ def _tail(log: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+def fill_wheelhouse(context: Path, log: Any) -> Path | None:
+    """``pip download`` the pinned torch and its wheels into ``context/build/wheels``.
+
+    With the host's pip, so its cache, mirrors and indexes serve them: the image build then
+    installs the multi-GB CUDA wheels from there instead of downloading them again. None
+    (the build's pip uses PyPI) when there is no pin or the download fails.
+    """
+    constraints = context / "constraints.txt"
+    if not constraints.is_file():
+        return None
+    dest = context / WHEELHOUSE
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
+               "--constraint", str(constraints), "torch"]  # fmt: skip
+    log.write(f"# {' '.join(command)}\n")
+    log.flush()
+    if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode:
+        log.write("# (no wheelhouse: the build downloads torch from PyPI)\n")
+        return None
+    return dest
+
+
 def build(recipe: Path, image: Path, log: Path, context: Path, timeout_s: float = 3600) -> None:
     """``apptainer build`` ``recipe`` into ``image``, atomically, run in ``context``.
 
     The recipe's %files paths are relative to ``context`` (the repository root). The image
     is built into a temporary file next to ``image`` and renamed only on success, so a
     failed build never leaves a half-written image where the next step would use it.
+    The wheelhouse (:func:`fill_wheelhouse`) is bound in at ``/opt/wheelhouse``.
     """
     recipe, image, log, context = (Path(p).resolve() for p in (recipe, image, log, context))
     if not recipe.is_file():
@@ -123,9 +147,12 @@ def build(recipe: Path, image: Path, log: Path, context: Path, timeout_s: float 
     image.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     tmp = image.with_name(f".{image.name}.{os.getpid()}.building")
-    cmd = [APPTAINER, "build", *BUILD_OPTIONS, *build_args(context), str(tmp), str(recipe)]
     try:
         with open(log, "w") as f:
+            wheels = fill_wheelhouse(context, f)
+            bind = ["--bind", f"{wheels}:{WHEELHOUSE_IN_IMAGE}:ro"] if wheels else []
+            cmd = [APPTAINER, "build", *BUILD_OPTIONS, *bind, *build_args(context), str(tmp),
+                   str(recipe)]  # fmt: skip
             f.write(f"# cwd: {context}\n# {' '.join(cmd)}\n")
             f.flush()
             rc = subprocess.run(

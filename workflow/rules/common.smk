@@ -69,11 +69,12 @@ ROOT = (
 
 
 def image_sources():
-    """What the image is built from: recipe, pyproject.toml and the package's sources."""
+    """What the image is built from: recipe, pyproject.toml, the torch pin, the sources."""
     src = os.path.join(ROOT, "src", "ddppipe")
     return {
         "recipe": os.path.join(ROOT, config["container"]["recipe"]),
         "pyproject": os.path.join(ROOT, "pyproject.toml"),
+        "constraints": os.path.join(ROOT, "constraints.txt"),
         "sources": sorted(
             glob.glob(f"{src}/**/*.py", recursive=True) + glob.glob(f"{src}/*.yaml")
         ),

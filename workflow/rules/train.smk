@@ -2,8 +2,9 @@ rule train:
     """Multi-process DDP training, started by torchrun; resumes from the run's checkpoints.
 
     In a SLURM job the training is an srun step; a stop on the time-limit warning requeues
-    the job (same id, next slot) until training completes (ddppipe.lifecycle). The log is
-    appended to, so it keeps every slot of a requeued job.
+    the job (same id, next slot) until training completes (ddppipe.lifecycle). Snakemake
+    deletes a job's log when the job (a slot) starts, so the launcher appends to the run's
+    state/train.log (live, every slot) and the log is its copy when the slot ends.
     """
     input:
         config="results/{run}/config.yaml",
@@ -24,6 +25,8 @@ rule train:
         data=data_folder,  # the folder of input.data
         state="results/{run}/state",
     shell:
-        "ddppipe launch --config {input.config} --data {params.data} --state {params.state}"
+        "mkdir -p {params.state}; status=0;"
+        " ddppipe launch --config {input.config} --data {params.data} --state {params.state}"
         " --checkpoint {output.checkpoint} --metrics {output.metrics}"
-        " --attempts {output.attempts} 2>> {log}"
+        " --attempts {output.attempts} 2>> {params.state}/train.log || status=$?;"
+        " cp {params.state}/train.log {log}; exit $status"

@@ -258,14 +258,14 @@ def _assert_same_weights(a: Path, b: Path) -> None:
     assert not differ, f"resumed weights differ from the uninterrupted run in {differ}"
 
 
-# Time-limit slots of 1 minute. The warning comes 40 s (2 nodes: 45 s) before the end, after
-# about 10 s of start-up and preflight, so a slot trains for some seconds before it
-# checkpoints and requeues itself. Measured here: about 1,000 steps a slot on one node
-# (2 processes), 250 on two (1 process each, 45 s): the epochs (of 120 steps) below need about
-# 6 slots, 5 or more. max_continuations bounds a run that slows down badly.
+# Time-limit slots of 1 minute. The warning comes 40 s before the end, after about 10 s of
+# start-up and preflight, so a slot trains for some seconds before it checkpoints and
+# requeues itself. Measured here (2026-11-22): about 700 steps a slot on one node (2
+# processes), 600 on two (1 process each): the epochs (of 120 steps) below need 7-9 slots,
+# 5 or more. max_continuations bounds a run that slows down badly.
 SLOT_MINUTES, SLOT_STEPS = 1, 120
-SLOT_EPOCHS = {1: 50, 2: 15}  # by node count
-SLOT_WARNING_S = {1: 40, 2: 45}
+SLOT_EPOCHS = {1: 50, 2: 35}  # by node count
+SLOT_WARNING_S = {1: 40, 2: 40}
 
 
 def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:

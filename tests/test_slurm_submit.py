@@ -59,7 +59,7 @@ def test_two_nodes_with_gpus() -> None:
     assert res["slurm_partition"] == "debug" and res["slurm_account"] == "proj"
     assert sbatch_line(cfg) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
-        " --comment rule_train_wildcards_mnist   -t 30 -C a100 --qos=hi --mem 2000 --nodes=2"
+        " --comment rule_train_wildcards_mnist   -t 30 -C a100 --qos=hi --mem 16000 --nodes=2"
         " --requeue --cpus-per-task=6 --ntasks-per-node=1"
         " -D /work --gres=gpu:2"  # GPU jobs: 2 tasks from --nodes=2 x --ntasks-per-node=1
     )

@@ -21,7 +21,16 @@ import yaml
 from tests.tiny import REPO, TinyData, tiny_config
 
 README = (REPO / "README.md").read_text()
-LINKED = ("Snakefile", "workflow", "profiles", "containers", "src", "pyproject.toml", "Makefile")
+LINKED = (
+    "Snakefile",
+    "workflow",
+    "profiles",
+    "containers",
+    "src",
+    "pyproject.toml",
+    "Makefile",
+    "constraints.txt",
+)
 # Markers of a command that cannot run for real here, or that is long: run with -n.
 DRY = ("--profile", "container=", "/path/to/", "example.org", "results/images", "make run")
 

@@ -7,7 +7,7 @@ CORES ?= all
 # An offline or institutional MNIST mirror, e.g. MIRROR=file:///data/mnist/
 MIRROR ?=
 SNAKEMAKE_ARGS ?=
-MIRROR_ARG := $(if $(MIRROR),--config 'data={mirrors: [$(MIRROR)]}',)
+MIRROR_ARG := $(if $(MIRROR),--config 'task_args={mirrors: [$(MIRROR)]}',)
 
 .PHONY: run test env system-deps lint clean
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import config, download, idx, launch, mnist
+from ddppipe import config, hashing, idx, launch, mnist
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSIC = Path(__file__).resolve().parent / "classic_ddp_mnist.py"
@@ -126,7 +126,7 @@ def ddppipe_config(data_sha: dict[str, str], nproc: int, threads: int, **train: 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg.pop("scaling", None)
     cfg["run"] = "bench"
-    cfg["data"]["sha256"] = data_sha
+    cfg["task_args"]["sha256"] = data_sha
     cfg["launch"].update(nproc_per_node=nproc, cpus_per_proc=threads)
     cfg["train"].update(train)
     return config.resolve(cfg)
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        sha = {name: download.file_sha256(data / name) for name in mnist.FILES}
+        sha = {name: hashing.file_sha256(data / name) for name in mnist.FILES}
         epochs = {"epochs": 1} if args.quick else {}
         speed = {"precision": "bf16", "channels_last": True}
         batch = BATCH_PER_RANK * args.nproc

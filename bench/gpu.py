@@ -37,7 +37,7 @@ def main() -> int:
         print("no CUDA GPU here: nothing to measure", file=sys.stderr)
         return 1
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    cfg["data"]["mirrors"] = [args.mirror]
+    cfg["task_args"]["mirrors"] = [args.mirror]
     cfg["launch"].update(nproc_per_node=args.procs, backend="nccl")
     cfg["train"]["epochs"] = args.epochs
     with tempfile.TemporaryDirectory() as tmp:

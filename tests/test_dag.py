@@ -30,7 +30,7 @@ def test_a_new_run_name_leaves_the_data_and_other_runs_alone(built: tuple[Path, 
     workdir, cfg = built
     counts = job_counts(workdir, cfg, "all", "scaling", "--config", "run=other")
     assert counts.get("train") == 1, counts  # only the new run trains
-    assert "download_mnist" not in counts and "data_config" not in counts, counts
+    assert "prepare_data" not in counts and "data_config" not in counts, counts
     assert "plot_scaling" not in counts, counts
 
 
@@ -48,5 +48,5 @@ def test_changing_lr_reruns_only_that_runs_training_and_what_follows(
 
 def test_changing_the_data_settings_reruns_the_download(built: tuple[Path, dict]) -> None:
     workdir, cfg = built
-    counts = job_counts(workdir, cfg, "all", "--config", "data={timeout_s: 7}")
-    assert counts.get("data_config") == 1 and counts.get("download_mnist") == 1, counts
+    counts = job_counts(workdir, cfg, "all", "--config", "task_args={timeout_s: 7}")
+    assert counts.get("data_config") == 1 and counts.get("prepare_data") == 1, counts

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ddppipe import download, mnist
+from ddppipe import download, hashing, mnist
 from tests.tiny import TinyData
 
 # A server that is never cut off would hang the old read-it-all code: fail instead.
@@ -125,7 +125,7 @@ def test_corrupted_file_is_a_clear_error_and_leaves_nothing(
         download.download_file(name, tiny.sha256[name], [http_mirror(mirror)], out, limits)
     text = str(e.value)
     assert f"{name}: SHA-256 mismatch" in text
-    assert f"expected {tiny.sha256[name]}, got {download.sha256(bytes(content))}" in text
+    assert f"expected {tiny.sha256[name]}, got {hashing.sha256(bytes(content))}" in text
     assert "data.mirrors" in text  # says what to do
     assert not out.exists() or not any(out.iterdir())
 
@@ -149,7 +149,7 @@ def test_wrong_idx_layout_with_matching_checksum_is_rejected(tmp_path: Path) -> 
     with pytest.raises(download.DownloadError, match="wrong IDX magic"):
         download.download_file(
             mnist.TEST_LABELS,
-            download.sha256(content),
+            hashing.sha256(content),
             [tmp_path.as_uri()],
             tmp_path / "out",
             download.Limits(10_008),
@@ -361,7 +361,7 @@ def test_idx_length_must_match_its_header(
     url = http_mirror(mirror)
     with pytest.raises(download.DownloadError) as e:
         download.download_file(
-            name, download.sha256(content), [url], tmp_path / "out", download.Limits(10_008)
+            name, hashing.sha256(content), [url], tmp_path / "out", download.Limits(10_008)
         )
     expected = (
         f"{name}: longer than the {len(good):,} bytes its IDX header announces"

@@ -64,7 +64,7 @@ def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
         "cpus_per_proc": 1,
     }
     assert run_cfg["train"] == {**cfg["train"], "epochs": 3}
-    assert run_cfg["data"] == cfg["data"]
+    assert run_cfg["task_args"] == cfg["task_args"]
     assert "scaling" not in run_cfg
     assert cfg["scaling"]["epochs"] == 3 and cfg["run"] == "mnist"  # the base is untouched
     resolved = config.resolve(run_cfg)

@@ -91,7 +91,7 @@ def provenance(workdir: Path, run: str) -> dict[str, Any]:
 def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster)
     cfg["run"] = "mnist2n"
-    cfg["data"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
+    cfg["task_args"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
     cfg["train"].update(epochs=1, batch_size=256, eval_batch_size=1000)
     started = time.monotonic()
     result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)

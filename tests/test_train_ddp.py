@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import checkpoint, config, preemption
+from ddppipe import checkpoint, config, preemption, state
 from tests.conftest import run_cli
 from tests.processes import guarded_workers, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
@@ -146,7 +146,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     text = log.read_text()
     assert "training stopped (stopped on SIGTERM) after writing" in text, text
     assert not (run_dir / "final.pt").exists()
-    assert not (run_dir / "state" / preemption.NOTE).exists()  # the launcher took the note
+    assert not state.of(run_dir / "state").stop_note.exists()  # the launcher took the note
     stored = checkpoint.Store(run_dir / "state" / "checkpoints").paths()
     assert stored, f"no checkpoint after SIGTERM:\n{text}"
 
@@ -167,4 +167,4 @@ def test_sigkill_of_the_launcher_stops_training_with_a_checkpoint(tmp_path: Path
         assert time.monotonic() < deadline, f"training outlived its launcher:\n{log.read_text()}"
         time.sleep(0.2)
     assert checkpoint.Store(run_dir / "state" / "checkpoints").paths(), log.read_text()
-    assert (run_dir / "state" / preemption.NOTE).exists()  # nobody took it: the launcher died
+    assert state.of(run_dir / "state").stop_note.exists()  # nobody took it: the launcher died

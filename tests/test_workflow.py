@@ -19,7 +19,7 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
     assert counts == {
         "write_config": 1,
         "data_config": 1,
-        "download_mnist": 1,
+        "prepare_data": 1,
         "attempt_history": 1,
         "train": 1,
         "evaluate": 1,
@@ -29,8 +29,8 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
     }
     edges = rule_graph(tmp_path, cfg)
     for edge in [
-        ("data_config", "download_mnist"),
-        ("download_mnist", "train"),
+        ("data_config", "prepare_data"),
+        ("prepare_data", "train"),
         ("write_config", "train"),
         ("train", "evaluate"),
         ("train", "export"),
@@ -39,8 +39,8 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
         ("export", "all"),
     ]:
         assert edge in edges, edge
-    assert ("download_mnist", "evaluate") in edges  # evaluation reads the test files
-    assert ("write_config", "download_mnist") not in edges  # the data needs no run's config
+    assert ("prepare_data", "evaluate") in edges  # evaluation reads the test files
+    assert ("write_config", "prepare_data") not in edges  # the data needs no run's config
 
 
 def test_invalid_config_fails_before_anything_runs(tmp_path: Path) -> None:
@@ -78,8 +78,8 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
 def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     """The DAG on real MNIST served over loopback HTTP: 2-process DDP, >= 97 % after 1 epoch."""
     cfg = default_config()
-    cfg["data"]["mirrors"] = ["http://127.0.0.1:9/", http_mirror(REAL_MNIST)]  # first one fails
-    cfg["data"]["sha256"] = real_mnist_sha256()
+    cfg["task_args"]["mirrors"] = ["http://127.0.0.1:9/", http_mirror(REAL_MNIST)]  # first one fails
+    cfg["task_args"]["sha256"] = real_mnist_sha256()
     cfg["train"]["epochs"] = 1
     snakemake(tmp_path, cfg, "--cores", "2")
     run = tmp_path / "results" / cfg["run"]

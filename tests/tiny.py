@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import idx, mnist
+from ddppipe import idx, manifest, mnist
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"
@@ -57,6 +57,7 @@ def make_tiny(root: Path, n_train: int = 256, n_test: int = 128) -> TinyData:
         (data_dir / name).write_bytes(content)
         (mirror / f"{name}.gz").write_bytes(gzip.compress(content, mtime=0))
         sha[name] = hashlib.sha256(content).hexdigest()
+    manifest.write(data_dir, {"ref": "ddppipe.tasks.mnist"}, {"sha256": sha})
     return TinyData(data_dir, mirror, sha)
 
 
@@ -68,7 +69,7 @@ def tiny_config(data: TinyData, **train: Any) -> dict[str, Any]:
     """The default config pointed at a tiny mirror, trained briefly."""
     cfg = copy.deepcopy(default_config())
     cfg["run"] = "tiny"
-    cfg["data"] = {"mirrors": [data.mirror_url], "sha256": data.sha256, "timeout_s": 10}
+    cfg["task_args"] = {"mirrors": [data.mirror_url], "sha256": data.sha256, "timeout_s": 10}
     cfg["train"].update({"epochs": 1, "batch_size": 32, "eval_batch_size": 64})
     cfg["train"].update(train)
     return cfg

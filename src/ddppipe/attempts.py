@@ -15,10 +15,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ddppipe import atomic
+from ddppipe import atomic, state
 
-HISTORY = "attempts.json"
-PROGRESS = "progress.json"
 LOST = "lost (the launcher was killed: node failure, out of memory or SIGKILL)"
 
 
@@ -60,11 +58,11 @@ def read(path: Path) -> list[Attempt]:
 
 
 def load(state_dir: Path) -> list[Attempt]:
-    return read(Path(state_dir) / HISTORY)
+    return read(state.of(state_dir).attempts)
 
 
 def save(state_dir: Path, history: list[Attempt]) -> None:
-    atomic.write_json(Path(state_dir) / HISTORY, [asdict(a) for a in history])
+    atomic.write_json(state.of(state_dir).attempts, [asdict(a) for a in history])
 
 
 def begin(state_dir: Path, job: str | None, restarts: int, nodes: list[str]) -> list[Attempt]:
@@ -73,7 +71,7 @@ def begin(state_dir: Path, job: str | None, restarts: int, nodes: list[str]) -> 
     for attempt in history:
         if attempt.outcome == "running":
             attempt.outcome = LOST
-    (Path(state_dir) / PROGRESS).unlink(missing_ok=True)
+    state.of(state_dir).progress.unlink(missing_ok=True)
     number = len(history) + 1
     history.append(Attempt(number, job or "local", restarts, nodes, time.time()))
     save(state_dir, history)
@@ -83,14 +81,14 @@ def begin(state_dir: Path, job: str | None, restarts: int, nodes: list[str]) -> 
 def read_progress(state_dir: Path) -> dict[str, Any]:
     """Rank 0's progress of the current slot ({} before it has resumed)."""
     try:
-        return json.loads((Path(state_dir) / PROGRESS).read_text())
+        return json.loads(state.of(state_dir).progress.read_text())
     except (FileNotFoundError, ValueError):
         return {}
 
 
 def write_progress(state_dir: Path, progress: dict[str, Any]) -> None:
     """(Rank 0) The slot's progress so far; see :class:`Attempt` for the keys."""
-    atomic.write_json(Path(state_dir) / PROGRESS, progress)
+    atomic.write_json(state.of(state_dir).progress, progress)
 
 
 def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") -> list[Attempt]:

@@ -29,16 +29,26 @@ def _train_paths(args: argparse.Namespace):
 
 
 def cmd_resolve_config(args: argparse.Namespace) -> int:
+    import yaml
+
     from ddppipe import config
 
-    config.write(config.resolve(config.load(args.config)), args.out)
+    with open(args.config) as f:
+        config.write_resolved(yaml.safe_load(f), args.out)
     return 0
 
 
-def cmd_download(args: argparse.Namespace) -> int:
-    from ddppipe import config, download
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from ddppipe import config, manifest, tasks
 
-    download.download_all(config.load_section(args.config, "data"), args.dest)
+    settings = config.load_data_settings(args.settings)
+    task = tasks.load(settings["task"])
+    task_args = tasks.validate_args(task, settings["task_args"])
+    args.dest.mkdir(parents=True, exist_ok=True)
+    task.call("prepare", args.dest, task_args)
+    found = manifest.write(args.dest, task.source.as_dict(), task_args)
+    print(f"{len(found['files'])} file(s) in {args.dest}, digest {found['digest']}",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -60,13 +70,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from ddppipe import config, launch, lifecycle
+    from ddppipe import config, launch, lifecycle, publish
 
     cfg = config.load_resolved(args.config)
+    if cfg["script"]:
+        if args.outputs is None:
+            raise config.ConfigError("ddppipe launch: a script run needs --outputs")
+        program = [cfg["task_source"]["path"], *cfg["script_args"]]
+        return lifecycle.run(
+            cfg, program, args.state, args.attempts,
+            lambda: publish.script_results(args.state, args.outputs, args.metrics),
+        )  # fmt: skip
+    if args.data is None or args.checkpoint is None:
+        raise config.ConfigError("ddppipe launch: a task run needs --data and --checkpoint")
     train_args = launch.train_args(
         args.config, args.data, args.state, args.checkpoint, args.metrics
     )
-    return lifecycle.run(cfg, train_args, args.state, args.attempts)
+    return lifecycle.run(cfg, ["-m", "ddppipe", "train", *train_args], args.state, args.attempts)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -116,25 +136,42 @@ def cmd_preflight_allreduce(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ddppipe import atomic, evaluate, plots
+    from ddppipe import atomic, config, evaluate, plots
 
-    result = evaluate.evaluate_checkpoint(args.checkpoint, args.data, args.batch_size)
+    cfg = config.load_resolved(args.config)
+    batch_size = args.batch_size or cfg["train"]["eval_batch_size"]
+    result = evaluate.evaluate_checkpoint(args.checkpoint, cfg, args.data, batch_size)
     atomic.write_json(args.metrics, result)
-    plots.confusion_matrix(result["confusion_matrix"], result["test_accuracy"], args.plot)
+    plots.evaluation(result, args.plot)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ddppipe import atomic, checkpoint, provenance
+    from ddppipe import atomic, config, provenance, publish
 
-    snapshot = checkpoint.load(args.checkpoint)
-    with atomic.atomic_path(args.weights) as tmp:
-        import torch
-
-        torch.save(snapshot["model"], tmp)
+    cfg = config.load_resolved(args.config)
     image = json.loads(Path(args.image_info).read_text()) if args.image_info else None
     history = json.loads(args.attempts.read_text()) if args.attempts else None
-    atomic.write_json(args.provenance, provenance.record(snapshot, args.data, image, history))
+    if cfg["script"]:
+        publish.copy_tree(args.result, args.out)
+        record = provenance.script_record(cfg, args.out, image, history)
+    else:
+        snapshot = publish.weights(args.result, args.out)
+        record = provenance.record(snapshot, args.data, image, history)
+    atomic.write_json(args.provenance, record)
+    return 0
+
+
+def cmd_evaluate_logged(args: argparse.Namespace) -> int:
+    from ddppipe import atomic, jsonl, plots
+
+    history = jsonl.read(args.metrics)
+    result: dict[str, object] = {"points": len(history)}
+    for record in history:  # the last value of every key the script logged
+        result.update({k: v for k, v in record.items() if k != "time"})
+    atomic.write_json(args.out, result)
+    plots.evaluation({k: v for k, v in result.items() if k not in ("step", "points")},
+                     args.plot, "last logged values")  # fmt: skip
     return 0
 
 
@@ -146,6 +183,14 @@ def cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_task_image(args: argparse.Namespace) -> int:
+    from ddppipe import atomic, container
+
+    info = container.build_task_image(args.base, args.requirements, args.image, args.log)
+    atomic.write_json(args.info, info)
+    return 0
+
+
 def cmd_image_info(args: argparse.Namespace) -> int:
     from ddppipe import atomic, container
 
@@ -154,9 +199,9 @@ def cmd_image_info(args: argparse.Namespace) -> int:
 
 
 def cmd_plot_training(args: argparse.Namespace) -> int:
-    from ddppipe import plots
+    from ddppipe import jsonl, plots
 
-    history = [json.loads(line) for line in args.metrics.read_text().splitlines() if line]
+    history = jsonl.read(args.metrics)
     plots.training_curves(history, args.out)
     return 0
 
@@ -203,12 +248,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_resolve_config)
 
-    p = sub.add_parser("download", help="download and verify the MNIST IDX files")
+    p = sub.add_parser("prepare", help="run the task's prepare() and write the data manifest")
     p.add_argument(
-        "--config", type=Path, required=True, help="YAML with a data: section (a config file)"
+        "--settings", type=Path, required=True, help="YAML with task: and task_args: (data rule)"
     )
-    p.add_argument("--dest", type=Path, required=True)
-    p.set_defaults(func=cmd_download)
+    p.add_argument("--dest", type=Path, required=True, help="the task's data folder")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="one training process (started by torchrun/srun/mpirun)")
     _add_train_args(p)
@@ -217,7 +262,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "launch", help="train one slot: torchrun locally, or an srun step in a SLURM job"
     )
-    _add_train_args(p)
+    p.add_argument("--config", type=Path, required=True, help="resolved config YAML")
+    p.add_argument("--data", type=Path, help="the task's prepared data folder")
+    p.add_argument("--state", type=Path, required=True, help="run state folder")
+    p.add_argument("--checkpoint", type=Path, help="(task) final checkpoint to write")
+    p.add_argument("--outputs", type=Path, help="(script) folder to publish its outputs to")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics (JSON lines) to write")
     p.add_argument("--attempts", type=Path, help="attempt history to write once complete")
     p.set_defaults(func=cmd_launch)
 
@@ -256,18 +306,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    p.add_argument("--plot", type=Path, required=True, help="confusion-matrix PNG to write")
-    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument(
+        "--plot", type=Path, required=True, help="PNG to write: confusion matrix, else metrics"
+    )
+    p.add_argument("--config", type=Path, required=True, help="the run's resolved config")
+    p.add_argument("--batch-size", type=int, help="default: train.eval_batch_size")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("export", help="write final weights and a provenance record")
-    p.add_argument("--checkpoint", type=Path, required=True)
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--weights", type=Path, required=True)
+    p = sub.add_parser("export", help="write the result and its provenance record")
+    p.add_argument(
+        "--result", type=Path, required=True, help="final checkpoint, or a script's outputs"
+    )
+    p.add_argument("--config", type=Path, required=True, help="the run's resolved config")
+    p.add_argument("--data", type=Path, help="the task's prepared data folder")
+    p.add_argument("--out", type=Path, required=True, help="weights (task) or folder (script)")
     p.add_argument("--provenance", type=Path, required=True)
     p.add_argument("--image-info", type=Path, help="JSON describing the container image used")
     p.add_argument("--attempts", type=Path, help="the run's attempt history (attempts.json)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("evaluate-logged", help="a script run's last logged values and plot")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics.jsonl of job.log")
+    p.add_argument("--out", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--plot", type=Path, required=True, help="PNG to write")
+    p.set_defaults(func=cmd_evaluate_logged)
 
     p = sub.add_parser("build-image", help="build the Apptainer image (atomically) and its info")
     p.add_argument("--recipe", type=Path, required=True, help="Apptainer definition file")
@@ -281,6 +343,16 @@ def parser() -> argparse.ArgumentParser:
         help="folder the recipe's %%files paths are relative to (repository root)",
     )
     p.set_defaults(func=cmd_build_image)
+
+    p = sub.add_parser(
+        "build-task-image", help="build the base image plus pinned pip packages, and its info"
+    )
+    p.add_argument("--base", type=Path, required=True, help="the ddppipe image to start from")
+    p.add_argument("--image", type=Path, required=True, help=".sif to write (recipe: .def)")
+    p.add_argument("--info", type=Path, required=True, help="image-info JSON (sha256, labels)")
+    p.add_argument("--log", type=Path, required=True, help="apptainer build output")
+    p.add_argument("requirements", nargs="+", help="pinned pip requirements (name==version)")
+    p.set_defaults(func=cmd_build_task_image)
 
     p = sub.add_parser("image-info", help="write the info JSON (sha256, labels) of an image")
     p.add_argument("--image", type=Path, required=True)

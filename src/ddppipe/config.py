@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import re
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,8 @@ import yaml
 from ddppipe import atomic, presets
 from ddppipe.errors import UserError
 
+log = logging.getLogger(__name__)
+
 # Keys that change the numbers a training run produces. Anything else (process count,
 # checkpoint interval, logging) may change between a run and its resumption.
 HASHED_TRAIN_KEYS = (*presets.RECIPE_KEYS, "seed")
@@ -26,6 +29,13 @@ RENAMED = {
     "launch.threads_per_proc": "launch.cpus_per_proc",
     "slurm.cpus_per_task": "launch.cpus_per_proc",
     "scaling.cpus_per_task": "scaling.cpus_per_proc",
+}
+
+
+# Top-level sections that moved: where their settings live now.
+MOVED = {
+    "data": "the MNIST download settings (mirrors, sha256, timeout_s, deadline_s, max_bytes) "
+    "are now task_args of the task ddppipe.tasks.mnist: rename data: to task_args:",
 }
 
 
@@ -122,7 +132,7 @@ def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
 
 def _renamed(cfg: dict[str, Any]) -> list[str]:
     """Lines for keys that moved (old configs), saying where their setting lives now."""
-    lines = []
+    lines = [f"  {old}: {why}" for old, why in MOVED.items() if old in cfg]
     for old, new in RENAMED.items():
         section, key = old.split(".")
         if isinstance(cfg.get(section), dict) and key in cfg[section]:
@@ -147,6 +157,17 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def validate_against(value: Any, schema_: dict[str, Any], where: str) -> Any:
+    """``value`` coerced, checked against ``schema_`` and filled with its defaults."""
+    value = coerce(value, schema_, where)
+    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema_)
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"  {'.'.join([where, *map(str, e.absolute_path)])}: {e.message}" for e in errors]
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines))
+    return value
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file and validate it."""
     with open(path) as f:
@@ -156,20 +177,22 @@ def load(path: str | Path) -> dict[str, Any]:
     return validate(cfg)
 
 
-def load_section(path: str | Path, name: str) -> dict[str, Any]:
-    """Read a YAML file holding one section (``name: {...}``) and validate that section."""
+DATA_KEYS = ("task", "task_args")  # what a task's data depends on: nothing of any run
+
+
+def data_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The settings a task's prepared data depends on (the data rule's input)."""
+    return {key: cfg[key] for key in DATA_KEYS}
+
+
+def load_data_settings(path: str | Path) -> dict[str, Any]:
+    """Read the data rule's settings file (``task:`` and ``task_args:``) and check its shape."""
     with open(path) as f:
         doc = yaml.safe_load(f)
-    if not isinstance(doc, dict) or not isinstance(doc.get(name), dict):
-        raise ConfigError(f"{path}: expected a YAML mapping with a {name!r} section")
-    node = schema()["properties"][name]
-    section = coerce(doc[name], node, name)
-    validator = _fill_defaults(jsonschema.Draft202012Validator)(node)
-    errors = [f"  {name}.{'.'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in validator.iter_errors(section)]  # fmt: skip
-    if errors:
-        raise ConfigError(f"invalid configuration ({path}):\n" + "\n".join(errors))
-    return section
+    props = schema()["properties"]
+    if not isinstance(doc, dict) or set(doc) != set(DATA_KEYS):
+        raise ConfigError(f"{path}: expected a YAML mapping of exactly {', '.join(DATA_KEYS)}")
+    return {key: validate_against(doc[key], props[key], key) for key in DATA_KEYS}
 
 
 def world_size(cfg: dict[str, Any]) -> int:
@@ -209,12 +232,38 @@ def load_resolved(path: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def train_hash(cfg: dict[str, Any]) -> str:
-    """Short hash of everything that determines a training run's numbers."""
+def train_hash(cfg: dict[str, Any], data_digest: str) -> str:
+    """Short hash of everything that determines a training run's numbers.
+
+    ``data_digest``: the data manifest's (:mod:`ddppipe.manifest`).
+    """
     keyed = {k: cfg["train"][k] for k in HASHED_TRAIN_KEYS}
-    keyed["data"] = cfg["data"]["sha256"]
+    keyed["data"] = data_digest
+    keyed["task"] = (cfg.get("task_source") or {}).get("sha256")
+    keyed["task_args"] = cfg.get("task_args")
     blob = json.dumps(keyed, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_resolved(cfg: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """Resolve ``cfg`` and write it, with the task's checked ``task_args`` and its source.
+
+    The task (or script) is located, its ``task_args`` validated against its ARGS_SCHEMA, its
+    source (file, SHA-256, version) recorded as ``task_source``, and its model built once: a
+    broken task fails here, on the submitting side, not in an allocation.
+    """
+    from ddppipe import tasks
+
+    resolved = resolve(cfg)
+    if resolved["script"]:
+        resolved["task_source"] = tasks.locate_script(resolved["script"]).as_dict()
+    else:
+        task = tasks.load(resolved["task"])
+        resolved["task_args"] = tasks.validate_args(task, resolved["task_args"])
+        resolved["task_source"] = task.source.as_dict()
+        log.info("%s", tasks.check_model(task, resolved["task_args"]))
+    write(resolved, path)
+    return resolved
 
 
 def write(cfg: dict[str, Any], path: str | Path) -> None:

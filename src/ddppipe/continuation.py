@@ -40,6 +40,7 @@ def classify(
     nodes: dict[str, str],
     signal_seconds: int,
     now: float | None = None,
+    stop_signal: str = "SIGUSR1",
 ) -> str:
     """How a slot that stopped on ``signal_name`` ended, from what SLURM says right after.
 
@@ -55,7 +56,7 @@ def classify(
         return "preempted"
     left = seconds_left(job, now)
     near_end = left is not None and left <= signal_seconds + TIME_LIMIT_SLACK_S
-    if signal_name == "SIGUSR1" and near_end:
+    if signal_name == stop_signal and near_end:
         return "time limit"
     return f"stopped on {signal_name}"
 
@@ -69,11 +70,15 @@ class Decision:
 
 
 def decide(history: list[Attempt], max_continuations: int) -> Decision:
-    """Requeue after the last slot of ``history`` (which stopped on a signal)?"""
+    """Requeue after the last slot of ``history`` (which stopped on a signal)?
+
+    A slot whose progress is unknown (a script that logged no step) continues, bounded by
+    ``max_continuations``.
+    """
     last = history[-1]
     if last.outcome in REQUEUED_BY_SLURM:
         return Decision(False, f"{last.outcome}: SLURM requeues the job itself")
-    if last.steps <= 0:
+    if last.start_step is not None and last.steps <= 0:
         return Decision(
             False,
             f"no progress: slot {last.number} (job {last.job}) checkpointed no new step "

@@ -26,6 +26,7 @@ class Context:
     device: torch.device
     backend: str
     launcher: str
+    local_world_size: int  # processes on this node
 
     @property
     def is_main(self) -> bool:
@@ -71,7 +72,8 @@ def setup(backend: str = "auto", timeout_s: float = 600, use: devices.Use = "aut
     if cuda and env.world_size > 1:
         check_distinct_gpus(device)
     log.info("%s, backend %s, device %s", env.describe(), chosen, device)
-    return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name)
+    local = env.local_world_size or 1
+    return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name, local)
 
 
 def check_distinct_gpus(device: torch.device) -> None:

@@ -23,10 +23,11 @@ from typing import Any, BinaryIO
 
 from ddppipe import atomic, idx, mnist
 from ddppipe.errors import UserError
+from ddppipe.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
-# Decompressed sizes of the MNIST files: the default caps (config key data.max_bytes).
+# Decompressed sizes of the MNIST files: the default caps (config key task_args.max_bytes).
 MAX_BYTES = {
     mnist.TRAIN_IMAGES: 47_040_016,
     mnist.TRAIN_LABELS: 60_008,
@@ -68,18 +69,6 @@ class Limits:
     def max_compressed(self) -> int:
         """Cap on the bytes read: gzip grows incompressible data by far less than 1%."""
         return self.max_bytes + self.max_bytes // 100 + 4096
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def url_for(mirror: str, name: str) -> str:
@@ -125,7 +114,8 @@ class _Inflater:
         self.size += len(piece)
         if self.size > self.max_bytes:
             raise LimitError(
-                f"decompressed size exceeds the cap of {self.max_bytes:,} bytes (data.max_bytes)"
+                f"decompressed size exceeds the cap of {self.max_bytes:,} bytes "
+                "(task_args.max_bytes)"
             )
         if self.header is None and len(self.head) < MAX_HEADER:
             self.head += piece[: MAX_HEADER - len(self.head)]
@@ -154,7 +144,7 @@ class _Inflater:
         if header.size > self.max_bytes:
             raise LimitError(
                 f"the IDX header announces {header.size:,} bytes, above the cap of "
-                f"{self.max_bytes:,} bytes (data.max_bytes)"
+                f"{self.max_bytes:,} bytes (task_args.max_bytes)"
             )
         self.header = header
         return header
@@ -169,7 +159,7 @@ def _mirror_errors(timeout_s: float) -> Iterator[None]:
         timed_out = isinstance(e, TimeoutError) or isinstance(
             getattr(e, "reason", None), TimeoutError
         )
-        hint = f" (no answer within data.timeout_s = {timeout_s:g} s)" if timed_out else ""
+        hint = f" (no answer within task_args.timeout_s = {timeout_s:g} s)" if timed_out else ""
         raise MirrorError(f"{e}{hint}") from e
 
 
@@ -190,7 +180,7 @@ def fetch_verified(url: str, name: str, expected_sha256: str, dest: Path, limits
         if announced is not None and announced > limits.max_compressed:
             raise LimitError(
                 f"Content-Length {announced:,} exceeds the compressed-size cap of "
-                f"{limits.max_compressed:,} bytes (data.max_bytes + 1% + 4 KiB)"
+                f"{limits.max_compressed:,} bytes (task_args.max_bytes + 1% + 4 KiB)"
             )
         inflater = _Inflater(name, out, limits.max_bytes)
         received = 0
@@ -198,7 +188,7 @@ def fetch_verified(url: str, name: str, expected_sha256: str, dest: Path, limits
             if time.monotonic() > deadline:
                 raise LimitError(
                     f"not complete within the deadline of {limits.deadline_s:g} s "
-                    f"(data.deadline_s); {received:,} bytes received"
+                    f"(task_args.deadline_s); {received:,} bytes received"
                 )
             with _mirror_errors(timeout):
                 chunk = response.read1(READ_CHUNK)  # what has arrived: no slow-drip stall
@@ -208,7 +198,7 @@ def fetch_verified(url: str, name: str, expected_sha256: str, dest: Path, limits
             if received > limits.max_compressed:
                 raise LimitError(
                     f"compressed size exceeds the cap of {limits.max_compressed:,} bytes "
-                    "(data.max_bytes + 1% + 4 KiB)"
+                    "(task_args.max_bytes + 1% + 4 KiB)"
                 )
             inflater.feed(chunk)
         if announced is not None and received != announced:
@@ -235,7 +225,7 @@ def download_file(
         log.info("%s: already present and verified", dest)
         return dest
     if not mirrors:
-        raise DownloadError(f"{name}: no mirrors configured (config key data.mirrors is empty)")
+        raise DownloadError(f"{name}: no mirrors configured (task_args.mirrors is empty)")
     failures: list[str] = []
     for mirror in mirrors:
         url = url_for(mirror, name)
@@ -251,10 +241,10 @@ def download_file(
     raise DownloadError(
         f"could not download {name} from any of {len(mirrors)} mirror(s):\n  "
         + "\n  ".join(failures)
-        + "\nPoint data.mirrors at a reachable mirror, e.g. "
-        "`snakemake --config 'data={mirrors: [file:///path/to/mnist/]}'`, "
-        "check data.sha256 if the mirror serves different content, "
-        "or raise data.max_bytes or data.deadline_s if a limit is too tight."
+        + "\nPoint task_args.mirrors at a reachable mirror, e.g. "
+        "`snakemake --config 'task_args={mirrors: [file:///path/to/mnist/]}'`, "
+        "check task_args.sha256 if the mirror serves different content, "
+        "or raise task_args.max_bytes or task_args.deadline_s if a limit is too tight."
     )
 
 
@@ -266,7 +256,7 @@ def download_all(data: Mapping[str, Any], dest_dir: Path) -> list[Path]:
     missing = sorted(set(mnist.FILES) - set(sha256s))
     if unknown or missing:
         raise DownloadError(
-            f"data.sha256 must list exactly {', '.join(mnist.FILES)} (and data.max_bytes "
+            f"task_args.sha256 must list exactly {', '.join(mnist.FILES)} (and task_args.max_bytes "
             f"only these); unknown: {unknown or 'none'}, missing: {missing or 'none'}"
         )
     deadline_s = data.get("deadline_s", DEFAULT_DEADLINE_S)

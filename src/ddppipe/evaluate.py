@@ -1,8 +1,15 @@
-"""Test-set evaluation: loss, accuracy, per-class accuracy and confusion matrix."""
+"""Test-set evaluation of any task: sums over samples, added across ranks, then averaged.
+
+By default (classification: integer targets, 2-D outputs) the sums are the loss and the
+correct predictions, plus the confusion matrix; a task's ``metrics(output, target)`` hook
+replaces them with its own sums. Each reported ``test_<name>`` is its sum over the whole
+test set divided by the number of test samples.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,77 +18,108 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ddppipe import idx, mnist
-from ddppipe.mnist import Split
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+MetricsFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 
 @dataclass
 class Counts:
     """Sums over evaluated samples; add them across ranks with :meth:`all_reduce`."""
 
-    loss_sum: torch.Tensor
-    confusion: torch.Tensor  # (true, predicted), int64
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)  # float64 scalars
+    count: int = 0
+    confusion: torch.Tensor | None = None  # (true, predicted), int64
 
-    @property
-    def count(self) -> int:
-        return int(self.confusion.sum())
+    def add(self, sums: dict[str, torch.Tensor], n: int, confusion: torch.Tensor | None) -> None:
+        for key, value in sums.items():
+            value = value.detach().double().sum()
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+        self.count += n
+        if confusion is not None:
+            self.confusion = confusion if self.confusion is None else self.confusion + confusion
 
     @property
     def loss(self) -> float:
-        return float(self.loss_sum) / max(self.count, 1)
+        return self.mean("loss")
 
     @property
-    def accuracy(self) -> float:
-        return float(self.confusion.diag().sum()) / max(self.count, 1)
+    def accuracy(self) -> float | None:
+        return self.mean("correct") if "correct" in self.sums else None
 
-    def per_class_accuracy(self) -> list[float]:
+    def mean(self, key: str) -> float:
+        return float(self.sums[key]) / max(self.count, 1)
+
+    def per_class_accuracy(self) -> list[float] | None:
+        if self.confusion is None:
+            return None
         totals = self.confusion.sum(dim=1).clamp(min=1)
         return (self.confusion.diag().double() / totals).tolist()
 
     def all_reduce(self) -> Counts:
-        """Sum counts over all ranks of the default process group (in place)."""
-        packed = torch.cat([self.loss_sum.double().reshape(1), self.confusion.double().flatten()])
+        """Sum over all ranks of the default process group (in place, on every rank)."""
+        keys = sorted(self.sums)
+        parts = [torch.stack([self.sums[k] for k in keys]).cpu() if keys else torch.zeros(0),
+                 torch.tensor([float(self.count)], dtype=torch.float64)]  # fmt: skip
+        if self.confusion is not None:
+            parts.append(self.confusion.double().flatten().cpu())
+        packed = torch.cat([p.double() for p in parts])
+        if dist.get_backend() == "nccl":
+            packed = packed.cuda()
         dist.all_reduce(packed)
-        self.loss_sum = packed[0]
-        self.confusion = packed[1:].round().long().reshape(self.confusion.shape)
+        packed = packed.cpu()
+        self.sums = {k: packed[i] for i, k in enumerate(keys)}
+        self.count = int(packed[len(keys)].round())
+        if self.confusion is not None:
+            shape = self.confusion.shape
+            self.confusion = packed[len(keys) + 1 :].round().long().reshape(shape)
         return self
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "test_loss": self.loss,
-            "test_accuracy": self.accuracy,
-            "test_count": self.count,
-            "per_class_accuracy": self.per_class_accuracy(),
-            "confusion_matrix": self.confusion.tolist(),
-        }
+        out: dict[str, Any] = {f"test_{k}": self.mean(k) for k in sorted(self.sums)}
+        if "correct" in self.sums:
+            out["test_accuracy"] = out.pop("test_correct")
+        out["test_count"] = self.count
+        if self.confusion is not None:
+            out["per_class_accuracy"] = self.per_class_accuracy()
+            out["confusion_matrix"] = self.confusion.tolist()
+        return out
 
 
-@torch.no_grad()
-def counts(
-    model: nn.Module,
-    split: Split,
-    batch_size: int,
-    dtype: torch.dtype = torch.float32,
-    memory_format: torch.memory_format = torch.contiguous_format,
-) -> Counts:
-    """Evaluate ``model`` on all of ``split`` (already on the model's device)."""
-    was_training = model.training
-    model.eval()
-    device = split.images.device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    confusion = torch.zeros(idx.NUM_CLASSES * idx.NUM_CLASSES, dtype=torch.long, device=device)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    for start in range(0, len(split), batch_size):
-        x = mnist.normalize(split.images[start : start + batch_size])
-        y = split.labels[start : start + batch_size]
-        with autocast:
-            logits = model(x.contiguous(memory_format=memory_format))
-        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
-        confusion += torch.bincount(
-            y * idx.NUM_CLASSES + logits.argmax(1), minlength=idx.NUM_CLASSES**2
-        )
-    model.train(was_training)
-    return Counts(loss_sum.cpu(), confusion.reshape(idx.NUM_CLASSES, -1).cpu())
+def is_classification(output: torch.Tensor, target: torch.Tensor) -> bool:
+    return output.dim() == 2 and target.dim() == 1 and not target.is_floating_point()
+
+
+def default_loss(label_smoothing: float = 0.0) -> LossFn:
+    """Cross-entropy (batch mean), the default loss of a task without ``loss()``."""
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target, label_smoothing=label_smoothing)
+
+    return loss
+
+
+def batch_sums(
+    output: torch.Tensor, target: torch.Tensor, loss_fn: LossFn | None, metrics_fn: MetricsFn | None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """This batch's sums (and confusion matrix, for classification without ``metrics()``)."""
+    output = output.float()
+    n = target.shape[0]
+    if metrics_fn is not None:
+        sums = dict(metrics_fn(output, target))
+        if "loss" not in sums and loss_fn is not None:
+            sums["loss"] = loss_fn(output, target) * n
+        return sums, None
+    if not is_classification(output, target):
+        return {"loss": loss_fn(output, target) * n}, None  # type: ignore[misc]
+    loss = F.cross_entropy(output, target, reduction="sum") if loss_fn is None else (
+        loss_fn(output, target) * n
+    )  # fmt: skip
+    predicted = output.argmax(1)
+    classes = output.shape[1]
+    confusion = torch.bincount(target * classes + predicted, minlength=classes * classes)
+    return {"loss": loss, "correct": (predicted == target).sum()}, confusion.reshape(
+        classes, classes
+    )
 
 
 def numerics(train: dict[str, Any]) -> tuple[torch.dtype, torch.memory_format]:
@@ -91,21 +129,58 @@ def numerics(train: dict[str, Any]) -> tuple[torch.dtype, torch.memory_format]:
     return dtype, layout
 
 
-def evaluate_checkpoint(checkpoint: Path, data_dir: Path, batch_size: int) -> dict[str, Any]:
-    """Evaluate a checkpoint's model on the test split of ``data_dir``.
+def as_input(x: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    """A batch in the recipe's layout (channels_last applies to image batches only)."""
+    return x.contiguous(memory_format=memory_format) if x.dim() == 4 else x
+
+
+@torch.no_grad()
+def counts(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    dtype: torch.dtype = torch.float32,
+    memory_format: torch.memory_format = torch.contiguous_format,
+    loss_fn: LossFn | None = None,
+    metrics_fn: MetricsFn | None = None,
+) -> Counts:
+    """Evaluate ``model`` on ``batches`` (already on the model's device)."""
+    was_training = model.training
+    model.eval()
+    result = Counts()
+    for x, y in batches:
+        device_type = x.device.type
+        with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+            output = model(as_input(x, memory_format))
+        sums, confusion = batch_sums(output, y, loss_fn, metrics_fn)
+        result.add(sums, y.shape[0], confusion)
+    model.train(was_training)
+    return result
+
+
+def evaluate_checkpoint(
+    checkpoint: Path, cfg: dict[str, Any], data_dir: Path, batch_size: int
+) -> dict[str, Any]:
+    """Evaluate a final checkpoint's model on the task's test set, in this process.
 
     It runs with the training recipe's precision and layout, so its accuracy is the one the
     training run reported after its last epoch.
     """
     from ddppipe import checkpoint as ckpt
-    from ddppipe.model import Net
+    from ddppipe import data, tasks
 
     snapshot = ckpt.load(checkpoint)
+    task = tasks.load(cfg["task"])
+    args = cfg["task_args"]
     dtype, layout = numerics(snapshot["meta"]["train"])
-    model = Net().to(memory_format=layout)
+    model = task.call("model", args).to(memory_format=layout)
     model.load_state_dict(snapshot["model"])
-    test = mnist.load(data_dir).test
-    result = counts(model, test, batch_size, dtype, layout).summary()
+    test = task.call("datasets", data_dir, args)[1]
+    cpu = torch.device("cpu")
+    feed = data.Feed(test, cpu, data.loader_workers(data.node_cpus(), 1, torch.get_num_threads()))
+    loss_fn = task.module.loss if task.has("loss") else None
+    metrics_fn = task.module.metrics if task.has("metrics") else None
+    batches = feed.shard(0, 1, batch_size)
+    result = counts(model, batches, dtype, layout, loss_fn, metrics_fn).summary()
     result["precision"] = str(dtype).removeprefix("torch.")
     result["epochs"] = snapshot["epoch"]
     result["config_hash"] = snapshot["config_hash"]

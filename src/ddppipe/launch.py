@@ -71,11 +71,14 @@ def plan(
     hosts: list[str] | None = None,
     max_restarts: int | None = None,
     join_timeout_s: int = slurm.RDZV_JOIN_TIMEOUT_S,
+    program: list[str] | None = None,
 ) -> Plan:
     """``ddppipe agent`` running ``python -m ddppipe MODULE_ARGS`` on every node of the run.
 
+    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
     ``hosts`` are the job's nodes (looked up with scontrol when not given).
     """
+    program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
     request = slurm.Request.from_config(cfg)
     job = slurm.job_id(env)
@@ -89,7 +92,7 @@ def plan(
             )
         command = [
             *container.python_command(cfg, gpus or None), *agent,
-            *request.torchrun_args(max_restarts=max_restarts), "-m", "ddppipe", *module_args,
+            *request.torchrun_args(max_restarts=max_restarts), *program,
         ]  # fmt: skip
         env = thread_environment(request.threads(available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
@@ -102,8 +105,7 @@ def plan(
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
         *request.srun(job), *container.python_command(cfg, gpus), *agent,
-        *request.torchrun_args(job, max_restarts, join_timeout_s),
-        "-m", "ddppipe", *module_args,
+        *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
     return Plan(command, thread_environment(threads, env), job, hosts, request)
@@ -147,7 +149,7 @@ def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics:
 # -- supervising the agent or the srun step -------------------------------------------------
 
 # Signals the launcher passes on to the torchrun agent or srun it started.
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -163,7 +165,8 @@ def supervise(
 ) -> tuple[int, dict | None]:
     """Run ``command`` (torchrun or srun), passing signals on; its exit status and stop note.
 
-    ``warn_in``: seconds after which the child gets SIGUSR1, the time-limit warning (srun
+    ``warn_in``: seconds after which the child gets the stop signal (SIGUSR1 unless
+    ``slurm.stop_signal`` says otherwise), the time-limit warning (srun
     passes it on to its tasks, so only the training processes see it).
 
     The child runs in its own session, so a signal to the launcher's process group reaches
@@ -184,8 +187,9 @@ def supervise(
             child.send_signal(signum)
 
     def warn() -> None:
-        log.warning("time-limit warning: SIGUSR1 to the training")
-        forward(signal.SIGUSR1, None)
+        sig = preemption.stop_signal(env)
+        log.warning("time-limit warning: %s to the training", sig.name)
+        forward(sig, None)
 
     timer = threading.Timer(warn_in, warn) if warn_in is not None else None
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
@@ -219,7 +223,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
     os.environ[preemption.UNDER_AGENT_ENV] = "1"  # workers that stop on a signal exit 0
     if "--rdzv-backend=c10d" in torchrun_argv and not any(
         a.startswith("--rdzv-endpoint") for a in torchrun_argv

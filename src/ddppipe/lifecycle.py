@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,30 +36,56 @@ log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
 
 
-def run(cfg: dict[str, Any], train_args: list[str], state: Path, record: Path | None) -> int:
-    """Train one slot; ``record`` receives the attempt history when training is complete."""
-    plan = launch.plan(cfg, ["train", *train_args])
+def run(
+    cfg: dict[str, Any], program: list[str], state: Path, record: Path | None,
+    publish: Callable[[], None] | None = None,
+) -> int:  # fmt: skip
+    """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments).
+
+    ``record`` receives the attempt history and ``publish`` runs when training is complete.
+    """
+    plan = launch.plan(cfg, [], program=program)
     with state_lock.hold(state, plan.job):
-        return _slot(cfg, plan, state, record)
+        return _slot(cfg, plan, state, record, publish)
 
 
-def _slot(cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None) -> int:
-    restarts, warn_in = 0, None
+def _environment(cfg: dict[str, Any], state: Path, attempt: int, warn_in: float | None,
+                 end: float | None) -> dict[str, str]:  # fmt: skip
+    """The job API's variables for every process of this slot (:data:`ddppipe.job.ENV`)."""
+    from ddppipe import devices, job
+
+    tracking = cfg.get("tracking") or {}
+    tensorboard = Path(state).parent / "tensorboard" if tracking.get("tensorboard", True) else None
+    return job.environment(
+        cfg["run"], state, attempt, cfg["slurm"]["stop_signal"], devices.use(cfg), tensorboard,
+        tracking.get("mlflow"), end, None if warn_in is None else time.time() + warn_in,
+    )  # fmt: skip
+
+
+def _slot(
+    cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None,
+    publish: Callable[[], None] | None,
+) -> int:  # fmt: skip
+    restarts, warn_in, end = 0, None, None
     if plan.job:
         log.info("preflight on %s:\n%s", ",".join(plan.hosts), preflight.run(cfg, plan))
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         left = continuation.seconds_left(job)
         if left is not None:  # None: no time limit
+            end = time.time() + left
             warn_in = max(0.0, left - plan.request.signal_seconds)
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
     history = attempts.begin(state, plan.job, restarts, plan.hosts)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
-    code, note = launch.supervise(plan.command, plan.env, state, warn_in)
+    env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end)}
+    code, note = launch.supervise(plan.command, env, state, warn_in)
     if note is not None:
         return _stopped(plan, note, state)
     if code == 0:
+        if publish is not None:
+            publish()
         history = attempts.finish(state, "completed", 0)
         log.info("training complete; attempts:\n%s", attempts.table(history))
         if record is not None:
@@ -85,8 +113,9 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("scontrol show node failed (%s)", e)
     outcome = continuation.classify(
-        note.get("signal"), _job_record(job) if job else None, nodes, request.signal_seconds
-    )
+        note.get("signal"), _job_record(job) if job else None, nodes, request.signal_seconds,
+        stop_signal=request.stop_signal,
+    )  # fmt: skip
     history = attempts.finish(state, outcome, preemption.EXIT_CODE)
     log.warning(
         "training stopped (%s) after writing %s; attempts:\n%s",

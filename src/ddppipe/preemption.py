@@ -17,13 +17,24 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from ddppipe import atomic
+from ddppipe import atomic, state
 
 # Exit status of a run that stopped early to be resumed (distinct from crashes).
 EXIT_CODE = 75  # EX_TEMPFAIL
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-# The note rank 0 leaves in the state folder when it stopped on a signal.
-NOTE = "stopped-on-signal.json"
+# The launcher's time-limit warning (slurm.stop_signal; USR1 unless set) and SLURM's SIGTERM.
+STOP_SIGNAL_ENV = "DDPPIPE_STOP_SIGNAL"
+# Unix time from which a stop is due even if no signal came (the job's end is near).
+STOP_AT_ENV = "DDPPIPE_STOP_AT"
+
+
+def stop_signal(env: dict[str, str] | None = None) -> signal.Signals:
+    """The time-limit warning's signal of this run (``slurm.stop_signal``, via the launcher)."""
+    name = (os.environ if env is None else env).get(STOP_SIGNAL_ENV) or "SIGUSR1"
+    return signal.Signals[name]
+
+
+def signals() -> tuple[signal.Signals, ...]:
+    return (stop_signal(), signal.SIGTERM)
 # Set by the launcher for its training: which launcher's training wrote a note.
 ATTEMPT_ENV = "DDPPIPE_ATTEMPT"
 # Set by ``ddppipe agent`` for its workers: stop with exit 0, not 75 (see launch.run_agent).
@@ -31,13 +42,19 @@ UNDER_AGENT_ENV = "DDPPIPE_UNDER_AGENT"
 
 
 class Guard:
-    """Installs handlers for :data:`SIGNALS` and remembers the first one received."""
+    """Installs handlers for :func:`signals` and remembers the first one received.
+
+    A stop is also due once :data:`STOP_AT_ENV`'s time has passed, when no signal arrives
+    (a warning lost on its way, a scheduler that sends none).
+    """
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.received_at: float | None = None  # time.monotonic() of the first signal
+        stop_at = os.environ.get(STOP_AT_ENV)
+        self.stop_at = float(stop_at) if stop_at else None
         self._previous = {}
-        for sig in SIGNALS:
+        for sig in signals():
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -45,6 +62,8 @@ class Guard:
             self.received, self.received_at = signum, time.monotonic()
 
     def requested(self) -> bool:
+        if self.received is None and self.stop_at is not None and time.time() >= self.stop_at:
+            self.received, self.received_at = stop_signal(), time.monotonic()
         return self.received is not None
 
     def restore(self) -> None:
@@ -71,12 +90,13 @@ def record(state_dir: Path, signum: int, checkpoint: str) -> None:
         "checkpoint": checkpoint,
         "attempt": os.environ.get(ATTEMPT_ENV),  # job id, host and pid of the launcher
     }
-    atomic.write_text(state_dir / NOTE, json.dumps({**note, "time": time.time()}) + "\n")
+    note["time"] = time.time()
+    atomic.write_text(state.of(state_dir).stop_note, json.dumps(note) + "\n")
 
 
 def take(state_dir: Path) -> dict | None:
     """The note of the run that just ended, removed so the next run starts without one."""
-    path = state_dir / NOTE
+    path = state.of(state_dir).stop_note
     try:
         note = json.loads(path.read_text())
     except FileNotFoundError:

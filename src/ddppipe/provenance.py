@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ddppipe import __version__, devices, download, mnist
+from ddppipe import __version__, devices, manifest
 
 
 def git_commit(cwd: Path | None = None) -> dict[str, Any]:
@@ -61,7 +61,8 @@ def software() -> dict[str, Any]:
 
 
 def data_checksums(data_dir: Path) -> dict[str, str]:
-    return {name: download.file_sha256(data_dir / name) for name in mnist.FILES}
+    """SHA-256 of every file the task prepared (from its checked manifest)."""
+    return {rel: f["sha256"] for rel, f in manifest.check(data_dir)["files"].items()}
 
 
 def record(
@@ -91,7 +92,30 @@ def record(
         "epochs": snapshot["epoch"],
         "config_hash": snapshot["config_hash"],
         "train_config": meta["train"],
+        "task": meta.get("task"),  # file, SHA-256, version of the task that trained
+        "task_args": meta.get("task_args"),
         "data_sha256": data_checksums(data_dir),
+        "container": image,
+        "attempts": attempts,
+    }
+
+
+def script_record(
+    cfg: dict[str, Any],
+    outputs: Path,
+    image: dict[str, Any] | None = None,
+    attempts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The provenance of a script run: the script (file, SHA-256, arguments), its outputs."""
+    from ddppipe import hashing
+
+    files = sorted(p for p in Path(outputs).rglob("*") if p.is_file())
+    return {
+        "git": git_commit(),
+        "software": software(),  # the launcher's stack; the script's own may differ
+        "script": {**cfg["task_source"], "args": cfg["script_args"]},
+        "world_size": cfg["launch"]["nnodes"] * cfg["launch"]["nproc_per_node"],
+        "outputs_sha256": {str(p.relative_to(outputs)): hashing.file_sha256(p) for p in files},
         "container": image,
         "attempts": attempts,
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import html
 import io
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ddppipe import atomic
+from ddppipe import atomic, jsonl
 from ddppipe.scaling import Point
 
 
@@ -42,7 +41,7 @@ class RunResult:
 
 def read_history(path: Path) -> list[dict[str, Any]]:
     """Per-epoch metrics from a metrics JSON-lines file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return jsonl.read(path)
 
 
 def load(metrics: Sequence[Path], configs: Sequence[Path]) -> list[RunResult]:

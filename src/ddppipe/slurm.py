@@ -56,6 +56,7 @@ class Request:
     constraint: str | None
     qos: str | None
     signal_seconds: int
+    stop_signal: str  # the time-limit warning's signal name, e.g. SIGUSR1
     rendezvous_host: str | None
     max_restarts: int
     max_continuations: int
@@ -79,6 +80,7 @@ class Request:
             constraint=slurm["constraint"],
             qos=slurm["qos"],
             signal_seconds=slurm["signal_seconds"],
+            stop_signal=slurm["stop_signal"],
             rendezvous_host=slurm["rendezvous_host"],
             max_restarts=launch["max_restarts"],
             max_continuations=slurm["max_continuations"],

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ddppipe import state
 from ddppipe.errors import UserError
 
-LOCK = ".lock"
 UNSUPPORTED = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
@@ -34,7 +34,7 @@ def hold(state_dir: Path, job: str | None) -> Iterator[dict[str, object]]:
     """Hold ``state_dir``'s lock for the block; raise StateLockedError at once if taken."""
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / LOCK
+    path = state.of(state_dir).lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

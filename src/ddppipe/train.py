@@ -1,4 +1,9 @@
-"""The DDP training loop: in-memory data, sharded batches, checkpoints, distributed evaluation."""
+"""The DDP training loop of any task: sharded batches, checkpoints, distributed evaluation.
+
+The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the loss,
+metrics and optimizer; everything else is here: device, DDP, mixed precision, the sharded
+and resumable data order, checkpoints, stop on signal, evaluation, metrics and tracking.
+"""
 
 from __future__ import annotations
 
@@ -13,26 +18,27 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ddppipe import (
     __version__,
-    atomic,
     attempts,
     checkpoint,
     config,
+    data,
     devices,
     distributed,
     evaluate,
     heap,
-    mnist,
+    jsonl,
+    manifest,
     preemption,
     provenance,
     sharding,
+    state,
+    tasks,
 )
-from ddppipe.model import Net
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
 def make_optimizer(
     params: Any, train: dict[str, Any], device: torch.device
 ) -> torch.optim.Optimizer:
+    """The recipe's optimizer (``train.optimizer``), for tasks without ``optimizer()``."""
     name, lr, wd = train["optimizer"], train["lr"], train["weight_decay"]
     kernels = optimizer_kernels(name, device)
     if name == "adadelta":
@@ -111,17 +118,29 @@ class Trainer:
     def __init__(self, cfg: dict[str, Any], paths: Paths, ctx: distributed.Context) -> None:
         self.cfg, self.paths, self.ctx = cfg, paths, ctx
         self.train_cfg = cfg["train"]
-        self.config_hash = config.train_hash(cfg)
+        self.task = tasks.load(cfg["task"])
+        args = cfg["task_args"]
+        self.config_hash = config.train_hash(cfg, manifest.check(paths.data_dir)["digest"])
         self.dtype, self.memory_format = evaluate.numerics(self.train_cfg)
         cuda = ctx.device.type == "cuda"
         if cuda:
             devices.check_gpu(ctx.device.index, self.train_cfg["precision"])
-        self.data = mnist.load(paths.data_dir).to(ctx.device)
+        train_set, test_set = self.task.call("datasets", paths.data_dir, args)
+        workers = data.loader_workers(
+            data.node_cpus(), ctx.local_world_size, torch.get_num_threads()
+        )
+        self.train_data = data.Feed(train_set, ctx.device, workers)
+        self.test_data = data.Feed(test_set, ctx.device, workers)
+        if len(self.test_data) < ctx.world_size:
+            raise tasks.TaskError(
+                f"task {cfg['task']}: {len(self.test_data)} test samples for {ctx.world_size} "
+                "ranks; every rank evaluates a share: use a larger test set or fewer processes"
+            )
         self.steps_per_epoch = sharding.steps_per_epoch(
-            len(self.data.train), self.train_cfg["batch_size"]
+            len(self.train_data), self.train_cfg["batch_size"]
         )
         torch.manual_seed(self.train_cfg["seed"])  # identical initial weights on every rank
-        model = Net().to(ctx.device, memory_format=self.memory_format)
+        model = self.task.call("model", args).to(ctx.device, memory_format=self.memory_format)
         self.model = model
         if cuda:
             speed_up_cuda()
@@ -129,10 +148,19 @@ class Trainer:
         self.ddp = DDP(
             model, device_ids=[ctx.device.index] if cuda else None, gradient_as_bucket_view=True
         )
-        self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg, ctx.device)
+        self.loss_fn = (
+            self.task.module.loss if self.task.has("loss")
+            else evaluate.default_loss(self.train_cfg["label_smoothing"])
+        )  # fmt: skip
+        self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
+        self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
+        if self.task.has("optimizer"):
+            self.optimizer = self.task.call("optimizer", self.ddp.parameters(), args)
+        else:
+            self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg, ctx.device)
         self.scheduler = make_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
         self.store = checkpoint.Store(
-            paths.state_dir / "checkpoints", self.train_cfg["keep_checkpoints"]
+            state.of(paths.state_dir).checkpoints, self.train_cfg["keep_checkpoints"]
         )
         self.hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(self.hosts, socket.gethostname())
@@ -184,6 +212,8 @@ class Trainer:
             "software": provenance.software(),
             "seed": self.train_cfg["seed"],
             "train": self.train_cfg,
+            "task": self.cfg["task_source"],
+            "task_args": self.cfg["task_args"],
         }
 
     def save_checkpoint(self) -> Path | None:
@@ -246,8 +276,7 @@ class Trainer:
         attempts.write_progress(self.paths.state_dir, self.progress)
 
     def _write_live_metrics(self) -> None:
-        lines = "".join(json.dumps(m) + "\n" for m in self.history)
-        atomic.write_text(self.paths.state_dir / "metrics.jsonl", lines)
+        jsonl.write(state.of(self.paths.state_dir).metrics, self.history)
 
     # -- loop ----------------------------------------------------------------------------
     def _stop_requested(self, guard: preemption.Guard) -> bool:
@@ -255,61 +284,59 @@ class Trainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def _train_step(self, indices: torch.Tensor, global_count: int) -> torch.Tensor:
-        train = self.data.train
-        x = mnist.normalize(train.images[indices]).contiguous(memory_format=self.memory_format)
-        y = train.labels[indices]
+    def _train_step(self, batch: data.Batch, global_count: int) -> torch.Tensor:
+        x, y = batch
         with torch.autocast(
             self.ctx.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
         ):
-            logits = self.ddp(x)
-        loss_sum = F.cross_entropy(
-            logits.float(), y, reduction="sum", label_smoothing=self.train_cfg["label_smoothing"]
-        )
-        # DDP averages gradients over ranks; scaling by world/global count makes the result
-        # the mean over the global batch whatever each rank's share is.
-        (loss_sum * (self.ctx.world_size / global_count)).backward()
+            output = self.ddp(evaluate.as_input(x, self.memory_format))
+        n = y.shape[0]
+        loss = self.loss_fn(output.float(), y)
+        # DDP averages gradients over ranks; weighting each rank's mean by its share of the
+        # global batch makes the result the mean over the global batch whatever the shares.
+        (loss * (n * self.ctx.world_size / global_count)).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss_sum.detach()
+        return loss.detach() * n
 
     def _run_epoch(self, guard: preemption.Guard) -> float | None:
         """Train the rest of the current epoch; return its seconds, or None when stopped."""
-        n, batch = len(self.data.train), self.train_cfg["batch_size"]
-        perm = sharding.epoch_permutation(n, self.train_cfg["seed"], self.epoch).to(self.ctx.device)
+        n, batch = len(self.train_data), self.train_cfg["batch_size"]
         self.ddp.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         show = self.ctx.is_main and sys.stderr.isatty()
-        steps = range(self.step, self.steps_per_epoch)
-        bar = tqdm(steps, desc=f"epoch {self.epoch + 1}", disable=not show, leave=False)
-        start = time.perf_counter()
-        for step in bar:
-            if step % SIGNAL_CHECK_EVERY == 0 and step > self.step and self._stop_requested(guard):
+        bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
+                   disable=not show, leave=False)  # fmt: skip
+        batches = self.train_data.epoch(
+            self.train_cfg["seed"], self.epoch, batch, self.ctx.rank, self.ctx.world_size,
+            self.step,
+        )  # fmt: skip
+        start, first = time.perf_counter(), self.step
+        for step, (local, global_count) in enumerate(batches, start=first):
+            if step % SIGNAL_CHECK_EVERY == 0 and step > first and self._stop_requested(guard):
                 self.step = step
+                bar.close()
                 return None
-            gbatch = sharding.global_batch(perm, step, batch)
-            local = sharding.local_slice(gbatch, self.ctx.rank, self.ctx.world_size)
-            loss_total += self._train_step(local, gbatch.numel())
+            loss_total += self._train_step(local, global_count)
+            bar.update()
+        bar.close()
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         seconds = time.perf_counter() - start
         dist.all_reduce(loss_total)
-        self._epoch_loss = float(loss_total) / (n - self.step * batch)
-        self._epoch_images = n - self.step * batch
+        self._epoch_images = n - first * batch
+        self._epoch_loss = float(loss_total) / self._epoch_images
         return seconds
 
     def _evaluate(self) -> evaluate.Counts:
-        test = self.data.test
-        lo, hi = sharding.eval_range(len(test), self.ctx.rank, self.ctx.world_size)
-        shard = mnist.Split(test.images[lo:hi], test.labels[lo:hi])
-        result = evaluate.counts(
-            self.model, shard, self.train_cfg["eval_batch_size"], self.dtype, self.memory_format
+        batches = self.test_data.shard(
+            self.ctx.rank, self.ctx.world_size, self.train_cfg["eval_batch_size"]
         )
-        if self.ctx.device.type == "cuda":
-            result = evaluate.Counts(
-                result.loss_sum.to(self.ctx.device), result.confusion.to(self.ctx.device)
-            )
+        result = evaluate.counts(
+            self.model, batches, self.dtype, self.memory_format, self.eval_loss_fn,
+            self.metrics_fn,
+        )  # fmt: skip
         return result.all_reduce()
 
     def run(self, guard: preemption.Guard) -> None:
@@ -327,12 +354,12 @@ class Trainer:
             counts = self._evaluate()
             eval_seconds = time.perf_counter() - eval_start
             self.epoch, self.step = self.epoch + 1, 0
+            test = counts.summary()
             self.history.append(
                 {
                     "epoch": self.epoch,
                     "train_loss": self._epoch_loss,
-                    "test_loss": counts.loss,
-                    "test_accuracy": counts.accuracy,
+                    **{k: v for k, v in test.items() if isinstance(v, float)},
                     "images_per_s": self._epoch_images / train_seconds,
                     "epoch_seconds": train_seconds + eval_seconds,
                     "train_seconds": train_seconds,
@@ -366,8 +393,7 @@ class Trainer:
 
         def write() -> None:
             checkpoint.save(snapshot, self.paths.final_checkpoint)
-            lines = "".join(json.dumps(m) + "\n" for m in self.history)
-            atomic.write_text(self.paths.metrics, lines)
+            jsonl.write(self.paths.metrics, self.history)
 
         checkpoint.rank0_writes(write)
 

@@ -1,29 +1,40 @@
 # Paths and helpers shared by the rules.
 import glob
 import os
+import shlex
 
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ddppipe import cluster_policy as ddp_cluster_policy
+from ddppipe import config as ddp_config
 from ddppipe import container as ddp_container
 from ddppipe import launch as ddp_launch
 from ddppipe import scaling as ddp_scaling
 from ddppipe import slurm as ddp_slurm
+from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
-DATA = "resources/mnist"
-MNIST_FILES = [
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-]
+# What the run trains: a task (model + data, prepared by the data rule) or a torchrun script.
+SCRIPT = config["script"]
+try:
+    SOURCE = (
+        ddp_tasks.locate_script(SCRIPT) if SCRIPT else ddp_tasks.locate(config["task"])
+    )
+except ddp_tasks.TaskError as e:
+    raise WorkflowError(str(e)) from None
+DATA = f"resources/{SOURCE.name}"  # the task's prepared data: depends on no run
+DATA_MANIFEST = f"{DATA}/manifest.json"
 
 
 def data_folder(wildcards, input):
-    """The folder of the MNIST files a rule reads (its input.data)."""
-    return os.path.dirname(input.data[0])
+    """The folder of the prepared data a rule reads (its input.data, the manifest)."""
+    return os.path.dirname(input.data)
+
+
+def data_input():
+    """The data manifest as a training input; a script finds its own data."""
+    return [] if SCRIPT else DATA_MANIFEST
 
 
 def run_dir(run):
@@ -33,10 +44,10 @@ def run_dir(run):
 def all_outputs():
     return [
         f"results/{RUN}/eval/metrics.json",
-        f"results/{RUN}/eval/confusion_matrix.png",
+        f"results/{RUN}/eval/{'metrics' if SCRIPT else 'confusion_matrix'}.png",
         f"results/{RUN}/train/training_curves.png",
         f"results/{RUN}/train/attempts.html",
-        f"results/{RUN}/export/model.pt",
+        f"results/{RUN}/export/{'outputs' if SCRIPT else 'model.pt'}",
         f"results/{RUN}/export/provenance.json",
     ]
 
@@ -76,37 +87,58 @@ def image_sources():
         "pyproject": os.path.join(ROOT, "pyproject.toml"),
         "constraints": os.path.join(ROOT, "constraints.txt"),
         "sources": sorted(
-            glob.glob(f"{src}/**/*.py", recursive=True) + glob.glob(f"{src}/*.yaml")
+            glob.glob(f"{src}/**/*.py", recursive=True)
+            + glob.glob(f"{src}/**/*.yaml", recursive=True)
         ),
     }
+
+
+def image_requirements():
+    """container.requirements (sorted); an unpinned one is a config error."""
+    try:
+        return ddp_container.requirements(config)
+    except ddp_container.ContainerError as e:
+        raise WorkflowError(str(e)) from None
+
+
+# non-empty: rule build_task_image derives an image with them from container.image
+TASK_REQUIREMENTS = image_requirements()
+
+
+def run_image():
+    """The image train and evaluate run in: container.image, or with container.requirements
+    the one derived from it (rule build_task_image)."""
+    return ddp_container.run_image(config)
 
 
 def image_input():
     """The image (and its info) as inputs of the rules that run in it; none when mode is none."""
     if not ddp_container.enabled(config):
         return []
-    image = config["container"]["image"]
-    return [image, str(ddp_container.info_path(image))]
+    return [run_image(), str(ddp_container.info_path(run_image()))]
 
 
 def image_exec():
     """Shell prefix running a rule's command inside the image ('' when mode is none)."""
     return (
-        " ".join(ddp_container.exec_prefix(config)) + " "
+        shlex.join(ddp_container.exec_prefix(config)) + " "
         if ddp_container.enabled(config)
         else ""
     )
 
 
 def image_info_arg():
-    """`ddppipe export` option recording the image in the provenance."""
+    """`ddppipe export` option recording the image (the one training ran in) in the provenance."""
     if not ddp_container.enabled(config):
         return ""
-    return f"--image-info {ddp_container.info_path(config['container']['image'])}"
+    return f"--image-info {ddp_container.info_path(run_image())}"
 
 
 def check_gpu_image():
-    """A GPU run (container.mode apptainer) needs an image with CUDA: a config error."""
+    """A GPU run (container.mode apptainer) needs an image with CUDA: a config error.
+
+    Judged on the base image and its recipe: a derived image keeps their torch and CUDA.
+    """
     try:
         ddp_container.check_gpu_image(
             config, image_sources()["recipe"], config["container"]["image"]

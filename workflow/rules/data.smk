@@ -11,39 +11,39 @@ rule write_config:
     localrule: True
     params:
         config=lambda wc: ddp_scaling.config_for_run(config, wc.run),
+        source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training
     run:
-        from ddppipe import config as ddp_config
-
-        ddp_config.write(ddp_config.resolve(params.config), output[0])
+        ddp_config.write_resolved(params.config, output[0])
 
 
 rule data_config:
-    """The data settings alone: the dataset depends on them and on nothing of any run."""
+    """What the task's data depends on (task and task_args), and on nothing of any run."""
     output:
         f"{DATA}.yaml",
     log:
         "logs/data_config.log",
     localrule: True
     params:
-        data=config["data"],
+        settings=ddp_config.data_settings(config),
     run:
-        from ddppipe import config as ddp_config
-
-        ddp_config.write({"data": params.data}, output[0])
+        ddp_config.write(params.settings, output[0])
 
 
-rule download_mnist:
-    """Download the four MNIST IDX files from the first working mirror and verify them."""
+rule prepare_data:
+    """The task's prepare(): download, verify, convert, once; then the manifest of its files.
+
+    Runs on the submitting machine (localrule), which may be the only one with internet.
+    """
     input:
         settings=f"{DATA}.yaml",
     output:
-        expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+        DATA_MANIFEST,
     log:
-        "logs/download_mnist.log",
+        "logs/prepare_data.log",
     benchmark:
-        "benchmarks/download_mnist.tsv"
+        "benchmarks/prepare_data.tsv"
     localrule: True
     params:
-        data=lambda wildcards, output: os.path.dirname(output[0]),
+        data=DATA,
     shell:
-        "ddppipe download --config {input.settings} --dest {params.data} 2> {log}"
+        "ddppipe prepare --settings {input.settings} --dest {params.data} 2> {log}"

@@ -1,32 +1,62 @@
-rule evaluate:
-    """Test-set metrics of the final checkpoint and its confusion matrix."""
-    input:
-        checkpoint="results/{run}/train/final.pt",
-        data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
-        image=image_input(),
-    output:
-        metrics=report(
-            "results/{run}/eval/metrics.json",
-            caption="../report/eval_metrics.rst",
-            category="Evaluation",
-            subcategory="{run}",
-        ),
-        plot=report(
-            "results/{run}/eval/confusion_matrix.png",
-            caption="../report/confusion_matrix.rst",
-            category="Evaluation",
-            subcategory="{run}",
-        ),
-    log:
-        "logs/{run}/evaluate.log",
-    benchmark:
-        "benchmarks/{run}/evaluate.tsv"
-    params:
-        data=data_folder,  # the folder of input.data
-        exec=image_exec(),  # "apptainer exec ... IMAGE " with container.mode apptainer
-    shell:
-        "{params.exec}ddppipe evaluate --checkpoint {input.checkpoint} --data {params.data}"
-        " --metrics {output.metrics} --plot {output.plot} 2> {log}"
+if SCRIPT:
+
+    rule evaluate:
+        """A script run's evaluation: the last value of everything it logged (job.log)."""
+        input:
+            "results/{run}/train/metrics.jsonl",
+        output:
+            metrics=report(
+                "results/{run}/eval/metrics.json",
+                caption="../report/eval_metrics.rst",
+                category="Evaluation",
+                subcategory="{run}",
+            ),
+            plot=report(
+                "results/{run}/eval/metrics.png",
+                caption="../report/eval_metrics.rst",
+                category="Evaluation",
+                subcategory="{run}",
+            ),
+        log:
+            "logs/{run}/evaluate.log",
+        localrule: True
+        shell:
+            "ddppipe evaluate-logged --metrics {input} --out {output.metrics}"
+            " --plot {output.plot} 2> {log}"
+
+else:
+
+    rule evaluate:
+        """Test-set metrics of the final checkpoint and its confusion matrix."""
+        input:
+            checkpoint="results/{run}/train/final.pt",
+            config="results/{run}/config.yaml",
+            data=DATA_MANIFEST,
+            image=image_input(),
+        output:
+            metrics=report(
+                "results/{run}/eval/metrics.json",
+                caption="../report/eval_metrics.rst",
+                category="Evaluation",
+                subcategory="{run}",
+            ),
+            plot=report(
+                "results/{run}/eval/confusion_matrix.png",
+                caption="../report/confusion_matrix.rst",
+                category="Evaluation",
+                subcategory="{run}",
+            ),
+        log:
+            "logs/{run}/evaluate.log",
+        benchmark:
+            "benchmarks/{run}/evaluate.tsv"
+        params:
+            data=data_folder,  # the folder of input.data
+            exec=image_exec(),  # "apptainer exec ... IMAGE " with container.mode apptainer
+        shell:
+            "{params.exec}ddppipe evaluate --checkpoint {input.checkpoint}"
+            " --config {input.config} --data {params.data}"
+            " --metrics {output.metrics} --plot {output.plot} 2> {log}"
 
 
 rule plot_training:
@@ -66,14 +96,22 @@ rule attempt_history:
 
 
 rule export:
-    """Final weights and a provenance record (code, software, hosts, seed, data, attempts)."""
+    """The result (a task's final weights, a script's output files) and its provenance
+    (code, task or script, software, hosts, seed, data, attempts)."""
     input:
-        checkpoint="results/{run}/train/final.pt",
+        result=(
+            "results/{run}/train/outputs" if SCRIPT else "results/{run}/train/final.pt"
+        ),
+        config="results/{run}/config.yaml",
         attempts="results/{run}/train/attempts.json",
-        data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+        data=data_input(),
         image=image_input(),
     output:
-        weights="results/{run}/export/model.pt",
+        result=(
+            directory("results/{run}/export/outputs")
+            if SCRIPT
+            else "results/{run}/export/model.pt"
+        ),
         provenance=report(
             "results/{run}/export/provenance.json",
             caption="../report/provenance.rst",
@@ -85,10 +123,10 @@ rule export:
     benchmark:
         "benchmarks/{run}/export.tsv"
     params:
-        data=data_folder,  # the folder of input.data
+        data=lambda wc, input: f"--data {os.path.dirname(input.data)}" if input.data else "",
         image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
     shell:
-        "ddppipe export --checkpoint {input.checkpoint} --data {params.data}"
-        " --weights {output.weights} --provenance {output.provenance} {params.image_info}"
+        "ddppipe export --result {input.result} --config {input.config} {params.data}"
+        " --out {output.result} --provenance {output.provenance} {params.image_info}"
         " --attempts {input.attempts}"
         " 2> {log}"

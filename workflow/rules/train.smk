@@ -8,10 +8,15 @@ rule train:
     """
     input:
         config="results/{run}/config.yaml",
-        data=expand(f"{DATA}/{{name}}", name=MNIST_FILES),
+        data=data_input(),  # the task's data manifest (none for a script)
         image=image_input(),  # container.mode apptainer: launch runs torchrun in the image
     output:
-        checkpoint="results/{run}/train/final.pt",
+        # a task's final checkpoint, or the files a script left in job.output_dir()
+        result=(
+            directory("results/{run}/train/outputs")
+            if SCRIPT
+            else "results/{run}/train/final.pt"
+        ),
         metrics="results/{run}/train/metrics.jsonl",
         attempts="results/{run}/train/attempts.json",  # every job slot that trained the run
     log:
@@ -22,11 +27,12 @@ rule train:
     resources:
         **ddp_slurm.train_resources(config),  # ddppipe.slurm.Request, per run
     params:
-        data=data_folder,  # the folder of input.data
+        data=lambda wc, input: f"--data {os.path.dirname(input.data)}" if input.data else "",
         state="results/{run}/state",
+        result="--outputs" if SCRIPT else "--checkpoint",  # what output.result is
     shell:
         "mkdir -p {params.state}; status=0;"
-        " ddppipe launch --config {input.config} --data {params.data} --state {params.state}"
-        " --checkpoint {output.checkpoint} --metrics {output.metrics}"
+        " ddppipe launch --config {input.config} {params.data} --state {params.state}"
+        " {params.result} {output.result} --metrics {output.metrics}"
         " --attempts {output.attempts} 2>> {params.state}/train.log || status=$?;"
         " cp {params.state}/train.log {log}; exit $status"

@@ -1,0 +1,202 @@
+"""Tasks: what a run trains (model, data, loss, metrics), selected by the ``task:`` config key.
+
+A task is a Python file (``tasks/cifar.py``, relative to the working directory) or an
+importable module (``mypkg.tasks.cifar``); the built-in ones live in this package
+(``ddppipe.tasks.mnist``, ``ddppipe.tasks.digits``, ``ddppipe.tasks.imagefolder``). Its
+functions are the contract (``args`` is the config's ``task_args`` mapping)::
+
+    def prepare(data_dir: Path, args: dict) -> None      # once, on the submitting machine
+    def datasets(data_dir: Path, args: dict) -> tuple[train, test]
+    def model(args: dict) -> torch.nn.Module
+
+Optional: ``loss(output, target) -> Tensor`` (the batch mean; default cross-entropy with
+``train.label_smoothing``), ``metrics(output, target) -> dict[str, Tensor]`` (sums over the
+batch's samples, all-reduced and divided by the test-set size; default: loss, accuracy and
+the confusion matrix), ``optimizer(params, args) -> Optimizer`` (default: ``train.optimizer``)
+and ``ARGS_SCHEMA`` (a JSON schema of ``task_args``; validated, coerced from ``--config``
+text and filled with its defaults before anything runs).
+
+``datasets`` returns map-style torch Datasets of ``(input, target)`` (read through a
+sharded, resumable sampler and DataLoader workers), or :class:`ddppipe.data.Tensors` for
+data small enough to live in memory (indexed on the device, no per-sample Python).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ddppipe.errors import UserError
+
+REQUIRED = ("prepare", "datasets", "model")
+OPTIONAL = ("loss", "metrics", "optimizer", "ARGS_SCHEMA")
+
+
+class TaskError(RuntimeError, UserError):
+    """A task could not be loaded or one of its functions failed; the message names both."""
+
+
+def is_file_ref(ref: str) -> bool:
+    """Whether ``ref`` names a Python file (``tasks/cifar.py``) rather than a module."""
+    return ref.endswith(".py") or "/" in ref
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _distribution_version(module_name: str) -> str | None:
+    top = module_name.split(".")[0]
+    for dist in importlib.metadata.packages_distributions().get(top, []):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a task comes from: its identity in the run's config and provenance."""
+
+    ref: str  # as configured
+    name: str  # short name: the file's stem or the module's last component
+    path: str  # absolute path of its source file
+    sha256: str  # of that file: a changed task file is a changed run
+    version: str | None  # of the installed distribution providing it, if any
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ref": self.ref, "name": self.name, "path": self.path, "sha256": self.sha256,
+                "version": self.version}  # fmt: skip
+
+
+def locate(ref: str, cwd: Path | None = None) -> Source:
+    """The source of task ``ref`` without importing it (no torch); raise TaskError."""
+    if is_file_ref(ref):
+        path = (Path(cwd or Path.cwd()) / ref).resolve()
+        if not path.is_file():
+            raise TaskError(
+                f"task {ref!r}: no such file ({path}); `task:` names a Python file relative to "
+                "the working directory, or an importable module such as ddppipe.tasks.mnist"
+            )
+        return Source(ref, path.stem, str(path), _sha256(path), None)
+    try:
+        spec = importlib.util.find_spec(ref)
+    except (ImportError, ValueError) as e:
+        spec, error = None, f" ({type(e).__name__}: {e})"
+    else:
+        error = ""
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        raise TaskError(
+            f"task {ref!r}: no importable module of that name{error}; install its package "
+            "in the environment (and the image), or name its file: task: path/to/task.py"
+        )
+    path = Path(spec.origin).resolve()
+    return Source(ref, ref.rsplit(".", 1)[-1], str(path), _sha256(path),
+                  _distribution_version(ref))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Task:
+    """A loaded task: its module, where it came from, and the contract's functions."""
+
+    source: Source
+    module: ModuleType
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def has(self, hook: str) -> bool:
+        return callable(getattr(self.module, hook, None))
+
+    def call(self, function: str, *args: Any) -> Any:
+        """``module.function(*args)``; any exception becomes a TaskError naming both."""
+        try:
+            return getattr(self.module, function)(*args)
+        except UserError:
+            raise
+        except Exception as e:
+            raise TaskError(
+                f"task {self.source.ref} ({self.source.path}): {function}() raised "
+                f"{type(e).__name__}: {e}"
+            ) from e
+
+    @property
+    def args_schema(self) -> dict[str, Any] | None:
+        return getattr(self.module, "ARGS_SCHEMA", None)
+
+
+def load(ref: str, cwd: Path | None = None) -> Task:
+    """Import task ``ref`` and check it provides the contract's functions; raise TaskError."""
+    source = locate(ref, cwd)
+    module_name = f"ddppipe_user_task_{source.name}" if is_file_ref(ref) else ref
+    try:
+        if is_file_ref(ref):
+            spec = importlib.util.spec_from_file_location(module_name, source.path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(ref)
+    except Exception as e:
+        sys.modules.pop(module_name, None) if is_file_ref(ref) else None
+        raise TaskError(
+            f"task {ref} ({source.path}): importing it raised {type(e).__name__}: {e}"
+        ) from e
+    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
+    if missing:
+        raise TaskError(
+            f"task {ref} ({source.path}) lacks {', '.join(f'{m}()' for m in missing)}: a task "
+            "provides prepare(data_dir, args), datasets(data_dir, args) and model(args) "
+            "(README, 'Your own model')"
+        )
+    return Task(source, module)
+
+
+def locate_script(ref: str, cwd: Path | None = None) -> Source:
+    """The source of a ``script:`` (a torchrun script file); raise TaskError."""
+    path = (Path(cwd or Path.cwd()) / ref).resolve()
+    if not path.is_file():
+        raise TaskError(
+            f"script {ref!r}: no such file ({path}); `script:` names a torchrun script "
+            "relative to the working directory"
+        )
+    return Source(ref, path.stem, str(path), _sha256(path), None)
+
+
+def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` coerced, checked against the task's ARGS_SCHEMA and filled with its defaults."""
+    from ddppipe import config
+
+    schema = task.args_schema
+    if schema is None:
+        return dict(args)
+    try:
+        return copy.deepcopy(config.validate_against(copy.deepcopy(args), schema, "task_args"))
+    except config.ConfigError as e:
+        raise config.ConfigError(f"task {task.source.ref} ({task.source.path}): {e}") from None
+
+
+def check_model(task: Task, args: dict[str, Any]) -> str:
+    """Build the task's model once (on the submitting side: a broken task fails here, not in
+    an allocation); a line describing it."""
+    import torch
+
+    net = task.call("model", args)
+    if not isinstance(net, torch.nn.Module):
+        raise TaskError(
+            f"task {task.source.ref} ({task.source.path}): model() returned "
+            f"{type(net).__name__}, not a torch.nn.Module"
+        )
+    params = sum(p.numel() for p in net.parameters())
+    return f"task {task.source.ref}: {type(net).__name__} with {params:,} parameters"

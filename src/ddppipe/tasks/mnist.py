@@ -1,0 +1,42 @@
+"""MNIST (the default task): the seeds' CNN on the 70,000 official handwritten digits.
+
+``prepare`` downloads the four IDX files from the first working mirror of
+``task_args.mirrors`` and verifies their SHA-256 (:mod:`ddppipe.download`); ``datasets``
+keeps them in memory as uint8 tensors, normalized per batch on the device; ``model`` is
+:class:`ddppipe.model.Net`. ``task_args`` (all optional): see ``mnist.args.yaml``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ARGS_SCHEMA: dict[str, Any] = yaml.safe_load(
+    resources.files("ddppipe.tasks").joinpath("mnist.args.yaml").read_text()
+)
+
+
+def prepare(data_dir: Path, args: dict[str, Any]) -> None:
+    from ddppipe import download
+
+    download.download_all(args, data_dir)
+
+
+def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Any, Any]:
+    from ddppipe import mnist
+    from ddppipe.data import Tensors
+
+    data = mnist.load(data_dir)
+    return (
+        Tensors(data.train.images, data.train.labels, mnist.normalize),
+        Tensors(data.test.images, data.test.labels, mnist.normalize),
+    )
+
+
+def model(args: dict[str, Any]) -> Any:
+    from ddppipe.model import Net
+
+    return Net()

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import config, hashing, idx, launch, mnist
+from ddppipe import config, hashing, idx, launch, manifest, mnist
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSIC = Path(__file__).resolve().parent / "classic_ddp_mnist.py"
@@ -270,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             data = work / "tiny"
             write_tiny(data)
-        elif not all((data / name).is_file() for name in mnist.FILES):
+            sha = {name: hashing.file_sha256(data / name) for name in mnist.FILES}
+            manifest.write(data, {"ref": "ddppipe.tasks.mnist"}, {"sha256": sha})
+        elif not (data / manifest.NAME).is_file():
             print(
-                f"{data} lacks the MNIST IDX files: run `snakemake --cores all download_mnist`"
-                " or pass --data",
+                f"{data} holds no prepared MNIST ({manifest.NAME}): run "
+                "`snakemake --cores all prepare_data` or pass --data",
                 file=sys.stderr,
             )
             return 2

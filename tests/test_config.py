@@ -52,7 +52,16 @@ def test_hash_ignores_process_count_but_not_the_recipe() -> None:
     base = config.resolve(default_config())
     more = default_config()
     more["launch"]["nproc_per_node"] = 4
-    assert config.train_hash(config.resolve(more)) == config.train_hash(base)
+    data = "0123456789abcdef"  # the data manifest's digest
+    assert config.train_hash(config.resolve(more), data) == config.train_hash(base, data)
     other = default_config()
     other["train"]["seed"] = 1
-    assert config.train_hash(config.resolve(other)) != config.train_hash(base)
+    assert config.train_hash(config.resolve(other), data) != config.train_hash(base, data)
+    assert config.train_hash(base, "fedcba9876543210") != config.train_hash(base, data)
+
+
+def test_old_data_section_says_where_it_moved() -> None:
+    cfg = default_config()
+    cfg["data"] = cfg.pop("task_args")
+    with pytest.raises(config.ConfigError, match=r"are now task_args of the task ddppipe\."):
+        config.validate(cfg)

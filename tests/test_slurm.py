@@ -414,3 +414,40 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(
     other = (set(cluster.nodes) - {node}).pop()
     hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
     assert set(hosts) == {other}, f"the resumed training ran on {hosts}, not on {other}"
+
+
+def test_script_continues_after_usr1_on_two_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The example torchrun script (job API) on cn[07-08]: USR1 to the job's steps mid-run,
+    it saves and exits job.STOP, the job requeues itself and the next slot resumes it; the
+    weights equal an uninterrupted run's bitwise; evaluate/export summarize what it logged."""
+    script = REPO / "examples" / "scripts" / "train_ddp.py"
+    cfg = on_cluster(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, nodes=2, procs=1)
+    cfg.update(run="script", script=str(script), script_args=["--epochs", "4"])
+    wd = tmp_path / "signalled"
+    proc, out = _start_snakemake(slurm_cluster, wd, cfg)
+    live = wd / "results/script/state/metrics.jsonl"
+    _poll(lambda: live.exists() and len(live.read_text().splitlines()) >= 5, proc, 240,
+          "logged steps", out)  # fmt: skip
+    job, _ = _poll(lambda: _running_job(slurm_cluster), proc, 30, "running job", out)
+    slurm_cluster.run(["scancel", "--signal=USR1", job])
+    text = _finish(proc, out)
+    assert proc.returncode == 0, text
+    history = _history(wd, "script")
+    assert [a["outcome"] for a in history] == ["stopped on SIGUSR1", "completed"], history
+    assert {a["job"] for a in history} == {job} and len(history[0]["nodes"]) == 2, history
+    ref = tmp_path / "reference"
+    result = snakemake_slurm(slurm_cluster, ref, cfg)
+    assert result.returncode == 0, logs(ref, result)
+    a = torch.load(wd / "results/script/export/outputs/model.pt", weights_only=True)
+    b = torch.load(ref / "results/script/export/outputs/model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    summary = json.loads((wd / "results/script/eval/metrics.json").read_text())
+    assert (
+        summary["step"]
+        == json.loads((ref / "results/script/eval/metrics.json").read_text())["step"]
+    )
+    record = provenance(wd, "script")
+    assert record["script"]["path"] == str(script) and record["script"]["args"] == ["--epochs", "4"]
+    assert "model.pt" in record["outputs_sha256"]

@@ -78,7 +78,8 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
 def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     """The DAG on real MNIST served over loopback HTTP: 2-process DDP, >= 97 % after 1 epoch."""
     cfg = default_config()
-    cfg["task_args"]["mirrors"] = ["http://127.0.0.1:9/", http_mirror(REAL_MNIST)]  # first one fails
+    failing = "http://127.0.0.1:9/"  # the first mirror fails
+    cfg["task_args"]["mirrors"] = [failing, http_mirror(REAL_MNIST)]
     cfg["task_args"]["sha256"] = real_mnist_sha256()
     cfg["train"]["epochs"] = 1
     snakemake(tmp_path, cfg, "--cores", "2")

@@ -30,7 +30,8 @@ from ddppipe import (
     preflight,
     slurm,
     state_lock,
-)  # fmt: skip
+)
+from ddppipe import state as ddp_state  # fmt: skip
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
@@ -55,7 +56,7 @@ def _environment(cfg: dict[str, Any], state: Path, attempt: int, warn_in: float 
     from ddppipe import devices, job
 
     tracking = cfg.get("tracking") or {}
-    tensorboard = Path(state).parent / "tensorboard" if tracking.get("tensorboard", True) else None
+    tensorboard = ddp_state.of(state).tensorboard if tracking.get("tensorboard", True) else None
     return job.environment(
         cfg["run"], state, attempt, cfg["slurm"]["stop_signal"], devices.use(cfg), tensorboard,
         tracking.get("mlflow"), end, None if warn_in is None else time.time() + warn_in,

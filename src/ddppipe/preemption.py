@@ -35,6 +35,8 @@ def stop_signal(env: dict[str, str] | None = None) -> signal.Signals:
 
 def signals() -> tuple[signal.Signals, ...]:
     return (stop_signal(), signal.SIGTERM)
+
+
 # Set by the launcher for its training: which launcher's training wrote a note.
 ATTEMPT_ENV = "DDPPIPE_ATTEMPT"
 # Set by ``ddppipe agent`` for its workers: stop with exit 0, not 75 (see launch.run_agent).

@@ -53,6 +53,11 @@ class StateDir:
         """A script's output files (job.output_dir()), published when training completes."""
         return self.root / "outputs"
 
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files of every slot (next to the state folder, for users)."""
+        return self.root.parent / "tensorboard"
+
 
 def of(path: str | Path) -> StateDir:
     return StateDir(Path(path))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -167,6 +168,30 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
+        self.tracker = self._tracker() if ctx.is_main else None
+
+    def _tracker(self) -> Any:
+        """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
+        tracking_cfg = self.cfg.get("tracking") or {}
+        if not tracking_cfg.get("tensorboard", True) and not tracking_cfg.get("mlflow"):
+            return None
+        from ddppipe import tracking
+
+        layout = state.of(self.paths.state_dir)
+        source = self.cfg.get("task_source") or {}
+        tags = {"git_commit": str(provenance.git_commit()["commit"]),
+                "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
+                "config_hash": self.config_hash}  # fmt: skip
+        if os.environ.get("SLURM_JOB_ID"):
+            tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
+        return tracking.Tracker(
+            layout.tensorboard, layout.root, mlflow_uri=tracking_cfg.get("mlflow"),
+            run_name=self.cfg["run"], params=self.cfg, tags=tags,
+        )  # fmt: skip
+
+    def _track(self, step: int, values: dict[str, float], prefix: str = "") -> None:
+        if self.tracker is not None:
+            self.tracker.log(step, values, prefix)
 
     # -- checkpoints ---------------------------------------------------------------------
     def _rng_state(self) -> dict[str, torch.Tensor]:
@@ -313,12 +338,24 @@ class Trainer:
             self.step,
         )  # fmt: skip
         start, first = time.perf_counter(), self.step
+        window = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        window_images = 0
         for step, (local, global_count) in enumerate(batches, start=first):
-            if step % SIGNAL_CHECK_EVERY == 0 and step > first and self._stop_requested(guard):
-                self.step = step
-                bar.close()
-                return None
-            loss_total += self._train_step(local, global_count)
+            if step % SIGNAL_CHECK_EVERY == 0 and step > first:
+                if self.tracker is not None and window_images:
+                    at = self.epoch * self.steps_per_epoch + step
+                    self._track(at, {"loss": float(window) / window_images,
+                                     "lr": self.scheduler.get_last_lr()[0]}, "train")  # fmt: skip
+                window.zero_()
+                window_images = 0
+                if self._stop_requested(guard):
+                    self.step = step
+                    bar.close()
+                    return None
+            step_loss = self._train_step(local, global_count)
+            loss_total += step_loss
+            window += step_loss
+            window_images += local[1].shape[0]
             bar.update()
         bar.close()
         if self.ctx.device.type == "cuda":
@@ -370,6 +407,12 @@ class Trainer:
             )
             if self.ctx.is_main:
                 log.info("epoch %d: %s", self.epoch, json.dumps(self.history[-1]))
+                record = self.history[-1]
+                tracked = {k: v for k, v in record.items()
+                           if k.startswith("test_") and isinstance(v, float)}  # fmt: skip
+                tracked.update(train_loss=record["train_loss"],
+                               images_per_s=record["images_per_s"])  # fmt: skip
+                self._track(self.epoch * self.steps_per_epoch, tracked, "epoch")
             last = self.epoch == self.train_cfg["epochs"]
             stop = not last and self._stop_requested(guard)
             if last or stop or self.epoch % self.train_cfg["checkpoint_every"] == 0:
@@ -377,10 +420,14 @@ class Trainer:
             if stop:
                 self._stop(guard, path)
         self._write_outputs()  # a signal now is noted and changes nothing: the run completes
+        if self.tracker is not None:
+            self.tracker.close()
 
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
         signum = guard.received or 0
+        if self.tracker is not None:
+            self.tracker.close()
         if self.ctx.is_main:
             if guard.received_at is not None:  # signal to checkpoint written: what a stop takes
                 self._record_progress(stop_seconds=time.monotonic() - guard.received_at)

@@ -44,6 +44,6 @@ rule prepare_data:
         "benchmarks/prepare_data.tsv"
     localrule: True
     params:
-        data=DATA,
+        data=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "ddppipe prepare --settings {input.settings} --dest {params.data} 2> {log}"

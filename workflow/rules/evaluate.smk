@@ -123,7 +123,9 @@ rule export:
     benchmark:
         "benchmarks/{run}/export.tsv"
     params:
-        data=lambda wc, input: f"--data {os.path.dirname(input.data)}" if input.data else "",
+        data=lambda wc, input: (
+            f"--data {os.path.dirname(input.data)}" if input.data else ""
+        ),
         image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
     shell:
         "ddppipe export --result {input.result} --config {input.config} {params.data}"

@@ -27,7 +27,9 @@ rule train:
     resources:
         **ddp_slurm.train_resources(config),  # ddppipe.slurm.Request, per run
     params:
-        data=lambda wc, input: f"--data {os.path.dirname(input.data)}" if input.data else "",
+        data=lambda wc, input: (
+            f"--data {os.path.dirname(input.data)}" if input.data else ""
+        ),
         state="results/{run}/state",
         result="--outputs" if SCRIPT else "--checkpoint",  # what output.result is
     shell:

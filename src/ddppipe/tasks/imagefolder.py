@@ -1,0 +1,310 @@
+"""A folder of images, one sub-folder per class (``root/<class>/*.png``), trained by a small CNN.
+
+Two layouts of ``task_args.root`` (a path, relative to the working directory or absolute):
+
+- ``root/train/<class>/*`` and ``root/test/<class>/*``: the split is yours (both must hold
+  the same classes);
+- ``root/<class>/*``: split here, stratified and seeded: ``round(n * test_fraction)`` images
+  of each class of ``n`` (at least one; every class needs two images or more) go to the test
+  set.
+
+Images are what torchvision's ``ImageFolder`` reads (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``,
+``.ppm``, ``.pgm``, ``.tif``, ``.tiff``, ``.webp``); classes are the sub-folder names, sorted
+(their order is the class index). The images stay in ``root``, which the training nodes must
+see at the same path; ``prepare`` checks the layout and writes ``index.json`` into the data
+folder: the classes and every image's path (relative to ``root``), class, split and SHA-256,
+so the run's data manifest covers the images' content. ``datasets`` reads the images with
+``ImageFolder`` in the DataLoader workers (Resize to ``image_size``², ``Grayscale`` for one
+channel, ToTensor, Normalize to [-1, 1]) and refuses to train when ``root`` no longer
+matches the index (run ``prepare`` again). ``model`` counts the class folders of ``root``
+itself, so it works before ``prepare`` and always agrees with the data.
+
+``task_args``: ``root`` (required), ``image_size`` (32), ``channels`` (3; 1 for grey),
+``width`` (32: channels of the first convolution), ``test_fraction`` (0.2) and
+``split_seed`` (0) (both ignored with train/ and test/ folders).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset
+
+from ddppipe import atomic
+from ddppipe.errors import UserError
+
+INDEX = "index.json"
+FORMAT = 1
+SPLITS = ("train", "test")
+
+ARGS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["root"],
+    "properties": {
+        "root": {"type": "string", "minLength": 1},
+        "image_size": {"type": "integer", "minimum": 4, "default": 32},
+        "channels": {"type": "integer", "enum": [1, 3], "default": 3},
+        "width": {"type": "integer", "minimum": 1, "default": 32},
+        "test_fraction": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "exclusiveMaximum": 1,
+            "default": 0.2,
+        },
+        "split_seed": {"type": "integer", "minimum": 0, "default": 0},
+    },
+}
+
+
+class ImageFolderError(ValueError, UserError):
+    """The image folder is missing, malformed, or no longer what ``prepare`` indexed."""
+
+
+def _extensions() -> tuple[str, ...]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    return IMG_EXTENSIONS
+
+
+def _root(args: dict[str, Any]) -> Path:
+    root = Path(args["root"]).expanduser()
+    if not root.is_dir():
+        raise ImageFolderError(
+            f"task_args.root: no folder {root.absolute()}: point it at a folder of class "
+            "folders (root/<class>/*.png), or of train/ and test/ folders of class folders"
+        )
+    return root
+
+
+def _split_folders(root: Path) -> dict[str, Path] | None:
+    """``{"train": root/train, "test": root/test}`` for the split layout, None for classes."""
+    present = [s for s in SPLITS if (root / s).is_dir()]
+    if not present:
+        return None
+    if len(present) == 1:
+        missing = root / next(s for s in SPLITS if s not in present)
+        raise ImageFolderError(
+            f"{root} has {present[0]}/ but no {missing.name}/: add {missing} with the same "
+            "class folders, or put the class folders directly in root (split by test_fraction)"
+        )
+    return {s: root / s for s in SPLITS}
+
+
+def _classes(folder: Path) -> list[str]:
+    """The class folders of ``folder``, sorted, as ``ImageFolder`` finds them."""
+    from torchvision.datasets.folder import find_classes
+
+    try:
+        return find_classes(folder)[0]
+    except FileNotFoundError:
+        raise ImageFolderError(
+            f"{folder} holds no class folders: put each class's images in a folder named "
+            f"after the class ({folder}/<class>/*.png)"
+        ) from None
+
+
+def classes(args: dict[str, Any]) -> list[str]:
+    """The class names of ``task_args.root`` (of its train/ folder in the split layout)."""
+    root = _root(args)
+    splits = _split_folders(root)
+    return _classes(splits["train"] if splits else root)
+
+
+def _scan(folder: Path, names: list[str], root: Path) -> list[tuple[str, int]]:
+    """(path relative to root, class index) of every image, as ``ImageFolder`` lists them."""
+    from torchvision.datasets.folder import make_dataset
+
+    class_to_idx = {name: i for i, name in enumerate(names)}
+    samples = make_dataset(folder, class_to_idx, extensions=_extensions(), allow_empty=True)
+    counts = np.bincount([c for _, c in samples], minlength=len(names))
+    empty = [names[i] for i in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ImageFolderError(
+            f"class folder {folder / empty[0]} holds no images"
+            + (f" (nor do {', '.join(empty[1:])})" if len(empty) > 1 else "")
+            + f": add images ({', '.join(_extensions())}) or remove the folder"
+        )
+    return [(Path(path).relative_to(root).as_posix(), c) for path, c in samples]
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of the test set: ``round(n * fraction)`` random samples of each class of
+    ``n``, at least one and at most ``n - 1`` (every class has two samples or more)."""
+    rng = np.random.default_rng(seed)
+    test = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        n_test = min(max(round(len(members) * fraction), 1), len(members) - 1)
+        test.append(rng.permutation(members)[:n_test])
+    return np.sort(np.concatenate(test))
+
+
+def _discover(args: dict[str, Any]) -> tuple[list[str], list[tuple[str, int, str]]]:
+    """The classes and every image's (path relative to root, class index, split)."""
+    root = _root(args)
+    splits = _split_folders(root)
+    if splits:
+        names = _classes(splits["train"])
+        test_names = _classes(splits["test"])
+        if test_names != names:
+            only_train = sorted(set(names) - set(test_names)) or ["-"]
+            only_test = sorted(set(test_names) - set(names)) or ["-"]
+            raise ImageFolderError(
+                f"{splits['train']} and {splits['test']} hold different class folders (only "
+                f"in train/: {', '.join(only_train)}; only in test/: {', '.join(only_test)}): "
+                "give both the same classes"
+            )
+        return names, [(path, c, split) for split in SPLITS
+                       for path, c in _scan(splits[split], names, root)]  # fmt: skip
+    names = _classes(root)
+    samples = _scan(root, names, root)
+    counts = np.bincount([c for _, c in samples], minlength=len(names))
+    if counts.min() < 2:
+        single = names[int(np.argmin(counts))]
+        raise ImageFolderError(
+            f"class folder {root / single} holds one image: splitting off a test set needs "
+            "two or more per class; add images, or give root train/ and test/ folders"
+        )
+    labels = np.array([c for _, c in samples])
+    test = set(stratified_split(labels, args["test_fraction"], args["split_seed"]).tolist())
+    return names, [(path, c, "test" if i in test else "train")
+                   for i, (path, c) in enumerate(samples)]  # fmt: skip
+
+
+def _digest(path: Path) -> str:
+    """SHA-256 of an image file, after checking that PIL can read it."""
+    from PIL import Image
+
+    data = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+    except Exception as e:
+        raise ImageFolderError(
+            f"{path} is not a readable image ({type(e).__name__}: {e}): replace or remove it"
+        ) from None
+    return hashlib.sha256(data).hexdigest()
+
+
+def _split_args(root: Path, args: dict[str, Any]) -> dict[str, Any] | None:
+    if _split_folders(root):
+        return None
+    return {"test_fraction": float(args["test_fraction"]), "split_seed": int(args["split_seed"])}
+
+
+def prepare(data_dir: Path, args: dict[str, Any]) -> None:
+    """Check the layout and write ``index.json`` (atomically; untouched when unchanged)."""
+    root = _root(args)
+    names, images = _discover(args)
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(_digest, (root / path for path, _, _ in images)))
+    index = {
+        "format": FORMAT,
+        "classes": names,
+        "split": _split_args(root, args),
+        "counts": {s: sum(split == s for _, _, split in images) for s in SPLITS},
+        "images": [{"path": path, "class": names[c], "split": split, "sha256": digest}
+                   for (path, c, split), digest in zip(images, digests, strict=True)],
+    }  # fmt: skip
+    text = json.dumps(index, indent=1) + "\n"
+    dest = Path(data_dir) / INDEX
+    if dest.is_file() and dest.read_text() == text:
+        return
+    atomic.write_text(dest, text)
+
+
+def _transform(args: dict[str, Any]) -> Any:
+    from torchvision import transforms
+
+    size, channels = args["image_size"], args["channels"]
+    steps = [transforms.Grayscale(1)] if channels == 1 else []
+    return transforms.Compose([
+        *steps,
+        transforms.Resize((size, size)),
+        transforms.ToTensor(),
+        transforms.Normalize([0.5] * channels, [0.5] * channels),
+    ])  # fmt: skip
+
+
+def _differences(found: list[str], indexed: list[str]) -> str:
+    added, removed = sorted(set(found) - set(indexed)), sorted(set(indexed) - set(found))
+    parts = [f"{len(added)} image(s) added (e.g. {added[0]})"] if added else []
+    parts += [f"{len(removed)} removed (e.g. {removed[0]})"] if removed else []
+    return ", ".join(parts) or "the images' order differs"
+
+
+def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    """Train and test datasets of ``(image tensor (channels, size, size), class index)``."""
+    from torchvision.datasets import ImageFolder
+
+    path = Path(data_dir) / INDEX
+    if not path.is_file():
+        raise ImageFolderError(f"{path} is missing: run the task's prepare() first")
+    index = json.loads(path.read_text())
+    root = _root(args)
+    redo = f"{root} changed since {path} was written; run prepare() again"
+    if index.get("format") != FORMAT or index.get("split") != _split_args(root, args):
+        raise ImageFolderError(f"{path} was written for other task_args: run prepare() again")
+    splits = _split_folders(root)
+    for folder in splits.values() if splits else [root]:
+        if (names := _classes(folder)) != index["classes"]:
+            raise ImageFolderError(f"{redo} ({folder}'s classes are now {', '.join(names)})")
+    indexed = {s: [im["path"] for im in index["images"] if im["split"] == s] for s in SPLITS}
+    transform = _transform(args)
+    if splits:
+        parts = {s: ImageFolder(splits[s], transform) for s in SPLITS}
+        for s, part in parts.items():
+            found = [Path(p).relative_to(root).as_posix() for p, _ in part.samples]
+            if found != indexed[s]:
+                raise ImageFolderError(f"{redo} ({s}/: {_differences(found, indexed[s])})")
+        return parts["train"], parts["test"]
+    full = ImageFolder(root, transform)
+    found = [Path(p).relative_to(root).as_posix() for p, _ in full.samples]
+    if sorted(found) != sorted(indexed["train"] + indexed["test"]):
+        raise ImageFolderError(
+            f"{redo} ({_differences(found, indexed['train'] + indexed['test'])})"
+        )
+    test = set(indexed["test"])
+    return (
+        Subset(full, [i for i, p in enumerate(found) if p not in test]),
+        Subset(full, [i for i, p in enumerate(found) if p in test]),
+    )
+
+
+def _block(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()
+    )
+
+
+class Net(nn.Module):
+    """Three conv-BN-ReLU blocks (w, 2w, 4w channels; max-pools between), global average
+    pooling, then a linear layer: logits for ``channels`` x size x size images of any size."""
+
+    def __init__(self, channels: int, num_classes: int, width: int = 32) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _block(channels, width), nn.MaxPool2d(2),
+            _block(width, 2 * width), nn.MaxPool2d(2),
+            _block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )  # fmt: skip
+        self.dropout = nn.Dropout(0.25)
+        self.fc = nn.Linear(4 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.dropout(self.features(x)))
+
+
+def model(args: dict[str, Any]) -> nn.Module:
+    """The CNN, with one output per class folder of ``root`` (no need for ``prepare``)."""
+    return Net(args["channels"], len(classes(args)), args["width"])

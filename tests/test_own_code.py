@@ -1,0 +1,169 @@
+"""Users' own code through the whole local DAG: a task file, a torchrun script, a broken task."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from ddppipe import config, hashing, jsonl, preemption, state
+from tests.tiny import REPO, default_config
+from tests.workflow_helpers import job_counts, snakemake
+
+EXAMPLE_TASK = REPO / "examples" / "tasks" / "tinycnn.py"
+EXAMPLE_SCRIPT = REPO / "examples" / "scripts" / "train_ddp.py"
+
+
+def own_config(run: str, **keys: object) -> dict:
+    cfg = default_config()
+    cfg["run"] = run
+    cfg["task_args"] = {}
+    cfg["train"].update(epochs=2, batch_size=64, eval_batch_size=256)
+    cfg.update(keys)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The example task file, copied into a working directory as a user keeps it, trained."""
+    wd = tmp_path_factory.mktemp("own-task")
+    (wd / "tasks").mkdir()
+    shutil.copy(EXAMPLE_TASK, wd / "tasks" / "tinycnn.py")
+    cfg = own_config("mine", task="tasks/tinycnn.py", task_args={"samples": 1000})
+    snakemake(wd, cfg, "--cores", "2")
+    return wd, cfg
+
+
+def test_task_file_trains_evaluates_and_exports(task_run: tuple[Path, dict]) -> None:
+    wd, _ = task_run
+    run = wd / "results" / "mine"
+    task_file = wd / "tasks" / "tinycnn.py"
+    record = json.loads((run / "export" / "provenance.json").read_text())
+    assert record["task"]["path"] == str(task_file.resolve())
+    assert record["task"]["sha256"] == hashing.file_sha256(task_file)
+    prepared = json.loads((wd / "resources" / "tinycnn" / "manifest.json").read_text())
+    assert record["data_sha256"] == {k: v["sha256"] for k, v in prepared["files"].items()}
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["task_source"]["sha256"] == hashing.file_sha256(task_file)
+    history = jsonl.read(run / "train" / "metrics.jsonl")
+    assert [h["epoch"] for h in history] == [1, 2]
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    assert metrics["test_loss"] == pytest.approx(history[-1]["test_loss"], rel=1e-4)
+    weights = torch.load(run / "export" / "model.pt", weights_only=True)
+    assert weights.keys() == torch.load(run / "train" / "final.pt")["model"].keys()
+
+
+def tensorboard_steps(folder: Path, tag: str) -> list[int]:
+    """Steps of ``tag`` as TensorBoard loads them (honouring each slot's purge)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    return [event.step for event in accumulator.Scalars(tag)]
+
+
+def test_tensorboard_points_of_the_task(task_run: tuple[Path, dict]) -> None:
+    wd, _ = task_run
+    folder = wd / "results" / "mine" / "tensorboard"
+    steps_per_epoch = 13  # 800 training samples (1,000 less 20 % for the test), batch 64
+    assert tensorboard_steps(folder, "epoch/test_loss") == [steps_per_epoch, 2 * steps_per_epoch]
+    train = tensorboard_steps(folder, "train/loss")
+    assert train and train == sorted(set(train))
+
+
+def test_changed_task_file_reruns_only_that_runs_training(task_run: tuple[Path, dict]) -> None:
+    wd, cfg = task_run
+    task_file = wd / "tasks" / "tinycnn.py"
+    original = task_file.read_text()
+    try:
+        task_file.write_text(original + "\n# an edit\n")
+        counts = job_counts(wd, cfg)
+    finally:
+        task_file.write_text(original)
+    assert counts == {
+        "write_config": 1, "train": 1, "evaluate": 1, "export": 1, "plot_training": 1,
+        "attempt_history": 1, "all": 1,
+    }, counts  # fmt: skip
+
+
+def test_broken_task_fails_before_training_naming_file_and_function(tmp_path: Path) -> None:
+    (tmp_path / "tasks").mkdir()
+    broken = tmp_path / "tasks" / "broken.py"
+    source = EXAMPLE_TASK.read_text().replace("def model(", "def _model(")
+    broken.write_text(
+        source + "\n\ndef model(args):\n    raise ValueError('no such layer: conv9')\n"
+    )
+    result = snakemake(tmp_path, own_config("broken", task="tasks/broken.py"), "--cores", "2",
+                       check=False)  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"task tasks/broken.py ({broken}): model() raised ValueError: no such layer" in text
+    assert not (tmp_path / "logs" / "broken" / "train.log").exists()  # nothing trained
+    print("(broken task) snakemake printed:", *[ln for ln in text.splitlines() if "model()" in ln])
+
+
+def test_missing_task_module_is_a_config_error_before_anything_runs(tmp_path: Path) -> None:
+    result = snakemake(tmp_path, own_config("x", task="mypkg.tasks.nothere"), "-n", check=False)
+    assert result.returncode != 0
+    text = result.stdout + result.stderr
+    assert "task 'mypkg.tasks.nothere': no importable module of that name" in text
+    assert not (tmp_path / "results").exists()
+
+
+# -- a torchrun script through ddppipe launch -------------------------------------------------
+
+
+def script_launch(run_dir: Path, epochs: int) -> list[str]:
+    """The resolved script config in ``run_dir``; the launch arguments of a run there."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = own_config("script", script=str(EXAMPLE_SCRIPT),
+                     script_args=["--epochs", str(epochs)])  # fmt: skip
+    path = run_dir / "config.yaml"
+    config.write_resolved(cfg, path)
+    outputs, metrics = run_dir / "outputs", run_dir / "metrics.jsonl"
+    return [f"--config={path}", f"--state={run_dir / 'state'}", f"--outputs={outputs}",
+            f"--metrics={metrics}"]  # fmt: skip
+
+
+def launch_script(args: list[str], cwd: Path) -> subprocess.Popen:
+    log = (cwd / "launch.log").open("a")
+    return subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args], cwd=cwd,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def test_script_stops_on_sigterm_and_resumes_with_the_same_weights(tmp_path: Path) -> None:
+    """The example script: SIGTERM to the launcher mid-run, the script saves and exits
+    job.STOP (75); a relaunch resumes it; weights equal an uninterrupted run's bitwise; the
+    logged steps continue without a gap or a duplicate."""
+    reference = tmp_path / "reference"
+    assert launch_script(script_launch(reference, 3), reference).wait(timeout=300) == 0
+
+    run_dir = tmp_path / "stopped"
+    args = script_launch(run_dir, 3)
+    proc = launch_script(args, run_dir)
+    live = state.of(run_dir / "state").metrics
+    deadline = time.monotonic() + 120
+    while len(jsonl.read(live)) < 5:
+        assert proc.poll() is None, (run_dir / "launch.log").read_text()
+        assert time.monotonic() < deadline, (run_dir / "launch.log").read_text()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == preemption.EXIT_CODE, (run_dir / "launch.log").read_text()
+    assert launch_script(args, run_dir).wait(timeout=300) == 0, (run_dir / "launch.log").read_text()
+
+    history = json.loads((run_dir / "state" / "attempts.json").read_text())
+    assert [a["outcome"] for a in history] == ["stopped on SIGTERM", "completed"]
+    a = torch.load(reference / "outputs" / "model.pt", weights_only=True)
+    b = torch.load(run_dir / "outputs" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [r["step"] for r in jsonl.read(run_dir / "metrics.jsonl")]
+    assert steps == [r["step"] for r in jsonl.read(reference / "metrics.jsonl")]
+    assert steps == sorted(steps)  # in order, a continuation neither repeats nor skips

@@ -38,7 +38,7 @@ def main() -> int:
         return 1
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["task_args"]["mirrors"] = [args.mirror]
-    cfg["launch"].update(nproc_per_node=args.procs, backend="nccl")
+    cfg["launch"].update(nproc_per_node=args.procs, device="gpu")
     cfg["train"]["epochs"] = args.epochs
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -59,7 +59,7 @@ def main() -> int:
         bandwidth = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
              f"--nproc-per-node={args.procs}", "-m", "ddppipe", "preflight-allreduce",
-             "--backend=nccl", "--use=gpu"],
+             "--use=gpu"],
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
     stack = provenance.software()

@@ -22,8 +22,10 @@ def setting(section: str, **values: Any) -> Callable[[dict], None]:
 CASES = [
     ("signal during start-up", setting("slurm", runtime=1, signal_seconds=60),
      slurm.SlurmRequestError, "slurm.signal_seconds (60) must be shorter than slurm.runtime"),
-    ("GPUs != processes", setting("slurm", gpus_per_node=4), slurm.SlurmRequestError,
-     "must equal launch.nproc_per_node"),
+    ("GPUs in the old key", setting("slurm", gpus_per_node=4), config.ConfigError,
+     "slurm.gpus_per_node: this key is now launch.device"),
+    ("backend in the old key", setting("launch", backend="nccl"), config.ConfigError,
+     "launch.backend: this key is now launch.device"),
     ("batch not divisible", lambda c: (c["launch"].update(nnodes=3), c["train"].update(
         batch_size=64)), slurm.SlurmRequestError, "divisible by the world size 6"),
     ("renamed key", setting("slurm", cpus_per_task=2), config.ConfigError,
@@ -34,8 +36,8 @@ CASES = [
      "slurm.max_continuations"),
     ("unknown cluster check", setting("slurm", cluster_check="ignore"), config.ConfigError,
      "slurm.cluster_check"),
-    ("too little memory for GPUs", lambda c: (c["launch"].update(nproc_per_node=4),
-     c["slurm"].update(gpus_per_node=4, mem_mb=8000)), slurm.SlurmRequestError,
+    ("too little memory for GPUs", lambda c: (c["launch"].update(nproc_per_node=4, device="gpu"),
+     c["slurm"].update(mem_mb=8000)), slurm.SlurmRequestError,
      "slurm.mem_mb (8000) is too little for 4 GPU processes per node: each needs at least 4000"),
 ]  # fmt: skip
 

@@ -15,10 +15,9 @@ from ddppipe import devices, distributed, environments
 from tests.tiny import default_config
 
 
-def gpu_config(gpus: int = 0, backend: str = "auto") -> dict[str, Any]:
+def gpu_config(gpus: int = 0) -> dict[str, Any]:
     cfg = default_config()
-    cfg["slurm"]["gpus_per_node"] = gpus
-    cfg["launch"].update(backend=backend, nproc_per_node=max(gpus, 1))
+    cfg["launch"].update(device="gpu" if gpus else "auto", nproc_per_node=max(gpus, 1))
     return cfg
 
 
@@ -36,7 +35,6 @@ def gpus(monkeypatch: pytest.MonkeyPatch):
 
 def test_run_asks_for_gpus() -> None:
     assert devices.use(gpu_config(gpus=4), {}) == "gpu"
-    assert devices.use(gpu_config(backend="nccl"), {}) == "gpu"
     # A SLURM job that asked for no GPU must not take the node's (another job's) GPUs.
     assert devices.use(gpu_config(), {"SLURM_JOB_ID": "7"}) == "cpu"
     assert devices.use(gpu_config(), {}) == "auto"  # a laptop uses its GPU if it has one
@@ -107,10 +105,8 @@ def test_setup_refuses_cpu_fallback(gpus, monkeypatch) -> None:
     gpus(0)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(devices.DeviceError, match="needs a GPU"):
-        distributed.setup("auto", use="gpu")
+        distributed.setup(use="gpu")
     assert not torch.distributed.is_initialized()
-    with pytest.raises(devices.DeviceError, match="nccl"):
-        distributed.choose_backend("nccl", cuda=False)
 
 
 def seen(**kw: Any) -> devices.Seen:

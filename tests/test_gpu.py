@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 def gpu_run(tiny: TinyData, run_dir: Path, procs: int, **launch: object) -> dict:
     """A local `ddppipe launch` on ``procs`` GPUs (NCCL); its provenance."""
     cfg = tiny_config(tiny, epochs=1)
-    cfg["launch"].update(nproc_per_node=procs, backend="nccl", **launch)
+    cfg["launch"].update(nproc_per_node=procs, device="gpu", **launch)
     cfg["train"]["batch_size"] = 32 * procs
     run_dir.mkdir(parents=True)
     path = run_dir / "config.yaml"
@@ -61,7 +61,7 @@ def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path) -> 
 def test_two_ranks_on_one_gpu_are_refused(tiny: TinyData, tmp_path: Path) -> None:
     """One visible GPU, two processes: a clear error instead of NCCL's duplicate-GPU abort."""
     cfg = tiny_config(tiny)
-    cfg["launch"].update(nproc_per_node=2, backend="nccl")
+    cfg["launch"].update(nproc_per_node=2, device="gpu")
     path = tmp_path / "config.yaml"
     config.write(config.resolve(cfg), path)
     result = run_cli(
@@ -79,7 +79,7 @@ def test_preflight_allreduce_with_nccl_reports_bandwidth() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={procs}", "-m", "ddppipe", "preflight-allreduce",
-         "--backend=nccl", "--use=gpu"],
+         "--use=gpu"],
         capture_output=True, text=True, timeout=300, env=dict(os.environ), check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -26,8 +26,7 @@ def test_scaling_points_request_one_gpu_per_process(tmp_path: Path) -> None:
     """A dry run of the study on the SLURM profile: each point asks for as many GPUs as it
     runs processes, and memory per GPU process."""
     cfg = default_config()
-    cfg["slurm"]["gpus_per_node"] = 4
-    cfg["launch"]["nproc_per_node"] = 4
+    cfg["launch"].update(device="gpu", nproc_per_node=4)
     cfg["scaling"].update(nodes=[1, 2], procs_per_node=[1, 2, 4], cpus_per_proc=[1])
     out = snakemake(tmp_path, cfg, "-n", "--profile", str(REPO / "profiles/slurm"), "scaling")
     pattern = r"wildcards: run=(scaling-n(\d)-p(\d)-c1)\n\s+resources: ([^\n]+)"
@@ -42,7 +41,7 @@ def test_scaling_points_request_one_gpu_per_process(tmp_path: Path) -> None:
 @pytest.fixture
 def gpu_container_config(tmp_path: Path) -> dict:
     cfg = default_config()
-    cfg["slurm"]["gpus_per_node"] = 2
+    cfg["launch"]["device"] = "gpu"
     cfg["container"].update(mode="apptainer", recipe=str(tmp_path / "cpu.def"))
     (tmp_path / "cpu.def").write_text(CPU_RECIPE)
     return cfg
@@ -54,7 +53,7 @@ def test_gpus_with_a_cpu_only_recipe_are_a_config_error(
     result = snakemake(tmp_path / "wd", gpu_container_config, "-n", check=False)
     assert result.returncode != 0
     text = result.stdout + result.stderr
-    assert "GPUs are requested (slurm.gpus_per_node: 2" in text, text
+    assert "GPUs are requested (launch.device: gpu" in text, text
     assert "builds a CPU-only image (ddppipe.variant cpu)" in text
     assert "container.recipe: containers/ddppipe.def" in text and "Traceback" not in text
 
@@ -72,5 +71,5 @@ def test_a_built_image_answers_with_its_labels(gpu_container_config: dict, tmp_p
     with pytest.raises(container.ContainerError, match="has a CPU-only torch"):
         check({"ddppipe.torch.version": "2.14.1+cpu"})
     check({"ddppipe.cuda.version": "13.0"})  # CUDA image: fine, whatever the recipe says
-    gpu_container_config["slurm"]["gpus_per_node"] = 0
+    gpu_container_config["launch"]["device"] = "cpu"
     container.check_gpu_image(gpu_container_config, recipe, tmp_path / "none.sif")  # CPU run

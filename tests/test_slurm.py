@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,9 +38,11 @@ def on_cluster(
     cfg: dict[str, Any], cluster: SlurmCluster, nodes: int = 2, procs: int = 2, gpus: int = 0,
     runtime: int = 10,
 ) -> dict[str, Any]:  # fmt: skip
-    cfg["launch"].update(nnodes=nodes, nproc_per_node=procs, max_restarts=0, cpus_per_proc=1)
+    device = "gpu" if gpus else "auto"  # one GPU per process: gpus == procs
+    cfg["launch"].update(
+        nnodes=nodes, nproc_per_node=gpus or procs, max_restarts=0, cpus_per_proc=1, device=device
+    )
     cfg["slurm"].update(
-        gpus_per_node=gpus,
         mem_mb=None if gpus else 1500,
         runtime=runtime,
         partition=partition(cluster),
@@ -176,9 +179,9 @@ def test_preflight_fails_fast_on_unresolvable_host(
 
 def test_impossible_gpu_request_errors(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     cfg = tiny_config(make_tiny(tmp_path / "tiny"))
-    cfg["launch"].update(nnodes=2, nproc_per_node=3)
+    cfg["launch"].update(nnodes=2, nproc_per_node=3, device="gpu")  # 3 GPUs a node: none has
     cfg["train"]["batch_size"] = 60
-    cfg["slurm"].update(gpus_per_node=3, partition=partition(slurm_cluster))
+    cfg["slurm"].update(partition=partition(slurm_cluster))
     started = time.monotonic()
     result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, timeout=180)
     assert result.returncode != 0
@@ -266,6 +269,9 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 SLOT_MINUTES, SLOT_STEPS = 1, 120
 SLOT_EPOCHS = {1: 50, 2: 35}  # by node count
 SLOT_WARNING_S = {1: 40, 2: 40}
+# The two-node test trains the example task file (examples/tasks/tinycnn.py: map-style
+# datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16.
+TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 40
 
 
 def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:
@@ -274,40 +280,57 @@ def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int)
     return on_cluster(cfg, cluster, nodes=nodes, procs=2 // nodes, runtime=runtime)
 
 
+def task_slot_config(tiny: TinyData, cluster: SlurmCluster, runtime: int) -> dict:
+    cfg = slot_config(tiny, cluster, 2, runtime)
+    cfg["task"], cfg["task_args"] = "tasks/tinycnn.py", {"samples": TASK_SAMPLES}
+    cfg["train"]["epochs"] = TASK_EPOCHS
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def slot_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
     return make_tiny(tmp_path_factory.mktemp("slot-data"), n_train=16 * SLOT_STEPS)
 
 
+def with_task_file(workdir: Path) -> Path:
+    """``workdir`` holding the example task file as a user keeps it (tasks/tinycnn.py)."""
+    (workdir / "tasks").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "examples" / "tasks" / "tinycnn.py", workdir / "tasks" / "tinycnn.py")
+    return workdir
+
+
 def _time_limit_slots(
-    cluster: SlurmCluster, tmp_path: Path, tiny: TinyData, nodes: int, *args: str
-) -> None:
-    """A training longer than 5 time limits completes in one snakemake call: the same job
-    requeues itself, no retry is used, and the weights are bitwise an uninterrupted run's."""
-    cfg = slot_config(tiny, cluster, nodes, SLOT_MINUTES)
+    cluster: SlurmCluster, tmp_path: Path, make_config: Callable[[int], dict], steps: int,
+    least_slots: int, *args: str,
+) -> None:  # fmt: skip
+    """A training longer than several time limits completes in one snakemake call: the same
+    job requeues itself, no retry is used, and the weights are bitwise an uninterrupted run's.
+    ``make_config(runtime)``: the run's config; ``steps``: its optimizer steps in all."""
+    cfg = make_config(SLOT_MINUTES)
+    nodes = cfg["launch"]["nnodes"]
     started = time.monotonic()
-    wd = tmp_path / "slots"
+    wd = with_task_file(tmp_path / "slots")
     result = snakemake_slurm(cluster, wd, cfg, FINAL, *args, timeout=900)
     wall = time.monotonic() - started
     assert result.returncode == 0, logs(wd, result)
     history = _history(wd)
     table = (wd / "logs/tiny/train.log").read_text().split("training complete; attempts:")[-1]
-    print(f"({nodes} node(s)) {len(history)} slots in {wall:.0f}s wall; attempts:{table}")
+    print(f"({nodes} node(s), {cfg['task']}) {len(history)} slots in {wall:.0f}s wall:{table}")
     # every slot's log survives, and each slot's preflight ran the training's shape
     preflights = re.findall(r"all-reduce ok \(gloo on cpu\); bus bandwidth world \(2 ranks\)",
                             (wd / "logs/tiny/train.log").read_text())  # fmt: skip
     assert len(preflights) == len(history), table
     assert len(train_job_ids(result)) == 1, "a second submission of train: a retry was used"
-    assert len(history) >= 5, table
+    assert len(history) >= least_slots, table
     outcomes = [a["outcome"] for a in history]
     assert outcomes == ["time limit"] * (len(history) - 1) + ["completed"], table
     assert {a["job"] for a in history} == set(train_job_ids(result)), table
     assert [a["restarts"] for a in history] == list(range(len(history))), table
     assert all(a["end_step"] > a["start_step"] for a in history), table
-    assert history[-1]["end_step"] == SLOT_EPOCHS[nodes] * SLOT_STEPS
+    assert history[-1]["end_step"] == steps
     assert all(len(a["nodes"]) == nodes and set(a["nodes"]) <= set(cluster.nodes) for a in history)
-    reference = tmp_path / "reference"  # the same training in one long slot, same cluster
-    ref = snakemake_slurm(cluster, reference, slot_config(tiny, cluster, nodes, 10), FINAL)
+    reference = with_task_file(tmp_path / "reference")  # one long slot, same cluster
+    ref = snakemake_slurm(cluster, reference, make_config(10), FINAL)
     assert ref.returncode == 0, logs(reference, ref)
     assert [a["outcome"] for a in _history(reference)] == ["completed"]
     _assert_same_weights(wd / FINAL, reference / FINAL)
@@ -316,8 +339,13 @@ def _time_limit_slots(
 def test_time_limit_slots_on_two_nodes(
     slurm_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
 ) -> None:
-    """On cn[07-08], in the partition `train`, which is not the default."""
-    _time_limit_slots(slurm_cluster, tmp_path, slot_data, 2)
+    """The example task file on cn[07-08], in the partition `train` (not the default), across
+    at least 2 time limits."""
+
+    def make_config(runtime: int) -> dict:
+        return task_slot_config(slot_data, slurm_cluster, runtime)
+
+    _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 3)
 
 
 def test_time_limit_slots_on_one_node_with_sacct(
@@ -325,7 +353,10 @@ def test_time_limit_slots_on_one_node_with_sacct(
 ) -> None:
     """On node1/node2 in the default partition, the plugin polling sacct (requeued states)."""
     cluster = slurm_accounting_cluster
-    _time_limit_slots(cluster, tmp_path, slot_data, 1, "--slurm-status-command", "sacct")
+    _time_limit_slots(
+        cluster, tmp_path, lambda runtime: slot_config(slot_data, cluster, 1, runtime),
+        SLOT_EPOCHS[1] * SLOT_STEPS, 5, "--slurm-status-command", "sacct",
+    )  # fmt: skip
 
 
 def test_scancel_usr1_of_a_one_node_job_is_a_continuation(

@@ -10,8 +10,7 @@ from tests.tiny import default_config
 
 def test_srun_torchrun_command() -> None:
     cfg = default_config()
-    cfg["launch"].update(nnodes=2, max_restarts=3)
-    cfg["slurm"].update(gpus_per_node=2)
+    cfg["launch"].update(nnodes=2, max_restarts=3, device="gpu")
     plan = launch.plan(
         cfg, ["train", "--config=c"], env={"SLURM_JOB_ID": "1234"}, hosts=["gpu-a01", "gpu-a02"]
     )

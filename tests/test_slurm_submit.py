@@ -52,7 +52,8 @@ def test_two_nodes_with_gpus() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     cfg["launch"]["cpus_per_proc"] = 3
-    cfg["slurm"].update(gpus_per_node=2, partition="debug", qos="hi", constraint="a100",
+    cfg["launch"]["device"] = "gpu"  # one GPU per process: 2 a node
+    cfg["slurm"].update(partition="debug", qos="hi", constraint="a100",
                         account="proj")  # fmt: skip
     res = slurm.Request.from_config(cfg).resources()
     assert res["mpi"] == 0  # the jobstep runs the rule in the batch step (see Request)
@@ -68,7 +69,10 @@ def test_two_nodes_with_gpus() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"slurm": {"gpus_per_node": 4}}, "must equal launch.nproc_per_node"),
+        (
+            {"launch": {"device": "gpu", "nproc_per_node": 4}, "slurm": {"mem_mb": 8000}},
+            "too little for 4 GPU processes",
+        ),
         ({"launch": {"nnodes": 3}, "train": {"batch_size": 64}}, "divisible by the world size 6"),
     ],
 )

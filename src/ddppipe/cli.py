@@ -70,6 +70,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    from ddppipe import lifecycle
+
+    if args.log is None:
+        return _launch(args)
+    with lifecycle.slot_log(args.state, args.log):
+        try:
+            return _launch(args)
+        except (UserError, FileNotFoundError) as e:  # into the log too, not only Snakemake's
+            print(f"ddppipe launch: error: {e}", file=sys.stderr)
+            raise
+
+
+def _launch(args: argparse.Namespace) -> int:
     from ddppipe import config, launch, lifecycle, publish
 
     cfg = config.load_resolved(args.config)
@@ -131,7 +144,7 @@ def cmd_preflight_node(args: argparse.Namespace) -> int:
 def cmd_preflight_allreduce(args: argparse.Namespace) -> int:
     from ddppipe import preflight
 
-    print(f"preflight: {preflight.allreduce(args.backend, args.use)}", flush=True)
+    print(f"preflight: {preflight.allreduce(args.use)}", flush=True)
     return 0
 
 
@@ -269,6 +282,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--outputs", type=Path, help="(script) folder to publish its outputs to")
     p.add_argument("--metrics", type=Path, required=True, help="metrics (JSON lines) to write")
     p.add_argument("--attempts", type=Path, help="attempt history to write once complete")
+    p.add_argument(
+        "--log", type=Path, help="the rule's log: a copy of the state's train.log (every slot)"
+    )
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("agent", help="torchrun on this node, safe from SIGUSR1 (srun starts it)")
@@ -298,7 +314,6 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "preflight-allreduce", help="(one per rank, under torchrun) all-reduce and bandwidth"
     )
-    p.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto")
     p.add_argument("--use", choices=["gpu", "cpu", "auto"], default="auto", help="device")
     p.set_defaults(func=cmd_preflight_allreduce)
 

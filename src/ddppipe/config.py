@@ -29,6 +29,8 @@ RENAMED = {
     "launch.threads_per_proc": "launch.cpus_per_proc",
     "slurm.cpus_per_task": "launch.cpus_per_proc",
     "scaling.cpus_per_task": "scaling.cpus_per_proc",
+    "slurm.gpus_per_node": "launch.device (gpu: one GPU per process, nproc_per_node a node)",
+    "launch.backend": "launch.device (NCCL on GPUs, gloo on CPUs)",
 }
 
 
@@ -202,8 +204,8 @@ def world_size(cfg: dict[str, Any]) -> int:
 
 
 def gpus_requested(cfg: dict[str, Any]) -> bool:
-    """Whether the run must train on GPUs: it asks SLURM for some, or for the NCCL backend."""
-    return cfg["slurm"]["gpus_per_node"] > 0 or cfg["launch"]["backend"] == "nccl"
+    """Whether the run must train on GPUs (``launch.device: gpu``), one per process."""
+    return cfg["launch"]["device"] == "gpu"
 
 
 def resolve(cfg: dict[str, Any]) -> dict[str, Any]:

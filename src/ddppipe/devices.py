@@ -142,19 +142,18 @@ class Seen:
         if self.visible_devices is not None and self.visible_devices.strip() in HIDDEN:
             return (
                 "CUDA_VISIBLE_DEVICES hides every GPU from this process: ask SLURM for GPUs "
-                "(slurm.gpus_per_node) and do not clear CUDA_VISIBLE_DEVICES"
+                "(launch.device: gpu) and do not clear CUDA_VISIBLE_DEVICES"
             )
         if self.driver is None:
             return (
                 "no NVIDIA driver is loaded on this node: run on GPU nodes (slurm.partition / "
-                "slurm.constraint), or train on CPUs with slurm.gpus_per_node: 0 and "
-                "launch.backend: auto"
+                "slurm.constraint), or train on CPUs with launch.device: cpu"
             )
         if self.container and not self.libcuda:
             return (
                 f"the node has NVIDIA driver {self.driver} but its libraries are not in the "
                 "container: run `apptainer exec --nv` (ddppipe adds --nv when "
-                "slurm.gpus_per_node > 0)"
+                "launch.device: gpu)"
             )
         if self.init_error and "too old" in self.init_error:
             return (

@@ -33,16 +33,12 @@ class Context:
         return self.rank == 0
 
 
-def choose_backend(requested: str, cuda: bool) -> str:
-    """NCCL with CUDA, gloo without; an explicit request must fit the device."""
-    if requested == "auto":
-        return "nccl" if cuda else "gloo"
-    if requested == "nccl" and not cuda:
-        raise devices.DeviceError("launch.backend is nccl but this rank trains on the CPU")
-    return requested
+def choose_backend(cuda: bool) -> str:
+    """NCCL on GPUs, gloo on CPUs."""
+    return "nccl" if cuda else "gloo"
 
 
-def setup(backend: str = "auto", timeout_s: float = 600, use: devices.Use = "auto") -> Context:
+def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
     """Detect the launcher, pick device and backend, and join the process group.
 
     ``use``: :func:`ddppipe.devices.use` -- with ``gpu`` a rank that cannot use a GPU fails
@@ -53,7 +49,7 @@ def setup(backend: str = "auto", timeout_s: float = 600, use: devices.Use = "aut
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
-    chosen = choose_backend(backend, cuda)
+    chosen = choose_backend(cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
     if env.name == "single":
         dist.init_process_group(
@@ -98,7 +94,7 @@ def check_distinct_gpus(device: torch.device) -> None:
         (host, uuid), ranks = next(iter(shared.items()))
         raise devices.DeviceError(
             f"{host}: ranks {ranks} share one GPU ({uuid}); each process needs its own: "
-            "set launch.nproc_per_node to the node's GPUs (slurm.gpus_per_node)"
+            "set launch.nproc_per_node to the node's GPUs"
         )
 
 

@@ -13,10 +13,14 @@ progress or reached ``slurm.max_continuations``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,30 @@ from ddppipe import state as ddp_state  # fmt: skip
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
+
+
+@contextlib.contextmanager
+def slot_log(state: Path, copy: Path) -> Iterator[None]:
+    """Append this process's stderr (and its children's) to the state's train.log, which
+    survives every slot, and copy it to ``copy`` (the rule's log) when the slot ends.
+
+    Snakemake deletes a job's log when the job (a slot) starts, so the log of a run trained
+    in several slots lives in the state folder.
+    """
+    layout = ddp_state.of(state)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(layout.log, "ab") as sink:
+        os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        Path(copy).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(layout.log, copy)
 
 
 def run(

@@ -76,7 +76,7 @@ def _timed_allreduce(tensor: Any, group: Any = None) -> float:
     return (time.perf_counter() - started) / BANDWIDTH_ITERATIONS
 
 
-def allreduce(backend: str, use: devices.Use) -> str:
+def allreduce(use: devices.Use) -> str:
     """Join as training does, check an all-reduce, measure bus bandwidth (world, node pairs).
 
     Every rank returns its line; rank 0's also holds the bandwidth figures.
@@ -86,7 +86,7 @@ def allreduce(backend: str, use: devices.Use) -> str:
 
     from ddppipe import distributed
 
-    ctx = distributed.setup(backend, ALLREDUCE_JOIN_TIMEOUT_S, use)
+    ctx = distributed.setup(ALLREDUCE_JOIN_TIMEOUT_S, use)
     try:
         rank, world = ctx.rank, ctx.world_size
         value = torch.tensor([rank + 1.0], device=ctx.device)
@@ -159,7 +159,7 @@ def run(cfg: dict[str, Any], plan: launch.Plan) -> str:
     ]  # fmt: skip
     out = _step(node_check, plan.env, "node check")
     allreduce_plan = launch.plan(
-        cfg, ["preflight-allreduce", f"--backend={cfg['launch']['backend']}", f"--use={use}"],
+        cfg, ["preflight-allreduce", f"--use={use}"],
         plan.env, plan.hosts, max_restarts=0, join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
     )  # fmt: skip
     out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce")

@@ -73,9 +73,7 @@ def apply(cfg: dict[str, Any], point: Point) -> dict[str, Any]:
     out["run"] = point.run
     out["launch"]["nnodes"] = point.nodes
     out["launch"]["nproc_per_node"] = point.procs_per_node
-    out["launch"]["cpus_per_proc"] = point.cpus_per_proc
-    if out.get("slurm", {}).get("gpus_per_node"):  # one GPU per process at every point
-        out["slurm"]["gpus_per_node"] = point.procs_per_node
+    out["launch"]["cpus_per_proc"] = point.cpus_per_proc  # GPUs (launch.device) follow processes
     if study.get("epochs") is not None:
         out["train"]["epochs"] = study["epochs"]
     return out

@@ -48,7 +48,7 @@ class Request:
     nodes: int
     procs_per_node: int
     cpus_per_proc: int | None  # None: the node's CPUs shared out (locally), 1 on SLURM
-    gpus_per_node: int
+    gpus_per_node: int  # launch.device gpu: one per process; 0 otherwise
     mem_mb: int
     runtime: int
     partition: str | None
@@ -66,14 +66,14 @@ class Request:
         """The request of a config; raise SlurmRequestError for one that cannot work."""
         cfg = ddp_config.validate(json.loads(json.dumps(cfg)))
         launch, slurm = cfg["launch"], cfg["slurm"]
+        gpus = ddp_config.gpus_requested(cfg)  # one GPU per process
         request = cls(
             nodes=launch["nnodes"],
             procs_per_node=launch["nproc_per_node"],
             cpus_per_proc=launch["cpus_per_proc"],
-            gpus_per_node=slurm["gpus_per_node"],
+            gpus_per_node=launch["nproc_per_node"] if gpus else 0,
             mem_mb=slurm["mem_mb"]
-            or launch["nproc_per_node"]
-            * (MEM_MB_PER_GPU_PROC if slurm["gpus_per_node"] else MEM_MB_PER_CPU_PROC),
+            or launch["nproc_per_node"] * (MEM_MB_PER_GPU_PROC if gpus else MEM_MB_PER_CPU_PROC),
             runtime=slurm["runtime"],
             partition=slurm["partition"],
             account=slurm["account"],
@@ -85,12 +85,6 @@ class Request:
             max_restarts=launch["max_restarts"],
             max_continuations=slurm["max_continuations"],
         )
-        if request.gpus_per_node and request.gpus_per_node != request.procs_per_node:
-            raise SlurmRequestError(
-                f"slurm.gpus_per_node ({request.gpus_per_node}) must equal "
-                f"launch.nproc_per_node ({request.procs_per_node}): one training process per "
-                "GPU; set both to the same value (or gpus_per_node: 0)"
-            )
         least = request.gpus_per_node * MIN_MEM_MB_PER_GPU_PROC
         if request.mem_mb < least:
             raise SlurmRequestError(

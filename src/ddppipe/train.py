@@ -448,7 +448,7 @@ class Trainer:
 def train(cfg: dict[str, Any], paths: Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
-    ctx = distributed.setup(cfg["launch"]["backend"], use=devices.use(cfg))
+    ctx = distributed.setup(use=devices.use(cfg))
     try:
         Trainer(cfg, paths, ctx).run(guard)
     except BaseException:

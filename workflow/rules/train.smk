@@ -33,8 +33,6 @@ rule train:
         state="results/{run}/state",
         result="--outputs" if SCRIPT else "--checkpoint",  # what output.result is
     shell:
-        "mkdir -p {params.state}; status=0;"
-        " ddppipe launch --config {input.config} {params.data} --state {params.state}"
+        "ddppipe launch --config {input.config} {params.data} --state {params.state}"
         " {params.result} {output.result} --metrics {output.metrics}"
-        " --attempts {output.attempts} 2>> {params.state}/train.log || status=$?;"
-        " cp {params.state}/train.log {log}; exit $status"
+        " --attempts {output.attempts} --log {log}"

@@ -4,8 +4,9 @@ The data ships inside scikit-learn's wheel (``sklearn.datasets.load_digits``): n
 ``prepare`` writes ``digits.pt`` into the data folder: uint8 images (N, 1, 8, 8) with values
 0-16 and int64 labels, split into train and test by a seeded, stratified split (each class
 contributes ``round(n * test_fraction)`` of its images to the test set). The file's bytes
-depend only on the split arguments, so preparing twice leaves it untouched. The images stay
-in memory (:class:`ddppipe.data.Tensors`) and are normalized per batch on the device.
+depend only on the split arguments (and torch's file format): preparing again leaves it as
+is. The images stay in memory (:class:`ddppipe.data.Tensors`) and are normalized per batch
+on the device.
 
 ``task_args``:
 

@@ -16,10 +16,11 @@ folder: the classes and every image's path (relative to ``root``), class, split 
 so the run's data manifest covers the images' content. ``datasets`` reads the images with
 ``ImageFolder`` in the DataLoader workers (Resize to ``image_size``², ``Grayscale`` for one
 channel, ToTensor, Normalize to [-1, 1]) and refuses to train when ``root`` no longer
-matches the index (run ``prepare`` again). ``model`` counts the class folders of ``root``
-itself, so it works before ``prepare`` and always agrees with the data.
+matches the index: Snakemake does not watch ``root``, so after changing the images prepare
+again (``snakemake --forcerun prepare_data``). ``model`` counts the class folders of
+``root`` itself, so it works before ``prepare`` and always agrees with the data.
 
-``task_args``: ``root`` (required), ``image_size`` (32), ``channels`` (3; 1 for grey),
+``task_args``: ``root`` (required), ``image_size`` (32; 8 or more), ``channels`` (3; 1 for grey),
 ``width`` (32: channels of the first convolution), ``test_fraction`` (0.2) and
 ``split_seed`` (0) (both ignored with train/ and test/ folders).
 """
@@ -52,7 +53,7 @@ ARGS_SCHEMA: dict[str, Any] = {
     "required": ["root"],
     "properties": {
         "root": {"type": "string", "minLength": 1},
-        "image_size": {"type": "integer", "minimum": 4, "default": 32},
+        "image_size": {"type": "integer", "minimum": 8, "default": 32},
         "channels": {"type": "integer", "enum": [1, 3], "default": 3},
         "width": {"type": "integer", "minimum": 1, "default": 32},
         "test_fraction": {
@@ -252,9 +253,10 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Dataset, Dataset]:
         raise ImageFolderError(f"{path} is missing: run the task's prepare() first")
     index = json.loads(path.read_text())
     root = _root(args)
-    redo = f"{root} changed since {path} was written; run prepare() again"
+    again = "prepare the data again (snakemake --forcerun prepare_data)"
+    redo = f"{root} changed since {path} was written: {again}"
     if index.get("format") != FORMAT or index.get("split") != _split_args(root, args):
-        raise ImageFolderError(f"{path} was written for other task_args: run prepare() again")
+        raise ImageFolderError(f"{path} was written for other task_args: {again}")
     splits = _split_folders(root)
     for folder in splits.values() if splits else [root]:
         if (names := _classes(folder)) != index["classes"]:

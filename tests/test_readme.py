@@ -30,6 +30,7 @@ LINKED = (
     "pyproject.toml",
     "Makefile",
     "constraints.txt",
+    "examples",
 )
 # Markers of a command that cannot run for real here, or that is long: run with -n.
 DRY = ("--profile", "container=", "/path/to/", "example.org", "results/images", "make run")

@@ -129,7 +129,7 @@ def main() -> None:
             with torch.no_grad():
                 x, y = test.tensors
                 accuracy = (model(x.to(device)).argmax(1) == y.to(device)).float().mean()
-            job.log(epoch * steps_per_epoch, test_accuracy=accuracy.item(), epoch=epoch)
+            job.log(epoch * steps_per_epoch - 1, test_accuracy=accuracy.item())  # last step
         save(epoch, 0)  # a checkpoint every epoch
 
     if info.rank == 0:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the header checks (the download) need no torch
+    import torch
 
 from ddppipe.errors import UserError
 
@@ -55,6 +57,8 @@ def read_header(data: bytes, name: str) -> IdxHeader:
 
 def parse(data: bytes, name: str, expect_ndim: int | None = None) -> torch.Tensor:
     """Parse an unsigned-byte IDX file into a uint8 tensor, checking magic, size and shape."""
+    import torch
+
     header = read_header(data, name)
     if expect_ndim is not None and len(header.dims) != expect_ndim:
         raise IdxError(
@@ -83,6 +87,8 @@ def parse(data: bytes, name: str, expect_ndim: int | None = None) -> torch.Tenso
 
 def encode(tensor: torch.Tensor) -> bytes:
     """Encode a uint8 tensor (N,) or (N, 28, 28) as IDX bytes."""
+    import torch
+
     if tensor.dtype != torch.uint8:
         raise TypeError(f"IDX encoding needs a uint8 tensor, got {tensor.dtype}")
     header = struct.pack(">HBB", 0, UBYTE, tensor.dim()) + struct.pack(

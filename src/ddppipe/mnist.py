@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ddppipe import idx
+
+if TYPE_CHECKING:  # file names and shapes (the download) need no torch
+    import torch
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 TRAIN_LABELS = "train-labels-idx1-ubyte"
@@ -71,7 +73,9 @@ def load(data_dir: str | Path) -> Mnist:
     )
 
 
-def normalize(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 (N, 28, 28) -> normalized float (N, 1, 28, 28)."""
-    x = images.unsqueeze(1).to(dtype)
+def normalize(images: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """uint8 (N, 28, 28) -> normalized float (N, 1, 28, 28), float32 unless ``dtype``."""
+    import torch
+
+    x = images.unsqueeze(1).to(dtype or torch.float32)
     return x.mul_(1.0 / (255.0 * STD)).sub_(MEAN / STD)

@@ -37,6 +37,14 @@ onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
 
 
+onsuccess:
+    print_summary()
+
+
+onerror:
+    print_summary()
+
+
 rule all:
     default_target: True
     input:

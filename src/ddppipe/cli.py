@@ -231,6 +231,16 @@ def cmd_plot_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_summary(args: argparse.Namespace) -> int:
+    from ddppipe import summary
+
+    run_dir = args.results / args.run
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run (its results folder is missing)")
+    print(summary.text(run_dir))
+    return 0
+
+
 def cmd_selfcheck(args: argparse.Namespace) -> int:
     from ddppipe import selfcheck
 
@@ -407,6 +417,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--table-csv", type=Path, required=True)
     p.add_argument("--table-html", type=Path, required=True)
     p.set_defaults(func=cmd_plot_scaling)
+
+    p = sub.add_parser("summary", help="a run's summary: accuracy, targets, speed, attempts")
+    p.add_argument("run", help="run name (results/<run>)")
+    p.add_argument("--results", type=Path, default=Path("results"), help="results folder")
+    p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser("selfcheck", help="print versions and run a one-process DDP smoke test")
     p.set_defaults(func=cmd_selfcheck)

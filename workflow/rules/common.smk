@@ -52,6 +52,14 @@ def all_outputs():
     ]
 
 
+def print_summary():
+    """The run's summary (ddppipe.summary) at the end of every snakemake call."""
+    from ddppipe import summary as ddp_summary
+
+    if os.path.isdir(run_dir(RUN)):
+        logger.info(ddp_summary.text(run_dir(RUN)))
+
+
 def check_cluster_policy():
     """Before the SLURM executor submits anything: fail (or warn) on cluster settings that
     would hang the workflow or lose work (ddppipe.cluster_policy)."""

@@ -1,0 +1,129 @@
+"""A run's summary in a few lines: what it trained, how well, how fast, how its slots ended.
+
+Printed at the end of every ``snakemake`` call (onsuccess/onerror) and by ``ddppipe summary``;
+read from the run's files only (config, metrics, attempt history), so it costs no torch and
+works while a run is still training (from its state folder) as after it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddppipe import jsonl, state
+
+
+@dataclass
+class Summary:
+    run: str
+    what: str  # the task (or script) and its file's SHA-256
+    lines: list[tuple[str, str]] = field(default_factory=list)
+
+    def text(self) -> str:
+        width = max((len(k) for k, _ in self.lines), default=0)
+        body = "\n".join(f"  {k.ljust(width)}  {v}" for k, v in self.lines)
+        return f"run {self.run}: {self.what}\n{body}"
+
+
+def _first(*paths: Path) -> Path | None:
+    return next((p for p in paths if p.exists()), None)
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.2f} %"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _source(cfg: dict[str, Any]) -> str:
+    source = cfg.get("task_source") or {}
+    kind = "script" if cfg.get("script") else "task"
+    ref = cfg.get("script") or cfg.get("task", "ddppipe.tasks.mnist")
+    digest = f" (sha256 {source['sha256'][:12]})" if source.get("sha256") else ""
+    return f"{kind} {ref}{digest}"
+
+
+def _targets(history: list[dict[str, Any]], targets: list[float], start: float | None) -> str:
+    parts = []
+    for target in targets:
+        reached = next((m for m in history if m.get("test_accuracy", 0) >= target), None)
+        if reached is None:
+            parts.append(f"{_percent(target)}: not reached")
+            continue
+        since = f", {_duration(reached['time'] - start)} after the first slot started"
+        parts.append(f"{_percent(target)}: epoch {reached['epoch']}" + (since if start else ""))
+    return "; ".join(parts)
+
+
+def _attempts(history: list[dict[str, Any]]) -> str:
+    counts = Counter(a["outcome"] for a in history)
+    ended = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+    return f"{len(history)} slot(s): {ended}"
+
+
+def build(run_dir: Path) -> Summary:
+    """The summary of the run in ``run_dir`` (``results/<run>``)."""
+    run_dir = Path(run_dir)
+    layout = state.of(run_dir / "state")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (
+        run_dir / "config.yaml"
+    ).exists() else {}  # fmt: skip
+    summary = Summary(run_dir.name, _source(cfg) if cfg else "not configured yet")
+    metrics_path = _first(run_dir / "train" / "metrics.jsonl", layout.metrics)
+    history = jsonl.read(metrics_path) if metrics_path else []
+    attempts_path = _first(run_dir / "train" / "attempts.json", layout.attempts)
+    attempts = json.loads(attempts_path.read_text()) if attempts_path else []
+    start = attempts[0]["start"] if attempts else None
+    if cfg.get("script"):
+        if history:
+            last = {k: v for r in history for k, v in r.items() if k != "time"}
+            summary.lines.append(("logged", ", ".join(f"{k} {v:.4g}" for k, v in last.items()
+                                                       if isinstance(v, int | float))))  # fmt: skip
+    elif history:
+        final = history[-1]
+        if "test_accuracy" in final:
+            best = max(history, key=lambda m: m["test_accuracy"])
+            summary.lines.append((
+                "accuracy",
+                f"{_percent(final['test_accuracy'])} after epoch {final['epoch']} "
+                f"(best {_percent(best['test_accuracy'])}, epoch {best['epoch']}); "
+                f"test loss {final['test_loss']:.4f}",
+            ))  # fmt: skip
+            targets = (cfg.get("scaling") or {}).get("accuracy_targets") or [0.98, 0.99]
+            summary.lines.append(("targets", _targets(history, targets, start)))
+        else:
+            tested = {k: v for k, v in final.items() if k.startswith("test_")}
+            summary.lines.append(("test", ", ".join(f"{k} {v:.4g}" for k, v in tested.items())))
+        speed = statistics.median(m["images_per_s"] for m in history)
+        summary.lines.append((
+            "speed",
+            f"{speed:,.0f} images/s (median of {len(history)} epoch(s), "
+            f"{final.get('world_size', '?')} processes)",
+        ))  # fmt: skip
+    else:
+        summary.lines.append(("training", "no epoch finished yet"))
+    if attempts:
+        summary.lines.append(("attempts", _attempts(attempts)))
+        end = attempts[-1].get("end") or time.time()
+        summary.lines.append(("wall", f"{_duration(end - attempts[0]['start'])} from the first "
+                                       "slot's start to the last one's end"))  # fmt: skip
+    outputs = [p for p in (run_dir / "export" / "model.pt", run_dir / "export" / "outputs",
+                           run_dir / "export" / "provenance.json") if p.exists()]  # fmt: skip
+    if outputs:
+        summary.lines.append(("results", ", ".join(str(p) for p in outputs)))
+    return summary
+
+
+def text(run_dir: Path) -> str:
+    return build(run_dir).text()

@@ -1,0 +1,65 @@
+"""The run summary printed after every snakemake call and by `ddppipe summary`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from ddppipe import jsonl
+
+
+def make_run(root: Path) -> Path:
+    """A finished run's files: two epochs, two slots (a time limit, then completed)."""
+    run = root / "results" / "mine"
+    (run / "export").mkdir(parents=True)
+    (run / "export" / "model.pt").write_bytes(b"weights")
+    cfg = {
+        "run": "mine",
+        "task": "tasks/mine.py",
+        "script": None,
+        "task_source": {"sha256": "ab" * 32},
+        "scaling": {"accuracy_targets": [0.9, 0.99]},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    jsonl.write(run / "train" / "metrics.jsonl", [
+        {"epoch": 1, "test_accuracy": 0.91, "test_loss": 0.3, "images_per_s": 1000.0,
+         "world_size": 4, "time": 1_000_100.0},
+        {"epoch": 2, "test_accuracy": 0.95, "test_loss": 0.2, "images_per_s": 3000.0,
+         "world_size": 4, "time": 1_000_300.0},
+    ])  # fmt: skip
+    attempts = [
+        {"outcome": "time limit", "start": 1_000_000.0, "end": 1_000_200.0},
+        {"outcome": "completed", "start": 1_000_250.0, "end": 1_000_400.0},
+    ]
+    (run / "train" / "attempts.json").write_text(json.dumps(attempts))
+    return run
+
+
+def test_summary_of_a_finished_run(tmp_path: Path) -> None:
+    make_run(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "summary", "mine"], cwd=tmp_path, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    assert result.stdout.splitlines() == [
+        "run mine: task tasks/mine.py (sha256 abababababab)",
+        "  accuracy  95.00 % after epoch 2 (best 95.00 %, epoch 2); test loss 0.2000",
+        "  targets   90.00 %: epoch 1, 100.0 s after the first slot started; 99.00 %: not reached",
+        "  speed     2,000 images/s (median of 2 epoch(s), 4 processes)",
+        "  attempts  2 slot(s): 1 time limit, 1 completed",
+        "  wall      6.7 min from the first slot's start to the last one's end",
+        "  results   results/mine/export/model.pt",
+    ]
+
+
+def test_summary_of_an_unknown_run_says_so(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "summary", "nothere"], cwd=tmp_path,
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "results/nothere: no such run" in result.stderr

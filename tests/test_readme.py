@@ -52,19 +52,31 @@ def inline_config_overrides() -> list[str]:
     return sorted(set(re.findall(r"--config '([^']+)'", README)))
 
 
-@pytest.fixture(scope="module")
-def checkout(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("readme")
+def make_checkout(root: Path, cfg: dict) -> Path:
     for name in LINKED:
         (root / name).symlink_to(REPO / name)
     if (REPO / ".venv").is_dir():
         (root / ".venv").symlink_to(REPO / ".venv")
-    cfg = tiny_config(tiny)
-    cfg["run"] = "mnist"
-    cfg["scaling"].update(epochs=1, procs_per_node=[1, 2], cpus_per_proc=[1])
     (root / "config").mkdir()
     (root / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
     return root
+
+
+@pytest.fixture(scope="module")
+def checkout(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = tiny_config(tiny)
+    cfg["run"] = "mnist"
+    cfg["scaling"].update(epochs=1, procs_per_node=[1, 2], cpus_per_proc=[1])
+    return make_checkout(tmp_path_factory.mktemp("readme"), cfg)
+
+
+@pytest.fixture(scope="module")
+def other_task_checkout(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """For the commands that switch task: the default config's task_args ({}: they belong to
+    the task), not the tiny MNIST mirror of ``checkout``."""
+    cfg = tiny_config(tiny)
+    cfg["task_args"] = {}
+    return make_checkout(tmp_path_factory.mktemp("readme-task"), cfg)
 
 
 def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -91,10 +103,11 @@ def test_the_readme_shows_the_commands_users_type() -> None:
     assert len(inline_config_overrides()) >= 4
 
 
-def test_every_readme_command_runs(checkout: Path) -> None:
+def test_every_readme_command_runs(checkout: Path, other_task_checkout: Path) -> None:
     failed = []
     for command in readme_commands():
-        result = run(as_run_here(command), checkout)
+        where = other_task_checkout if " task=" in command else checkout
+        result = run(as_run_here(command), where)
         print(f"{result.returncode}: {as_run_here(command)}")
         if result.returncode != 0:
             failed.append(f"{command}\n{result.stdout[-1500:]}\n{result.stderr[-2500:]}")

@@ -75,7 +75,7 @@ def test_every_point_trains_the_same_recipe() -> None:
     """Same global batch and hashed recipe at every point: only the layout changes."""
     cfg = study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2])
     resolved = [config.resolve(scaling.config_for_run(cfg, run)) for run in scaling.run_names(cfg)]
-    assert len({config.train_hash(r) for r in resolved}) == 1
+    assert len({config.train_hash(r, "0123456789abcdef") for r in resolved}) == 1
     assert {(r["launch"]["nproc_per_node"], r["launch"]["cpus_per_proc"]) for r in resolved} == {
         (1, 1),
         (1, 2),

@@ -184,7 +184,11 @@ def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:
     try:
         return copy.deepcopy(config.validate_against(copy.deepcopy(args), schema, "task_args"))
     except config.ConfigError as e:
-        raise config.ConfigError(f"task {task.source.ref} ({task.source.path}): {e}") from None
+        hint = (
+            "\ntask_args belong to the task: after changing task:, give the new task its own "
+            "(a config file of its own, or --configfile; README, 'Your own model')"
+        )
+        raise config.ConfigError(f"task {task.source.ref} ({task.source.path}): {e}{hint}") from None
 
 
 def check_model(task: Task, args: dict[str, Any]) -> str:

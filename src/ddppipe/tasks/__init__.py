@@ -188,7 +188,8 @@ def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:
             "\ntask_args belong to the task: after changing task:, give the new task its own "
             "(a config file of its own, or --configfile; README, 'Your own model')"
         )
-        raise config.ConfigError(f"task {task.source.ref} ({task.source.path}): {e}{hint}") from None
+        where = f"task {task.source.ref} ({task.source.path})"
+        raise config.ConfigError(f"{where}: {e}{hint}") from None
 
 
 def check_model(task: Task, args: dict[str, Any]) -> str:

@@ -431,6 +431,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["agent"]:  # torchrun's own options follow; argparse would take them
+        import signal
+
+        from ddppipe import preemption
+
+        # First, before torch loads (seconds on a busy node): the time-limit warning may come
+        # while the agent starts, and would kill it (launch.run_agent says why it is ignored).
+        signal.signal(preemption.stop_signal(), signal.SIG_IGN)
         from ddppipe import launch
 
         return launch.run_agent(argv[1:])

@@ -9,6 +9,7 @@ import torch
 from ddppipe import checkpoint
 from ddppipe import provenance as ddp_provenance
 from ddppipe.model import Net
+from tests.conftest import run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
 from tests.workflow_helpers import job_counts, rule_graph, snakemake
 
@@ -39,7 +40,8 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
         ("export", "all"),
     ]:
         assert edge in edges, edge
-    assert ("prepare_data", "evaluate") in edges  # evaluation reads the test files
+    # the training evaluates its final model; the evaluate rule only presents it
+    assert ("prepare_data", "evaluate") not in edges
     assert ("write_config", "prepare_data") not in edges  # the data needs no run's config
 
 
@@ -108,3 +110,11 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     model.load_state_dict(torch.load(run / "export" / "model.pt", weights_only=True))
     history = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert history[0]["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+    # `ddppipe evaluate` of the final checkpoint in a fresh process gives the same figures
+    again = tmp_path / "again.json"
+    run_cli("evaluate", f"--checkpoint={run / 'train' / 'final.pt'}",
+            f"--config={run / 'config.yaml'}", f"--data={tmp_path / 'resources' / 'mnist'}",
+            f"--metrics={again}", f"--plot={tmp_path / 'again.png'}")  # fmt: skip
+    reevaluated = json.loads(again.read_text())
+    assert reevaluated["confusion_matrix"] == metrics["confusion_matrix"]
+    assert reevaluated["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-6)

@@ -175,6 +175,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot_evaluation(args: argparse.Namespace) -> int:
+    from ddppipe import atomic, plots
+
+    result = json.loads(args.evaluation.read_text())
+    atomic.write_json(args.metrics, result)
+    plots.evaluation(result, args.plot)
+    return 0
+
+
 def cmd_evaluate_logged(args: argparse.Namespace) -> int:
     from ddppipe import atomic, jsonl, plots
 
@@ -349,6 +358,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-info", type=Path, help="JSON describing the container image used")
     p.add_argument("--attempts", type=Path, help="the run's attempt history (attempts.json)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "plot-evaluation", help="the training's final evaluation: metrics JSON and its figure"
+    )
+    p.add_argument("--evaluation", type=Path, required=True, help="train/evaluation.json")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--plot", type=Path, required=True, help="PNG to write")
+    p.set_defaults(func=cmd_plot_evaluation)
 
     p = sub.add_parser("evaluate-logged", help="a script run's last logged values and plot")
     p.add_argument("--metrics", type=Path, required=True, help="metrics.jsonl of job.log")

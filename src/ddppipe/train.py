@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ddppipe import (
     __version__,
+    atomic,
     attempts,
     checkpoint,
     config,
@@ -112,6 +113,11 @@ class Paths:
     final_checkpoint: Path
     metrics: Path
 
+    @property
+    def evaluation(self) -> Path:
+        """The final model's test-set evaluation, next to the final checkpoint."""
+        return self.final_checkpoint.with_name("evaluation.json")
+
 
 class Trainer:
     """One rank's training run."""
@@ -167,6 +173,7 @@ class Trainer:
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
+        self._final_eval: evaluate.Counts | None = None
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.tracker = self._tracker() if ctx.is_main else None
 
@@ -388,7 +395,7 @@ class Trainer:
             if train_seconds is None:
                 self._stop(guard, self.save_checkpoint())
             eval_start = time.perf_counter()
-            counts = self._evaluate()
+            counts = self._final_eval = self._evaluate()
             eval_seconds = time.perf_counter() - eval_start
             self.epoch, self.step = self.epoch + 1, 0
             test = counts.summary()
@@ -419,6 +426,8 @@ class Trainer:
                 path = self.save_checkpoint()
             if stop:
                 self._stop(guard, path)
+        if self._final_eval is None:  # resumed after the last epoch's checkpoint
+            self._final_eval = self._evaluate()
         self._write_outputs()  # a signal now is noted and changes nothing: the run completes
         if self.tracker is not None:
             self.tracker.close()
@@ -438,9 +447,17 @@ class Trainer:
         """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
         snapshot = self.snapshot()
 
+        evaluation = {
+            **self._final_eval.summary(),  # type: ignore[union-attr]
+            "precision": str(self.dtype).removeprefix("torch."),
+            "epochs": self.epoch,
+            "config_hash": self.config_hash,
+        }
+
         def write() -> None:
             checkpoint.save(snapshot, self.paths.final_checkpoint)
             jsonl.write(self.paths.metrics, self.history)
+            atomic.write_json(self.paths.evaluation, evaluation)
 
         checkpoint.rank0_writes(write)
 

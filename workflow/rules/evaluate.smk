@@ -19,6 +19,8 @@ if SCRIPT:
             ),
         log:
             "logs/{run}/evaluate.log",
+        benchmark:
+            "benchmarks/{run}/evaluate.tsv"
         localrule: True
         shell:
             "ddppipe evaluate-logged --metrics {input} --out {output.metrics}"
@@ -27,12 +29,14 @@ if SCRIPT:
 else:
 
     rule evaluate:
-        """Test-set metrics of the final checkpoint and its confusion matrix."""
+        """The final model's test-set metrics and confusion matrix.
+
+        The training evaluated it on its own ranks and devices (train/evaluation.json), so
+        this rule only presents them: local, no torch, no compute node to wait for (README,
+        "SLURM"). `ddppipe evaluate` re-evaluates a checkpoint by hand.
+        """
         input:
-            checkpoint="results/{run}/train/final.pt",
-            config="results/{run}/config.yaml",
-            data=DATA_MANIFEST,
-            image=image_input(),
+            "results/{run}/train/evaluation.json",
         output:
             metrics=report(
                 "results/{run}/eval/metrics.json",
@@ -50,13 +54,10 @@ else:
             "logs/{run}/evaluate.log",
         benchmark:
             "benchmarks/{run}/evaluate.tsv"
-        params:
-            data=data_folder,  # the folder of input.data
-            exec=image_exec(),  # "apptainer exec ... IMAGE " with container.mode apptainer
+        localrule: True
         shell:
-            "{params.exec}ddppipe evaluate --checkpoint {input.checkpoint}"
-            " --config {input.config} --data {params.data}"
-            " --metrics {output.metrics} --plot {output.plot} 2> {log}"
+            "ddppipe plot-evaluation --evaluation {input} --metrics {output.metrics}"
+            " --plot {output.plot} 2> {log}"
 
 
 rule plot_training:
@@ -122,6 +123,7 @@ rule export:
         "logs/{run}/export.log",
     benchmark:
         "benchmarks/{run}/export.tsv"
+    localrule: True  # copies and hashes files: no compute node to wait for
     params:
         data=lambda wc, input: (
             f"--data {os.path.dirname(input.data)}" if input.data else ""

@@ -18,6 +18,8 @@ rule train:
             else "results/{run}/train/final.pt"
         ),
         metrics="results/{run}/train/metrics.jsonl",
+        # a task's final evaluation (distributed, in the training's allocation); none for a script
+        evaluation=[] if SCRIPT else "results/{run}/train/evaluation.json",
         attempts="results/{run}/train/attempts.json",  # every job slot that trained the run
     log:
         "logs/{run}/train.log",

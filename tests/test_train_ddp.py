@@ -77,6 +77,23 @@ def test_two_process_torchrun_writes_metrics_and_checkpoints(straight: Path) -> 
     ]
 
 
+def test_the_slot_records_where_its_time_went(straight: Path) -> None:
+    """Rank 0's figures of the slot, in its attempt record (ddppipe.efficiency)."""
+    (attempt,) = json.loads((straight / "state" / "attempts.json").read_text())
+    figures = attempt["efficiency"]
+    assert figures["flops_per_image"] == 71_565_312  # the seeds' CNN: 71.6 MFLOP an image
+    assert figures["images"] == 2 * 256  # 2 epochs of the 256 tiny training images
+    assert figures["train_s"] > 0 and figures["evaluate_s"] > 0 and figures["checkpoint_s"] > 0
+    assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
+    assert figures["images_per_s"] == pytest.approx(2 * figures["images_per_s_per_process"])
+    assert figures["achieved_gflops"] == pytest.approx(71_565_312 * figures["images_per_s"] / 1e9)
+    assert figures["cpu_s"] > 0 and figures["memory_peak_mb"] > 100  # torch alone is more
+    evaluation = json.loads((straight / "evaluation.json").read_text())
+    history = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert evaluation["test_accuracy"] == history[-1]["test_accuracy"]
+    assert evaluation["test_count"] == 128 and len(evaluation["confusion_matrix"]) == 10
+
+
 def test_resume_in_a_new_process_gives_identical_weights(
     straight: Path, tiny: TinyData, tmp_path: Path
 ) -> None:

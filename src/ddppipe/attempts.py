@@ -38,6 +38,7 @@ class Attempt:
     checkpoint: str | None = None  # the last checkpoint it wrote
     checkpoint_seconds: float | None = None  # slowest checkpoint write of the slot
     stop_seconds: float | None = None  # from the stop signal to its checkpoint written
+    efficiency: dict[str, Any] | None = None  # rank 0's figures (ddppipe.efficiency)
     detail: str = ""
 
     @property
@@ -99,7 +100,7 @@ def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") ->
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
     attempt.detail = detail
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds")  # fmt: skip
+            "stop_seconds", "efficiency")  # fmt: skip
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])

@@ -29,6 +29,7 @@ from ddppipe import (
     atomic,
     attempts,
     continuation,
+    efficiency,
     launch,
     preemption,
     preflight,
@@ -108,7 +109,8 @@ def _slot(
                      warn_in, plan.request.signal_seconds)  # fmt: skip
     history = attempts.begin(state, plan.job, restarts, plan.hosts)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
-    env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end)}
+    env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
+           efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip
     code, note = launch.supervise(plan.command, env, state, warn_in)
     if note is not None:
         return _stopped(plan, note, state)

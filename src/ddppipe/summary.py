@@ -72,6 +72,56 @@ def _attempts(history: list[dict[str, Any]]) -> str:
     return f"{len(history)} slot(s): {ended}"
 
 
+def _allocation(cfg: dict[str, Any], local: bool) -> tuple[int | None, int | None, int]:
+    """(memory MB per node, time limit min, CPUs) the run's slots had; None: no such limit."""
+    from ddppipe import launch, slurm
+
+    try:
+        request = slurm.Request.from_config(cfg)
+    except Exception:  # an unresolved or foreign config: no allocation to compare with
+        return None, None, 0
+    if local:
+        return None, None, launch.job_threads(cfg)
+    return request.mem_mb, request.runtime, request.cpus_per_node * request.nodes
+
+
+def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Where the slots' time went, throughput and utilisation, and the waste flags."""
+    from ddppipe import efficiency
+
+    measured = [a for a in attempts if a.get("efficiency")]
+    if not measured:
+        return []
+    mem_mb, runtime, cpus = _allocation(cfg, measured[-1]["job"] == "local")
+    total = {k: sum(a["efficiency"].get(k, 0.0) for a in measured)
+             for k in ("startup_s", "data_s", "train_s", "evaluate_s", "checkpoint_s")}  # fmt: skip
+    wall = sum((a.get("end") or time.time()) - a["start"] for a in measured)
+    parts = ", ".join(f"{name} {_duration(total[key])}" for name, key in (
+        ("start-up", "startup_s"), ("training", "train_s"), ("evaluation", "evaluate_s"),
+        ("checkpoints", "checkpoint_s"),
+    ))  # fmt: skip
+    lines = [("time", f"{_duration(wall)} in {len(measured)} slot(s): {parts}")]
+    last = measured[-1]["efficiency"]
+    if "images_per_s" in last:
+        speed = f"{last['images_per_s']:,.0f} images/s steady in the last slot"
+        if "warmup_images_per_s" in last:
+            speed += f" ({last['warmup_images_per_s']:,.0f} in its first steps)"
+        if "achieved_gflops" in last:
+            speed += (f"; {last['flops_per_image'] / 1e6:,.1f} MFLOP an image, "
+                      f"{last['achieved_gflops']:,.1f} GFLOP/s")  # fmt: skip
+        lines.append(("throughput", speed))
+    cpu_s = sum(a["efficiency"].get("cpu_s", 0.0) for a in measured)
+    use = efficiency.cpu_efficiency(cpu_s, wall, cpus)
+    peak = max(a["efficiency"].get("memory_peak_mb", 0.0) for a in measured)
+    usage = f"memory peak {peak:,.0f} MB a node" + (f" of {mem_mb:,} MB" if mem_mb else "")
+    if use is not None:
+        usage = f"CPU {use:.0%} of {cpus} busy; " + usage
+    lines.append(("usage", usage))
+    for attempt in measured[-1:]:
+        lines.extend(("waste", flag) for flag in efficiency.flags(attempt, mem_mb, runtime, cpus))
+    return lines
+
+
 def build(run_dir: Path) -> Summary:
     """The summary of the run in ``run_dir`` (``results/<run>``)."""
     run_dir = Path(run_dir)
@@ -115,6 +165,7 @@ def build(run_dir: Path) -> Summary:
         summary.lines.append(("training", "no epoch finished yet"))
     if attempts:
         summary.lines.append(("attempts", _attempts(attempts)))
+        summary.lines.extend(_efficiency(cfg, attempts))
         end = attempts[-1].get("end") or time.time()
         summary.lines.append(("wall", f"{_duration(end - attempts[0]['start'])} from the first "
                                        "slot's start to the last one's end"))  # fmt: skip

@@ -31,6 +31,7 @@ from ddppipe import (
     data,
     devices,
     distributed,
+    efficiency,
     evaluate,
     heap,
     jsonl,
@@ -124,6 +125,7 @@ class Trainer:
 
     def __init__(self, cfg: dict[str, Any], paths: Paths, ctx: distributed.Context) -> None:
         self.cfg, self.paths, self.ctx = cfg, paths, ctx
+        self.meter = efficiency.SlotMeter()
         self.train_cfg = cfg["train"]
         self.task = tasks.load(cfg["task"])
         args = cfg["task_args"]
@@ -132,12 +134,13 @@ class Trainer:
         cuda = ctx.device.type == "cuda"
         if cuda:
             devices.check_gpu(ctx.device.index, self.train_cfg["precision"])
-        train_set, test_set = self.task.call("datasets", paths.data_dir, args)
-        workers = data.loader_workers(
-            data.node_cpus(), ctx.local_world_size, torch.get_num_threads()
-        )
-        self.train_data = data.Feed(train_set, ctx.device, workers)
-        self.test_data = data.Feed(test_set, ctx.device, workers)
+        with self.meter.phase("data"):
+            train_set, test_set = self.task.call("datasets", paths.data_dir, args)
+            workers = data.loader_workers(
+                data.node_cpus(), ctx.local_world_size, torch.get_num_threads()
+            )
+            self.train_data = data.Feed(train_set, ctx.device, workers)
+            self.test_data = data.Feed(test_set, ctx.device, workers)
         if len(self.test_data) < ctx.world_size:
             raise tasks.TaskError(
                 f"task {cfg['task']}: {len(self.test_data)} test samples for {ctx.world_size} "
@@ -166,6 +169,8 @@ class Trainer:
         else:
             self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg, ctx.device)
         self.scheduler = make_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
+        if ctx.is_main:
+            self.meter.flops_per_image = self._count_flops(train_set)
         self.store = checkpoint.Store(
             state.of(paths.state_dir).checkpoints, self.train_cfg["keep_checkpoints"]
         )
@@ -195,6 +200,33 @@ class Trainer:
             layout.tensorboard, layout.root, mlflow_uri=tracking_cfg.get("mlflow"),
             run_name=self.cfg["run"], params=self.cfg, tags=tags,
         )  # fmt: skip
+
+    def _count_flops(self, dataset: Any) -> float | None:
+        """FLOPs of one training image: forward and backward of two, on a copy of the model
+        (no all-reduce, no gradient in DDP's buckets; the RNG is reset by resume())."""
+        import copy
+
+        from torch.utils.data import default_collate
+
+        if data.in_memory(dataset):
+            x, y = dataset.to(self.ctx.device).batch(torch.arange(2, device=self.ctx.device))
+        else:
+            x, y = (t.to(self.ctx.device) for t in default_collate([dataset[0], dataset[1]]))
+        replica = copy.deepcopy(self.model)
+
+        def step() -> None:
+            with torch.autocast(
+                self.ctx.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
+            ):
+                output = replica(evaluate.as_input(x, self.memory_format))
+            self.loss_fn(output.float(), y).backward()
+
+        return efficiency.count_flops_per_image(step, int(y.shape[0]))
+
+    def _record_efficiency(self) -> None:
+        """Collective: the slot's figures into rank 0's progress (its attempt record)."""
+        figures = self.meter.collect(self.ctx.world_size, self.ctx.device)
+        self._record_progress(efficiency=figures)
 
     def _track(self, step: int, values: dict[str, float], prefix: str = "") -> None:
         if self.tracker is not None:
@@ -255,6 +287,7 @@ class Trainer:
 
         def write() -> Path:
             path = self.store.save(snapshot)
+            self.meter.add("checkpoint", time.perf_counter() - started)
             self._write_live_metrics()
             self._record_progress(
                 end_step=self.epoch * self.steps_per_epoch + self.step,
@@ -347,6 +380,11 @@ class Trainer:
         start, first = time.perf_counter(), self.step
         window = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         window_images = 0
+        images = 0
+        warm_at, warm_images = (start, 0) if self.meter.steps >= efficiency.WARMUP_STEPS else (
+            None, 0
+        )  # fmt: skip
+        self.meter.training_started()
         for step, (local, global_count) in enumerate(batches, start=first):
             if step % SIGNAL_CHECK_EVERY == 0 and step > first:
                 if self.tracker is not None and window_images:
@@ -358,8 +396,15 @@ class Trainer:
                 if self._stop_requested(guard):
                     self.step = step
                     bar.close()
+                    self._account(images, start, warm_at, warm_images)
                     return None
             step_loss = self._train_step(local, global_count)
+            images += global_count
+            self.meter.steps += 1
+            if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.synchronize(self.ctx.device)
+                warm_at, warm_images = time.perf_counter(), images
             loss_total += step_loss
             window += step_loss
             window_images += local[1].shape[0]
@@ -368,10 +413,18 @@ class Trainer:
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         seconds = time.perf_counter() - start
+        self._account(images, start, warm_at, warm_images)
         dist.all_reduce(loss_total)
         self._epoch_images = n - first * batch
         self._epoch_loss = float(loss_total) / self._epoch_images
         return seconds
+
+    def _account(self, images: int, start: float, warm_at: float | None, warm_images: int) -> None:
+        """This epoch's share of the slot's training time, warm-up apart."""
+        seconds = time.perf_counter() - start
+        if warm_at is None:  # the slot's warm-up did not end in this epoch
+            warm_at, warm_images = start + seconds, images
+        self.meter.trained(images, seconds, warm_images, warm_at - start)
 
     def _evaluate(self) -> evaluate.Counts:
         batches = self.test_data.shard(
@@ -397,6 +450,7 @@ class Trainer:
             eval_start = time.perf_counter()
             counts = self._final_eval = self._evaluate()
             eval_seconds = time.perf_counter() - eval_start
+            self.meter.add("evaluate", eval_seconds)
             self.epoch, self.step = self.epoch + 1, 0
             test = counts.summary()
             self.history.append(
@@ -428,6 +482,7 @@ class Trainer:
                 self._stop(guard, path)
         if self._final_eval is None:  # resumed after the last epoch's checkpoint
             self._final_eval = self._evaluate()
+        self._record_efficiency()
         self._write_outputs()  # a signal now is noted and changes nothing: the run completes
         if self.tracker is not None:
             self.tracker.close()
@@ -435,6 +490,7 @@ class Trainer:
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
         signum = guard.received or 0
+        self._record_efficiency()
         if self.tracker is not None:
             self.tracker.close()
         if self.ctx.is_main:

@@ -1,0 +1,165 @@
+"""What a slot of training cost and where its time went, measured by the ranks themselves.
+
+Rank 0 times the phases of its slot (start-up until the first step, data loading, training,
+evaluation, checkpoints), the steady-state throughput (the first :data:`WARMUP_STEPS` steps
+of a slot excluded, reported apart), and the FLOPs of one training image (counted once with
+``torch.utils.flop_counter``); every rank adds its CPU time and its peak memory. The figures
+go into the slot's attempt record (:mod:`ddppipe.attempts`); :func:`flags` turns them into
+plain-words waste warnings with their fix, at the thresholds centres use.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+WARMUP_STEPS = 10  # per slot: compilation, allocator and cache warm-up
+SLOT_START_ENV = "DDPPIPE_SLOT_START"  # Unix time the launcher opened the slot
+
+
+class SlotMeter:
+    """One rank's clocks for the current slot."""
+
+    def __init__(self) -> None:
+        start = os.environ.get(SLOT_START_ENV)
+        self.slot_start = float(start) if start else time.time()
+        self.cpu_start = time.process_time()
+        self.seconds: dict[str, float] = {}
+        self.first_step_at: float | None = None
+        self.steps = 0
+        self.images = 0
+        self.steady_images = 0
+        self.steady_seconds = 0.0
+        self.warmup_images = 0
+        self.warmup_seconds = 0.0
+        self.flops_per_image: float | None = None
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - started)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def training_started(self) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+
+    def trained(self, images: int, seconds: float, warmup_images: int,
+                warmup_seconds: float) -> None:  # fmt: skip
+        """An epoch's share of this slot: all its images, and how many came after warm-up."""
+        self.images += images
+        self.add("train", seconds)
+        self.warmup_images += warmup_images
+        self.warmup_seconds += warmup_seconds
+        self.steady_images += images - warmup_images
+        self.steady_seconds += seconds - warmup_seconds
+
+    def collect(self, world_size: int, device: Any) -> dict[str, Any]:
+        """Collective: the slot's figures (complete on rank 0)."""
+        import torch
+        import torch.distributed as dist
+
+        cpu = torch.tensor([time.process_time() - self.cpu_start], dtype=torch.float64)
+        peaks: list[Any] = [None] * world_size
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        if dist.is_initialized():
+            group_device = device if dist.get_backend() == "nccl" else "cpu"
+            cpu = cpu.to(group_device)
+            dist.all_reduce(cpu)
+            dist.all_gather_object(peaks, (socket.gethostname(), peak_mb))
+        else:
+            peaks = [(socket.gethostname(), peak_mb)]
+        per_node: dict[str, float] = {}
+        for host, mb in peaks:
+            per_node[host] = per_node.get(host, 0.0) + mb
+        figures: dict[str, Any] = {
+            "startup_s": (self.first_step_at or time.time()) - self.slot_start,
+            **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
+            "images": self.images,
+            "cpu_s": float(cpu.cpu()),
+            "memory_peak_mb": max(per_node.values()),  # the fullest node: its ranks' peaks
+        }
+        if self.steady_seconds > 0:
+            figures["images_per_s"] = self.steady_images / self.steady_seconds
+            figures["images_per_s_per_process"] = figures["images_per_s"] / world_size
+        if self.warmup_seconds > 0:
+            figures["warmup_images_per_s"] = self.warmup_images / self.warmup_seconds
+        if self.flops_per_image and "images_per_s" in figures:
+            figures["flops_per_image"] = self.flops_per_image
+            figures["achieved_gflops"] = self.flops_per_image * figures["images_per_s"] / 1e9
+        return figures
+
+
+def count_flops_per_image(step: Any, images: int) -> float | None:
+    """FLOPs of one training image: ``step()`` (forward and backward of ``images``) counted
+    once with torch's FLOP counter; None where it cannot count (an unsupported operator)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FlopCounterMode(display=False) as counter:
+            step()
+    except Exception:  # a custom operator the counter does not know: no figure, no failure
+        return None
+    total = counter.get_total_flops()
+    return total / images if total and images else None
+
+
+# -- waste flags --------------------------------------------------------------------------
+
+MEMORY_USED_BELOW = 0.70  # of the request: centres flag (seff, jobstats) and so does ddppipe
+TIME_LIMIT_USED_BELOW = 0.10
+CPU_EFFICIENCY_BELOW = 0.50
+STARTUP_SHARE_ABOVE = 0.50  # of a slot's wall time
+MEMORY_HEADROOM = 1.25  # the request ddppipe suggests: the peak plus a quarter
+
+
+def cpu_efficiency(cpu_s: float, wall_s: float, cpus: int) -> float | None:
+    return cpu_s / (wall_s * cpus) if wall_s > 0 and cpus > 0 else None
+
+
+def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
+          cpus: int) -> list[str]:  # fmt: skip
+    """Plain-words waste warnings for one attempt record, each with its fix."""
+    found: list[str] = []
+    eff = attempt.get("efficiency") or {}
+    wall = (attempt.get("end") or 0) - attempt.get("start", 0)
+    peak = eff.get("memory_peak_mb")
+    if mem_mb and peak and peak < MEMORY_USED_BELOW * mem_mb:
+        suggest = int(-(-peak * MEMORY_HEADROOM // 100) * 100)
+        found.append(
+            f"memory: the fullest node peaked at {peak:,.0f} MB of the {mem_mb:,} MB requested "
+            f"({peak / mem_mb:.0%}); ask for {suggest} MB: `slurm.mem_mb: {suggest}`"
+        )
+    if runtime_min and attempt.get("outcome") == "completed" and wall > 0:
+        share = wall / (runtime_min * 60)
+        if share < TIME_LIMIT_USED_BELOW:
+            minutes = max(1, int(wall * 2 // 60) + 1)
+            found.append(
+                f"time limit: the slot used {share:.0%} of its {runtime_min} min; a shorter "
+                f"limit starts sooner: `slurm.runtime: {minutes}`"
+            )
+    startup = eff.get("startup_s", 0.0)
+    if wall > 0 and startup > STARTUP_SHARE_ABOVE * wall:
+        found.append(
+            f"start-up: {startup:.0f} s of the slot's {wall:.0f} s passed before the first step "
+            "(torchrun, rendezvous, preflight, data): the fewer and longer the slots, the less "
+            "of it (`slurm.runtime`, `train.epochs`)"
+        )
+        return found  # the CPUs idled while it started: that is the waste to fix first
+    efficiency = cpu_efficiency(eff.get("cpu_s", 0.0), wall, cpus) if eff else None
+    if efficiency is not None and efficiency < CPU_EFFICIENCY_BELOW:
+        found.append(
+            f"CPU: {efficiency:.0%} of the {cpus} CPUs allocated were busy over the slot; "
+            "fewer CPUs per process (`launch.cpus_per_proc`) or more processes would use them"
+        )
+    return found

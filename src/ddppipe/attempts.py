@@ -118,7 +118,8 @@ def measured_checkpoint_seconds(state_dir: Path) -> float | None:
     return max((t for t in times if t), default=None)
 
 
-COLUMNS = ("#", "job", "nodes", "start", "end", "outcome", "resumed from", "steps")
+COLUMNS = ("#", "job", "nodes", "start", "end", "outcome", "resumed from", "steps", "start-up s",
+           "training s", "images/s")  # fmt: skip
 
 
 def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
@@ -128,9 +129,15 @@ def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
     out = []
     for a in history:
         job = a.job if not a.restarts else f"{a.job} (requeue {a.restarts})"
+        figures = a.efficiency or {}
+
+        def figure(key: str, spec: str) -> str:
+            return format(figures[key], spec) if key in figures else "-"
+
         out.append((
             str(a.number), job, ",".join(a.nodes), when(a.start), when(a.end), a.outcome,
-            a.resumed_from or "(start)", str(a.steps),
+            a.resumed_from or "(start)", str(a.steps), figure("startup_s", ".1f"),
+            figure("train_s", ".1f"), figure("images_per_s", ",.0f"),
         ))  # fmt: skip
     return out
 

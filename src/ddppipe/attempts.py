@@ -122,6 +122,10 @@ COLUMNS = ("#", "job", "nodes", "start", "end", "outcome", "resumed from", "step
            "training s", "images/s")  # fmt: skip
 
 
+def _figure(figures: dict[str, Any], key: str, spec: str) -> str:
+    return format(figures[key], spec) if key in figures else "-"
+
+
 def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
     def when(t: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
@@ -130,14 +134,10 @@ def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
     for a in history:
         job = a.job if not a.restarts else f"{a.job} (requeue {a.restarts})"
         figures = a.efficiency or {}
-
-        def figure(key: str, spec: str) -> str:
-            return format(figures[key], spec) if key in figures else "-"
-
         out.append((
             str(a.number), job, ",".join(a.nodes), when(a.start), when(a.end), a.outcome,
-            a.resumed_from or "(start)", str(a.steps), figure("startup_s", ".1f"),
-            figure("train_s", ".1f"), figure("images_per_s", ",.0f"),
+            a.resumed_from or "(start)", str(a.steps), _figure(figures, "startup_s", ".1f"),
+            _figure(figures, "train_s", ".1f"), _figure(figures, "images_per_s", ",.0f"),
         ))  # fmt: skip
     return out
 

@@ -170,7 +170,7 @@ class Trainer:
             self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg, ctx.device)
         self.scheduler = make_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
         if ctx.is_main:
-            self.meter.flops_per_image = self._count_flops(train_set)
+            self.meter.flops_per_image = self._count_flops(self.train_data.dataset)
         self.store = checkpoint.Store(
             state.of(paths.state_dir).checkpoints, self.train_cfg["keep_checkpoints"]
         )
@@ -209,7 +209,7 @@ class Trainer:
         from torch.utils.data import default_collate
 
         if data.in_memory(dataset):
-            x, y = dataset.to(self.ctx.device).batch(torch.arange(2, device=self.ctx.device))
+            x, y = dataset.batch(torch.arange(2, device=self.ctx.device))  # on the device
         else:
             x, y = (t.to(self.ctx.device) for t in default_collate([dataset[0], dataset[1]]))
         replica = copy.deepcopy(self.model)

@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import container, provenance
+from ddppipe import config, container, provenance
 from tests.tiny import REPO, TinyData, tiny_config
 from tests.workflow_helpers import snakemake
 
@@ -97,6 +97,73 @@ def test_exec_prefix() -> None:
     assert container.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
     assert container.exec_prefix({"container": {"mode": "none"}}) == []
     assert container.python_command({}) == [sys.executable]
+
+
+def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folders of the task file and the script are bound at their own paths, once."""
+    root = tmp_path.resolve()
+    work, scripts, real = root / "work", root / "scripts", root / "real"
+    for folder in (work / "tasks" / "sub", scripts, real):
+        folder.mkdir(parents=True)
+    (work / "linked").symlink_to(real)
+    monkeypatch.chdir(work)
+
+    def argv(task: str, script: str | None = None, exec_args: tuple[str, ...] = ()) -> list[str]:
+        c = {"mode": "apptainer", "image": "i.sif", "exec_args": list(exec_args)}
+        cfg = {"task": task, "script": script, "container": c}
+        return container.exec_prefix(cfg, gpus=False)
+
+    bind = "--bind"
+    # (sorted by path)
+    assert argv("tasks/cifar.py", str(scripts / "train.py"), ("--contain",)) == [
+        "apptainer", "exec", "--contain", bind, str(scripts), bind, f"{work}/tasks", "i.sif"
+    ]  # fmt: skip
+    assert argv("ddppipe.tasks.mnist") == ["apptainer", "exec", "i.sif"]  # a module: no bind
+    # A folder inside another bound one, or already bound at its path: not bound again.
+    assert argv("cifar.py", "tasks/sub/train.py") == ["apptainer", "exec", bind, str(work), "i.sif"]
+    same = ("-B", f"/opt,{scripts}:{scripts}:ro")
+    assert argv("tasks/sub/a.py", "../scripts/t.py", same) == [
+        "apptainer", "exec", *same, bind, f"{work}/tasks/sub", "i.sif"
+    ]  # fmt: skip
+    elsewhere = ("--bind", f"{scripts}:/data")  # not at the same path
+    assert argv("ddppipe.tasks.mnist", f"{scripts}/t.py", elsewhere)[-3:] == [bind, str(scripts),
+                                                                               "i.sif"]  # fmt: skip
+    # A symlinked folder: as written and where it resolves to; a missing folder: left out.
+    assert container.user_binds({"task": "linked/t.py", "script": "missing/t.py"}) == [
+        str(real), f"{work}/linked"
+    ]  # fmt: skip
+    assert container.user_binds({"task": "a.py"}, cwd=scripts) == [str(scripts)]
+
+
+def test_requirements_pinned_and_named_by_hash() -> None:
+    """container.requirements: pinned or refused with a hint; the list names the image."""
+    reqs = ["tabulate==0.9.0", "Foo_Bar[x,y]==1.0.post1"]
+    cfg = {"container": {"mode": "apptainer", "image": IMAGE, "requirements": reqs}}
+    assert container.requirements(cfg) == ["Foo_Bar[x,y]==1.0.post1", "tabulate==0.9.0"]
+    derived = container.run_image(cfg)
+    assert re.fullmatch(r"results/images/ddppipe-[0-9a-f]{12}\.sif", derived)
+    assert derived == str(container.derived_image(IMAGE, list(reversed(reqs))))
+    assert container.exec_prefix(cfg, gpus=False)[-1] == derived
+    assert container.python_command(cfg, gpus=False)[-2:] == [derived, "python"]
+    assert container.run_image({"container": {"image": IMAGE, "requirements": []}}) == IMAGE
+    assert container.derived_image(IMAGE, ["tabulate==0.8.10"]) != Path(derived)
+    for loose in ("tabulate", "tabulate>=0.9", "numpy==2.*", "git+https://x/y.git", "a==1 ; b"):
+        with pytest.raises(container.ContainerError, match=r"pinned as name==version"):
+            container.requirements({"container": {"requirements": [loose]}})
+        bad = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        bad["container"]["requirements"] = [loose]
+        with pytest.raises(
+            config.ConfigError, match=r"container\.requirements\.0: .* does not match"
+        ):
+            config.validate(bad)
+    with pytest.raises(
+        container.ContainerError, match=r"'tabulate>=0\.9': write tabulate==VERSION"
+    ):
+        container.requirements({"container": {"requirements": ["tabulate>=0.9"]}})
+    recipe = container.derived_recipe("ddppipe.sif", ["tabulate==0.9.0"], "ab" * 32)
+    assert recipe.startswith("Bootstrap: localimage\nFrom: ddppipe.sif\n")
+    assert "ddppipe.requirements tabulate==0.9.0" in recipe and "PIP_CERT" in recipe
+    assert "--constraint base.txt" in recipe  # the base image's packages keep their versions
 
 
 def test_failed_build_leaves_no_image(tmp_path: Path) -> None:
@@ -186,15 +253,17 @@ def test_exec_by_hand(image_run: ImageRun) -> None:
         "--data=resources/mnist",
         f"--metrics={out}/eval.json",
         f"--plot={out}/cm.png",
+        f"--config={env_cfg}",
     )
     run(
         sys.executable,
         "-m",
         "ddppipe",
         "export",
-        f"--checkpoint={out}/final.pt",
+        f"--result={out}/final.pt",
+        f"--config={env_cfg}",
         "--data=resources/mnist",
-        f"--weights={out}/model.pt",
+        f"--out={out}/model.pt",
         f"--provenance={out}/provenance.json",
         "--image-info=results/images/ddppipe.json",
     )
@@ -208,11 +277,7 @@ def test_rebuild_only_when_recipe_changes(image_run: ImageRun) -> None:
     w, cfg, recipe = image_run.workdir, image_run.cfg, image_run.recipe
     # Unchanged inputs: no rebuild. (A source file edited since the build, e.g. by someone
     # working in this checkout while the tests run, rightly schedules one.)
-    src = REPO / "src" / "ddppipe"
-    sources = [REPO / "pyproject.toml", *src.rglob("*.py"), *src.glob("*.yaml")]
-    built = image_run.image.stat().st_mtime
-    edited = [p for p in sources if p.stat().st_mtime > built]
-    if not edited:
+    if not _sources_edited_since(image_run.image):
         assert "build_image" not in _jobs(w, cfg)
     # A changed recipe schedules a rebuild. (Snakemake ignores a mere touch of a small input
     # whose content checksum it recorded, so change the content.)
@@ -226,9 +291,73 @@ def test_rebuild_only_when_recipe_changes(image_run: ImageRun) -> None:
         os.utime(recipe, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-def _jobs(workdir: Path, cfg: dict[str, Any]) -> dict[str, int]:
-    """Rule -> jobs of a dry run for the image ({} when there is nothing to do)."""
-    out = snakemake(workdir, cfg, "-n", IMAGE).stdout
+def test_task_image_from_requirements(image_run: ImageRun) -> None:
+    """container.requirements: rule build_task_image derives an image from the built one with
+    the pinned packages (labels and info record them); train, evaluate and the provenance
+    use it; the same list again builds nothing, another list names another image."""
+    w, reqs = image_run.workdir, ["tabulate==0.9.0"]
+    cfg = {**image_run.cfg, "container": {**image_run.cfg["container"], "requirements": reqs}}
+    derived = container.derived_image(IMAGE, reqs)
+    # Only this rule: the base image stays as built, even if a source changes meanwhile.
+    # (--allowed-rules takes every word after it: targets go before it.)
+    only = ("--allowed-rules", "build_task_image")
+    start = time.monotonic()
+    snakemake(w, cfg, "--cores", "1", str(derived), *only)
+    seconds = time.monotonic() - start
+    probe = "import tabulate; print(tabulate.__version__)"
+    cmd = ["apptainer", "exec", str(w / derived), "python", "-c", probe]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == "0.9.0"
+    info = json.loads((w / container.info_path(derived)).read_text())
+    base = json.loads((w / container.info_path(IMAGE)).read_text())
+    assert info["requirements"] == reqs and info["sha256"] == container.sha256(w / derived)
+    assert info["base"]["sha256"] == base["sha256"] and info["recipe"].endswith(".def")
+    labels = info["labels"]
+    assert labels == container.labels(w / derived)
+    assert labels["ddppipe.requirements"] == "tabulate==0.9.0"
+    assert labels["ddppipe.requirement.tabulate.version"] == "0.9.0"
+    assert labels["ddppipe.requirements.installed"] == "tabulate==0.9.0"
+    assert labels["ddppipe.base.sha256"] == base["sha256"]
+    for key in ("torch", "cuda", "cudnn", "nccl", "variant"):  # the base image's stack
+        name = f"ddppipe.{key}" if key == "variant" else f"ddppipe.{key}.version"
+        assert labels[name] == base["labels"][name], name
+    # The same list: nothing to do. Another list: another image.
+    assert _jobs(w, cfg, str(derived), *only) == {}
+    if not _sources_edited_since(image_run.image):
+        assert _jobs(w, cfg, str(derived)) == {}
+    other = {**cfg, "container": {**cfg["container"], "requirements": ["tabulate==0.8.10"]}}
+    renamed = container.derived_image(IMAGE, other["container"]["requirements"])
+    assert renamed != derived
+    assert _jobs(w, other, str(renamed), *only).get("build_task_image") == 1
+    # Training runs in the derived image (the launcher's python, the rule's input); the
+    # provenance gets its info.
+    assert container.python_command(cfg)[-2] == str(derived)
+    plan = snakemake(w, cfg, "-n", "-p", "--forceall").stdout
+    assert f"--image-info {container.info_path(derived)}" in plan
+    assert re.search(rf"rule train:\n\s+input: [^\n]*{derived}", plan)
+    # Export for real (the checkpoint trained in the base image stays; this test runs after
+    # the ones reading the base run's outputs).
+    outputs = ["results/tiny/eval/metrics.json", "results/tiny/export/provenance.json"]
+    snakemake(w, cfg, "--cores", "2", *outputs, "--allowed-rules", "evaluate", "export")
+    record = json.loads((w / outputs[1]).read_text())["container"]
+    assert record["path"] == str(derived) and record["sha256"] == info["sha256"]
+    assert record["requirements"] == reqs and record["base"]["sha256"] == base["sha256"]
+    print(f"derived image (tabulate) built in {seconds:.0f} s")
+
+
+def _sources_edited_since(image: Path) -> bool:
+    """Whether an input of rule build_image changed after ``image`` was built (someone working
+    in this checkout while the tests run): then the DAG rightly schedules a rebuild."""
+    src = REPO / "src" / "ddppipe"
+    sources = [REPO / "pyproject.toml", *src.rglob("*.py"), *src.rglob("*.yaml")]
+    built = image.stat().st_mtime
+    return any(p.stat().st_mtime > built for p in sources)
+
+
+def _jobs(workdir: Path, cfg: dict[str, Any], *args: str) -> dict[str, int]:
+    """Rule -> jobs of a dry run (args: options and targets; default the image), {} when there
+    is nothing to do."""
+    out = snakemake(workdir, cfg, "-n", *(args or (IMAGE,))).stdout
     table = out.split("Job stats:")[1] if "Job stats:" in out else ""
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)$", table, re.M)}
 

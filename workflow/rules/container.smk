@@ -20,3 +20,31 @@ rule build_image:
     shell:
         "ddppipe build-image --recipe {input.recipe} --image {output.image}"
         " --info {output.info} --log {log} --context {params.context}"
+
+
+if TASK_REQUIREMENTS:
+
+    rule build_task_image:
+        """The image plus the task's pinned pip packages (container.requirements), atomically,
+        with its recipe and info JSON (SHA-256, labels, requirements, base image).
+
+        Named by a hash of the list: a changed list is a new image; a rebuilt base image
+        rebuilds it. Train and evaluate then run in it (run_image()).
+        """
+        input:
+            image=config["container"]["image"],
+            info=str(ddp_container.info_path(config["container"]["image"])),
+        output:
+            image=run_image(),
+            info=str(ddp_container.info_path(run_image())),
+            recipe=str(ddp_container.recipe_path(run_image())),
+        log:
+            "logs/build_task_image.log",
+        benchmark:
+            "benchmarks/build_task_image.tsv"
+        localrule: True
+        params:
+            requirements=shlex.join(TASK_REQUIREMENTS),
+        shell:
+            "ddppipe build-task-image --base {input.image} --image {output.image}"
+            " --info {output.info} --log {log} {params.requirements}"

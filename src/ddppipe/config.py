@@ -142,6 +142,29 @@ def _renamed(cfg: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _hint(error: jsonschema.ValidationError) -> str:
+    """What the schema says the value must be, when its message does not."""
+    if error.validator == "type" and isinstance(error.instance, str):
+        return " (command-line values are text)"
+    if error.validator == "pattern" and error.parent is None:
+        described = _described(error)
+        return f": {described}" if described else ""
+    return ""
+
+
+def _described(error: jsonschema.ValidationError) -> str | None:
+    """The description of the nearest schema node above ``error`` (an item's is its list's)."""
+    node: Any = schema()
+    found = node.get("description")
+    for key in error.absolute_schema_path:
+        if not isinstance(node, dict | list):
+            break
+        node = node[key] if isinstance(node, list) or key in node else None
+        if isinstance(node, dict) and node.get("description"):
+            found = node["description"]
+    return " ".join(found.split()) if found else None
+
+
 def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Coerce, validate ``cfg`` in place against the schema, fill defaults; raise ConfigError."""
     cfg = coerce(cfg, schema())
@@ -151,8 +174,7 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
         lines = _renamed(cfg)
         for e in errors:
             where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-            hint = " (command-line values are text)" if isinstance(e.instance, str) else ""
-            lines.append(f"  {where}: {e.message}{hint}")
+            lines.append(f"  {where}: {e.message}{_hint(e)}")
         raise ConfigError(
             "invalid configuration:\n" + "\n".join(lines) + "\nSee README.md (Configuration)."
         )

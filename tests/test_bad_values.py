@@ -31,7 +31,7 @@ CASES = [
     ("renamed key", setting("slurm", cpus_per_task=2), config.ConfigError,
      "slurm.cpus_per_task: this key is now launch.cpus_per_proc"),
     ("unpinned requirement", setting("container", requirements=["tabulate"]), config.ConfigError,
-     "does not match .*: The task's own pip packages, each pinned as name==version"),
+     "$': The task's own pip packages, each pinned as name==version"),
     ("text that is no number", setting("launch", nnodes="two"), config.ConfigError,
      "'two' is not of type 'integer' (command-line values are text)"),
     ("negative continuations", setting("slurm", max_continuations=-1), config.ConfigError,

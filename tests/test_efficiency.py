@@ -42,3 +42,12 @@ def test_idle_cpus_and_a_long_start_up() -> None:
 
 def test_a_well_used_allocation_has_no_flag() -> None:
     assert efficiency.flags(attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000), 8_000, 30, 8) == []
+
+
+def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
+    from ddppipe import continuation
+
+    job = {"SubmitTime": "2026-11-23T10:00:00", "EligibleTime": "2026-11-23T10:02:00",
+           "StartTime": "2026-11-23T10:02:45"}  # fmt: skip
+    assert continuation.queue_seconds(job) == 45.0
+    assert continuation.queue_seconds({"StartTime": "Unknown"}) == 0.0

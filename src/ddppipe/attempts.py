@@ -39,6 +39,7 @@ class Attempt:
     checkpoint_seconds: float | None = None  # slowest checkpoint write of the slot
     stop_seconds: float | None = None  # from the stop signal to its checkpoint written
     efficiency: dict[str, Any] | None = None  # rank 0's figures (ddppipe.efficiency)
+    queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
     detail: str = ""
 
     @property
@@ -66,7 +67,9 @@ def save(state_dir: Path, history: list[Attempt]) -> None:
     atomic.write_json(state.of(state_dir).attempts, [asdict(a) for a in history])
 
 
-def begin(state_dir: Path, job: str | None, restarts: int, nodes: list[str]) -> list[Attempt]:
+def begin(
+    state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0
+) -> list[Attempt]:
     """Open this slot's record; a record left open by a killed launcher is closed as lost."""
     history = load(state_dir)
     for attempt in history:
@@ -74,7 +77,7 @@ def begin(state_dir: Path, job: str | None, restarts: int, nodes: list[str]) -> 
             attempt.outcome = LOST
     state.of(state_dir).progress.unlink(missing_ok=True)
     number = len(history) + 1
-    history.append(Attempt(number, job or "local", restarts, nodes, time.time()))
+    history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s))
     save(state_dir, history)
     return history
 

@@ -34,6 +34,24 @@ def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
     return time.mktime(parsed) - now
 
 
+def _parse(stamp: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def queue_seconds(job: dict[str, str]) -> float:
+    """How long this slot of the job waited: from its (re)submission or eligibility to start.
+
+    A requeued job is eligible again from its requeue (EligibleTime); 0 when SLURM did not say.
+    """
+    start = _parse(job.get("StartTime", ""))
+    since = [t for t in (_parse(job.get("SubmitTime", "")), _parse(job.get("EligibleTime", "")))
+             if t is not None]  # fmt: skip
+    return max(0.0, start - max(since)) if start is not None and since else 0.0
+
+
 def classify(
     signal_name: str | None,
     job: dict[str, str] | None,

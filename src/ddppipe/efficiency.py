@@ -86,6 +86,7 @@ class SlotMeter:
             "startup_s": (self.first_step_at or time.time()) - self.slot_start,
             **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
             "images": self.images,
+            "steps": self.steps,  # trained in this slot, checkpointed or not
             "cpu_s": float(cpu.cpu()),
             "memory_peak_mb": max(per_node.values()),  # the fullest node: its ranks' peaks
         }

@@ -117,9 +117,37 @@ def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tup
     if use is not None:
         usage = f"CPU {use:.0%} of {cpus} busy; " + usage
     lines.append(("usage", usage))
+    queued = sum(a.get("queue_s") or 0.0 for a in measured)
+    unit = "GPU" if cfg.get("launch", {}).get("device") == "gpu" else "CPU"
+    units = cpus if unit == "CPU" else _gpus(cfg)
+    hours = units * wall / 3600
+    training = units * total["train_s"] / 3600
+    redone = sum(max(0, a["efficiency"].get("steps", 0) - _checkpointed(a)) for a in measured[:-1])
+    lines.append(
+        (
+            "allocation",
+            (
+                f"{hours:,.2f} {unit}-hours held ({units} {unit}s), {training:,.2f} of them training "
+                f"({training / hours:.0%}); {_duration(queued)} queued; {redone} steps redone after "
+                "resumes"
+            )
+            if hours
+            else f"{_duration(queued)} queued",
+        )
+    )
     for attempt in measured[-1:]:
         lines.extend(("waste", flag) for flag in efficiency.flags(attempt, mem_mb, runtime, cpus))
     return lines
+
+
+def _gpus(cfg: dict[str, Any]) -> int:
+    launch = cfg.get("launch", {})
+    return int(launch.get("nnodes", 1)) * int(launch.get("nproc_per_node", 1))
+
+
+def _checkpointed(attempt: dict[str, Any]) -> int:
+    start, end = attempt.get("start_step"), attempt.get("end_step")
+    return end - start if start is not None and end is not None else 0
 
 
 def build(run_dir: Path) -> Summary:

@@ -126,7 +126,7 @@ def test_corrupted_file_is_a_clear_error_and_leaves_nothing(
     text = str(e.value)
     assert f"{name}: SHA-256 mismatch" in text
     assert f"expected {tiny.sha256[name]}, got {hashing.sha256(bytes(content))}" in text
-    assert "data.mirrors" in text  # says what to do
+    assert "task_args.mirrors" in text  # says what to do
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -241,7 +241,7 @@ def test_gzip_bomb_is_capped_in_small_memory(tiny: TinyData, serve, tmp_path: Pa
     cap = download.MAX_BYTES[mnist.TRAIN_IMAGES]
     assert (
         f"{url}{mnist.TRAIN_IMAGES}.gz: decompressed size exceeds the cap of {cap:,} bytes "
-        "(data.max_bytes)" in report["error"]
+        "(task_args.max_bytes)" in report["error"]
     )
     assert growth_mib < 100
     assert_only_complete_files(out, [])
@@ -321,7 +321,7 @@ def test_slow_drip_is_abandoned_at_the_deadline(
     elapsed = time.monotonic() - t0
     print(f"\nslow drip abandoned after {elapsed:.1f} s, {len(sent)} of {len(archive)} bytes")
     assert elapsed < 2 + 2.5  # the deadline, plus at most one second-long read, plus slack
-    assert f"{url}{name}.gz: not complete within the deadline of 2 s (data.deadline_s)" in (
+    assert f"{url}{name}.gz: not complete within the deadline of 2 s (task_args.deadline_s)" in (
         caplog.text
     )
     assert (out / name).read_bytes() == (tiny.data_dir / name).read_bytes()
@@ -398,7 +398,7 @@ def test_http_500_then_success_and_all_failures_named(
     assert f"{failing}{mnist.TRAIN_IMAGES}.gz: HTTP Error 500" in text
     assert (
         f"{bombing}{mnist.TRAIN_IMAGES}.gz: decompressed size exceeds the cap of {cap:,} bytes "
-        "(data.max_bytes)" in text
+        "(task_args.max_bytes)" in text
     )
-    assert "raise data.max_bytes or data.deadline_s" in text
+    assert "raise task_args.max_bytes or task_args.deadline_s" in text
     assert_only_complete_files(tmp_path / "out2", [])

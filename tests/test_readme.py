@@ -1,4 +1,5 @@
-"""Every `snakemake`/`make` command of README.md works as typed, and every `--config` override.
+"""Every `snakemake`/`make` command of README.md and docs/*.md works as typed, and every
+`--config` override.
 
 The commands run in a scratch checkout (symlinks to this one) whose default config points at
 tiny data: the main DAG, the scaling study and the reports for real; commands that need a
@@ -21,6 +22,9 @@ import yaml
 from tests.tiny import REPO, TinyData, tiny_config
 
 README = (REPO / "README.md").read_text()
+DOCS = sorted((REPO / "docs").glob("*.md"))
+# The README first, then the docs: commands run in this order (a report after its run).
+PAGES = {"README.md": README} | {f"docs/{p.name}": p.read_text() for p in DOCS}
 LINKED = (
     "Snakefile",
     "workflow",
@@ -36,20 +40,49 @@ LINKED = (
 DRY = ("--profile", "container=", "/path/to/", "example.org", "results/images", "make run")
 
 
-def readme_commands() -> list[str]:
-    """The `snakemake ...` and `make ...` lines of the README's bash blocks, in order."""
+def commands_in(text: str) -> list[str]:
+    """The `snakemake ...` and `make ...` lines of a page's bash blocks, in order."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():
             command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
-            if re.match(r"(snakemake|make) ", command) and command != "make test":
+            if re.match(r"(snakemake|make)( |$)", command):
                 commands.append(command)
     return commands
 
 
+def documented_commands() -> list[str]:
+    """The commands of the README and of every docs/*.md, in order, each once; `make test`
+    is what runs this test."""
+    every = [c for text in PAGES.values() for c in commands_in(text)]
+    return [c for c in dict.fromkeys(every) if c != "make test"]
+
+
 def inline_config_overrides() -> list[str]:
-    """Every `--config '...'` written in the README, in code blocks or in the text."""
-    return sorted(set(re.findall(r"--config '([^']+)'", README)))
+    """Every value of a `--config '...' ['...']` written in the README or a doc, in code
+    blocks or in the text."""
+    found = set()
+    for text in PAGES.values():
+        for values in re.findall(r"--config((?:\s+'[^']+')+)", text):
+            found.update(re.findall(r"'([^']+)'", values))
+    return sorted(found)
+
+
+def rule_names() -> set[str]:
+    return {
+        name
+        for smk in (REPO / "workflow" / "rules").glob("*.smk")
+        for name in re.findall(r"^\s*rule (\w+):", smk.read_text(), re.M)
+    }
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
 def make_checkout(root: Path, cfg: dict) -> Path:
@@ -97,15 +130,42 @@ def as_run_here(command: str) -> str:
 
 
 def test_the_readme_shows_the_commands_users_type() -> None:
-    commands = readme_commands()
-    assert "snakemake --profile profiles/slurm --config 'launch={nnodes: 2}'" in commands
+    """The set-up commands and the SLURM and container one-liners are on the first page."""
+    readme = commands_in(README)
+    assert "make run" in readme and "make test" in readme, readme
+    assert "snakemake --profile profiles/slurm --config 'launch={nnodes: 2}'" in readme
+    assert "snakemake --cores all --config 'container={mode: apptainer}'" in readme
+    commands = documented_commands()
     assert "snakemake --cores all scaling" in commands and len(commands) >= 10, commands
     assert len(inline_config_overrides()) >= 4
 
 
-def test_every_readme_command_runs(checkout: Path, other_task_checkout: Path) -> None:
+def test_the_readme_names_every_rule() -> None:
+    missing = sorted(name for name in rule_names() if name not in README)
+    assert len(rule_names()) >= 10 and not missing, missing
+
+
+def test_the_readme_links_every_doc_and_every_link_resolves() -> None:
+    assert DOCS, "docs/*.md"
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", README))
+    assert {f"docs/{p.name}" for p in DOCS} <= linked, linked
+    broken = []
+    for page, text in PAGES.items():
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            file = (REPO / page).parent / path if path else REPO / page
+            if not file.exists():
+                broken.append(f"{page}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+                broken.append(f"{page}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_every_documented_command_runs(checkout: Path, other_task_checkout: Path) -> None:
     failed = []
-    for command in readme_commands():
+    for command in documented_commands():
         where = other_task_checkout if " task=" in command else checkout
         result = run(as_run_here(command), where)
         print(f"{result.returncode}: {as_run_here(command)}")
@@ -117,7 +177,7 @@ def test_every_readme_command_runs(checkout: Path, other_task_checkout: Path) ->
 
 
 @pytest.mark.parametrize("override", inline_config_overrides())
-def test_every_readme_config_override_is_accepted(checkout: Path, override: str) -> None:
+def test_every_documented_config_override_is_accepted(checkout: Path, override: str) -> None:
     """Nested --config values arrive as text; they must validate as typed."""
     result = run(f"snakemake -n --cores 1 all scaling --config {shlex.quote(override)}", checkout)
     assert result.returncode == 0, result.stdout[-1500:] + result.stderr[-2500:]

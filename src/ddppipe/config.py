@@ -176,7 +176,7 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
             where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
             lines.append(f"  {where}: {e.message}{_hint(e)}")
         raise ConfigError(
-            "invalid configuration:\n" + "\n".join(lines) + "\nSee README.md (Configuration)."
+            "invalid configuration:\n" + "\n".join(lines) + "\nSee docs/configuration.md."
         )
     return cfg
 

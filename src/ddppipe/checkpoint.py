@@ -51,6 +51,43 @@ class CheckpointError(RuntimeError, UserError):
     """A checkpoint could not be read or written, or does not fit the run."""
 
 
+@dataclass
+class Trainable:
+    """What a snapshot saves and restores of a training: its stateful parts."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+
+
+def snapshot(
+    config_hash: str, epoch: int, step: int, parts: Trainable, rng: list[Any],
+    history: list[dict[str, Any]], meta: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A training's state at (``epoch`` completed epochs, ``step`` steps into the next)."""
+    return {
+        "format": FORMAT,
+        "config_hash": config_hash,
+        "epoch": epoch,
+        "step": step,
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": parts.scheduler.state_dict(),
+        "rng": rng,  # one entry per rank
+        "history": history,
+        "meta": meta,
+    }
+
+
+def restore(snapshot_: dict[str, Any], parts: Trainable) -> tuple[int, int, list[dict[str, Any]]]:
+    """Load a snapshot's weights, optimizer and scheduler into ``parts``; its (epoch, step,
+    history). The per-rank RNG states are the caller's (they depend on the world size)."""
+    parts.model.load_state_dict(snapshot_["model"])
+    parts.optimizer.load_state_dict(snapshot_["optimizer"])
+    parts.scheduler.load_state_dict(snapshot_["scheduler"])
+    return snapshot_["epoch"], snapshot_["step"], snapshot_["history"]
+
+
 def file_name(epoch: int, step: int) -> str:
     """``epoch`` completed epochs plus ``step`` steps into the next one."""
     return f"ckpt-e{epoch:04d}-s{step:06d}.pt"

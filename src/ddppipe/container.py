@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -13,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddppipe import atomic
+from ddppipe import atomic, hashing
 from ddppipe.errors import UserError
 
 APPTAINER = "apptainer"
@@ -115,11 +114,8 @@ def python_command(cfg: dict[str, Any], gpus: bool | None = None) -> list[str]:
 
 
 def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """An image's (or recipe's) SHA-256."""
+    return hashing.file_sha256(path)
 
 
 def labels(image: str | Path) -> dict[str, str]:
@@ -269,7 +265,7 @@ def requirements(cfg: dict[str, Any]) -> list[str]:
 
 def requirements_hash(reqs: list[str]) -> str:
     """12 hex digits naming a derived image: SHA-256 of the sorted requirements."""
-    return hashlib.sha256("\n".join(sorted(set(reqs))).encode()).hexdigest()[:12]
+    return hashing.sha256("\n".join(sorted(set(reqs))).encode())[:12]
 
 
 def derived_image(base: str | Path, reqs: list[str]) -> Path:

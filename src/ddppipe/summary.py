@@ -123,18 +123,13 @@ def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tup
     hours = units * wall / 3600
     training = units * total["train_s"] / 3600
     redone = sum(max(0, a["efficiency"].get("steps", 0) - _checkpointed(a)) for a in measured[:-1])
-    lines.append(
-        (
-            "allocation",
-            (
-                f"{hours:,.2f} {unit}-hours held ({units} {unit}s), {training:,.2f} of them training "
-                f"({training / hours:.0%}); {_duration(queued)} queued; {redone} steps redone after "
-                "resumes"
-            )
-            if hours
-            else f"{_duration(queued)} queued",
+    held = f"{_duration(queued)} queued"
+    if hours:
+        held = (
+            f"{hours:,.2f} {unit}-hours held ({units} {unit}s), {training:,.2f} of them "
+            f"training ({training / hours:.0%}); {held}; {redone} steps redone after resumes"
         )
-    )
+    lines.append(("allocation", held))
     for attempt in measured[-1:]:
         lines.extend(("waste", flag) for flag in efficiency.flags(attempt, mem_mb, runtime, cpus))
     return lines

@@ -248,18 +248,12 @@ class Trainer:
         """Collective: every rank must call it; only rank 0's result is complete."""
         rng: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(rng, self._rng_state())
-        return {
-            "format": checkpoint.FORMAT,
-            "config_hash": self.config_hash,
-            "epoch": self.epoch,
-            "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng,
-            "history": self.history,
-            "meta": self.meta(),
-        }
+        return checkpoint.snapshot(
+            self.config_hash, self.epoch, self.step, self._parts(), rng, self.history, self.meta()
+        )
+
+    def _parts(self) -> checkpoint.Trainable:
+        return checkpoint.Trainable(self.model, self.optimizer, self.scheduler)
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -314,14 +308,7 @@ class Trainer:
         if snapshot is None:
             torch.manual_seed(rank_seed(self.train_cfg["seed"], 0, self.ctx.rank))
             return
-        self.model.load_state_dict(snapshot["model"])
-        self.optimizer.load_state_dict(snapshot["optimizer"])
-        self.scheduler.load_state_dict(snapshot["scheduler"])
-        self.epoch, self.step, self.history = (
-            snapshot["epoch"],
-            snapshot["step"],
-            snapshot["history"],
-        )
+        self.epoch, self.step, self.history = checkpoint.restore(snapshot, self._parts())
         if len(snapshot["rng"]) == self.ctx.world_size:
             self._set_rng(snapshot["rng"][self.ctx.rank])
         else:

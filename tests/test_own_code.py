@@ -167,3 +167,25 @@ def test_script_stops_on_sigterm_and_resumes_with_the_same_weights(tmp_path: Pat
     steps = [r["step"] for r in jsonl.read(run_dir / "metrics.jsonl")]
     assert steps == [r["step"] for r in jsonl.read(reference / "metrics.jsonl")]
     assert steps == sorted(steps)  # in order, a continuation neither repeats nor skips
+    # TensorBoard, across the two slots: the same points as the uninterrupted run, once each
+    losses = tensorboard_steps(run_dir / "tensorboard", "loss")
+    assert losses == tensorboard_steps(reference / "tensorboard", "loss")
+    assert losses == sorted(set(losses))
+
+
+def test_script_through_the_dag(tmp_path: Path) -> None:
+    """A script run's evaluation, plots and export: what it logged and what it wrote."""
+    cfg = own_config("script", script=str(EXAMPLE_SCRIPT), script_args=["--epochs", "1"])
+    snakemake(tmp_path, cfg, "--cores", "2")
+    run = tmp_path / "results" / "script"
+    logged = jsonl.read(run / "train" / "metrics.jsonl")
+    summary = json.loads((run / "eval" / "metrics.json").read_text())
+    assert summary["points"] == len(logged) and summary["step"] == logged[-1]["step"]
+    assert "test_accuracy" in summary and (run / "eval" / "metrics.png").stat().st_size > 0
+    assert (run / "train" / "training_curves.png").stat().st_size > 0
+    record = json.loads((run / "export" / "provenance.json").read_text())
+    assert record["script"]["sha256"] == hashing.file_sha256(EXAMPLE_SCRIPT)
+    assert record["outputs_sha256"] == {
+        "model.pt": hashing.file_sha256(run / "export" / "outputs" / "model.pt")
+    }
+    assert [a["outcome"] for a in record["attempts"]] == ["completed"]

@@ -100,6 +100,9 @@ def record(
     }
 
 
+SNAKEMAKE_MARK = ".snakemake_timestamp"  # Snakemake's file in a directory() output: not the run's
+
+
 def script_record(
     cfg: dict[str, Any],
     outputs: Path,
@@ -109,7 +112,8 @@ def script_record(
     """The provenance of a script run: the script (file, SHA-256, arguments), its outputs."""
     from ddppipe import hashing
 
-    files = sorted(p for p in Path(outputs).rglob("*") if p.is_file())
+    files = sorted(p for p in Path(outputs).rglob("*")
+                   if p.is_file() and p.name != SNAKEMAKE_MARK)  # fmt: skip
     return {
         "git": git_commit(),
         "software": software(),  # the launcher's stack; the script's own may differ

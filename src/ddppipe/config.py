@@ -142,19 +142,19 @@ def _renamed(cfg: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _hint(error: jsonschema.ValidationError) -> str:
+def _hint(error: jsonschema.ValidationError, schema_: dict[str, Any]) -> str:
     """What the schema says the value must be, when its message does not."""
     if error.validator == "type" and isinstance(error.instance, str):
         return " (command-line values are text)"
     if error.validator == "pattern" and error.parent is None:
-        described = _described(error)
+        described = _described(error, schema_)
         return f": {described}" if described else ""
     return ""
 
 
-def _described(error: jsonschema.ValidationError) -> str | None:
+def _described(error: jsonschema.ValidationError, schema_: dict[str, Any]) -> str | None:
     """The description of the nearest schema node above ``error`` (an item's is its list's)."""
-    node: Any = schema()
+    node: Any = schema_
     found = node.get("description")
     for key in error.absolute_schema_path:
         if not isinstance(node, dict | list):
@@ -165,29 +165,34 @@ def _described(error: jsonschema.ValidationError) -> str | None:
     return " ".join(found.split()) if found else None
 
 
+def _checked(value: Any, schema_: dict[str, Any], where: str) -> tuple[Any, list[str]]:
+    """``value`` coerced and filled with ``schema_``'s defaults, and a line per error."""
+    value = coerce(value, schema_, where)
+    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema_)
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    lines = []
+    for e in errors:
+        key = ".".join([*([where] if where else []), *map(str, e.absolute_path)])
+        lines.append(f"  {key or '(top level)'}: {e.message}{_hint(e, schema_)}")
+    return value, lines
+
+
 def validate(cfg: dict[str, Any]) -> dict[str, Any]:
     """Coerce, validate ``cfg`` in place against the schema, fill defaults; raise ConfigError."""
-    cfg = coerce(cfg, schema())
-    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema())
-    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = _renamed(cfg)
-        for e in errors:
-            where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-            lines.append(f"  {where}: {e.message}{_hint(e)}")
+    cfg, lines = _checked(cfg, schema(), "")
+    if lines:
         raise ConfigError(
-            "invalid configuration:\n" + "\n".join(lines) + "\nSee docs/configuration.md."
+            "invalid configuration:\n"
+            + "\n".join([*_renamed(cfg), *lines])
+            + "\nSee docs/configuration.md."
         )
     return cfg
 
 
 def validate_against(value: Any, schema_: dict[str, Any], where: str) -> Any:
     """``value`` coerced, checked against ``schema_`` and filled with its defaults."""
-    value = coerce(value, schema_, where)
-    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema_)
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = [f"  {'.'.join([where, *map(str, e.absolute_path)])}: {e.message}" for e in errors]
+    value, lines = _checked(value, schema_, where)
+    if lines:
         raise ConfigError("invalid configuration:\n" + "\n".join(lines))
     return value
 

@@ -8,7 +8,6 @@ an uninterrupted one, every sample once per epoch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,12 +66,6 @@ def loader_workers(cpus: int, local_world_size: int, threads: int) -> int:
     return max(0, cpus // max(local_world_size, 1) - threads)
 
 
-def node_cpus() -> int:
-    if "SLURM_CPUS_ON_NODE" in os.environ:
-        return int(os.environ["SLURM_CPUS_ON_NODE"])
-    return len(os.sched_getaffinity(0))
-
-
 class ShardedBatches:
     """Batch sampler: this rank's index lists of one epoch, from ``start_step`` on."""
 
@@ -112,10 +105,8 @@ class Feed:
 
     def _to_device(self, batch: Any) -> Batch:
         x, y = batch
-        blocking = self.device.type != "cuda"
-        return x.to(self.device, non_blocking=not blocking), y.to(
-            self.device, non_blocking=not blocking
-        )
+        pinned = self.device.type == "cuda"  # the loader pins its batches for the GPU
+        return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
 
     def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
               start_step: int) -> Iterator[tuple[Batch, int]]:  # fmt: skip

@@ -98,6 +98,13 @@ def check_distinct_gpus(device: torch.device) -> None:
         )
 
 
+def collective_device() -> torch.device:
+    """Where a tensor for a collective of the default group must be: NCCL's GPU, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def teardown(synchronize: bool = True) -> None:
     """Leave the process group; with ``synchronize``, after every rank got here.
 

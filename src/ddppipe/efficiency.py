@@ -64,7 +64,7 @@ class SlotMeter:
         self.steady_images += images - warmup_images
         self.steady_seconds += seconds - warmup_seconds
 
-    def collect(self, world_size: int, device: Any) -> dict[str, Any]:
+    def collect(self, world_size: int) -> dict[str, Any]:
         """Collective: the slot's figures (complete on rank 0)."""
         import torch
         import torch.distributed as dist
@@ -73,8 +73,9 @@ class SlotMeter:
         peaks: list[Any] = [None] * world_size
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
         if dist.is_initialized():
-            group_device = device if dist.get_backend() == "nccl" else "cpu"
-            cpu = cpu.to(group_device)
+            from ddppipe import distributed
+
+            cpu = cpu.to(distributed.collective_device())
             dist.all_reduce(cpu)
             dist.all_gather_object(peaks, (socket.gethostname(), peak_mb))
         else:

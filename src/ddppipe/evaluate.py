@@ -62,9 +62,9 @@ class Counts:
                  torch.tensor([float(self.count)], dtype=torch.float64)]  # fmt: skip
         if self.confusion is not None:
             parts.append(self.confusion.double().flatten().cpu())
-        packed = torch.cat([p.double() for p in parts])
-        if dist.get_backend() == "nccl":
-            packed = packed.cuda()
+        from ddppipe import distributed
+
+        packed = torch.cat([p.double() for p in parts]).to(distributed.collective_device())
         dist.all_reduce(packed)
         packed = packed.cpu()
         self.sums = {k: packed[i] for i, k in enumerate(keys)}
@@ -166,7 +166,7 @@ def evaluate_checkpoint(
     training run reported after its last epoch.
     """
     from ddppipe import checkpoint as ckpt
-    from ddppipe import data, tasks
+    from ddppipe import data, launch, tasks
 
     snapshot = ckpt.load(checkpoint)
     task = tasks.load(cfg["task"])
@@ -176,7 +176,8 @@ def evaluate_checkpoint(
     model.load_state_dict(snapshot["model"])
     test = task.call("datasets", data_dir, args)[1]
     cpu = torch.device("cpu")
-    feed = data.Feed(test, cpu, data.loader_workers(data.node_cpus(), 1, torch.get_num_threads()))
+    workers = data.loader_workers(launch.available_cpus(), 1, torch.get_num_threads())
+    feed = data.Feed(test, cpu, workers)
     loss_fn = task.module.loss if task.has("loss") else None
     metrics_fn = task.module.metrics if task.has("metrics") else None
     batches = feed.shard(0, 1, batch_size)

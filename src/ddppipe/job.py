@@ -111,8 +111,9 @@ def should_stop() -> bool:
     if dist.is_available() and dist.is_initialized():
         import torch
 
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        tensor = torch.tensor([1 if flag else 0], device=device)
+        from ddppipe import distributed
+
+        tensor = torch.tensor([1 if flag else 0], device=distributed.collective_device())
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         flag = bool(tensor.item())
     if flag and not _stopping and int(os.environ.get("RANK", "0")) == 0 and _env("state"):

@@ -110,7 +110,7 @@ def script_record(
     attempts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The provenance of a script run: the script (file, SHA-256, arguments), its outputs."""
-    from ddppipe import hashing
+    from ddppipe import config, hashing
 
     files = sorted(p for p in Path(outputs).rglob("*")
                    if p.is_file() and p.name != SNAKEMAKE_MARK)  # fmt: skip
@@ -118,7 +118,7 @@ def script_record(
         "git": git_commit(),
         "software": software(),  # the launcher's stack; the script's own may differ
         "script": {**cfg["task_source"], "args": cfg["script_args"]},
-        "world_size": cfg["launch"]["nnodes"] * cfg["launch"]["nproc_per_node"],
+        "world_size": config.world_size(cfg),
         "outputs_sha256": {str(p.relative_to(outputs)): hashing.file_sha256(p) for p in files},
         "container": image,
         "attempts": attempts,

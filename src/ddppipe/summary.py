@@ -118,8 +118,8 @@ def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tup
         usage = f"CPU {use:.0%} of {cpus} busy; " + usage
     lines.append(("usage", usage))
     queued = sum(a.get("queue_s") or 0.0 for a in measured)
-    unit = "GPU" if cfg.get("launch", {}).get("device") == "gpu" else "CPU"
-    units = cpus if unit == "CPU" else _gpus(cfg)
+    gpus = _gpus(cfg)
+    unit, units = ("GPU", gpus) if gpus else ("CPU", cpus)
     hours = units * wall / 3600
     training = units * total["train_s"] / 3600
     redone = sum(max(0, a["efficiency"].get("steps", 0) - _checkpointed(a)) for a in measured[:-1])
@@ -136,8 +136,10 @@ def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tup
 
 
 def _gpus(cfg: dict[str, Any]) -> int:
-    launch = cfg.get("launch", {})
-    return int(launch.get("nnodes", 1)) * int(launch.get("nproc_per_node", 1))
+    """GPUs the run's slots held (one per process with ``launch.device: gpu``)."""
+    from ddppipe import config
+
+    return config.world_size(cfg) if cfg.get("launch") and config.gpus_requested(cfg) else 0
 
 
 def _checkpointed(attempt: dict[str, Any]) -> int:

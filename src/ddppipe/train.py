@@ -35,6 +35,7 @@ from ddppipe import (
     evaluate,
     heap,
     jsonl,
+    launch,
     manifest,
     preemption,
     provenance,
@@ -137,7 +138,7 @@ class Trainer:
         with self.meter.phase("data"):
             train_set, test_set = self.task.call("datasets", paths.data_dir, args)
             workers = data.loader_workers(
-                data.node_cpus(), ctx.local_world_size, torch.get_num_threads()
+                launch.available_cpus(), ctx.local_world_size, torch.get_num_threads()
             )
             self.train_data = data.Feed(train_set, ctx.device, workers)
             self.test_data = data.Feed(test_set, ctx.device, workers)
@@ -225,7 +226,7 @@ class Trainer:
 
     def _record_efficiency(self) -> None:
         """Collective: the slot's figures into rank 0's progress (its attempt record)."""
-        figures = self.meter.collect(self.ctx.world_size, self.ctx.device)
+        figures = self.meter.collect(self.ctx.world_size)
         self._record_progress(efficiency=figures)
 
     def _track(self, step: int, values: dict[str, float], prefix: str = "") -> None:
@@ -365,21 +366,20 @@ class Trainer:
             self.step,
         )  # fmt: skip
         start, first = time.perf_counter(), self.step
-        window = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        window_images = 0
-        images = 0
+        images = local_images = 0  # global and this rank's, this epoch in this slot
+        tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
         warm_at, warm_images = (start, 0) if self.meter.steps >= efficiency.WARMUP_STEPS else (
             None, 0
         )  # fmt: skip
         self.meter.training_started()
         for step, (local, global_count) in enumerate(batches, start=first):
             if step % SIGNAL_CHECK_EVERY == 0 and step > first:
-                if self.tracker is not None and window_images:
-                    at = self.epoch * self.steps_per_epoch + step
-                    self._track(at, {"loss": float(window) / window_images,
-                                     "lr": self.scheduler.get_last_lr()[0]}, "train")  # fmt: skip
-                window.zero_()
-                window_images = 0
+                if self.tracker is not None:  # the mean loss since the last point
+                    total, at = float(loss_total), self.epoch * self.steps_per_epoch + step
+                    loss = (total - tracked[0]) / (local_images - tracked[1])
+                    lr = self.scheduler.get_last_lr()[0]
+                    self._track(at, {"loss": loss, "lr": lr}, "train")
+                    tracked = (total, local_images)
                 if self._stop_requested(guard):
                     self.step = step
                     bar.close()
@@ -393,8 +393,7 @@ class Trainer:
                     torch.cuda.synchronize(self.ctx.device)
                 warm_at, warm_images = time.perf_counter(), images
             loss_total += step_loss
-            window += step_loss
-            window_images += local[1].shape[0]
+            local_images += local[1].shape[0]
             bar.update()
         bar.close()
         if self.ctx.device.type == "cuda":

@@ -24,7 +24,6 @@ data small enough to live in memory (indexed on the device, no per-sample Python
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -34,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ddppipe import hashing
 from ddppipe.errors import UserError
 
 REQUIRED = ("prepare", "datasets", "model")
@@ -47,10 +47,6 @@ class TaskError(RuntimeError, UserError):
 def is_file_ref(ref: str) -> bool:
     """Whether ``ref`` names a Python file (``tasks/cifar.py``) rather than a module."""
     return ref.endswith(".py") or "/" in ref
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _distribution_version(module_name: str) -> str | None:
@@ -81,13 +77,9 @@ class Source:
 def locate(ref: str, cwd: Path | None = None) -> Source:
     """The source of task ``ref`` without importing it (no torch); raise TaskError."""
     if is_file_ref(ref):
-        path = (Path(cwd or Path.cwd()) / ref).resolve()
-        if not path.is_file():
-            raise TaskError(
-                f"task {ref!r}: no such file ({path}); `task:` names a Python file relative to "
-                "the working directory, or an importable module such as ddppipe.tasks.mnist"
-            )
-        return Source(ref, path.stem, str(path), _sha256(path), None)
+        return _file_source(ref, cwd, "task", "`task:` names a Python file relative to the "
+                            "working directory, or an importable module such as "
+                            "ddppipe.tasks.mnist")  # fmt: skip
     try:
         spec = importlib.util.find_spec(ref)
     except (ImportError, ValueError) as e:
@@ -100,7 +92,7 @@ def locate(ref: str, cwd: Path | None = None) -> Source:
             "in the environment (and the image), or name its file: task: path/to/task.py"
         )
     path = Path(spec.origin).resolve()
-    return Source(ref, ref.rsplit(".", 1)[-1], str(path), _sha256(path),
+    return Source(ref, ref.rsplit(".", 1)[-1], str(path), hashing.file_sha256(path),
                   _distribution_version(ref))  # fmt: skip
 
 
@@ -165,13 +157,16 @@ def load(ref: str, cwd: Path | None = None) -> Task:
 
 def locate_script(ref: str, cwd: Path | None = None) -> Source:
     """The source of a ``script:`` (a torchrun script file); raise TaskError."""
+    return _file_source(ref, cwd, "script", "`script:` names a torchrun script relative to "
+                        "the working directory")  # fmt: skip
+
+
+def _file_source(ref: str, cwd: Path | None, what: str, hint: str) -> Source:
+    """The source of file ``ref`` (relative to ``cwd``), or a TaskError with ``hint``."""
     path = (Path(cwd or Path.cwd()) / ref).resolve()
     if not path.is_file():
-        raise TaskError(
-            f"script {ref!r}: no such file ({path}); `script:` names a torchrun script "
-            "relative to the working directory"
-        )
-    return Source(ref, path.stem, str(path), _sha256(path), None)
+        raise TaskError(f"{what} {ref!r}: no such file ({path}); {hint}")
+    return Source(ref, path.stem, str(path), hashing.file_sha256(path), None)
 
 
 def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:

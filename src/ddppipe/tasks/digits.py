@@ -30,6 +30,7 @@ from torch import nn
 from ddppipe import atomic
 from ddppipe.data import Tensors
 from ddppipe.model import Dropout, flatten
+from ddppipe.tasks.split import stratified
 
 FILE = "digits.pt"
 FORMAT = 1
@@ -52,18 +53,6 @@ ARGS_SCHEMA: dict[str, Any] = {
 }
 
 
-def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """Sorted indices of the test set: ``round(n * fraction)`` random samples of each class of
-    ``n``, at least one and at most ``n - 1`` (every class has two samples or more)."""
-    rng = np.random.default_rng(seed)
-    test = []
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
-        n_test = min(max(round(len(members) * fraction), 1), len(members) - 1)
-        test.append(rng.permutation(members)[:n_test])
-    return np.sort(np.concatenate(test))
-
-
 def _contents(args: dict[str, Any]) -> bytes:
     """The bytes of ``digits.pt`` for these arguments (the same bytes every time)."""
     from sklearn.datasets import load_digits
@@ -71,7 +60,7 @@ def _contents(args: dict[str, Any]) -> bytes:
     digits = load_digits()
     images = torch.from_numpy(digits.images.astype(np.uint8)).unsqueeze(1)  # (N, 1, 8, 8)
     labels = torch.from_numpy(digits.target.astype(np.int64))
-    test = torch.from_numpy(stratified_split(digits.target, args["test_fraction"],
+    test = torch.from_numpy(stratified(digits.target, args["test_fraction"],
                                              args["split_seed"]))  # fmt: skip
     is_test = torch.zeros(len(labels), dtype=torch.bool)
     is_test[test] = True

@@ -27,7 +27,6 @@ again (``snakemake --forcerun prepare_data``). ``model`` counts the class folder
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -40,8 +39,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from ddppipe import atomic
+from ddppipe import atomic, hashing
 from ddppipe.errors import UserError
+from ddppipe.tasks.split import stratified
 
 INDEX = "index.json"
 FORMAT = 1
@@ -138,18 +138,6 @@ def _scan(folder: Path, names: list[str], root: Path) -> list[tuple[str, int]]:
     return [(Path(path).relative_to(root).as_posix(), c) for path, c in samples]
 
 
-def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """Sorted indices of the test set: ``round(n * fraction)`` random samples of each class of
-    ``n``, at least one and at most ``n - 1`` (every class has two samples or more)."""
-    rng = np.random.default_rng(seed)
-    test = []
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
-        n_test = min(max(round(len(members) * fraction), 1), len(members) - 1)
-        test.append(rng.permutation(members)[:n_test])
-    return np.sort(np.concatenate(test))
-
-
 def _discover(args: dict[str, Any]) -> tuple[list[str], list[tuple[str, int, str]]]:
     """The classes and every image's (path relative to root, class index, split)."""
     root = _root(args)
@@ -177,7 +165,7 @@ def _discover(args: dict[str, Any]) -> tuple[list[str], list[tuple[str, int, str
             "two or more per class; add images, or give root train/ and test/ folders"
         )
     labels = np.array([c for _, c in samples])
-    test = set(stratified_split(labels, args["test_fraction"], args["split_seed"]).tolist())
+    test = set(stratified(labels, args["test_fraction"], args["split_seed"]).tolist())
     return names, [(path, c, "test" if i in test else "train")
                    for i, (path, c) in enumerate(samples)]  # fmt: skip
 
@@ -194,7 +182,7 @@ def _digest(path: Path) -> str:
         raise ImageFolderError(
             f"{path} is not a readable image ({type(e).__name__}: {e}): replace or remove it"
         ) from None
-    return hashlib.sha256(data).hexdigest()
+    return hashing.sha256(data)
 
 
 def _split_args(root: Path, args: dict[str, Any]) -> dict[str, Any] | None:

@@ -51,3 +51,61 @@ def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
            "StartTime": "2026-11-23T10:02:45"}  # fmt: skip
     assert continuation.queue_seconds(job) == 45.0
     assert continuation.queue_seconds({"StartTime": "Unknown"}) == 0.0
+
+
+def test_an_idle_gpu_is_flagged() -> None:
+    found = efficiency.flags(
+        attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000, gpu_utilisation=0.12), 8_000, 30, 8
+    )
+    assert found == [
+        "GPU: the GPUs were busy 12% of the training (NVML); feed them more work a step "
+        "(`train.batch_size`), or ask for fewer GPUs (`launch.nproc_per_node`)"
+    ]
+
+
+def test_utilisation_against_the_preflight_peak_of_every_node() -> None:
+    peak = {"precision": "bf16", "gflops": {"gpu-a1": 400.0, "gpu-a2": 600.0}}
+    record = {**attempt(600, achieved_gflops=300.0), "nodes": ["gpu-a1", "gpu-a2"], "peak": peak}
+    assert efficiency.utilisation(record, "bf16", 4) == (
+        0.3,
+        "1,000 GFLOP/s bf16 GEMM peak, measured",
+    )
+
+
+def test_utilisation_falls_back_to_the_gpu_datasheet_then_to_nothing() -> None:
+    h100 = attempt(600, achieved_gflops=98_900.0, gpu_name="NVIDIA H100 80GB HBM3")
+    assert efficiency.utilisation({**h100, "nodes": ["n1"]}, "bf16", 2) == (
+        0.05,
+        "1,978,000 GFLOP/s bf16, NVIDIA H100 80GB HBM3 datasheet",
+    )
+    cpu = attempt(600, achieved_gflops=30.0)
+    assert efficiency.utilisation({**cpu, "nodes": ["n1"]}, "bf16", 2) is None
+    partial = {**cpu, "nodes": ["n1", "n2"], "peak": {"gflops": {"n1": 100.0}}}
+    assert efficiency.utilisation(partial, "bf16", 2) is None  # not every node measured
+
+
+def test_gpu_usage_sampler_averages_and_keeps_the_peak() -> None:
+    from ddppipe import gpu_usage
+
+    readings = iter([(50.0, 1_000.0), (100.0, 3_000.0), (0.0, 2_000.0)])
+
+    def read() -> tuple[float, float]:
+        return next(readings)  # StopIteration after three: NVML "gone", sampling ends
+
+    sampler = gpu_usage.Sampler(read, interval=0.001)
+    sampler.start()
+    sampler._thread.join(timeout=5)
+    assert sampler.stop() == {
+        "gpu_utilisation": 0.5, "gpu_memory_peak_mb": 3_000.0, "gpu_samples": 3
+    }  # fmt: skip
+
+
+def test_gpu_usage_without_nvml_gives_no_figures() -> None:
+    from ddppipe import gpu_usage
+
+    def read() -> tuple[float, float]:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    sampler = gpu_usage.Sampler(read)
+    sampler.start()
+    assert sampler.stop() is None and "libnvidia-ml" in str(sampler.failed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,11 +80,12 @@ def test_preflight_allreduce_with_nccl_reports_bandwidth() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={procs}", "-m", "ddppipe", "preflight-allreduce",
-         "--use=gpu"],
+         "--use=gpu", "--precision=bf16"],
         capture_output=True, text=True, timeout=300, env=dict(os.environ), check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "all-reduce ok (nccl on cuda:0); bus bandwidth world" in result.stdout, result.stdout
+    assert re.search(r"GEMM peak \(bf16\): \S+ [\d,]+ GFLOP/s", result.stdout), result.stdout
     print(result.stdout)
 
 

@@ -111,6 +111,17 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     print("(a) preflight bus bandwidth:", figures[1])
     a, b = slurm_cluster.nodes
     assert re.search(rf"world \(4 ranks\): [\d.]+ GB/s; {a}<->{b}: [\d.]+ GB/s", figures[1])
+    # ... and each node's GEMM peak in the training's precision, all its processes at once,
+    # which the slot's attempt record keeps and the summary divides the achieved FLOP/s by.
+    assert re.search(rf"GEMM peak \(bf16\): {a} [\d,]+ GFLOP/s; {b} [\d,]+ GFLOP/s", figures[1])
+    (attempt,) = json.loads((tmp_path / "wd/results/mnist2n/train/attempts.json").read_text())
+    assert attempt["peak"]["precision"] == "bf16" and set(attempt["peak"]["gflops"]) == {a, b}
+    summary = result.stderr[result.stderr.rindex("run mnist2n: task ddppipe.tasks.mnist") :]
+    print("(a) summary:", summary)
+    assert re.search(
+        r"utilisation +\d+% of the peak \([\d,]+ GFLOP/s bf16 GEMM peak, measured", summary
+    )
+    assert re.search(r"communication +\d+% of a step waits for the all-reduce", summary)
 
 
 def test_gpus_requested_but_unusable_fail_in_seconds(

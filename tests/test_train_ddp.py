@@ -88,6 +88,11 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert figures["images_per_s"] == pytest.approx(2 * figures["images_per_s_per_process"])
     assert figures["achieved_gflops"] == pytest.approx(71_565_312 * figures["images_per_s"] / 1e9)
     assert figures["cpu_s"] > 0 and figures["memory_peak_mb"] > 100  # torch alone is more
+    # The all-reduce probe at the end of the warm-up (step 10, in epoch 2): its steps are
+    # dropped (test_resume_in_a_new_process_gives_identical_weights: bitwise without it).
+    assert figures["communication_probe_s"] > 0
+    assert 0 <= figures["communication_share"] <= 1 and figures["communication_s"] >= 0
+    assert not any(key.startswith("gpu_") for key in figures)  # a CPU run: no NVML figures
     evaluation = json.loads((straight / "evaluation.json").read_text())
     history = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
     assert evaluation["test_accuracy"] == history[-1]["test_accuracy"]

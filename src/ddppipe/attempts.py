@@ -40,6 +40,7 @@ class Attempt:
     stop_seconds: float | None = None  # from the stop signal to its checkpoint written
     efficiency: dict[str, Any] | None = None  # rank 0's figures (ddppipe.efficiency)
     queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
+    peak: dict[str, Any] | None = None  # the preflight's GEMM peaks (ddppipe.peak), if it ran
     detail: str = ""
 
     @property
@@ -68,8 +69,9 @@ def save(state_dir: Path, history: list[Attempt]) -> None:
 
 
 def begin(
-    state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0
-) -> list[Attempt]:
+    state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
+    peak: dict[str, Any] | None = None,
+) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as lost."""
     history = load(state_dir)
     for attempt in history:
@@ -77,7 +79,8 @@ def begin(
             attempt.outcome = LOST
     state.of(state_dir).progress.unlink(missing_ok=True)
     number = len(history) + 1
-    history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s))
+    history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s,
+                           peak=peak))  # fmt: skip
     save(state_dir, history)
     return history
 

@@ -144,7 +144,8 @@ def cmd_preflight_node(args: argparse.Namespace) -> int:
 def cmd_preflight_allreduce(args: argparse.Namespace) -> int:
     from ddppipe import preflight
 
-    print(f"preflight: {preflight.allreduce(args.use)}", flush=True)
+    print(f"preflight: {preflight.allreduce(args.use, args.precision, args.peak_out)}",
+          flush=True)  # fmt: skip
     return 0
 
 
@@ -331,9 +332,13 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_preflight_node)
 
     p = sub.add_parser(
-        "preflight-allreduce", help="(one per rank, under torchrun) all-reduce and bandwidth"
+        "preflight-allreduce",
+        help="(one per rank, under torchrun) all-reduce, bandwidth and GEMM peak",
     )
     p.add_argument("--use", choices=["gpu", "cpu", "auto"], default="auto", help="device")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="fp32",
+                   help="the training's precision, for the GEMM peak")  # fmt: skip
+    p.add_argument("--peak-out", type=Path, help="(rank 0) write the nodes' peaks here (JSON)")
     p.set_defaults(func=cmd_preflight_allreduce)
 
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on the test set")

@@ -38,6 +38,20 @@ class SlotMeter:
         self.warmup_images = 0
         self.warmup_seconds = 0.0
         self.flops_per_image: float | None = None
+        self.gpu: dict[str, Any] = {}  # the GPU's name and memory (ddppipe.gpu_usage)
+        self.gpu_sampler: Any = None
+        self.exposed_communication: tuple[float, int] | None = None  # (s a step, its images)
+
+    def watch_gpu(self, device: Any) -> None:
+        """Sample the CUDA ``device``'s NVML utilisation and memory from the first step on."""
+        from ddppipe import gpu_usage
+
+        self.gpu = gpu_usage.describe(device)
+        self.gpu_sampler = gpu_usage.Sampler(gpu_usage.nvml_reader(device))
+
+    def communication(self, exposed_s: float, images: int) -> None:
+        """A step of ``images`` (global) spent ``exposed_s`` waiting for its all-reduce."""
+        self.exposed_communication = (max(0.0, exposed_s), images)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -53,6 +67,8 @@ class SlotMeter:
     def training_started(self) -> None:
         if self.first_step_at is None:
             self.first_step_at = time.time()
+            if self.gpu_sampler is not None:
+                self.gpu_sampler.start()
 
     def trained(self, images: int, seconds: float, warmup_images: int,
                 warmup_seconds: float) -> None:  # fmt: skip
@@ -70,18 +86,21 @@ class SlotMeter:
         import torch.distributed as dist
 
         cpu = torch.tensor([time.process_time() - self.cpu_start], dtype=torch.float64)
-        peaks: list[Any] = [None] * world_size
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        gpu = self.gpu_sampler.stop() if self.gpu_sampler is not None else None
+        mine = (
+            socket.gethostname(),
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            gpu,
+        )  # fmt: skip  (ru_maxrss: KiB on Linux)
+        ranks: list[Any] = [mine] * world_size
         if dist.is_initialized():
             from ddppipe import distributed
 
             cpu = cpu.to(distributed.collective_device())
             dist.all_reduce(cpu)
-            dist.all_gather_object(peaks, (socket.gethostname(), peak_mb))
-        else:
-            peaks = [(socket.gethostname(), peak_mb)]
+            dist.all_gather_object(ranks, mine)
         per_node: dict[str, float] = {}
-        for host, mb in peaks:
+        for host, mb, _ in ranks:
             per_node[host] = per_node.get(host, 0.0) + mb
         figures: dict[str, Any] = {
             "startup_s": (self.first_step_at or time.time()) - self.slot_start,
@@ -99,6 +118,16 @@ class SlotMeter:
         if self.flops_per_image and "images_per_s" in figures:
             figures["flops_per_image"] = self.flops_per_image
             figures["achieved_gflops"] = self.flops_per_image * figures["images_per_s"] / 1e9
+        if self.exposed_communication and "images_per_s" in figures:
+            exposed, images = self.exposed_communication
+            figures["communication_s"] = exposed  # a step's all-reduce not hidden by backward
+            figures["communication_share"] = min(1.0, exposed * figures["images_per_s"] / images)
+        sampled = [g for _, _, g in ranks if g]
+        if self.gpu:
+            figures.update(self.gpu)
+        if sampled:  # every GPU's mean utilisation, averaged; the fullest GPU's memory
+            figures["gpu_utilisation"] = sum(g["gpu_utilisation"] for g in sampled) / len(sampled)
+            figures["gpu_memory_peak_mb"] = max(g["gpu_memory_peak_mb"] for g in sampled)
         return figures
 
 
@@ -122,11 +151,35 @@ MEMORY_USED_BELOW = 0.70  # of the request: centres flag (seff, jobstats) and so
 TIME_LIMIT_USED_BELOW = 0.10
 CPU_EFFICIENCY_BELOW = 0.50
 STARTUP_SHARE_ABOVE = 0.50  # of a slot's wall time
+GPU_UTILISATION_BELOW = 0.25  # NVML's mean: centres' idle-GPU threshold (Job Defense Shield)
 MEMORY_HEADROOM = 1.25  # the request ddppipe suggests: the peak plus a quarter
 
 
 def cpu_efficiency(cpu_s: float, wall_s: float, cpus: int) -> float | None:
     return cpu_s / (wall_s * cpus) if wall_s > 0 and cpus > 0 else None
+
+
+def utilisation(
+    attempt: dict[str, Any], precision: str, processes: int
+) -> tuple[float, str] | None:
+    """The attempt's achieved FLOP/s as a fraction of its allocation's peak, and the peak's
+    source: the preflight's GEMM on its nodes, else the GPUs' datasheet; None without either."""
+    from ddppipe import peak
+
+    eff = attempt.get("efficiency") or {}
+    achieved = eff.get("achieved_gflops")
+    if not achieved:
+        return None
+    measured = (attempt.get("peak") or {}).get("gflops") or {}
+    nodes = [measured[n] for n in attempt.get("nodes", []) if n in measured]
+    if nodes and len(nodes) == len(attempt.get("nodes", [])):
+        total = sum(nodes)
+        return achieved / total, f"{total:,.0f} GFLOP/s {precision} GEMM peak, measured"
+    per_gpu = peak.gpu_datasheet_gflops(eff.get("gpu_name") or "", precision)
+    if per_gpu:
+        total = per_gpu * processes
+        return achieved / total, f"{total:,.0f} GFLOP/s {precision}, {eff['gpu_name']} datasheet"
+    return None
 
 
 def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
@@ -150,6 +203,12 @@ def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
                 f"time limit: the slot used {share:.0%} of its {runtime_min} min; a shorter "
                 f"limit starts sooner: `slurm.runtime: {minutes}`"
             )
+    busy = eff.get("gpu_utilisation")
+    if busy is not None and busy < GPU_UTILISATION_BELOW:
+        found.append(
+            f"GPU: the GPUs were busy {busy:.0%} of the training (NVML); feed them more work a "
+            "step (`train.batch_size`), or ask for fewer GPUs (`launch.nproc_per_node`)"
+        )
     startup = eff.get("startup_s", 0.0)
     if wall > 0 and startup > STARTUP_SHARE_ABOVE * wall:
         found.append(

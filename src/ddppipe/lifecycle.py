@@ -14,6 +14,7 @@ progress or reached ``slurm.max_continuations``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -96,9 +97,13 @@ def _slot(
     cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None,
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
-    restarts, warn_in, end, queue_s = 0, None, None, 0.0
+    restarts, warn_in, end, queue_s, peak = 0, None, None, 0.0, None
     if plan.job:
-        log.info("preflight on %s:\n%s", ",".join(plan.hosts), preflight.run(cfg, plan))
+        peak_file = ddp_state.of(state).peak
+        peak_file.unlink(missing_ok=True)
+        checks = preflight.run(cfg, plan, peak_file)
+        log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
+        peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         queue_s = continuation.queue_seconds(job)
@@ -108,7 +113,7 @@ def _slot(
             warn_in = max(0.0, left - plan.request.signal_seconds)
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
-    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s)
+    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, peak)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip

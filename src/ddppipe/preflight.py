@@ -15,9 +15,10 @@ import os
 import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
-from ddppipe import config, container, devices, launch
+from ddppipe import atomic, config, container, devices, launch, peak
 from ddppipe.environments import first_host, step_nodelist
 from ddppipe.errors import UserError
 
@@ -76,10 +77,12 @@ def _timed_allreduce(tensor: Any, group: Any = None) -> float:
     return (time.perf_counter() - started) / BANDWIDTH_ITERATIONS
 
 
-def allreduce(use: devices.Use) -> str:
-    """Join as training does, check an all-reduce, measure bus bandwidth (world, node pairs).
+def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None) -> str:
+    """Join as training does, check an all-reduce, measure bus bandwidth (world, node pairs)
+    and every node's GEMM peak in the training's precision (all its processes at once).
 
-    Every rank returns its line; rank 0's also holds the bandwidth figures.
+    Every rank returns its line; rank 0's also holds the figures, and writes the peaks to
+    ``peak_out`` (JSON) for the slot's attempt record.
     """
     import torch
     import torch.distributed as dist
@@ -112,15 +115,32 @@ def allreduce(use: devices.Use) -> str:
                     pairs.append(_figure(f"{a}<->{b}", len(ranks), seconds))
         gathered: list[list[str]] = [[] for _ in range(world)]
         dist.all_gather_object(gathered, pairs)
+        nodes_peak = _gemm_peaks(ctx.device, precision, world)
         line = (
             f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok "
             f"({ctx.backend} on {ctx.device})"
         )
         if rank == 0:
             line += "; bus bandwidth " + "; ".join([overall, *itertools.chain(*gathered)])
+            line += f"; GEMM peak ({precision}): " + "; ".join(
+                f"{host} {gflops:,.0f} GFLOP/s" for host, gflops in nodes_peak.items()
+            )
+            if peak_out is not None:
+                atomic.write_json(peak_out, {"precision": precision, "gflops": nodes_peak})
         return line
     finally:
         distributed.teardown()
+
+
+def _gemm_peaks(device: Any, precision: str, world: int) -> dict[str, float]:
+    """Collective: GFLOP/s per node, every process multiplying matrices at the same time."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    mine = (socket.gethostname(), peak.gemm_gflops(device, precision))
+    measured: list[Any] = [None] * world
+    dist.all_gather_object(measured, mine)
+    return peak.node_sums(measured)
 
 
 def _figure(what: str, ranks: int, seconds: float) -> str:
@@ -145,8 +165,9 @@ def _step(command: list[str], env: dict[str, str], what: str) -> str:
     return result.stdout
 
 
-def run(cfg: dict[str, Any], plan: launch.Plan) -> str:
-    """Both checks on the job's nodes, one srun step each; raise PreflightError."""
+def run(cfg: dict[str, Any], plan: launch.Plan, peak_out: Path | None = None) -> str:
+    """Both checks on the job's nodes, one srun step each; raise PreflightError. The nodes'
+    GEMM peaks go to ``peak_out`` (JSON: ``precision``, ``gflops`` per node)."""
     request, job = plan.request, str(plan.job)
     use = devices.use(cfg, plan.env)
     precision = config.resolve(cfg)["train"]["precision"]
@@ -159,7 +180,8 @@ def run(cfg: dict[str, Any], plan: launch.Plan) -> str:
     ]  # fmt: skip
     out = _step(node_check, plan.env, "node check")
     allreduce_plan = launch.plan(
-        cfg, ["preflight-allreduce", f"--use={use}"],
+        cfg, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
+              *([f"--peak-out={peak_out}"] if peak_out else [])],
         plan.env, plan.hosts, max_restarts=0, join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
     )  # fmt: skip
     out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce")

@@ -45,6 +45,11 @@ class StateDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def peak(self) -> Path:
+        """The current slot's nodes' GEMM peaks, measured by its preflight."""
+        return self.root / "peak.json"
+
+    @property
     def mlflow_run_id(self) -> Path:
         return self.root / "mlflow_run_id"
 

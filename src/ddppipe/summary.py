@@ -110,12 +110,22 @@ def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tup
             speed += (f"; {last['flops_per_image'] / 1e6:,.1f} MFLOP an image, "
                       f"{last['achieved_gflops']:,.1f} GFLOP/s")  # fmt: skip
         lines.append(("throughput", speed))
+        lines.append(("utilisation", _utilisation(cfg, measured[-1])))
+    if "communication_share" in last:
+        lines.append(("communication", (
+            f"{last['communication_share']:.0%} of a step waits for the all-reduce "
+            f"({last['communication_s'] * 1e3:,.1f} ms not hidden behind the backward)"
+        )))  # fmt: skip
     cpu_s = sum(a["efficiency"].get("cpu_s", 0.0) for a in measured)
     use = efficiency.cpu_efficiency(cpu_s, wall, cpus)
     peak = max(a["efficiency"].get("memory_peak_mb", 0.0) for a in measured)
     usage = f"memory peak {peak:,.0f} MB a node" + (f" of {mem_mb:,} MB" if mem_mb else "")
     if use is not None:
         usage = f"CPU {use:.0%} of {cpus} busy; " + usage
+    if "gpu_utilisation" in last:
+        usage = (f"GPU {last['gpu_utilisation']:.0%} busy (NVML), memory peak "
+                 f"{last['gpu_memory_peak_mb']:,.0f} of {last['gpu_memory_total_mb']:,.0f} MB "
+                 f"({last['gpu_name']}); ") + usage  # fmt: skip
     lines.append(("usage", usage))
     queued = sum(a.get("queue_s") or 0.0 for a in measured)
     gpus = _gpus(cfg)
@@ -133,6 +143,19 @@ def _efficiency(cfg: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tup
     for attempt in measured[-1:]:
         lines.extend(("waste", flag) for flag in efficiency.flags(attempt, mem_mb, runtime, cpus))
     return lines
+
+
+def _utilisation(cfg: dict[str, Any], attempt: dict[str, Any]) -> str:
+    """The last slot's achieved FLOP/s against its allocation's peak, and the peak's source."""
+    from ddppipe import config, efficiency
+
+    precision = (cfg.get("train") or {}).get("precision", "fp32")
+    processes = config.world_size(cfg) if cfg.get("launch") else 1
+    found = efficiency.utilisation(attempt, precision, processes)
+    if found is None:
+        return "no peak to compare with: the preflight measures it (SLURM runs), or a known GPU"
+    fraction, source = found
+    return f"{fraction:.0%} of the peak ({source})"
 
 
 def _gpus(cfg: dict[str, Any]) -> int:

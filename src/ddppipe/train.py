@@ -7,6 +7,7 @@ and resumable data order, checkpoints, stop on signal, evaluation, metrics and t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 # Ranks agree on a pending stop signal every this many steps (one tiny all-reduce).
 SIGNAL_CHECK_EVERY = 10
+COMM_PROBES = 3  # per slot: steps timed with and without the all-reduce (the fastest counts)
 
 
 def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
@@ -135,6 +137,7 @@ class Trainer:
         cuda = ctx.device.type == "cuda"
         if cuda:
             devices.check_gpu(ctx.device.index, self.train_cfg["precision"])
+            self.meter.watch_gpu(ctx.device)
         with self.meter.phase("data"):
             train_set, test_set = self.task.call("datasets", paths.data_dir, args)
             workers = data.loader_workers(
@@ -337,21 +340,52 @@ class Trainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def _train_step(self, batch: data.Batch, global_count: int) -> torch.Tensor:
+    def _forward_backward(self, batch: data.Batch, global_count: int) -> torch.Tensor:
         x, y = batch
         with torch.autocast(
             self.ctx.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
         ):
             output = self.ddp(evaluate.as_input(x, self.memory_format))
-        n = y.shape[0]
         loss = self.loss_fn(output.float(), y)
         # DDP averages gradients over ranks; weighting each rank's mean by its share of the
         # global batch makes the result the mean over the global batch whatever the shares.
-        (loss * (n * self.ctx.world_size / global_count)).backward()
+        (loss * (y.shape[0] * self.ctx.world_size / global_count)).backward()
+        return loss.detach()
+
+    def _train_step(self, batch: data.Batch, global_count: int) -> torch.Tensor:
+        loss = self._forward_backward(batch, global_count)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss.detach() * n
+        return loss * batch[1].shape[0]
+
+    def _sync(self) -> None:
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    def _probe_communication(self, batch: data.Batch, global_count: int) -> float:
+        """Collective: the all-reduce time a step does not hide behind its backward, into the
+        meter; returns the probe's seconds. This batch's forward and backward run
+        :data:`COMM_PROBES` times with DDP's all-reduce and as often without (``no_sync``);
+        the gradients are dropped and the RNG and buffers restored, so training is unchanged.
+        """
+        started = time.perf_counter()
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        cuda = [self.ctx.device] if self.ctx.device.type == "cuda" else []
+        timings: dict[bool, list[float]] = {True: [], False: []}
+        with torch.random.fork_rng(devices=cuda):
+            for synced in [False, True] * COMM_PROBES:
+                self._sync()
+                at = time.perf_counter()
+                with contextlib.nullcontext() if synced else self.ddp.no_sync():
+                    self._forward_backward(batch, global_count)
+                self._sync()
+                timings[synced].append(time.perf_counter() - at)
+                self.optimizer.zero_grad(set_to_none=True)
+        for buffer, saved in zip(self.model.buffers(), buffers, strict=True):
+            buffer.copy_(saved)
+        self.meter.communication(min(timings[True]) - min(timings[False]), global_count)
+        return time.perf_counter() - started
 
     def _run_epoch(self, guard: preemption.Guard) -> float | None:
         """Train the rest of the current epoch; return its seconds, or None when stopped."""
@@ -389,8 +423,11 @@ class Trainer:
             images += global_count
             self.meter.steps += 1
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
-                if self.ctx.device.type == "cuda":
-                    torch.cuda.synchronize(self.ctx.device)
+                self._sync()
+                if self.ctx.world_size > 1:  # its time counts as neither warm-up nor steady
+                    probe_s = self._probe_communication(local, global_count)
+                    start += probe_s
+                    self.meter.add("communication_probe", probe_s)
                 warm_at, warm_images = time.perf_counter(), images
             loss_total += step_loss
             local_images += local[1].shape[0]

@@ -27,7 +27,8 @@ SLOT = textwrap.dedent(
     spec = json.loads(sys.argv[1])
     tracking.FLUSH_SECONDS = spec.get("flush_seconds", tracking.FLUSH_SECONDS)
     tracker = tracking.Tracker(
-        Path(spec["log_dir"]), Path(spec["state_dir"]), mlflow_uri=spec.get("mlflow_uri"),
+        spec["log_dir"] and Path(spec["log_dir"]), Path(spec["state_dir"]),
+        mlflow_uri=spec.get("mlflow_uri"),
         run_name="mnist", params=spec.get("params"), tags=spec.get("tags"),
     )
     slot = spec["slot"]
@@ -139,6 +140,17 @@ def test_mlflow_slots_continue_one_run(tmp_path: Path) -> None:
     assert sorted(m.step for m in accuracy) == [9, 19, 29, 29, 39]
     # The TensorBoard side of the same slots is purged as usual.
     assert [s for s, _ in scalars(tmp_path / "tensorboard", "train/loss")] == list(range(40))
+
+
+def test_mlflow_alone_writes_no_tensorboard_files(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run_slot(tmp_path, 1, 0, 9, "close", mlflow_uri=uri, log_dir=None)  # tensorboard: false
+    assert not (tmp_path / "tensorboard").exists()
+    run_id = (tmp_path / "state" / tracking.RUN_ID_FILE).read_text().strip()
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(10))
 
 
 def test_unreachable_mlflow_never_stops_training(

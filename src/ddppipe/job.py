@@ -171,7 +171,7 @@ def log(step: int, **values: float) -> None:
         from ddppipe import tracking
 
         _tracker = tracking.Tracker(
-            Path(_env("tensorboard") or layout.root / "tensorboard"), layout.root,
+            Path(_env("tensorboard")) if _env("tensorboard") else None, layout.root,
             mlflow_uri=_env("mlflow") or None, run_name=_env("run") or "run",
         )  # fmt: skip
     if _tracker is not None:

@@ -1,20 +1,21 @@
-"""Experiment tracking that continues across requeues: TensorBoard always, MLflow optionally.
+"""Experiment tracking that continues across requeues: TensorBoard and MLflow, each optional.
 
 A run is trained in several job slots (SLURM requeues, preemptions, restarts), each a new
 process that resumes from the last checkpoint at some global step S. Points the previous slot
 logged at steps >= S were computed after that checkpoint and are recomputed now, so they are
 stale. :class:`Tracker` (rank 0 only) keeps one continuous history over any number of slots:
 
-- **TensorBoard** (always on): event files in ``log_dir``, the same folder for every slot (never
-  keyed on a job id or a time). Each slot opens its own writer at its first :meth:`Tracker.log`
-  with ``purge_step`` = that step, which writes a ``SessionLog.START`` event: TensorBoard's
-  Python loader (``EventAccumulator``, ``tensorboard --load_fast=false``) then drops every
-  point of every tag at steps >= that step from the earlier files. TensorBoard's default data
-  server drops a series' points when its step goes back, tag by tag, which gives the same
-  result as long as a slot logs with the same step-based cadence as the slot before it (a
-  resumed slot replays every step from its checkpoint). Readers that parse each event file
-  on its own (``tbparse``) see the stale points. Event files are append-only, one per writer,
-  and so are safe on NFS/Lustre; this is ddppipe's default tracking.
+- **TensorBoard** (``log_dir``; None with ``tracking.tensorboard: false``): event files in
+  ``log_dir``, the same folder for every slot (never keyed on a job id or a time). Each slot
+  opens its own writer at its first :meth:`Tracker.log` with ``purge_step`` = that step,
+  which writes a ``SessionLog.START`` event: TensorBoard's Python loader
+  (``EventAccumulator``, ``tensorboard --load_fast=false``) then drops every point of every
+  tag at steps >= that step from the earlier files. TensorBoard's default data server drops
+  a series' points when its step goes back, tag by tag, which gives the same result as long
+  as a slot logs with the same step-based cadence as the slot before it (a resumed slot
+  replays every step from its checkpoint). Readers that parse each event file on its own
+  (``tbparse``) see the stale points. Event files are append-only, one per writer, and so
+  are safe on NFS/Lustre; this is ddppipe's default tracking.
 - **MLflow** (only with ``mlflow_uri``): every slot logs into the same MLflow run. Its id is
   minted by the server when the first slot creates the run and kept in
   ``state_dir/mlflow_run_id``, next to the checkpoints, because that folder is what survives a
@@ -77,7 +78,7 @@ class Tracker:
 
     def __init__(
         self,
-        log_dir: Path,
+        log_dir: Path | None,
         state_dir: Path,
         *,
         mlflow_uri: str | None = None,
@@ -85,16 +86,17 @@ class Tracker:
         params: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
     ) -> None:
-        """Track into TensorBoard files in ``log_dir`` and, with ``mlflow_uri``, into MLflow.
+        """Track into TensorBoard files in ``log_dir`` (None: no TensorBoard) and, with
+        ``mlflow_uri``, into MLflow.
 
         ``state_dir`` is the run's state folder (it holds the MLflow run id). ``params`` are
         logged to MLflow once, when the run is created (nested dicts become dotted keys);
         ``tags`` are set by every slot.
         """
-        self.log_dir = Path(log_dir)
+        self.log_dir = Path(log_dir) if log_dir is not None else Path()
         self.state_dir = Path(state_dir)
         self._writer: Any = None
-        self._tb_on = True
+        self._tb_on = log_dir is not None
         self._closed = False
         self._bad_keys: set[str] = set()
         self._mlflow: _MlflowWorker | None = None

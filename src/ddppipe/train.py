@@ -200,8 +200,9 @@ class Trainer:
                 "config_hash": self.config_hash}  # fmt: skip
         if os.environ.get("SLURM_JOB_ID"):
             tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
+        tensorboard = layout.tensorboard if tracking_cfg.get("tensorboard", True) else None
         return tracking.Tracker(
-            layout.tensorboard, layout.root, mlflow_uri=tracking_cfg.get("mlflow"),
+            tensorboard, layout.root, mlflow_uri=tracking_cfg.get("mlflow"),
             run_name=self.cfg["run"], params=self.cfg, tags=tags,
         )  # fmt: skip
 

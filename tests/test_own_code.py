@@ -90,7 +90,7 @@ def test_changed_task_file_reruns_only_that_runs_training(task_run: tuple[Path, 
         task_file.write_text(original)
     assert counts == {
         "write_config": 1, "train": 1, "evaluate": 1, "export": 1, "plot_training": 1,
-        "attempt_history": 1, "all": 1,
+        "attempt_history": 1, "summarize": 1, "all": 1,
     }, counts  # fmt: skip
 
 

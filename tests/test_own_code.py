@@ -189,3 +189,5 @@ def test_script_through_the_dag(tmp_path: Path) -> None:
         "model.pt": hashing.file_sha256(run / "export" / "outputs" / "model.pt")
     }
     assert [a["outcome"] for a in record["attempts"]] == ["completed"]
+    page = (run / "summary.html").read_text()  # the report's first screen
+    assert f"script {EXAMPLE_SCRIPT}" in page and ">logged</th>" in page

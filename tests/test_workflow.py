@@ -71,6 +71,7 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
         "eval/confusion_matrix.png",
         "export/model.pt",
         "export/provenance.json",
+        "summary.html",
     ]:
         assert (run / rel).stat().st_size > 0, rel
     for rule in ["train", "evaluate", "export"]:

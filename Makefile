@@ -23,7 +23,7 @@ env: $(BIN)/ddppipe
 run: env
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES) $(MIRROR_ARG) $(SNAKEMAKE_ARGS)
 
-# SLURM and Apptainer for the tests that need them (root on Debian 12; idempotent).
+# SLURM, Apptainer and headless Chromium for the tests that need them (root on Debian 12; idempotent).
 system-deps:
 	bash .ci/install_system_deps.sh
 

@@ -42,7 +42,7 @@ def test_changing_lr_reruns_only_that_runs_training_and_what_follows(
     counts = job_counts(workdir, cfg, "all", "--config", "train={lr: 0.0123}")
     assert counts == {
         "write_config": 1, "train": 1, "evaluate": 1, "export": 1, "plot_training": 1,
-        "attempt_history": 1, "all": 1,
+        "attempt_history": 1, "summarize": 1, "all": 1,
     }, counts  # fmt: skip
 
 

@@ -90,7 +90,7 @@ def test_changed_task_file_reruns_only_that_runs_training(task_run: tuple[Path, 
         task_file.write_text(original)
     assert counts == {
         "write_config": 1, "train": 1, "evaluate": 1, "export": 1, "plot_training": 1,
-        "attempt_history": 1, "all": 1,
+        "attempt_history": 1, "summarize": 1, "all": 1,
     }, counts  # fmt: skip
 
 
@@ -189,3 +189,5 @@ def test_script_through_the_dag(tmp_path: Path) -> None:
         "model.pt": hashing.file_sha256(run / "export" / "outputs" / "model.pt")
     }
     assert [a["outcome"] for a in record["attempts"]] == ["completed"]
+    page = (run / "summary.html").read_text()  # the report's first screen
+    assert f"script {EXAMPLE_SCRIPT}" in page and ">logged</th>" in page

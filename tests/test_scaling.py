@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
-from ddppipe import config, scaling, scaling_results
+from bench.screenshot import chromium, open_report
+from ddppipe import config, jsonl, scaling, scaling_results
 from ddppipe.scaling import Point
 from ddppipe.scaling_results import RunResult
+from tests.conftest import run_cli
 from tests.tiny import TinyData, default_config, tiny_config
 from tests.workflow_helpers import job_counts, snakemake
 
@@ -168,6 +172,7 @@ def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None
     assert counts["train"] == 4
     assert counts["plot_scaling"] == 1
     assert counts["export"] == 4  # each point's provenance
+    assert counts["summarize"] == 4  # and summary (the report's first screen)
     assert counts["write_config"] == 4  # the 4 points; the dataset needs no run's config
     assert counts["scaling"] == 1
     assert "evaluate" not in counts
@@ -270,3 +275,75 @@ def test_report_embeds_plots_metrics_and_provenance(tiny_study: tuple[Path, dict
         assert _data_uri_payload(page, path), f"{path} is not embedded in the report"
     for caption in ["Scaling study: test loss", "scaling efficiency", "Provenance of run"]:
         assert caption in page, caption
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def _show_figure(driver: Any, category: str, path: str) -> tuple[int, int]:
+    """Open ``path`` from the report's menu (its category, then its eye button) as a user
+    would; the natural size of the image the page then shows, once loaded."""
+    for back in driver.find_elements(By.XPATH, "//nav//a[normalize-space()='Results']"):
+        back.click()  # from a category's list back to the categories
+    driver.find_element(By.XPATH, f"//nav//a[normalize-space()='{category}']").click()
+    row = driver.find_element(By.XPATH, f"//nav//tr[td[normalize-space()='{path}']]")
+    row.find_element(By.CSS_SELECTOR, "a[iconname='eye']").click()
+    payload = base64.b64encode(Path(path).read_bytes()).decode()
+    shown = "return [...document.images].filter(i => i.src.includes(arguments[0]) && i.complete)"
+    img = WebDriverWait(driver, 10).until(lambda d: d.execute_script(shown, payload))[0]
+    return img.get_property("naturalWidth"), img.get_property("naturalHeight")
+
+
+def test_report_opens_offline_on_the_runs_summary(
+    tiny_study: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In headless Chromium with its network off: the first screen is the main run's summary,
+    line for line as `ddppipe summary` prints it; the figures open from the menu and render."""
+    workdir, cfg = tiny_study
+    run = cfg["run"]
+    printed = run_cli("summary", run, cwd=workdir).stdout.splitlines()
+    monkeypatch.chdir(workdir)  # the menu lists results by their path in the workdir
+    driver = chromium(1400, 900)
+    try:
+        open_report(driver, workdir / "report.html")
+        assert driver.save_screenshot(str(tmp_path / "first.png"))
+        assert _png_size(tmp_path / "first.png") == (1400, 900)
+        sections = driver.find_elements(By.CSS_SELECTOR, ".ddppipe-summary")
+        assert [s.get_attribute("data-run") for s in sections] == [
+            run, "scaling-n1-p1-c1", "scaling-n1-p2-c1"
+        ]  # fmt: skip
+        main = sections[0]
+        assert main.is_displayed()
+        top, bottom, height = driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect();"
+            " return [r.top, r.bottom, window.innerHeight]",
+            main,
+        )
+        assert 0 <= top < bottom <= height, "the summary is not all on the first screen"
+        assert main.find_element(By.TAG_NAME, "h3").text == printed[0]
+        rows = [
+            (tr.find_element(By.TAG_NAME, "th").text, tr.find_element(By.TAG_NAME, "td").text)
+            for tr in main.find_elements(By.TAG_NAME, "tr")
+        ]
+        assert rows == [tuple(line.split(None, 1)) for line in printed[1:]]
+        final = jsonl.read(workdir / "results" / run / "train" / "metrics.jsonl")[-1]
+        shown = float(dict(rows)["accuracy"].split(" %")[0])
+        assert shown == pytest.approx(100 * final["test_accuracy"], abs=0.005)
+        warnings = main.find_elements(By.CSS_SELECTOR, "tr.waste")
+        assert len(warnings) == [label for label, _ in rows].count("waste")
+        assert not driver.find_elements(By.CSS_SELECTOR, ".system-message")  # docutils errors
+        for category, path in [
+            ("Training", f"results/{run}/train/training_curves.png"),
+            ("Evaluation", f"results/{run}/eval/confusion_matrix.png"),
+            ("Scaling study", "results/scaling/learning_curves.png"),
+            ("Scaling study", "results/scaling/throughput.png"),
+        ]:
+            assert _show_figure(driver, category, path) == _png_size(Path(path)), path
+        loaded = driver.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name)"
+        )
+        assert [url for url in loaded if not url.startswith(("data:", "file:"))] == []
+    finally:
+        driver.quit()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import yaml
@@ -63,3 +64,50 @@ def test_summary_of_an_unknown_run_says_so(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "results/nothere: no such run" in result.stderr
+
+
+class _Cells(HTMLParser):
+    """The text of a page's heading and table cells, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self._open = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag in ("h3", "th", "td"):
+            self.cells.append("")
+            self._open = True
+
+    def handle_endtag(self, tag: str) -> None:
+        self._open = self._open and tag not in ("h3", "th", "td")
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self.cells[-1] += data
+
+
+def test_summary_as_html_escapes_and_keeps_every_line(tmp_path: Path) -> None:
+    """`--html`: the fragment the report opens on; a task name is text, not markup."""
+    run = make_run(tmp_path)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["task"] = "tasks/<b>&mine.py"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    result = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "summary", "mine", "--html", "out/summary.html"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert result.stdout == ""
+    page = (tmp_path / "out" / "summary.html").read_text()
+    assert "<b>" not in page and page.isascii()
+    parser = _Cells()
+    parser.feed(page)
+    assert parser.cells == [
+        "run mine: task tasks/<b>&mine.py (sha256 abababababab)",
+        "accuracy", "95.00 % after epoch 2 (best 95.00 %, epoch 2); test loss 0.2000",
+        "targets", "90.00 %: epoch 1, 100.0 s after the first slot started; 99.00 %: not reached",
+        "speed", "2,000 images/s (median of 2 epoch(s), 4 processes)",
+        "attempts", "2 slot(s): 1 time limit, 1 completed",
+        "wall", "6.7 min from the first slot's start to the last one's end",
+        "results", "results/mine/export/model.pt",
+    ]  # fmt: skip

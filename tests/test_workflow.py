@@ -26,6 +26,7 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
         "evaluate": 1,
         "export": 1,
         "plot_training": 1,
+        "summarize": 1,
         "all": 1,
     }
     edges = rule_graph(tmp_path, cfg)
@@ -38,6 +39,8 @@ def test_default_dag_rules_and_order(tmp_path: Path) -> None:
         ("train", "plot_training"),
         ("evaluate", "all"),
         ("export", "all"),
+        ("export", "summarize"),
+        ("summarize", "all"),
     ]:
         assert edge in edges, edge
     # the training evaluates its final model; the evaluate rule only presents it
@@ -68,6 +71,7 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
         "eval/confusion_matrix.png",
         "export/model.pt",
         "export/provenance.json",
+        "summary.html",
     ]:
         assert (run / rel).stat().st_size > 0, rel
     for rule in ["train", "evaluate", "export"]:

@@ -247,7 +247,12 @@ def cmd_summary(args: argparse.Namespace) -> int:
     run_dir = args.results / args.run
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run (its results folder is missing)")
-    print(summary.text(run_dir))
+    if args.html:
+        from ddppipe import summary_html
+
+        summary_html.write(summary.build(run_dir), args.html)
+    else:
+        print(summary.text(run_dir))
     return 0
 
 
@@ -443,6 +448,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("summary", help="a run's summary: accuracy, targets, speed, attempts")
     p.add_argument("run", help="run name (results/<run>)")
     p.add_argument("--results", type=Path, default=Path("results"), help="results folder")
+    p.add_argument("--html", type=Path, help="write it as an HTML fragment here (the report's)")
     p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser("selfcheck", help="print versions and run a one-process DDP smoke test")

@@ -49,6 +49,7 @@ def all_outputs():
         f"results/{RUN}/train/attempts.html",
         f"results/{RUN}/export/{'outputs' if SCRIPT else 'model.pt'}",
         f"results/{RUN}/export/provenance.json",
+        f"results/{RUN}/summary.html",
     ]
 
 

@@ -134,3 +134,25 @@ rule export:
         " --out {output.result} --provenance {output.provenance} {params.image_info}"
         " --attempts {input.attempts}"
         " 2> {log}"
+
+
+rule summarize:
+    """The run's summary (ddppipe.summary) as HTML: the first thing the report shows."""
+    input:
+        config="results/{run}/config.yaml",
+        metrics="results/{run}/train/metrics.jsonl",
+        attempts="results/{run}/train/attempts.json",
+        result=rules.export.output.result,
+        provenance=rules.export.output.provenance,
+    output:
+        report(
+            "results/{run}/summary.html",
+            caption="../report/summary.rst",
+            category="Summary",
+            subcategory="{run}",
+        ),
+    log:
+        "logs/{run}/summarize.log",
+    localrule: True
+    shell:
+        "ddppipe summary {wildcards.run} --html {output} 2> {log}"

@@ -7,13 +7,14 @@ SCALING = "results/scaling"
 
 
 rule scaling:
-    """Target: the study's figures and time-to-accuracy table, and each run's provenance."""
+    """Target: the study's figures and time-to-accuracy table, each run's provenance and summary."""
     input:
         f"{SCALING}/learning_curves.png",
         f"{SCALING}/throughput.png",
         f"{SCALING}/time_to_accuracy.csv",
         f"{SCALING}/time_to_accuracy.html",
         expand("results/{run}/export/provenance.json", run=SCALING_RUNS),
+        expand("results/{run}/summary.html", run=SCALING_RUNS),
 
 
 rule plot_scaling:

@@ -1,8 +1,10 @@
 """A run's summary in a few lines: what it trained, how well, how fast, how its slots ended.
 
 Printed at the end of every ``snakemake`` call (onsuccess/onerror) and by ``ddppipe summary``;
-read from the run's files only (config, metrics, attempt history), so it costs no torch and
-works while a run is still training (from its state folder) as after it.
+read from the run's files (config, metrics, attempt history), so it costs no torch and works
+while a run is still training (from its state folder) as after it. For a SLURM run it is also
+the one place that asks SLURM's accounting (``sacct``, :mod:`ddppipe.accounting`), on the
+submitting machine, and sets its figures beside the run's own.
 """
 
 from __future__ import annotations

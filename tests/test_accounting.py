@@ -10,7 +10,8 @@ import pytest
 from ddppipe import accounting
 
 # Captured from the accounting test cluster (tests/slurm_cluster.py, Slurm 22.05 with
-# jobacct_gather/linux) by `sacct -j 1,2,3 --duplicates --parsable2 --noheader
+# jobacct_gather/linux sampling every second: JobAcctGatherFrequency=1) by `sacct -j 1,2,3
+# --duplicates --parsable2 --noheader
 # --format=<accounting.FIELDS>`: job 1 ran one srun step on 2 nodes (--mem=1500, 2 tasks
 # busy 3 s holding 80 MB each); job 2 (1 node, --mem-per-cpu=700) was requeued by
 # `scontrol requeue` after 6 s, ran again and was cancelled; job 3 (no memory asked: sacct

@@ -39,6 +39,7 @@ def test_real_sacct_output_gives_a_record_per_job_and_requeue() -> None:
         at("2026-11-23T12:50:53"), at("2026-11-23T12:50:55"), at("2026-11-23T12:50:58"),
     )  # fmt: skip
     assert first.queue_s == 2.0
+    assert first.cpus == 2 and first.cpu_hours == pytest.approx(2 * 3 / 3600)
     # the requeue is a record of its own: submitted at the requeue, queued until BeginTime
     assert requeued.end == again.submit == at("2026-11-23T12:51:05")
     assert again.queue_s == 6.0 and again.total_cpu_s == pytest.approx(1.370)

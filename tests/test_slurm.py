@@ -163,7 +163,8 @@ def test_sacct_status_mode_with_accounting(
     assert f"{job}|COMPLETED|2" in out.split(), out
     # The summary printed after the run joins sacct's figures of the job to the ranks' own.
     sacct = re.search(
-        r"sacct +1 job record\(s\) \(1 job\(s\), 0 requeue\(s\)\): 1 COMPLETED; TotalCPU "
+        r"sacct +1 job record\(s\) \(1 job\(s\), 0 requeue\(s\)\): 1 COMPLETED; "
+        r"[\d.]+ CPU-hours allocated; TotalCPU "
         r"([\d.]+ \w+) \(the ranks' own ([\d.]+ \w+)\); MaxRSS ([\d,]+) MB a task of ReqMem "
         r"1,500 MB a node \(own peak ([\d,]+) MB a node\); queued [\d.]+ \w+ \(own [\d.]+ \w+\)",
         result.stderr,

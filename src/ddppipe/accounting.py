@@ -34,6 +34,14 @@ class Record:
     max_rss_mb: float | None  # the largest task's peak resident memory, over the steps
     req_mem_mb: float | None  # memory requested for the whole job (every node)
     nodes: int
+    cpus: int  # CPUs allocated (every node)
+
+    @property
+    def cpu_hours(self) -> float | None:
+        """CPU-hours the slot held: its CPUs from start to end."""
+        if self.start is None or self.end is None:
+            return None
+        return self.cpus * (self.end - self.start) / 3600
 
     @property
     def queue_s(self) -> float | None:
@@ -85,7 +93,7 @@ def parse(text: str) -> list[Record]:
         records.append(Record(
             row["JobID"], requeue, row["State"], timestamp(row["Submit"]),
             timestamp(row["Start"]), timestamp(row["End"]), cpu_seconds(row["TotalCPU"]), peak,
-            size_mb(row["ReqMem"]), int(row["NNodes"] or 0),
+            size_mb(row["ReqMem"]), int(row["NNodes"] or 0), int(row["AllocCPUS"] or 0),
         ))  # fmt: skip
     return records
 

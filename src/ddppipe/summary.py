@@ -95,6 +95,9 @@ def _sacct(
     states = ", ".join(f"{n} {state}" for state, n in Counter(r.state for r in records).items())
     parts = [f"{len(records)} job record(s) ({jobs} job(s), {requeues} requeue(s)): {states}"]
     own = [a["efficiency"] for a in attempts if a.get("efficiency")]
+    held = [r.cpu_hours for r in records if r.cpu_hours is not None]
+    if held:
+        parts.append(f"{sum(held):,.3f} CPU-hours allocated")
     cpu = [r.total_cpu_s for r in records if r.total_cpu_s is not None]
     if cpu:
         mine = f" (the ranks' own {_duration(sum(e.get('cpu_s', 0.0) for e in own))})"

@@ -124,11 +124,13 @@ class SlurmCluster:
         start_timeout: float = 60.0,
         nodes: Sequence[str] = tuple(NODE_ADDRS),
         partitions: Mapping[str, str] | None = None,
-        settings: Mapping[str, str] | None = None,
+        settings: Mapping[str, str | None] | None = None,
     ) -> None:
         """``partitions``: name -> attributes of its PartitionName line (all nodes in each;
         by default a default ``debug`` partition that ``urgent`` preempts by requeueing);
-        ``settings``: slurm.conf keys to set or replace, e.g. ``{"JobRequeue": "0"}``."""
+        ``settings``: slurm.conf keys to set or replace, e.g. ``{"JobRequeue": "0"}``; None
+        removes the key, e.g. ``{"SchedulerParameters": None}`` for Slurm's default scheduler
+        intervals (sched_interval 60 s, bf_interval 30 s) instead of the tests' quick ones."""
         self.workdir = Path(workdir).resolve()
         self.accounting = accounting
         self.gpus_per_node = gpus_per_node
@@ -142,7 +144,7 @@ class SlurmCluster:
         )
         self.urgent_partition = URGENT_PARTITION  # PriorityTier above, preempts `partition`
         self.preempt_grace_s = PREEMPT_GRACE_S
-        self.settings = dict(settings or {})
+        self.settings: dict[str, str | None] = dict(settings or {})
         self.nodes: list[str] = list(nodes)
         self.node_addrs: dict[str, str] = {
             node: f"10.77.0.{FIRST_NODE_ADDR + i}" for i, node in enumerate(self.nodes)
@@ -332,6 +334,9 @@ class SlurmCluster:
             partitions=partitions,
         )
         for key, value in self.settings.items():
+            if value is None:  # back to Slurm's default: no line
+                text = re.sub(rf"(?m)^{key}=.*\n", "", text)
+                continue
             line = f"{key}={value}"
             text, found = re.subn(rf"(?m)^{key}=.*$", line, text)
             if not found:

@@ -117,6 +117,11 @@ def slurm_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
 @pytest.fixture
 def slurm_accounting_cluster(slurm_slot: SlurmSlot) -> Iterator[SlurmCluster]:
     """A started cluster with slurmdbd, so ``sacct`` works (suspends ``slurm_cluster``);
-    the default shape: node1, node2, one default partition ``debug``."""
-    with slurm_slot.suspended(), slurm_slot.new_cluster("slurm-acct", accounting=True) as cluster:
+    the default shape: node1, node2, one default partition ``debug``. Its steps' usage is
+    sampled (jobacct_gather/linux), so sacct has their MaxRSS and TotalCPU, as at a site."""
+    gather = {"JobAcctGatherType": "jobacct_gather/linux"}
+    with (
+        slurm_slot.suspended(),
+        slurm_slot.new_cluster("slurm-acct", accounting=True, settings=gather) as cluster,
+    ):
         yield cluster

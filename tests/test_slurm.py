@@ -87,6 +87,12 @@ def train_job_ids(result: subprocess.CompletedProcess) -> list[str]:
     return re.findall(pattern, result.stderr)
 
 
+def seconds(duration: str) -> float:
+    """Seconds of a summary's duration: ``12.5 s``, ``3.1 min``, ``2.0 h``."""
+    value, unit = duration.split()
+    return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
 def provenance(workdir: Path, run: str) -> dict[str, Any]:
     return json.loads((workdir / f"results/{run}/export/provenance.json").read_text())
 
@@ -166,6 +172,24 @@ def test_sacct_status_mode_with_accounting(
     job = train_job_ids(result)[0]
     out = cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State,NNodes"]).stdout
     assert f"{job}|COMPLETED|2" in out.split(), out
+    # The summary printed after the run joins sacct's figures of the job to the ranks' own.
+    sacct = re.search(
+        r"sacct +1 job record\(s\) \(1 job\(s\), 0 requeue\(s\)\): 1 COMPLETED; "
+        r"[\d.]+ CPU-hours allocated; TotalCPU "
+        r"([\d.]+ \w+) \(the ranks' own ([\d.]+ \w+)\); MaxRSS ([\d,]+) MB a task of ReqMem "
+        r"1,500 MB a node \(own peak ([\d,]+) MB a node\); queued [\d.]+ \w+ \(own [\d.]+ \w+\)",
+        result.stderr,
+    )  # fmt: skip
+    assert sacct, result.stderr[-3000:]
+    print("(sacct) summary:", sacct[0])
+    total_cpu, own_cpu = (seconds(text) for text in sacct.groups()[:2])
+    max_rss, own_peak = (float(text.replace(",", "")) for text in sacct.groups()[2:])
+    assert total_cpu >= own_cpu > 0  # sacct also counts the launcher, torchrun, the preflight
+    # sacct: the largest task (a node's torchrun and its ranks), sampled every 30 s; own: the
+    # sum of the node's ranks' peaks (shared pages counted in each)
+    assert max_rss > 100 and own_peak > 100
+    assert re.search(r"wall +[\d.]+ \w+ from the first submission to the last slot's end",
+                     result.stderr), result.stderr[-3000:]  # fmt: skip
 
 
 def test_preflight_fails_fast_on_unresolvable_host(
@@ -339,6 +363,9 @@ def _time_limit_slots(
     assert [a["restarts"] for a in history] == list(range(len(history))), table
     assert all(a["end_step"] > a["start_step"] for a in history), table
     assert history[-1]["end_step"] == steps
+    if cluster.accounting:  # sacct's record of every slot: the job and each of its requeues
+        found = f"{len(history)} job record(s) (1 job(s), {len(history) - 1} requeue(s))"
+        assert found in result.stderr, result.stderr[-3000:]
     assert all(len(a["nodes"]) == nodes and set(a["nodes"]) <= set(cluster.nodes) for a in history)
     reference = with_task_file(tmp_path / "reference")  # one long slot, same cluster
     ref = snakemake_slurm(cluster, reference, make_config(10), FINAL)

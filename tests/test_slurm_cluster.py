@@ -227,3 +227,13 @@ def test_sacct_shows_completed_job(slurm_accounting_cluster: SlurmCluster) -> No
             return
         time.sleep(0.5)
     raise AssertionError(f"sacct never showed job {job} COMPLETED: {states}")
+
+
+def test_settings_replace_add_or_remove_conf_keys(tmp_path: Path) -> None:
+    """None takes a key back to Slurm's default (bench/slurm_overhead.py: the scheduler's)."""
+    cluster = SlurmCluster(tmp_path, settings={"SchedulerParameters": None, "KillWait": "30",
+                                               "JobAcctGatherFrequency": "10"})  # fmt: skip
+    lines = cluster._slurm_conf().splitlines()
+    assert not [line for line in lines if line.startswith("SchedulerParameters")]
+    assert "KillWait=30" in lines and "KillWait=5" not in lines
+    assert "JobAcctGatherFrequency=10" in lines

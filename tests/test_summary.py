@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -13,8 +14,9 @@ import yaml
 from ddppipe import jsonl
 
 
-def make_run(root: Path) -> Path:
-    """A finished run's files: two epochs, two slots (a time limit, then completed)."""
+def make_run(root: Path, slurm: bool = False) -> Path:
+    """A finished run's files: two epochs, two slots (a time limit, then completed); with
+    ``slurm``, the slots of SLURM job 17 (submitted 50 s before the first slot started)."""
     run = root / "results" / "mine"
     (run / "export").mkdir(parents=True)
     (run / "export" / "model.pt").write_bytes(b"weights")
@@ -36,6 +38,9 @@ def make_run(root: Path) -> Path:
         {"outcome": "time limit", "start": 1_000_000.0, "end": 1_000_200.0},
         {"outcome": "completed", "start": 1_000_250.0, "end": 1_000_400.0},
     ]
+    if slurm:
+        attempts[0].update(job="17", submitted=999_950.0, queue_s=48.0)
+        attempts[1].update(job="17", submitted=1_000_205.0, queue_s=44.0)
     (run / "train" / "attempts.json").write_text(json.dumps(attempts))
     return run
 
@@ -49,12 +54,29 @@ def test_summary_of_a_finished_run(tmp_path: Path) -> None:
     assert result.stdout.splitlines() == [
         "run mine: task tasks/mine.py (sha256 abababababab)",
         "  accuracy  95.00 % after epoch 2 (best 95.00 %, epoch 2); test loss 0.2000",
-        "  targets   90.00 %: epoch 1, 100.0 s after the first slot started; 99.00 %: not reached",
+        "  targets   90.00 %: epoch 1, 100.0 s after the first slot's start; 99.00 %: not reached",
         "  speed     2,000 images/s (median of 2 epoch(s), 4 processes)",
         "  attempts  2 slot(s): 1 time limit, 1 completed",
-        "  wall      6.7 min from the first slot's start to the last one's end",
+        "  wall      6.7 min from the first slot's start to the last slot's end",
         "  results   results/mine/export/model.pt",
     ]
+
+
+def test_summary_of_a_slurm_run_counts_from_its_first_submission(tmp_path: Path) -> None:
+    """Times from the submission the first slot recorded; without slurmdbd (none runs here:
+    no SLURM_CONF), the summary says that its figures are its own."""
+    make_run(tmp_path, slurm=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "summary", "mine"], cwd=tmp_path, capture_output=True,
+        text=True, check=True, env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"},
+    )  # fmt: skip
+    lines = result.stdout.splitlines()
+    assert (
+        "  targets   90.00 %: epoch 1, 2.5 min after the first submission; 99.00 %: not "
+        "reached" in lines
+    ), lines
+    assert "  sacct     no SLURM accounting: own measurements" in lines, lines
+    assert "  wall      7.5 min from the first submission to the last slot's end" in lines, lines
 
 
 def test_summary_of_an_unknown_run_says_so(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ class Attempt:
     efficiency: dict[str, Any] | None = None  # rank 0's figures (ddppipe.efficiency)
     queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
     peak: dict[str, Any] | None = None  # the preflight's GEMM peaks (ddppipe.peak), if it ran
+    submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
     detail: str = ""
 
     @property
@@ -70,6 +71,7 @@ def save(state_dir: Path, history: list[Attempt]) -> None:
 
 def begin(
     state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
+    submitted: float | None = None,
     peak: dict[str, Any] | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as lost."""
@@ -80,7 +82,7 @@ def begin(
     state.of(state_dir).progress.unlink(missing_ok=True)
     number = len(history) + 1
     history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s,
-                           peak=peak))  # fmt: skip
+                           submitted=submitted, peak=peak))  # fmt: skip
     save(state_dir, history)
     return history
 
@@ -124,8 +126,8 @@ def measured_checkpoint_seconds(state_dir: Path) -> float | None:
     return max((t for t in times if t), default=None)
 
 
-COLUMNS = ("#", "job", "nodes", "start", "end", "outcome", "resumed from", "steps", "start-up s",
-           "training s", "images/s")  # fmt: skip
+COLUMNS = ("#", "job", "nodes", "queued s", "start", "end", "outcome", "resumed from", "steps",
+           "start-up s", "training s", "images/s")  # fmt: skip
 
 
 def _figure(figures: dict[str, Any], key: str, spec: str) -> str:
@@ -141,7 +143,8 @@ def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
         job = a.job if not a.restarts else f"{a.job} (requeue {a.restarts})"
         figures = a.efficiency or {}
         out.append((
-            str(a.number), job, ",".join(a.nodes), when(a.start), when(a.end), a.outcome,
+            str(a.number), job, ",".join(a.nodes), "-" if a.queue_s is None else f"{a.queue_s:.0f}",
+            when(a.start), when(a.end), a.outcome,
             a.resumed_from or "(start)", str(a.steps), _figure(figures, "startup_s", ".1f"),
             _figure(figures, "train_s", ".1f"), _figure(figures, "images_per_s", ",.0f"),
         ))  # fmt: skip

@@ -41,6 +41,11 @@ def _parse(stamp: str) -> float | None:
         return None
 
 
+def submitted(job: dict[str, str]) -> float | None:
+    """Unix time of the job's SubmitTime (for a requeued job: its requeue); None if unknown."""
+    return _parse(job.get("SubmitTime", ""))
+
+
 def queue_seconds(job: dict[str, str]) -> float:
     """How long this slot of the job waited: from its (re)submission or eligibility to start.
 

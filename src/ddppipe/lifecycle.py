@@ -97,7 +97,7 @@ def _slot(
     cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None,
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
-    restarts, warn_in, end, queue_s, peak = 0, None, None, 0.0, None
+    restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
     if plan.job:
         peak_file = ddp_state.of(state).peak
         peak_file.unlink(missing_ok=True)
@@ -106,14 +106,14 @@ def _slot(
         peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
-        queue_s = continuation.queue_seconds(job)
+        queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
         left = continuation.seconds_left(job)
         if left is not None:  # None: no time limit
             end = time.time() + left
             warn_in = max(0.0, left - plan.request.signal_seconds)
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
-    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, peak)
+    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip

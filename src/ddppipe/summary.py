@@ -1,8 +1,10 @@
 """A run's summary in a few lines: what it trained, how well, how fast, how its slots ended.
 
 Printed at the end of every ``snakemake`` call (onsuccess/onerror) and by ``ddppipe summary``;
-read from the run's files only (config, metrics, attempt history), so it costs no torch and
-works while a run is still training (from its state folder) as after it.
+read from the run's files (config, metrics, attempt history), so it costs no torch and works
+while a run is still training (from its state folder) as after it. For a SLURM run it is also
+the one place that asks SLURM's accounting (``sacct``, :mod:`ddppipe.accounting`), on the
+submitting machine, and sets its figures beside the run's own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ddppipe import jsonl, state
+from ddppipe import accounting, jsonl, state
 
 
 @dataclass
@@ -54,16 +56,67 @@ def _source(cfg: dict[str, Any]) -> str:
     return f"{kind} {ref}{digest}"
 
 
-def _targets(history: list[dict[str, Any]], targets: list[float], start: float | None) -> str:
+def _targets(
+    history: list[dict[str, Any]], targets: list[float], origin: tuple[float, str] | None
+) -> str:
     parts = []
     for target in targets:
         reached = next((m for m in history if m.get("test_accuracy", 0) >= target), None)
         if reached is None:
             parts.append(f"{_percent(target)}: not reached")
             continue
-        since = f", {_duration(reached['time'] - start)} after the first slot started"
-        parts.append(f"{_percent(target)}: epoch {reached['epoch']}" + (since if start else ""))
+        parts.append(f"{_percent(target)}: epoch {reached['epoch']}")
+        if origin:
+            parts[-1] += f", {_duration(reached['time'] - origin[0])} after the {origin[1]}"
     return "; ".join(parts)
+
+
+def _origin(
+    attempts: list[dict[str, Any]], records: list[accounting.Record] | None
+) -> tuple[float, str] | None:
+    """(Unix time, name) the run's times count from: its first SLURM submission (sacct's
+    Submit, else scontrol's, which the first slot recorded), else its first slot's start."""
+    submits = [r.submit for r in records or [] if r.submit is not None]
+    if attempts and attempts[0].get("submitted") is not None:
+        submits.append(attempts[0]["submitted"])
+    if submits:
+        return min(submits), "first submission"
+    return (attempts[0]["start"], "first slot's start") if attempts else None
+
+
+def _sacct(
+    attempts: list[dict[str, Any]], records: list[accounting.Record] | None
+) -> tuple[str, str]:
+    """SLURM's accounting of the run's jobs beside the ranks' own figures, where both exist."""
+    if not records:
+        return "sacct", "no SLURM accounting: own measurements"
+    jobs = len({r.job for r in records})
+    requeues = len(records) - jobs
+    states = ", ".join(f"{n} {state}" for state, n in Counter(r.state for r in records).items())
+    parts = [f"{len(records)} job record(s) ({jobs} job(s), {requeues} requeue(s)): {states}"]
+    own = [a["efficiency"] for a in attempts if a.get("efficiency")]
+    held = [r.cpu_hours for r in records if r.cpu_hours is not None]
+    if held:
+        parts.append(f"{sum(held):,.3f} CPU-hours allocated")
+    cpu = [r.total_cpu_s for r in records if r.total_cpu_s is not None]
+    if cpu:
+        mine = f" (the ranks' own {_duration(sum(e.get('cpu_s', 0.0) for e in own))})"
+        parts.append(f"TotalCPU {_duration(sum(cpu))}" + (mine if own else ""))
+    rss = [r.max_rss_mb for r in records if r.max_rss_mb is not None]
+    if rss:
+        memory = f"MaxRSS {max(rss):,.0f} MB a task"
+        asked = [r.req_mem_mb / r.nodes for r in records if r.req_mem_mb and r.nodes]
+        if asked:
+            memory += f" of ReqMem {max(asked):,.0f} MB a node"
+        if own:
+            memory += f" (own peak {max(e.get('memory_peak_mb', 0.0) for e in own):,.0f} MB a node)"
+        parts.append(memory)
+    queued = [r.queue_s for r in records if r.queue_s is not None]
+    if queued:
+        mine = [a["queue_s"] for a in attempts if a.get("queue_s") is not None]
+        own_queue = f" (own {_duration(sum(mine))})" if mine else ""
+        parts.append(f"queued {_duration(sum(queued))}{own_queue}")
+    return "sacct", "; ".join(parts)
 
 
 def _attempts(history: list[dict[str, Any]]) -> str:
@@ -182,7 +235,9 @@ def build(run_dir: Path) -> Summary:
     history = jsonl.read(metrics_path) if metrics_path else []
     attempts_path = _first(run_dir / "train" / "attempts.json", layout.attempts)
     attempts = json.loads(attempts_path.read_text()) if attempts_path else []
-    start = attempts[0]["start"] if attempts else None
+    jobs = [a["job"] for a in attempts if a.get("job", "local") != "local"]
+    records = accounting.query(jobs) if jobs else None
+    origin = _origin(attempts, records)
     if cfg.get("script"):
         if history:
             last = {k: v for r in history for k, v in r.items() if k != "time"}
@@ -199,7 +254,7 @@ def build(run_dir: Path) -> Summary:
                 f"test loss {final['test_loss']:.4f}",
             ))  # fmt: skip
             targets = (cfg.get("scaling") or {}).get("accuracy_targets") or [0.98, 0.99]
-            summary.lines.append(("targets", _targets(history, targets, start)))
+            summary.lines.append(("targets", _targets(history, targets, origin)))
         else:
             tested = {k: v for k, v in final.items() if k.startswith("test_")}
             summary.lines.append(("test", ", ".join(f"{k} {v:.4g}" for k, v in tested.items())))
@@ -214,9 +269,12 @@ def build(run_dir: Path) -> Summary:
     if attempts:
         summary.lines.append(("attempts", _attempts(attempts)))
         summary.lines.extend(_efficiency(cfg, attempts))
+        if jobs:
+            summary.lines.append(_sacct(attempts, records))
         end = attempts[-1].get("end") or time.time()
-        summary.lines.append(("wall", f"{_duration(end - attempts[0]['start'])} from the first "
-                                       "slot's start to the last one's end"))  # fmt: skip
+        if origin is not None:
+            summary.lines.append(("wall", f"{_duration(end - origin[0])} from the {origin[1]} "
+                                           "to the last slot's end"))  # fmt: skip
     outputs = [p for p in (run_dir / "export" / "model.pt", run_dir / "export" / "outputs",
                            run_dir / "export" / "provenance.json") if p.exists()]  # fmt: skip
     if outputs:

@@ -96,6 +96,8 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
 
     provenance = json.loads((run / "export" / "provenance.json").read_text())
     assert provenance["training"]["world_size"] == 2
+    # launch.device auto: this machine's GPU, if any, decided the recipe
+    assert provenance["train_config"]["preset"] == ("gpu" if torch.cuda.is_available() else "fast")
     assert provenance["data_sha256"] == real_mnist_sha256()
     assert provenance["seed"] == 0 and provenance["epochs"] == 1
     assert provenance["config_hash"] == checkpoint.load(run / "train" / "final.pt")["config_hash"]

@@ -53,8 +53,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # One epoch of MNIST on GPUs (the whole set already on the device: ddppipe.data.Tensors),
     # after the public single-GPU recipe (tuomaso/train_mnist_fast: batch 256, one epoch,
     # Adam, one-cycle, no dropout) and CIFAR-10 speedruns (KellerJordan/cifar10-airbench:
-    # BatchNorm, label smoothing). With the seeds' CNN as it is, one epoch gives 98.57 % (seed
-    # 0); with its BatchNorm variant (TASK_ARGS) 99.12 %, and global batch 512 98.60 %.
+    # BatchNorm, label smoothing). Measured on CPUs (docs/gpus.md): the seeds' CNN as it is
+    # 98.57 % after one epoch (seed 0), its BatchNorm variant (TASK_ARGS) 99.12 / 99.01 /
+    # 99.09 % (seeds 0 / 1 / 2); global batch 512 98.60 %. Its GPU figures are unmeasured.
     "gpu": {
         "epochs": 1,
         "batch_size": 256,

@@ -5,11 +5,10 @@
 Prepares the data (``ddppipe prepare``: checksum-verified) from the mirror and trains the
 default config with ``launch.device: gpu`` (its ``fast`` preset becomes the ``gpu`` recipe)
 with ``ddppipe launch``: each seed on 1 GPU and, with 2+ GPUs, on all of them (one process
-each, NCCL).
-Prints per run the training time (CUDA events, the first steps' warm-up included and also
-shown apart), the steady-state images/s, the test accuracy and the wall time from launch;
-then the issue's goals met or not, and the scaling efficiency (images/s on N GPUs / N x
-images/s on 1). Refuses to run without a CUDA GPU.
+each, NCCL). Prints per run the training time (CUDA events, the first steps' warm-up included
+and also shown apart), the steady-state images/s, the test accuracy, the wall time from launch
+and the peak host memory of the node's processes; then the issue's goals met or not, and the
+scaling efficiency (images/s on N GPUs / N x images/s on 1). Refuses to run without a GPU.
 """
 
 from __future__ import annotations
@@ -60,16 +59,18 @@ def train(base: dict[str, Any], data: Path, work: Path, procs: int, seed: int) -
         "procs": procs, "seed": seed, "preset": resolved["train"]["preset"], "wall_s": wall,
         "train_s": sum(e["train_seconds"] for e in epochs), "warmup_s": figures["warmup_s"],
         "images_per_s": figures["images_per_s"], "accuracy": evaluation["test_accuracy"],
+        "memory_mb": figures["memory_peak_mb"],
     }  # fmt: skip
 
 
 def report(runs: list[dict]) -> None:
     print(f"{'GPUs':>4} {'seed':>4} {'train s':>8} {'warm-up s':>9} {'images/s':>9} "
-          f"{'test acc':>8} {'wall s':>7}")  # fmt: skip
+          f"{'test acc':>8} {'wall s':>7} {'host MB':>8}")  # fmt: skip
     for r in runs:
         print(
             f"{r['procs']:>4} {r['seed']:>4} {r['train_s']:>8.3f} {r['warmup_s']:>9.3f} "
-            f"{r['images_per_s']:>9,.0f} {r['accuracy']:>8.4f} {r['wall_s']:>7.1f}"
+            f"{r['images_per_s']:>9,.0f} {r['accuracy']:>8.4f} {r['wall_s']:>7.1f} "
+            f"{r['memory_mb']:>8,.0f}"
         )
     one = [r for r in runs if r["procs"] == 1]
     print(

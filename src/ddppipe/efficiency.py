@@ -17,7 +17,12 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+Mark: TypeAlias = "float | torch.cuda.Event"  # a Clock's reading
 
 WARMUP_STEPS = 10  # per slot: compilation, allocator and cache warm-up
 SLOT_START_ENV = "DDPPIPE_SLOT_START"  # Unix time the launcher opened the slot
@@ -27,10 +32,10 @@ class Clock:
     """Training time: CUDA events on a GPU (the device's own clock, read once the later event
     has completed), ``time.perf_counter`` on a CPU. Marks cost no synchronisation."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
 
-    def mark(self) -> Any:
+    def mark(self) -> Mark:
         if not self.cuda:
             return time.perf_counter()
         import torch
@@ -39,7 +44,7 @@ class Clock:
         event.record()
         return event
 
-    def seconds(self, start: Any, end: Any) -> float:
+    def seconds(self, start: Mark, end: Mark) -> float:
         """Seconds from mark ``start`` to the later mark ``end``."""
         if not self.cuda:
             return end - start

@@ -401,8 +401,8 @@ class Trainer:
         self._epoch_loss = float(loss_total) / self._epoch_images
         return seconds
 
-    def _account(self, clock: efficiency.Clock, images: int, start: Any, warm_at: Any,
-                 warm_images: int) -> float:  # fmt: skip
+    def _account(self, clock: efficiency.Clock, images: int, start: efficiency.Mark,
+                 warm_at: efficiency.Mark | None, warm_images: int) -> float:  # fmt: skip
         """This epoch's share of the slot's training time, warm-up apart; its seconds."""
         end = clock.mark()
         seconds = clock.seconds(start, end)

@@ -1,4 +1,5 @@
-"""The benchmark script's quick mode runs end to end (so that it cannot rot)."""
+"""The benchmark script's quick mode runs end to end (so that it cannot rot); the GPU bench
+refuses a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 from tests.tiny import REPO
 
@@ -35,3 +39,13 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     for run in measured["runs"]:
         assert run["images_per_s"] > 0 and run["epochs"], run["name"]
         assert run["epochs"][0]["world_size"] == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_gpu_bench_refuses_without_a_gpu() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--mirror=file:///nowhere/"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == "bench/gpu.py: no CUDA GPU here: nothing to measure"

@@ -1,4 +1,5 @@
-"""The training presets: complete recipes, and both train for real on tiny data."""
+"""The training presets: complete recipes, chosen for the device, and each trains for real on
+tiny data."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from ddppipe import config, presets
+from ddppipe import config, devices, presets
 from tests.conftest import run_cli
-from tests.tiny import TinyData, default_config, tiny_config
+from tests.tiny import REPO, TinyData, default_config, tiny_config
 
 
 def launch(cfg: dict[str, Any], tiny: TinyData, run_dir: Path) -> None:
@@ -50,6 +52,79 @@ def test_reference_preset_is_the_classic_recipe() -> None:
         0.7,
     )
     assert (train["epochs"], train["batch_size"], train["precision"]) == (14, 128, "fp32")
+
+
+def recipe(train: dict[str, Any]) -> tuple:
+    return tuple(train[k] for k in ("preset", "epochs", "batch_size", "optimizer", "lr"))
+
+
+def test_fast_becomes_the_gpu_recipe_on_gpus() -> None:
+    cfg = default_config()
+    cfg["launch"]["device"] = "gpu"
+    train = config.resolve(cfg)["train"]
+    assert recipe(train) == ("gpu", 1, 256, "adamw", 0.01)
+    assert (train["precision"], train["channels_last"], train["label_smoothing"]) == (
+        "bf16",
+        True,
+        0.1,
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_a_cpu_run_keeps_the_cpu_recipe(device: str) -> None:
+    cfg = default_config()
+    cfg["launch"]["device"] = device
+    assert recipe(config.resolve(cfg, gpus=False)["train"]) == ("fast", 3, 128, "adamw", 0.004)
+
+
+def test_explicit_keys_and_other_presets_win_on_gpus() -> None:
+    cfg = default_config()
+    cfg["train"].update(epochs=2, lr=0.003)
+    assert recipe(config.resolve(cfg, gpus=True)["train"]) == ("gpu", 2, 256, "adamw", 0.003)
+    cfg["train"]["preset"] = "reference"
+    assert config.resolve(cfg, gpus=True)["train"]["preset"] == "reference"
+
+
+def test_the_resolved_config_records_the_gpu_recipe(tmp_path: Path) -> None:
+    """What the workflow writes for a run on this machine's GPU (device auto): the recipe and
+    MNIST model variant it trains, and a checkpoint identity apart from the CPU recipe's."""
+    cpu = config.write_resolved(default_config(), tmp_path / "cpu.yaml", gpus=False)
+    gpu = config.write_resolved(default_config(), tmp_path / "gpu.yaml", gpus=True)
+    written = config.load_resolved(tmp_path / "gpu.yaml")
+    assert (written["train"]["preset"], written["train"]["epochs"]) == ("gpu", 1)
+    assert written["task_args"]["batchnorm"] is True
+    cpu_written = config.load_resolved(tmp_path / "cpu.yaml")
+    assert cpu_written["train"]["preset"] == "fast" and "batchnorm" not in cpu_written["task_args"]
+    assert config.train_hash(gpu, "data") != config.train_hash(cpu, "data")
+
+
+def test_the_users_model_choice_wins_over_the_gpu_recipes() -> None:
+    cfg = default_config()
+    cfg["task_args"]["batchnorm"] = False
+    assert config.resolve(cfg, gpus=True)["task_args"]["batchnorm"] is False
+    cfg["task_args"]["batchnorm"] = True  # the variant with a CPU recipe
+    assert config.resolve(cfg, gpus=False)["task_args"]["batchnorm"] is True
+
+
+def test_where_auto_trains_is_answered_on_the_submitting_side() -> None:
+    cfg = config.validate(default_config())
+    assert not devices.trains_on_gpus(cfg, slurm=True, env={})  # SLURM executor: CPUs
+    assert not devices.trains_on_gpus(cfg, slurm=False, env={"SLURM_JOB_ID": "7"})  # in a job
+    cfg["launch"]["device"] = "gpu"
+    assert devices.trains_on_gpus(cfg, slurm=True, env={})
+    cfg["launch"]["device"] = "cpu"
+    assert not devices.trains_on_gpus(cfg, slurm=False, env={})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_auto_on_a_machine_without_gpus_keeps_the_cpu_recipe(tmp_path: Path) -> None:
+    cfg = config.validate(default_config())
+    assert not devices.trains_on_gpus(cfg, slurm=False, env={})
+    cfg["container"]["mode"] = "apptainer"  # no GPU for `apptainer exec --nv` either
+    assert not devices.trains_on_gpus(cfg, slurm=False, env={})
+    out = tmp_path / "resolved.yaml"
+    run_cli("resolve-config", f"--config={REPO / 'config/config.yaml'}", f"--out={out}")
+    assert config.load_resolved(out)["train"]["preset"] == "fast"
 
 
 @pytest.mark.parametrize("preset", ["fast", "reference"])

@@ -106,8 +106,10 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)
     print(f"(a) wall time {time.monotonic() - started:.1f}s")
     assert result.returncode == 0, logs(tmp_path / "wd", result)
-    training = provenance(tmp_path / "wd", "mnist2n")["training"]
+    record = provenance(tmp_path / "wd", "mnist2n")
+    training = record["training"]
     assert training["world_size"] >= 2 and set(training["hosts"]) == set(slurm_cluster.nodes)
+    assert record["train_config"]["preset"] == "fast"  # launch.device auto on SLURM: CPUs
     metrics = json.loads((tmp_path / "wd/results/mnist2n/eval/metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.95
     train_log = (tmp_path / "wd/logs/mnist2n/train.log").read_text()
@@ -146,6 +148,8 @@ def test_gpus_requested_but_unusable_fail_in_seconds(
     assert "CUDA_VISIBLE_DEVICES=" in text and f"torch {torch.__version__}" in text, text
     assert "Fix: no NVIDIA driver is loaded on this node" in text, text
     assert not (wd / "results/tiny/state/attempts.json").exists(), "training started"
+    resolved = yaml.safe_load((wd / "results/tiny/config.yaml").read_text())
+    assert resolved["train"]["preset"] == "gpu"  # launch.device gpu: the GPU recipe
     job = train_job_ids(result)[0]
     record = slurm_cluster.run(["scontrol", "-o", "show", "job", job], check=False).stdout
     # slurmctld keeps finished jobs for MinJobAge (300 s) in the test cluster

@@ -1,4 +1,5 @@
-"""The built-in digits and imagefolder tasks, and the example task: fast, one process."""
+"""The built-in tasks (MNIST's model, digits, imagefolder) and the example task: fast, one
+process."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ddppipe.data import Tensors
 from ddppipe.tasks import digits, imagefolder
 from tests.tiny import REPO
 
+MNIST = tasks.load("ddppipe.tasks.mnist")
 DIGITS = tasks.load("ddppipe.tasks.digits")
 IMAGEFOLDER = tasks.load("ddppipe.tasks.imagefolder")
 # Solid colours, one per class; every image gets its own jitter and a random bright square.
@@ -42,6 +44,26 @@ def write_images(folder: Path, per_class: int = 12, seed: int = 0,
             x, y = rng.integers(0, 12, 2)
             pixels[y : y + 4, x : x + 4] = 255
             Image.fromarray(pixels.astype(np.uint8)).save(folder / name / f"{i:03d}.png")
+
+
+# --- mnist ----------------------------------------------------------------------------
+
+
+def test_mnist_model_is_the_seeds_cnn_or_its_batchnorm_variant() -> None:
+    seeds = MNIST.call("model", args_of(MNIST))
+    assert sorted(seeds.state_dict()) == [
+        f"{layer}.{p}" for layer in ("conv1", "conv2", "fc1", "fc2") for p in ("bias", "weight")
+    ]
+    assert (seeds.dropout1.p, seeds.dropout2.p) == (0.25, 0.5)
+    variant = MNIST.call("model", args_of(MNIST, batchnorm=True))
+    assert set(variant.state_dict()) - set(seeds.state_dict()) == {
+        f"norm{i}.{p}" for i in (1, 2)
+        for p in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+    }  # fmt: skip
+    assert (variant.norm1.num_features, variant.norm2.num_features) == (32, 64)
+    assert (variant.dropout1.p, variant.dropout2.p) == (0.0, 0.0)
+    x = torch.randn(4, 1, 28, 28)
+    assert variant(x).shape == seeds(x).shape == (4, 10)
 
 
 # --- digits ---------------------------------------------------------------------------

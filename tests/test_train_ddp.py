@@ -84,6 +84,7 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert figures["flops_per_image"] == 71_565_312  # the seeds' CNN: 71.6 MFLOP an image
     assert figures["images"] == 2 * 256  # 2 epochs of the 256 tiny training images
     assert figures["train_s"] > 0 and figures["evaluate_s"] > 0 and figures["checkpoint_s"] > 0
+    assert 0 < figures["warmup_s"] < figures["train_s"]  # the first 10 of the 16 steps
     assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
     assert figures["images_per_s"] == pytest.approx(2 * figures["images_per_s_per_process"])
     assert figures["achieved_gflops"] == pytest.approx(71_565_312 * figures["images_per_s"] / 1e9)

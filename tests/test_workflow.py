@@ -100,6 +100,9 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
 
     provenance = json.loads((run / "export" / "provenance.json").read_text())
     assert provenance["training"]["world_size"] == 2
+    # launch.device auto: this machine's GPU, if any, decided the recipe (and the model variant)
+    gpu = torch.cuda.is_available()
+    assert provenance["train_config"]["preset"] == ("gpu" if gpu else "fast")
     assert provenance["data_sha256"] == real_mnist_sha256()
     assert provenance["seed"] == 0 and provenance["epochs"] == 1
     assert provenance["config_hash"] == checkpoint.load(run / "train" / "final.pt")["config_hash"]
@@ -110,7 +113,7 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     assert torch.version.cuda is None or provenance["software"]["nccl"] is not None
     assert provenance["software"]["cudnn"] == ddp_provenance.cudnn_version()
 
-    model = Net()
+    model = Net(batchnorm=gpu)
     model.load_state_dict(torch.load(run / "export" / "model.pt", weights_only=True))
     history = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert history[0]["test_accuracy"] == pytest.approx(metrics["test_accuracy"])

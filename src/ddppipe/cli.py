@@ -31,10 +31,11 @@ def _train_paths(args: argparse.Namespace):
 def cmd_resolve_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from ddppipe import config
+    from ddppipe import config, devices
 
     with open(args.config) as f:
-        config.write_resolved(yaml.safe_load(f), args.out)
+        cfg = config.validate(yaml.safe_load(f))
+    config.write_resolved(cfg, args.out, devices.trains_on_gpus(cfg, slurm=False))
     return 0
 
 
@@ -281,7 +282,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"ddppipe {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("resolve-config", help="validate a config and fill in its preset")
+    p = sub.add_parser(
+        "resolve-config", help="validate a config, fill in its preset for this machine's device"
+    )
     p.add_argument("--config", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_resolve_config)

@@ -235,11 +235,19 @@ def gpus_requested(cfg: dict[str, Any]) -> bool:
     return cfg["launch"]["device"] == "gpu"
 
 
-def resolve(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A validated copy of ``cfg`` with the training recipe filled in from its preset."""
+def resolve(cfg: dict[str, Any], gpus: bool | None = None) -> dict[str, Any]:
+    """A validated copy of ``cfg`` with the training recipe (and the task arguments the preset
+    sets) filled in from its preset.
+
+    ``gpus``: whether the run trains on GPUs (:func:`ddppipe.devices.trains_on_gpus`), which
+    picks the preset's GPU version; None: when it asks for them (``launch.device: gpu``).
+    """
     cfg = validate(json.loads(json.dumps(cfg)))
     ws = world_size(cfg)
-    cfg["train"] = presets.resolve(cfg["train"], ws)
+    gpus = gpus_requested(cfg) if gpus is None else gpus
+    cfg["train"] = presets.resolve(cfg["train"], ws, gpus)
+    if not cfg["script"]:
+        cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])
     if cfg["train"]["batch_size"] % ws:
         raise ConfigError(
             f"train.batch_size {cfg['train']['batch_size']} is the global batch and must be "
@@ -274,8 +282,11 @@ def train_hash(cfg: dict[str, Any], data_digest: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def write_resolved(cfg: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """Resolve ``cfg`` and write it, with the task's checked ``task_args`` and its source.
+def write_resolved(
+    cfg: dict[str, Any], path: str | Path, gpus: bool | None = None
+) -> dict[str, Any]:
+    """Resolve ``cfg`` (``gpus``: see :func:`resolve`) and write it, with the task's checked
+    ``task_args`` and its source.
 
     The task (or script) is located, its ``task_args`` validated against its ARGS_SCHEMA, its
     source (file, SHA-256, version) recorded as ``task_source``, and its model built once: a
@@ -283,7 +294,7 @@ def write_resolved(cfg: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """
     from ddppipe import tasks
 
-    resolved = resolve(cfg)
+    resolved = resolve(cfg, gpus)
     if resolved["script"]:
         resolved["task_source"] = tasks.locate_script(resolved["script"]).as_dict()
     else:

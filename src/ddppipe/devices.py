@@ -45,6 +45,28 @@ def use(cfg: dict[str, Any], env: Mapping[str, str] | None = None) -> Use:
     return "cpu" if env.get("SLURM_JOB_ID") else "auto"
 
 
+def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the run will train on GPUs, answered where it is submitted (its recipe depends
+    on it: :mod:`ddppipe.presets`).
+
+    ``slurm``: its training runs in a SLURM job (the SLURM executor). ``auto`` is answered as
+    the ranks will answer it (:func:`use`, :func:`select`): CPUs in a SLURM job; otherwise
+    this machine's GPUs, as torch sees them, or as ``apptainer exec --nv`` binds them in.
+    """
+    wanted = use(cfg, env)
+    if wanted != "auto":
+        return wanted == "gpu"
+    if slurm:
+        return False
+    from ddppipe import container
+
+    if container.enabled(cfg):
+        return container.gpus_present()
+    import torch
+
+    return bool(torch.version.cuda) and torch.cuda.is_available()
+
+
 def device_index(local_rank: int, visible: int, local_world_size: int | None) -> int:
     """The CUDA index a rank trains on, among the ``visible`` devices it sees.
 

@@ -1,11 +1,12 @@
 """What a slot of training cost and where its time went, measured by the ranks themselves.
 
-Rank 0 times the phases of its slot (start-up until the first step, data loading, training,
-evaluation, checkpoints), the steady-state throughput (the first :data:`WARMUP_STEPS` steps
-of a slot excluded, reported apart), and the FLOPs of one training image (counted once with
-``torch.utils.flop_counter``); every rank adds its CPU time and its peak memory. The figures
-go into the slot's attempt record (:mod:`ddppipe.attempts`); :func:`flags` turns them into
-plain-words waste warnings with their fix, at the thresholds centres use.
+Rank 0 times the phases of its slot (start-up until the first step, data loading, training
+-- on a GPU with CUDA events, :class:`Clock` --, evaluation, checkpoints), the steady-state
+throughput (the first :data:`WARMUP_STEPS` steps of a slot excluded, reported apart), and the
+FLOPs of one training image (counted once with ``torch.utils.flop_counter``); every rank adds
+its CPU time and its peak memory. The figures go into the slot's attempt record
+(:mod:`ddppipe.attempts`); :func:`flags` turns them into plain-words waste warnings with their
+fix, at the thresholds centres use.
 """
 
 from __future__ import annotations
@@ -16,10 +17,39 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+Mark: TypeAlias = "float | torch.cuda.Event"  # a Clock's reading
 
 WARMUP_STEPS = 10  # per slot: compilation, allocator and cache warm-up
 SLOT_START_ENV = "DDPPIPE_SLOT_START"  # Unix time the launcher opened the slot
+
+
+class Clock:
+    """Training time: CUDA events on a GPU (the device's own clock, read once the later event
+    has completed), ``time.perf_counter`` on a CPU. Marks cost no synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Mark:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Mark, end: Mark) -> float:
+        """Seconds from mark ``start`` to the later mark ``end``."""
+        if not self.cuda:
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
 
 
 class SlotMeter:
@@ -114,6 +144,7 @@ class SlotMeter:
             figures["images_per_s"] = self.steady_images / self.steady_seconds
             figures["images_per_s_per_process"] = figures["images_per_s"] / world_size
         if self.warmup_seconds > 0:
+            figures["warmup_s"] = self.warmup_seconds  # the first WARMUP_STEPS steps' training
             figures["warmup_images_per_s"] = self.warmup_images / self.warmup_seconds
         if self.flops_per_image and "images_per_s" in figures:
             figures["flops_per_image"] = self.flops_per_image

@@ -52,19 +52,25 @@ def flatten(x: torch.Tensor) -> torch.Tensor:
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    """The seeds' CNN; ``batchnorm``: its variant with BatchNorm after each convolution (after
+    the max-pool for the second) and no dropout, which trains to 99 % in one epoch (the ``gpu``
+    preset, :mod:`ddppipe.presets`)."""
+
+    def __init__(self, batchnorm: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, 1)
         self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = Dropout(0.25)
-        self.dropout2 = Dropout(0.5)
+        self.norm1 = nn.BatchNorm2d(32) if batchnorm else nn.Identity()
+        self.norm2 = nn.BatchNorm2d(64) if batchnorm else nn.Identity()
+        self.dropout1 = Dropout(0.0 if batchnorm else 0.25)
+        self.dropout2 = Dropout(0.0 if batchnorm else 0.5)
         self.fc1 = nn.Linear(9216, 128)
         self.fc2 = nn.Linear(128, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (N, 10) for normalized images (N, 1, 28, 28)."""
-        x = F.relu(self.conv1(x))
-        x = F.relu(F.max_pool2d(self.conv2(x), 2))  # = max_pool(relu(x)): both are monotone
+        x = F.relu(self.norm1(self.conv1(x)))
+        x = F.relu(self.norm2(F.max_pool2d(self.conv2(x), 2)))  # max-pool and ReLU commute
         x = self.dropout1(x)
         x = flatten(x)
         x = F.relu(self.fc1(x))

@@ -400,7 +400,8 @@ class Trainer:
             self.train_cfg["seed"], self.epoch, batch, self.ctx.rank, self.ctx.world_size,
             self.step,
         )  # fmt: skip
-        start, first = time.perf_counter(), self.step
+        clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
+        start, first, probe_s = clock.mark(), self.step, 0.0
         images = local_images = 0  # global and this rank's, this epoch in this slot
         tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
         warm_at, warm_images = (start, 0) if self.meter.steps >= efficiency.WARMUP_STEPS else (
@@ -418,37 +419,38 @@ class Trainer:
                 if self._stop_requested(guard):
                     self.step = step
                     bar.close()
-                    self._account(images, start, warm_at, warm_images)
+                    self._account(clock, images, start, warm_at, warm_images, probe_s)
                     return None
             step_loss = self._train_step(local, global_count)
             images += global_count
             self.meter.steps += 1
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
-                self._sync()
+                warm_at, warm_images = clock.mark(), images
                 if self.ctx.world_size > 1:  # its time counts as neither warm-up nor steady
                     probe_s = self._probe_communication(local, global_count)
-                    start += probe_s
                     self.meter.add("communication_probe", probe_s)
-                warm_at, warm_images = time.perf_counter(), images
             loss_total += step_loss
             local_images += local[1].shape[0]
             bar.update()
         bar.close()
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-        seconds = time.perf_counter() - start
-        self._account(images, start, warm_at, warm_images)
+        seconds = self._account(clock, images, start, warm_at, warm_images, probe_s)
         dist.all_reduce(loss_total)
         self._epoch_images = n - first * batch
         self._epoch_loss = float(loss_total) / self._epoch_images
         return seconds
 
-    def _account(self, images: int, start: float, warm_at: float | None, warm_images: int) -> None:
-        """This epoch's share of the slot's training time, warm-up apart."""
-        seconds = time.perf_counter() - start
+    def _account(
+        self, clock: efficiency.Clock, images: int, start: efficiency.Mark,
+        warm_at: efficiency.Mark | None, warm_images: int, probe_s: float,
+    ) -> float:  # fmt: skip
+        """This epoch's share of the slot's training time, warm-up apart and the all-reduce
+        probe (after the warm-up) left out; its seconds."""
+        end = clock.mark()
+        seconds = clock.seconds(start, end) - probe_s
         if warm_at is None:  # the slot's warm-up did not end in this epoch
-            warm_at, warm_images = start + seconds, images
-        self.meter.trained(images, seconds, warm_images, warm_at - start)
+            warm_at, warm_images = end, images
+        self.meter.trained(images, seconds, warm_images, clock.seconds(start, warm_at))
+        return seconds
 
     def _evaluate(self) -> evaluate.Counts:
         batches = self.test_data.shard(

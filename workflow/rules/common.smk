@@ -9,6 +9,7 @@ from snakemake.logging import logger
 from ddppipe import cluster_policy as ddp_cluster_policy
 from ddppipe import config as ddp_config
 from ddppipe import container as ddp_container
+from ddppipe import devices as ddp_devices
 from ddppipe import launch as ddp_launch
 from ddppipe import scaling as ddp_scaling
 from ddppipe import slurm as ddp_slurm
@@ -51,6 +52,12 @@ def all_outputs():
         f"results/{RUN}/export/provenance.json",
         f"results/{RUN}/summary.html",
     ]
+
+
+def trains_on_gpus(run_config):
+    """Whether a run trains on GPUs: its recipe depends on it (ddppipe.presets)."""
+    slurm = workflow.executor_plugin.name == "slurm"
+    return ddp_devices.trains_on_gpus(run_config, slurm)
 
 
 def print_summary():

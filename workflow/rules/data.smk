@@ -2,7 +2,8 @@ rule write_config:
     """The run's validated config with its preset filled in: what every later step reads.
 
     The base run gets the config as given; a scaling-study run (scaling-n<N>-p<P>-c<C>) gets
-    it with that grid point's launch settings (ddppipe.scaling).
+    it with that grid point's launch settings (ddppipe.scaling). A run that trains on GPUs
+    gets its preset's GPU recipe (ddppipe.presets): a change of device re-runs it.
     """
     output:
         "results/{run}/config.yaml",
@@ -12,8 +13,9 @@ rule write_config:
     params:
         config=lambda wc: ddp_scaling.config_for_run(config, wc.run),
         source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training
+        gpus=lambda wc: trains_on_gpus(ddp_scaling.config_for_run(config, wc.run)),
     run:
-        ddp_config.write_resolved(params.config, output[0])
+        ddp_config.write_resolved(params.config, output[0], params.gpus)
 
 
 rule data_config:

@@ -3,7 +3,8 @@
 ``prepare`` downloads the four IDX files from the first working mirror of
 ``task_args.mirrors`` and verifies their SHA-256 (:mod:`ddppipe.download`); ``datasets``
 keeps them in memory as uint8 tensors, normalized per batch on the device; ``model`` is
-:class:`ddppipe.model.Net`. ``task_args`` (all optional): see ``mnist.args.yaml``.
+:class:`ddppipe.model.Net` (its BatchNorm variant with ``batchnorm``, which the ``gpu`` preset
+turns on). ``task_args`` (all optional): see ``mnist.args.yaml``.
 """
 
 from __future__ import annotations
@@ -39,4 +40,4 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Any, Any]:
 def model(args: dict[str, Any]) -> Any:
     from ddppipe.model import Net
 
-    return Net()
+    return Net(batchnorm=args.get("batchnorm", False))

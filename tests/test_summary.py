@@ -127,9 +127,9 @@ def test_summary_as_html_escapes_and_keeps_every_line(tmp_path: Path) -> None:
     assert parser.cells == [
         "run mine: task tasks/<b>&mine.py (sha256 abababababab)",
         "accuracy", "95.00 % after epoch 2 (best 95.00 %, epoch 2); test loss 0.2000",
-        "targets", "90.00 %: epoch 1, 100.0 s after the first slot started; 99.00 %: not reached",
+        "targets", "90.00 %: epoch 1, 100.0 s after the first slot's start; 99.00 %: not reached",
         "speed", "2,000 images/s (median of 2 epoch(s), 4 processes)",
         "attempts", "2 slot(s): 1 time limit, 1 completed",
-        "wall", "6.7 min from the first slot's start to the last one's end",
+        "wall", "6.7 min from the first slot's start to the last slot's end",
         "results", "results/mine/export/model.pt",
     ]  # fmt: skip

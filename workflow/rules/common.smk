@@ -54,10 +54,15 @@ def all_outputs():
     ]
 
 
+def on_slurm():
+    """Whether this snakemake call submits to SLURM (no executor at all for --report)."""
+    plugin = workflow.executor_plugin
+    return plugin is not None and plugin.name == "slurm"
+
+
 def trains_on_gpus(run_config):
     """Whether a run trains on GPUs: its recipe depends on it (ddppipe.presets)."""
-    slurm = workflow.executor_plugin.name == "slurm"
-    return ddp_devices.trains_on_gpus(run_config, slurm)
+    return ddp_devices.trains_on_gpus(run_config, on_slurm())
 
 
 def print_summary():
@@ -71,7 +76,7 @@ def print_summary():
 def check_cluster_policy():
     """Before the SLURM executor submits anything: fail (or warn) on cluster settings that
     would hang the workflow or lose work (ddppipe.cluster_policy)."""
-    if workflow.executor_plugin.name != "slurm":
+    if not on_slurm():
         return
     settings = workflow.executor_settings
     runs = [RUN, *ddp_scaling.run_names(config)]

@@ -33,9 +33,20 @@ def cmd_resolve_config(args: argparse.Namespace) -> int:
 
     from ddppipe import config, devices
 
-    with open(args.config) as f:
-        cfg = config.validate(yaml.safe_load(f))
-    config.write_resolved(cfg, args.out, devices.trains_on_gpus(cfg, slurm=False))
+    if args.json is not None:
+        cfg = config.validate(json.loads(args.json))
+    else:
+        with open(args.config) as f:
+            cfg = config.validate(yaml.safe_load(f))
+    gpus = devices.trains_on_gpus(cfg, slurm=False) if args.gpus is None else args.gpus == "yes"
+    config.write_resolved(cfg, args.out, gpus)
+    return 0
+
+
+def cmd_data_settings(args: argparse.Namespace) -> int:
+    from ddppipe import config
+
+    config.write(json.loads(args.json), args.out)  # the Snakefile validated the config
     return 0
 
 
@@ -285,9 +296,18 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "resolve-config", help="validate a config, fill in its preset for this machine's device"
     )
-    p.add_argument("--config", type=Path, required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="a config file")
+    source.add_argument("--json", help="the config as JSON text (the write_config rule)")
+    p.add_argument("--gpus", choices=["yes", "no"], help="whether the run trains on GPUs "
+                   "(default: this machine's answer)")  # fmt: skip
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_resolve_config)
+
+    p = sub.add_parser("data-settings", help="write what a task's data depends on (data rule)")
+    p.add_argument("--json", required=True, help="task and task_args as JSON text")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_data_settings)
 
     p = sub.add_parser("prepare", help="run the task's prepare() and write the data manifest")
     p.add_argument(

@@ -1,5 +1,6 @@
 # Paths and helpers shared by the rules.
 import glob
+import json
 import os
 import shlex
 

@@ -11,11 +11,18 @@ rule write_config:
         "logs/{run}/write_config.log",
     localrule: True
     params:
-        config=lambda wc: ddp_scaling.config_for_run(config, wc.run),
+        config=lambda wc: json.dumps(ddp_scaling.config_for_run(config, wc.run)),
         source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training
-        gpus=lambda wc: trains_on_gpus(ddp_scaling.config_for_run(config, wc.run)),
-    run:
-        ddp_config.write_resolved(params.config, output[0], params.gpus)
+        gpus=lambda wc: (
+            "yes"
+            if trains_on_gpus(ddp_scaling.config_for_run(config, wc.run))
+            else "no"
+        ),
+    # A shell command, not run: (Snakemake starts a run: job as a new snakemake process that
+    # parses the workflow again, ~2.5 s); a broken task's error goes to the terminal too.
+    shell:
+        "ddppipe resolve-config --json {params.config:q} --gpus {params.gpus} --out {output}"
+        " 2>&1 | tee {log} >&2"
 
 
 rule data_config:
@@ -26,9 +33,9 @@ rule data_config:
         "logs/data_config.log",
     localrule: True
     params:
-        settings=ddp_config.data_settings(config),
-    run:
-        ddp_config.write(params.settings, output[0])
+        settings=json.dumps(ddp_config.data_settings(config)),
+    shell:
+        "ddppipe data-settings --json {params.settings:q} --out {output} 2> {log}"
 
 
 rule prepare_data:

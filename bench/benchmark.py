@@ -6,10 +6,14 @@ Prints two tables:
     (bench/classic_ddp_mnist.py) against ddppipe's `reference` recipe in fp32 and with ddppipe's
     speed settings (bf16 autocast, channels_last);
 (b) wall time from launch to the first epoch whose test accuracy reaches the target (99 %):
-    the classic script with its recipe against ddppipe's `fast` preset.
+    the classic script as the seeds run it (one process using every CPU, batch 64) against
+    ddppipe's `fast` preset (default config: --nproc processes) with 3 seeds;
+(c) the `fast` runs' steady training FLOP/s as a fraction of this machine's bf16 GEMM peak,
+    measured in the same run as the preflight measures it (every training process multiplying
+    2048x2048 matrices at once), and the issue's goals (>= 50 % of the peak; 99 % in <= 0.10x
+    the classic script's time, every seed).
 
-Both sides are started with torchrun on the same number of processes and CPU threads per
-process; times include process start-up, data loading and the per-epoch evaluations.
+Times include process start-up, data loading and the per-epoch evaluations.
 
     python bench/benchmark.py                 # real MNIST in resources/mnist (minutes)
     python bench/benchmark.py --quick         # tiny generated data, a few seconds: CI smoke run
@@ -50,6 +54,7 @@ class Run:
     start: float = 0.0  # Unix time at launch
     load_before: float = 0.0
     load_after: float = 0.0
+    achieved_gflops: float = 0.0  # steady training FLOP/s of the last slot (ddppipe runs)
 
     @property
     def images_per_s(self) -> float:
@@ -99,7 +104,8 @@ def torchvision_root(data: Path, root: Path) -> Path:
 def run_classic(
     data: Path, work: Path, nproc: int, threads: int, epochs: int, target: float, workers: int
 ) -> Run:
-    """The classic script under torchrun, stopped after the first epoch reaching ``target``."""
+    """The classic script under torchrun, stopped after the first epoch reaching ``target``
+    (the seeds run it as one process: ``nproc`` 1 with every CPU)."""
     root = torchvision_root(data, work / "torchvision")
     command = [
         sys.executable,
@@ -155,7 +161,23 @@ def run_ddppipe(name: str, recipe: str, cfg: dict, data: Path, work: Path) -> Ru
     run.epochs = [json.loads(line) for line in metrics.read_text().splitlines() if line]
     for e in run.epochs:
         e["train_images"] = e["images_per_s"] * e["train_seconds"]
+    (attempt,) = json.loads((folder / "state" / "attempts.json").read_text())
+    run.achieved_gflops = attempt["efficiency"].get("achieved_gflops", 0.0)
     return run
+
+
+def gemm_peak(nproc: int, threads: int, precision: str, work: Path) -> float:
+    """This machine's GEMM peak in GFLOP/s as the preflight measures it: ``nproc`` processes
+    of ``threads`` threads multiplying matrices at the same time (``preflight-allreduce``)."""
+    out = work / "peak.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+               f"--nproc-per-node={nproc}", "-m", "ddppipe", "preflight-allreduce", "--use=cpu",
+               f"--precision={precision}", f"--peak-out={out}"]  # fmt: skip
+    result = subprocess.run(command, env=launch.thread_environment(threads), cwd=REPO,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError("the GEMM peak measurement failed:\n" + result.stderr[-3000:])
+    return sum(json.loads(out.read_text())["gflops"].values())
 
 
 def _timed(run: Run, command: list[str], env: dict[str, str], log: Path) -> str:
@@ -193,14 +215,14 @@ def throughput_table(classic: Run, others: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def time_table(classic: Run, fast: Run, target: float) -> str:
+def time_table(classic: Run, fast: list[Run], target: float) -> str:
     pct = f"{100 * target:.1f} %"
     lines = [
         f"| recipe | time to {pct} test accuracy | epochs | final test accuracy | vs classic |",
         "|---|---:|---:|---:|---:|",
     ]
     base = classic.time_to(target)
-    for run in (classic, fast):
+    for run in (classic, *fast):
         reached = run.time_to(target)
         seconds = f"{reached[0]:.1f} s" if reached else "not reached"
         epoch = str(reached[1]) if reached else f"({len(run.epochs)} run)"
@@ -209,6 +231,28 @@ def time_table(classic: Run, fast: Run, target: float) -> str:
             f"| {run.recipe} | {seconds} | {epoch} | {100 * run.final_accuracy:.2f} % | {ratio} |"
         )
     return "\n".join(lines)
+
+
+def goals(classic: Run, fast: list[Run], target: float, peak: float, nproc: int) -> str:
+    """The issue's goals, from this run's figures."""
+    fractions = [r.achieved_gflops / peak for r in fast]
+    base = classic.time_to(target)
+    ratios = [
+        reached[0] / base[0] if base and (reached := r.time_to(target)) else float("inf")
+        for r in fast
+    ]
+    accuracies = ", ".join(f"{100 * r.final_accuracy:.2f} %" for r in fast)
+    return "\n".join([
+        f"bf16 GEMM peak of this machine ({nproc} processes at once): {peak:,.0f} GFLOP/s",
+        f"fast preset, steady training: {', '.join(f'{r.achieved_gflops:,.0f}' for r in fast)} "
+        f"GFLOP/s = {', '.join(f'{f:.0%}' for f in fractions)} of the peak (goal >= 50 %): "
+        f"{'met' if min(fractions) >= 0.5 else 'not met'}",
+        f"time to {100 * target:.1f} % against the classic script: "
+        f"{', '.join(f'{x:.2f}x' for x in ratios)} (goal <= 0.10x, every seed): "
+        f"{'met' if max(ratios) <= 0.10 else 'not met'}",
+        f"final test accuracy of the seeds: {accuracies} (goal >= {100 * target:.1f} % each): "
+        f"{'met' if min(r.final_accuracy for r in fast) >= target else 'not met'}",
+    ])  # fmt: skip
 
 
 def machine() -> str:
@@ -237,7 +281,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=REPO / "resources" / "mnist",
         help="folder with the four decompressed MNIST IDX files",
     )
-    ap.add_argument("--nproc", type=int, default=2, help="training processes for every run")
+    ap.add_argument("--nproc", type=int, default=2, help="processes of every ddppipe run")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of the fast preset (quick: 1)")
     ap.add_argument(
         "--threads",
         type=int,
@@ -284,11 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         speed = {"precision": "bf16", "channels_last": True}
         batch = BATCH_PER_RANK * args.nproc
 
+        peak = gemm_peak(args.nproc, threads, "bf16", work)
         classic = run_classic(
             data,
             work,
-            args.nproc,
-            threads,
+            1,  # as the seeds run it: one process using every CPU
+            launch.available_cpus(),
             1 if args.quick else args.max_classic_epochs,
             args.target,
             args.classic_workers,
@@ -308,19 +354,20 @@ def main(argv: list[str] | None = None) -> int:
             data,
             work,
         )
-        fast_cfg = ddppipe_config(sha, args.nproc, threads, preset="fast", **epochs)
-        t = fast_cfg["train"]
-        fast = run_ddppipe(
-            "ddppipe fast preset",
-            f"ddppipe fast: {t['optimizer']} {t['schedule']} lr {t['lr']}, label smoothing "
-            f"{t['label_smoothing']}, global batch {t['batch_size']}, {t['epochs']} epochs, "
-            f"{t['precision']}{', channels_last' if t['channels_last'] else ''}",
-            fast_cfg,
-            data,
-            work,
-        )
+        fast = []
+        for seed in range(1 if args.quick else args.seeds):
+            fast_cfg = ddppipe_config(sha, args.nproc, threads, preset="fast", seed=seed, **epochs)
+            t = fast_cfg["train"]
+            fast.append(run_ddppipe(
+                f"ddppipe fast preset seed {seed}",
+                f"ddppipe fast, seed {seed}: {t['optimizer']} {t['schedule']} lr {t['lr']}, "
+                f"label smoothing {t['label_smoothing']}, global batch {t['batch_size']}, "
+                f"{t['epochs']} epochs, {t['precision']}"
+                f"{', channels_last' if t['channels_last'] else ''}",
+                fast_cfg, data, work,
+            ))  # fmt: skip
 
-    runs = [classic, ref_fp32, ref_fast, fast]
+    runs = [classic, ref_fp32, ref_fast, *fast]
     print(
         f"\nddppipe benchmark{' (--quick: tiny data, not figures)' if args.quick else ''}: "
         f"{args.nproc} processes x {threads} thread(s), {machine()}"
@@ -336,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         "(start-up, data loading and per-epoch evaluation included)\n"
     )
     print(time_table(classic, fast, args.target))
+    print("\n(c) the goals\n")
+    print(goals(classic, fast, args.target, peak, args.nproc))
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -345,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": threads,
                     "target": args.target,
                     "quick": args.quick,
+                    "bf16_gemm_peak_gflops": peak,
                     "runs": [asdict(r) | {"images_per_s": r.images_per_s} for r in runs],
                 },
                 indent=2,

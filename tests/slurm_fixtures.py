@@ -118,8 +118,9 @@ def slurm_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
 def slurm_accounting_cluster(slurm_slot: SlurmSlot) -> Iterator[SlurmCluster]:
     """A started cluster with slurmdbd, so ``sacct`` works (suspends ``slurm_cluster``);
     the default shape: node1, node2, one default partition ``debug``. Its steps' usage is
-    sampled (jobacct_gather/linux), so sacct has their MaxRSS and TotalCPU, as at a site."""
-    gather = {"JobAcctGatherType": "jobacct_gather/linux"}
+    sampled (jobacct_gather/linux), so sacct has their MaxRSS and TotalCPU, as at a site;
+    every second, not a site's 30 s: a test's step of a few seconds would get no sample."""
+    gather = {"JobAcctGatherType": "jobacct_gather/linux", "JobAcctGatherFrequency": "task=1"}
     with (
         slurm_slot.suspended(),
         slurm_slot.new_cluster("slurm-acct", accounting=True, settings=gather) as cluster,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe import accounting
+from ddppipe import accounting, slurm
 
 # Captured from the accounting test cluster (tests/slurm_cluster.py, Slurm 22.05 with
 # jobacct_gather/linux sampling every second: JobAcctGatherFrequency=1) by `sacct -j 1,2,3
@@ -68,7 +68,7 @@ def test_cpu_times(text: str, seconds: float | None) -> None:
 
 
 def test_unknown_times_and_foreign_lines() -> None:
-    assert accounting.timestamp("Unknown") is None and accounting.timestamp("None") is None
+    assert slurm.timestamp("Unknown") is None and slurm.timestamp("None") is None
     assert accounting.parse("sacct: error: something\n\n1|COMPLETED\n") == []
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
+
+from ddppipe import slurm
 
 FIELDS = ("JobID", "State", "Submit", "Start", "End", "TotalCPU", "MaxRSS", "ReqMem",
           "AllocCPUS", "NNodes")  # fmt: skip
@@ -65,14 +66,6 @@ def cpu_seconds(text: str) -> float | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def timestamp(text: str) -> float | None:
-    """Unix time of a sacct time (local time, ``2026-11-23T12:42:45``); None: Unknown/None."""
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
 def parse(text: str) -> list[Record]:
     """Records of ``sacct --duplicates --parsable2 --noheader --format=<FIELDS>`` output."""
     slots: list[tuple[dict[str, str], float | None]] = []  # a job line, its steps' MaxRSS
@@ -90,10 +83,10 @@ def parse(text: str) -> list[Record]:
     records: list[Record] = []
     for row, peak in slots:
         requeue = sum(1 for r in records if r.job == row["JobID"])
+        submit, start, end = (slurm.timestamp(row[key]) for key in ("Submit", "Start", "End"))
         records.append(Record(
-            row["JobID"], requeue, row["State"], timestamp(row["Submit"]),
-            timestamp(row["Start"]), timestamp(row["End"]), cpu_seconds(row["TotalCPU"]), peak,
-            size_mb(row["ReqMem"]), int(row["NNodes"] or 0), int(row["AllocCPUS"] or 0),
+            row["JobID"], requeue, row["State"], submit, start, end, cpu_seconds(row["TotalCPU"]),
+            peak, size_mb(row["ReqMem"]), int(row["NNodes"] or 0), int(row["AllocCPUS"] or 0),
         ))  # fmt: skip
     return records
 

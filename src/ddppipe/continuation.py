@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ddppipe import slurm
 from ddppipe.attempts import Attempt
 
 # The warning arrives signal_seconds before the end; the stop then takes some seconds more.
@@ -25,25 +26,15 @@ BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")
 
 def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
     """Seconds until the job's EndTime (scontrol's local time), None when it has none."""
-    end = job.get("EndTime", "")
-    try:
-        parsed = time.strptime(end, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
+    end = slurm.timestamp(job.get("EndTime", ""))
+    if end is None:
         return None
-    now = time.time() if now is None else now
-    return time.mktime(parsed) - now
-
-
-def _parse(stamp: str) -> float | None:
-    try:
-        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+    return end - (time.time() if now is None else now)
 
 
 def submitted(job: dict[str, str]) -> float | None:
     """Unix time of the job's SubmitTime (for a requeued job: its requeue); None if unknown."""
-    return _parse(job.get("SubmitTime", ""))
+    return slurm.timestamp(job.get("SubmitTime", ""))
 
 
 def queue_seconds(job: dict[str, str]) -> float:
@@ -51,9 +42,9 @@ def queue_seconds(job: dict[str, str]) -> float:
 
     A requeued job is eligible again from its requeue (EligibleTime); 0 when SLURM did not say.
     """
-    start = _parse(job.get("StartTime", ""))
-    since = [t for t in (_parse(job.get("SubmitTime", "")), _parse(job.get("EligibleTime", "")))
-             if t is not None]  # fmt: skip
+    start = slurm.timestamp(job.get("StartTime", ""))
+    since = [t for key in ("SubmitTime", "EligibleTime")
+             if (t := slurm.timestamp(job.get(key, ""))) is not None]  # fmt: skip
     return max(0.0, start - max(since)) if start is not None and since else 0.0
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -237,6 +238,15 @@ def _scontrol(*args: str, run: Any = subprocess.run) -> str:
     return run(
         ["scontrol", "-o", *args], capture_output=True, text=True, check=True, timeout=60
     ).stdout
+
+
+def timestamp(text: str) -> float | None:
+    """Unix time of a SLURM time (scontrol's and sacct's local ``2026-11-23T12:42:45``);
+    None for Unknown, None or an empty field."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def parse_record(line: str) -> dict[str, str]:

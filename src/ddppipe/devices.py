@@ -60,8 +60,9 @@ def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | No
         return False
     from ddppipe import container
 
-    if container.enabled(cfg) or not container.gpus_present():
-        return container.gpus_present()  # no NVIDIA driver here: torch (1.5 s) need not say
+    present = container.gpus_present()
+    if container.enabled(cfg) or not present:
+        return present  # no NVIDIA driver here: torch (1.5 s) need not say
     import torch
 
     return bool(torch.version.cuda) and torch.cuda.is_available()

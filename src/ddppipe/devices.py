@@ -68,6 +68,15 @@ def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | No
     return bool(torch.version.cuda) and torch.cuda.is_available()
 
 
+def synchronize(device: Any) -> None:
+    """Wait for the work queued on ``device`` (a GPU's stream); nothing to wait for on a CPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def device_index(local_rank: int, visible: int, local_world_size: int | None) -> int:
     """The CUDA index a rank trains on, among the ``visible`` devices it sees.
 

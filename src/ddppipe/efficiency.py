@@ -129,9 +129,7 @@ class SlotMeter:
             cpu = cpu.to(distributed.collective_device())
             dist.all_reduce(cpu)
             dist.all_gather_object(ranks, mine)
-        per_node: dict[str, float] = {}
-        for host, mb, _ in ranks:
-            per_node[host] = per_node.get(host, 0.0) + mb
+        per_node = node_sums([(host, mb) for host, mb, _ in ranks])
         figures: dict[str, Any] = {
             "startup_s": (self.first_step_at or time.time()) - self.slot_start,
             **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
@@ -160,6 +158,14 @@ class SlotMeter:
             figures["gpu_utilisation"] = sum(g["gpu_utilisation"] for g in sampled) / len(sampled)
             figures["gpu_memory_peak_mb"] = max(g["gpu_memory_peak_mb"] for g in sampled)
         return figures
+
+
+def node_sums(per_process: list[tuple[str, float]]) -> dict[str, float]:
+    """A figure per node: the sum of its processes' (memory peaks, GEMM GFLOP/s)."""
+    nodes: dict[str, float] = {}
+    for host, value in per_process:
+        nodes[host] = nodes.get(host, 0.0) + value
+    return nodes
 
 
 def count_flops_per_image(step: Any, images: int) -> float | None:

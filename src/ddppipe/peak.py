@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ddppipe import devices
+
 GEMM_SIZE = 2048  # n of the n x n x n matmul: 17.2 GFLOP, large enough to reach the peak
 GEMM_SECONDS = 0.5  # measuring time per process, after one warm-up product
 
@@ -38,30 +40,17 @@ def gemm_gflops(device: Any, precision: str, seconds: float = GEMM_SECONDS) -> f
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
-
-    def sync() -> None:
-        if a.is_cuda:
-            torch.cuda.synchronize(a.device)
-
     torch.mm(a, b)  # warm-up: kernel choice, caches, frequency
-    sync()
+    devices.synchronize(a.device)
     products, started = 0, time.perf_counter()
     while True:
         for _ in range(4 if a.is_cuda else 1):
             torch.mm(a, b)
             products += 1
-        sync()
+        devices.synchronize(a.device)
         elapsed = time.perf_counter() - started
         if elapsed >= seconds:
             return 2 * GEMM_SIZE**3 * products / elapsed / 1e9
-
-
-def node_sums(per_process: list[tuple[str, float]]) -> dict[str, float]:
-    """GFLOP/s per node: the sum over its processes, measured at the same time."""
-    nodes: dict[str, float] = {}
-    for host, gflops in per_process:
-        nodes[host] = nodes.get(host, 0.0) + gflops
-    return nodes
 
 
 def gpu_datasheet_gflops(name: str, precision: str) -> float | None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddppipe import atomic, config, container, devices, launch, peak
+from ddppipe import atomic, config, container, devices, efficiency, launch, peak
 from ddppipe.environments import first_host, step_nodelist
 from ddppipe.errors import UserError
 
@@ -60,20 +60,15 @@ def bus_bandwidth(nbytes: int, ranks: int, seconds: float) -> float:
 
 def _timed_allreduce(tensor: Any, group: Any = None) -> float:
     """Seconds per all-reduce of ``tensor`` within ``group`` (after one warm-up)."""
-    import torch
     import torch.distributed as dist
 
-    def sync() -> None:
-        if tensor.is_cuda:
-            torch.cuda.synchronize(tensor.device)
-
     dist.all_reduce(tensor, group=group)
-    sync()
+    devices.synchronize(tensor.device)
     dist.barrier(group=group)
     started = time.perf_counter()
     for _ in range(BANDWIDTH_ITERATIONS):
         dist.all_reduce(tensor, group=group)
-    sync()
+    devices.synchronize(tensor.device)
     return (time.perf_counter() - started) / BANDWIDTH_ITERATIONS
 
 
@@ -140,7 +135,7 @@ def _gemm_peaks(device: Any, precision: str, world: int) -> dict[str, float]:
     mine = (socket.gethostname(), peak.gemm_gflops(device, precision))
     measured: list[Any] = [None] * world
     dist.all_gather_object(measured, mine)
-    return peak.node_sums(measured)
+    return efficiency.node_sums(measured)
 
 
 def _figure(what: str, ranks: int, seconds: float) -> str:

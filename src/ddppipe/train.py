@@ -360,10 +360,6 @@ class Trainer:
         self.scheduler.step()
         return loss * batch[1].shape[0]
 
-    def _sync(self) -> None:
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-
     def _probe_communication(self, batch: data.Batch, global_count: int) -> float:
         """Collective: the all-reduce time a step does not hide behind its backward, into the
         meter; returns the probe's seconds. This batch's forward and backward run
@@ -376,11 +372,11 @@ class Trainer:
         timings: dict[bool, list[float]] = {True: [], False: []}
         with torch.random.fork_rng(devices=cuda):
             for synced in [False, True] * COMM_PROBES:
-                self._sync()
+                devices.synchronize(self.ctx.device)
                 at = time.perf_counter()
                 with contextlib.nullcontext() if synced else self.ddp.no_sync():
                     self._forward_backward(batch, global_count)
-                self._sync()
+                devices.synchronize(self.ctx.device)
                 timings[synced].append(time.perf_counter() - at)
                 self.optimizer.zero_grad(set_to_none=True)
         for buffer, saved in zip(self.model.buffers(), buffers, strict=True):

@@ -79,3 +79,17 @@ def test_an_unresolved_config_is_a_clear_error(command: str, tmp_path: Path) -> 
     assert result.returncode == 2
     assert "this config was never resolved" in result.stderr and "resolve-config" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "message"),
+    [("resolve-config", "{run: x}", "--json: not JSON text (Expecting property name"),
+     ("data-settings", "[1]", "--json: expected a JSON object, got list")],
+)  # fmt: skip
+def test_config_json_that_is_no_object_writes_nothing(
+    command: str, text: str, message: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.yaml"
+    result = run_cli(command, f"--json={text}", f"--out={out}", check=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()

@@ -28,13 +28,26 @@ def _train_paths(args: argparse.Namespace):
     return Paths(args.data, args.state, args.checkpoint, args.metrics)
 
 
+def _json_config(text: str) -> dict:
+    """The ``--json`` argument (the rules pass the config as JSON text); raise ConfigError."""
+    from ddppipe import config
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise config.ConfigError(f"--json: not JSON text ({e})") from e
+    if not isinstance(value, dict):
+        raise config.ConfigError(f"--json: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def cmd_resolve_config(args: argparse.Namespace) -> int:
     import yaml
 
     from ddppipe import config, devices
 
     if args.json is not None:
-        cfg = config.validate(json.loads(args.json))
+        cfg = config.validate(_json_config(args.json))
     else:
         with open(args.config) as f:
             cfg = config.validate(yaml.safe_load(f))
@@ -46,7 +59,7 @@ def cmd_resolve_config(args: argparse.Namespace) -> int:
 def cmd_data_settings(args: argparse.Namespace) -> int:
     from ddppipe import config
 
-    config.write(json.loads(args.json), args.out)  # the Snakefile validated the config
+    config.write(_json_config(args.json), args.out)  # the Snakefile validated the config
     return 0
 
 

@@ -30,15 +30,13 @@ def test_job_threads_count_every_process_thread() -> None:
     assert launch.job_threads(cfg) == 2 * max(1, launch.available_cpus() // 2)
 
 
-def test_outside_slurm_the_plan_is_a_local_sigusr1_safe_agent() -> None:
+def test_outside_slurm_the_launcher_starts_each_rank_itself() -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=3, max_restarts=1)
     cfg["train"]["batch_size"] = 96
     plan = launch.plan(cfg, ["train", "--config=c.yaml"], env={"PATH": "/bin"})
-    assert plan.job is None
-    assert plan.command[:4] == [sys.executable, "-m", "ddppipe", "agent"]
-    assert {"--standalone", "--nproc-per-node=3", "--max-restarts=1"} <= set(plan.command)
-    assert plan.command[-4:] == ["-m", "ddppipe", "train", "--config=c.yaml"]
+    assert plan.job is None and plan.workers == 3
+    assert plan.command == [sys.executable, "-m", "ddppipe", "train", "--config=c.yaml"]
 
 
 def test_inside_slurm_even_one_node_is_an_srun_step() -> None:

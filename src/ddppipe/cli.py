@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from ddppipe import __version__
 from ddppipe.errors import UserError
@@ -88,10 +89,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         train.train(config.load_resolved(args.config), _train_paths(args), guard)
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)
-        return 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE
+        code = 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE
+    else:
+        code = 0
     finally:
         guard.restore()
-    return 0
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` now, without the interpreter's finalization.
+
+    A worker gets here with its outputs written and the process group left. Finalization
+    would only free torch's objects, and a gloo rank once aborted there (SIGABRT, "terminate
+    called without an active exception", CI 2026-11-23) after a complete training: its
+    agent then failed the slot and killed the other rank.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -171,7 +188,7 @@ def cmd_preflight_allreduce(args: argparse.Namespace) -> int:
 
     print(f"preflight: {preflight.allreduce(args.use, args.precision, args.peak_out)}",
           flush=True)  # fmt: skip
-    return 0
+    _exit_now(0)  # a gloo rank like the training's (cmd_train)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
-"""From a config to the processes that train: torchrun agents, locally or as a SLURM step.
+"""From a config to the processes that train: a local worker group, or a SLURM step.
 
 Where the launcher runs decides how: inside a SLURM allocation (``SLURM_JOB_ID`` set) the
-training is one srun step over the job's nodes, whatever their number; outside one it is a
-local ``torchrun --standalone``. Both start ``ddppipe agent`` (torchrun that survives SIGUSR1).
+training is one srun step over the job's nodes, whatever their number, each node's
+processes started by ``ddppipe agent`` (torchrun that survives SIGUSR1, for its rendezvous
+across nodes); outside one the launcher starts the processes itself (:mod:`ddppipe.workers`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddppipe import config, container, preemption, slurm
+from ddppipe import config, container, preemption, slurm, workers
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,16 @@ def thread_environment(threads: int, env: Mapping[str, str] | None = None) -> di
 class Plan:
     """What to run for a config where this process is: command, environment, job, hosts."""
 
-    command: list[str]
+    command: list[str]  # the srun step in a SLURM job; locally, each worker's command
     env: dict[str, str]
     job: str | None  # the SLURM job, None for a local run
     hosts: list[str]
     request: slurm.Request
+
+    @property
+    def workers(self) -> int:
+        """Processes the launcher starts with ``command``: the local ranks, or one srun."""
+        return self.request.procs_per_node if self.job is None else 1
 
 
 def plan(
@@ -73,7 +79,8 @@ def plan(
     join_timeout_s: int = slurm.RDZV_JOIN_TIMEOUT_S,
     program: list[str] | None = None,
 ) -> Plan:
-    """``ddppipe agent`` running ``python -m ddppipe MODULE_ARGS`` on every node of the run.
+    """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
+    each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
 
     ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
     ``hosts`` are the job's nodes (looked up with scontrol when not given).
@@ -90,10 +97,7 @@ def plan(
                 f"launch.nnodes is {request.nodes}, but this is no SLURM allocation: run "
                 "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
             )
-        command = [
-            *container.python_command(cfg, gpus or None), *agent,
-            *request.torchrun_args(max_restarts=max_restarts), *program,
-        ]  # fmt: skip
+        command = [*container.python_command(cfg, gpus or None), *program]
         env = thread_environment(request.threads(available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     hosts = hosts or slurm.job_nodes(job)
@@ -161,9 +165,10 @@ def _die_with_parent() -> None:
 
 
 def supervise(
-    command: list[str], env: dict[str, str], state_dir: Path, warn_in: float | None = None
+    plan: Plan, env: dict[str, str], state_dir: Path, warn_in: float | None = None
 ) -> tuple[int, dict | None]:
-    """Run ``command`` (torchrun or srun), passing signals on; its exit status and stop note.
+    """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
+    and stop note.
 
     ``warn_in``: seconds after which the child gets the stop signal (SIGUSR1 unless
     ``slurm.stop_signal`` says otherwise), the time-limit warning (srun
@@ -180,7 +185,14 @@ def supervise(
     env = {**env, preemption.ATTEMPT_ENV: attempt}
     sys.stdout.flush()
     sys.stderr.flush()
-    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    if plan.job is None:
+        child: workers.Group | subprocess.Popen = workers.Group(
+            plan.command, env, plan.workers, plan.request.max_restarts, _die_with_parent
+        )
+    else:
+        child = subprocess.Popen(
+            plan.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if child.poll() is None:
@@ -207,7 +219,7 @@ def supervise(
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
         note = None
-    return (code if code >= 0 else 128 - code), note
+    return workers.exit_status(code), note
 
 
 def run_agent(torchrun_argv: list[str]) -> int:

@@ -117,7 +117,7 @@ def _slot(
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip
-    code, note = launch.supervise(plan.command, env, state, warn_in)
+    code, note = launch.supervise(plan, env, state, warn_in)
     if note is not None:
         return _stopped(plan, note, state)
     if code == 0:

@@ -165,19 +165,17 @@ class Request:
 
     def torchrun_args(
         self,
-        job_id: str | None = None,
+        job_id: str,
         max_restarts: int | None = None,
         join_timeout_s: int = RDZV_JOIN_TIMEOUT_S,
     ) -> list[str]:
-        """torchrun options: standalone without a job, c10d rendezvous in one.
+        """torchrun options in job ``job_id``: a c10d rendezvous across its nodes.
 
         The rendezvous endpoint is ``slurm.rendezvous_host`` when set; otherwise ``ddppipe
         agent`` takes the first node of its own step (:func:`step_rendezvous`).
         """
         restarts = self.max_restarts if max_restarts is None else max_restarts
         common = [f"--nnodes={self.nodes}", f"--nproc-per-node={self.procs_per_node}"]
-        if job_id is None:
-            return ["--standalone", *common, f"--max-restarts={restarts}"]
         endpoint = (
             [f"--rdzv-endpoint={self.rendezvous_host}:{job_port(int(job_id))}"]
             if self.rendezvous_host

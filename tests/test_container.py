@@ -260,10 +260,11 @@ def test_exec_by_hand(image_run: ImageRun) -> None:
         "-m",
         "ddppipe",
         "export",
-        f"--result={out}/final.pt",
+        f"--result={out}/model.pt",
+        f"--record={out}/final.json",
         f"--config={env_cfg}",
         "--data=resources/mnist",
-        f"--out={out}/model.pt",
+        f"--out={out}/export.pt",
         f"--provenance={out}/provenance.json",
         "--image-info=results/images/ddppipe.json",
     )

@@ -38,8 +38,8 @@ def gpu_run(tiny: TinyData, run_dir: Path, procs: int, **launch: object) -> dict
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     run_cli(
-        "export", f"--result={run_dir / 'final.pt'}", f"--config={path}",
-        f"--data={tiny.data_dir}", f"--out={run_dir / 'model.pt'}",
+        "export", f"--result={run_dir / 'model.pt'}", f"--record={run_dir / 'final.json'}",
+        f"--config={path}", f"--data={tiny.data_dir}", f"--out={run_dir / 'export.pt'}",
         f"--provenance={run_dir / 'provenance.json'}",
     )  # fmt: skip
     return json.loads((run_dir / "provenance.json").read_text())

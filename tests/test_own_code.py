@@ -58,7 +58,8 @@ def test_task_file_trains_evaluates_and_exports(task_run: tuple[Path, dict]) -> 
     metrics = json.loads((run / "eval" / "metrics.json").read_text())
     assert metrics["test_loss"] == pytest.approx(history[-1]["test_loss"], rel=1e-4)
     weights = torch.load(run / "export" / "model.pt", weights_only=True)
-    assert weights.keys() == torch.load(run / "train" / "final.pt")["model"].keys()
+    final = torch.load(run / "train" / "final.pt")["model"]
+    assert weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
 
 
 def tensorboard_steps(folder: Path, tag: str) -> list[int]:

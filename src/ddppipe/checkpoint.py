@@ -104,6 +104,17 @@ def save(snapshot: dict[str, Any], path: Path) -> None:
             raise
 
 
+def save_weights(snapshot: dict[str, Any], path: Path) -> None:
+    """Write a snapshot's model weights (its ``state_dict``, on the CPU) atomically."""
+    with atomic.atomic_path(path) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in snapshot["model"].items()}, tmp)
+
+
+def record(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What a snapshot says of its training, as JSON: epochs, config hash, meta."""
+    return {k: snapshot[k] for k in ("epoch", "config_hash", "meta")}
+
+
 def load(path: Path) -> dict[str, Any]:
     """Read a snapshot with ``weights_only=True``; raise CheckpointError when unusable."""
     try:

@@ -212,8 +212,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         publish.copy_tree(args.result, args.out)
         record = provenance.script_record(cfg, args.out, image, history)
     else:
-        snapshot = publish.weights(args.result, args.out)
-        record = provenance.record(snapshot, args.data, image, history)
+        if args.record is None:
+            raise config.ConfigError("ddppipe export: a task run needs --record")
+        publish.copy_file(args.result, args.out)
+        final = json.loads(args.record.read_text())
+        record = provenance.record(final, args.data, image, history)
     atomic.write_json(args.provenance, record)
     return 0
 
@@ -412,8 +415,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write the result and its provenance record")
     p.add_argument(
-        "--result", type=Path, required=True, help="final checkpoint, or a script's outputs"
+        "--result", type=Path, required=True, help="final weights (model.pt), or a script's outputs"
     )
+    p.add_argument("--record", type=Path, help="the final checkpoint's record (final.json)")
     p.add_argument("--config", type=Path, required=True, help="the run's resolved config")
     p.add_argument("--data", type=Path, help="the task's prepared data folder")
     p.add_argument("--out", type=Path, required=True, help="weights (task) or folder (script)")

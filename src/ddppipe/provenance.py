@@ -66,13 +66,14 @@ def data_checksums(data_dir: Path) -> dict[str, str]:
 
 
 def record(
-    snapshot: dict[str, Any],
+    final: dict[str, Any],
     data_dir: Path,
     image: dict[str, Any] | None = None,
     attempts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The provenance of a final training snapshot."""
-    meta = snapshot["meta"]
+    """The provenance of a final training snapshot (``final``: its epochs, config hash and
+    meta, :func:`ddppipe.checkpoint.record`)."""
+    meta = final["meta"]
     return {
         "git": git_commit(),
         # the stack that trained (recorded by rank 0), not the one that exports
@@ -89,8 +90,8 @@ def record(
             "ddppipe": meta["ddppipe"],
         },
         "seed": meta["seed"],
-        "epochs": snapshot["epoch"],
-        "config_hash": snapshot["config_hash"],
+        "epochs": final["epoch"],
+        "config_hash": final["config_hash"],
         "train_config": meta["train"],
         "task": meta.get("task"),  # file, SHA-256, version of the task that trained
         "task_args": meta.get("task_args"),

@@ -10,7 +10,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ddppipe import atomic, jsonl, state
 
@@ -37,13 +36,7 @@ def script_results(state_dir: Path, outputs: Path, metrics: Path) -> None:
     jsonl.write(metrics, jsonl.read(layout.metrics))
 
 
-def weights(checkpoint: Path, out: Path) -> dict[str, Any]:
-    """Write a final checkpoint's model weights to ``out``; the checkpoint's snapshot."""
-    import torch
-
-    from ddppipe import checkpoint as ckpt
-
-    snapshot = ckpt.load(checkpoint)
-    with atomic.atomic_path(out) as tmp:
-        torch.save(snapshot["model"], tmp)
-    return snapshot
+def copy_file(src: Path, dest: Path) -> None:
+    """Copy file ``src`` to ``dest`` (replaced) through a temporary file and a rename."""
+    with atomic.atomic_path(dest) as tmp:
+        shutil.copyfile(src, tmp)

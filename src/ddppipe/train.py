@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -122,6 +123,16 @@ class Paths:
         """The final model's test-set evaluation, next to the final checkpoint."""
         return self.final_checkpoint.with_name("evaluation.json")
 
+    @property
+    def weights(self) -> Path:
+        """The final model's weights alone (what export publishes, without loading torch)."""
+        return self.final_checkpoint.with_name("model.pt")
+
+    @property
+    def record(self) -> Path:
+        """The final checkpoint's epochs, config hash and meta as JSON (for the provenance)."""
+        return self.final_checkpoint.with_name("final.json")
+
 
 class Trainer:
     """One rank's training run."""
@@ -162,6 +173,10 @@ class Trainer:
         self.ddp = DDP(
             model, device_ids=[ctx.device.index] if cuda else None, gradient_as_bucket_view=True
         )
+        if self.dtype == torch.bfloat16 and ctx.world_size > 1:
+            # bf16 training all-reduces bf16 gradients: half the bytes of every step's
+            # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
+            self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         self.loss_fn = (
             self.task.module.loss if self.task.has("loss")
             else evaluate.default_loss(self.train_cfg["label_smoothing"])
@@ -534,6 +549,8 @@ class Trainer:
 
         def write() -> None:
             checkpoint.save(snapshot, self.paths.final_checkpoint)
+            checkpoint.save_weights(snapshot, self.paths.weights)
+            atomic.write_json(self.paths.record, checkpoint.record(snapshot))
             jsonl.write(self.paths.metrics, self.history)
             atomic.write_json(self.paths.evaluation, evaluation)
 

@@ -98,11 +98,16 @@ rule attempt_history:
 
 rule export:
     """The result (a task's final weights, a script's output files) and its provenance
-    (code, task or script, software, hosts, seed, data, attempts)."""
+    (code, task or script, software, hosts, seed, data, attempts).
+
+    The training wrote the final weights and its record (train/model.pt, train/final.json)
+    next to its final checkpoint, so this rule copies and hashes files: it imports no torch.
+    """
     input:
         result=(
-            "results/{run}/train/outputs" if SCRIPT else "results/{run}/train/final.pt"
+            "results/{run}/train/outputs" if SCRIPT else "results/{run}/train/model.pt"
         ),
+        record=[] if SCRIPT else "results/{run}/train/final.json",
         config="results/{run}/config.yaml",
         attempts="results/{run}/train/attempts.json",
         data=data_input(),
@@ -129,8 +134,10 @@ rule export:
             f"--data {os.path.dirname(input.data)}" if input.data else ""
         ),
         image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
+        record=lambda wc, input: f"--record {input.record}" if input.record else "",
     shell:
-        "ddppipe export --result {input.result} --config {input.config} {params.data}"
+        "ddppipe export --result {input.result} {params.record} --config {input.config}"
+        " {params.data}"
         " --out {output.result} --provenance {output.provenance} {params.image_info}"
         " --attempts {input.attempts}"
         " 2> {log}"

@@ -20,6 +20,9 @@ rule train:
         metrics="results/{run}/train/metrics.jsonl",
         # a task's final evaluation (distributed, in the training's allocation); none for a script
         evaluation=[] if SCRIPT else "results/{run}/train/evaluation.json",
+        # a task's final weights alone and the final checkpoint's record (for export)
+        weights=[] if SCRIPT else "results/{run}/train/model.pt",
+        record=[] if SCRIPT else "results/{run}/train/final.json",
         attempts="results/{run}/train/attempts.json",  # every job slot that trained the run
     log:
         "logs/{run}/train.log",

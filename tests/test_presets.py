@@ -74,7 +74,7 @@ def test_fast_becomes_the_gpu_recipe_on_gpus() -> None:
 def test_a_cpu_run_keeps_the_cpu_recipe(device: str) -> None:
     cfg = default_config()
     cfg["launch"]["device"] = device
-    assert recipe(config.resolve(cfg, gpus=False)["train"]) == ("fast", 3, 128, "adamw", 0.004)
+    assert recipe(config.resolve(cfg, gpus=False)["train"]) == ("fast", 1, 128, "adamw", 0.006)
 
 
 def test_explicit_keys_and_other_presets_win_on_gpus() -> None:
@@ -94,16 +94,18 @@ def test_the_resolved_config_records_the_gpu_recipe(tmp_path: Path) -> None:
     assert (written["train"]["preset"], written["train"]["epochs"]) == ("gpu", 1)
     assert written["task_args"]["batchnorm"] is True
     cpu_written = config.load_resolved(tmp_path / "cpu.yaml")
-    assert cpu_written["train"]["preset"] == "fast" and "batchnorm" not in cpu_written["task_args"]
+    assert cpu_written["train"]["preset"] == "fast" and cpu_written["task_args"]["batchnorm"]
     assert config.train_hash(gpu, "data") != config.train_hash(cpu, "data")
 
 
-def test_the_users_model_choice_wins_over_the_gpu_recipes() -> None:
+def test_the_users_model_choice_wins_over_the_recipes() -> None:
     cfg = default_config()
     cfg["task_args"]["batchnorm"] = False
     assert config.resolve(cfg, gpus=True)["task_args"]["batchnorm"] is False
-    cfg["task_args"]["batchnorm"] = True  # the variant with a CPU recipe
-    assert config.resolve(cfg, gpus=False)["task_args"]["batchnorm"] is True
+    assert config.resolve(cfg, gpus=False)["task_args"]["batchnorm"] is False  # the seeds' CNN
+    cfg["train"]["preset"] = "reference"  # the seeds' recipe keeps the seeds' CNN
+    del cfg["task_args"]["batchnorm"]
+    assert "batchnorm" not in config.resolve(cfg, gpus=False)["task_args"]
 
 
 def test_where_auto_trains_is_answered_on_the_submitting_side() -> None:

@@ -113,7 +113,7 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     assert torch.version.cuda is None or provenance["software"]["nccl"] is not None
     assert provenance["software"]["cudnn"] == ddp_provenance.cudnn_version()
 
-    model = Net(batchnorm=gpu)
+    model = Net(batchnorm=True)  # the fast and gpu recipes' variant of the seeds' CNN
     model.load_state_dict(torch.load(run / "export" / "model.pt", weights_only=True))
     history = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert history[0]["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
@@ -123,5 +123,10 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
             f"--config={run / 'config.yaml'}", f"--data={tmp_path / 'resources' / 'mnist'}",
             f"--metrics={again}", f"--plot={tmp_path / 'again.png'}")  # fmt: skip
     reevaluated = json.loads(again.read_text())
-    assert reevaluated["confusion_matrix"] == metrics["confusion_matrix"]
-    assert reevaluated["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-4)
+    # bf16: one process's batches round borderline images differently from the two ranks'
+    # (seen: 1 and 4 of 10,000 moved, 2026-11-23); each moved image changes two cells
+    moved = sum(abs(a - b) for row_a, row_b in zip(reevaluated["confusion_matrix"],
+                metrics["confusion_matrix"], strict=True) for a, b in zip(row_a, row_b,
+                strict=True))  # fmt: skip
+    assert moved <= 2 * 10, (reevaluated["confusion_matrix"], metrics["confusion_matrix"])
+    assert reevaluated["test_loss"] == pytest.approx(metrics["test_loss"], rel=1e-3)

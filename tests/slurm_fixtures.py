@@ -7,12 +7,15 @@ Import them into ``conftest.py``::
     )
 
 Only one cluster can run per machine, so a session-wide :class:`SlurmSlot`
-owns it: ``slurm_cluster`` is the session's plain cluster (started on first
-use), shaped unlike a default one on purpose: nodes ``cn07``, ``cn08`` (the
-hostlist ``cn[07-08]``), a default partition ``short`` and a non-default one
-``train`` that the workflow tests train in; ``slurm_accounting_cluster``
-suspends it for the length of one test, runs a cluster with slurmdbd + MariaDB
-instead, and restarts the plain one after (same object, fresh state: job ids start again at 1).
+owns it: ``slurm_cluster`` is the session's plain cluster, shaped unlike a default
+one on purpose: nodes ``cn07``, ``cn08`` (the hostlist ``cn[07-08]``), a default
+partition ``short`` and a non-default one ``train`` that the workflow tests train
+in; ``slurm_accounting_cluster`` is a cluster with slurmdbd + MariaDB instead.
+Each starts on first use and keeps running (its jobs, job ids and sacct records
+too) until a test needs the other one or a cluster of its own
+(``SlurmSlot.suspended``); the next test that needs it starts it again, from fresh
+state (job ids from 1 again). A switch costs 3 to 7 s, so the tests of one cluster
+run next to each other.
 
 Without root or the Slurm packages (``bash .ci/install_slurm.sh``) the
 fixtures skip, except under CI (``CI`` set), where they fail.
@@ -21,8 +24,10 @@ fixtures skip, except under CI (``CI`` set), where they fail.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,34 +61,51 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
+# The accounting cluster samples its steps' usage (jobacct_gather/linux), so sacct has their
+# MaxRSS and TotalCPU as at a site; every second, not a site's 30 s: a test's step of a few
+# seconds would get no sample.
+ACCOUNTING_SETTINGS = {
+    "JobAcctGatherType": "jobacct_gather/linux",
+    "JobAcctGatherFrequency": "task=1",
+}
+
+
 class SlurmSlot:
-    """The one cluster a machine can run: the session's plain cluster, which tests may suspend."""
+    """The one cluster a machine can run: the session's plain or accounting cluster, started
+    on demand and left running until a test needs another."""
 
     def __init__(self, make_workdir: Callable[[str], Path]) -> None:
         self._make_workdir = make_workdir
-        self._cluster: SlurmCluster | None = None
+        self._clusters: dict[str, SlurmCluster] = {}
+        self._running: SlurmCluster | None = None
 
     def cluster(self) -> SlurmCluster:
-        """The plain (no accounting) cluster, started if it is not running."""
-        if self._cluster is None:
-            self._cluster = SlurmCluster(
-                self._make_workdir("slurm"), nodes=SESSION_NODES, partitions=SESSION_PARTITIONS
-            )
-        if not self._cluster.running:
-            self._cluster.start()
-        return self._cluster
+        """The plain (no accounting) cluster, running."""
+        return self._use("slurm", nodes=SESSION_NODES, partitions=SESSION_PARTITIONS)
+
+    def accounting_cluster(self) -> SlurmCluster:
+        """The cluster with slurmdbd (default shape: node1, node2, partition ``debug``), running."""
+        return self._use("slurm-acct", accounting=True, settings=ACCOUNTING_SETTINGS)
+
+    def _use(self, name: str, **shape: Any) -> SlurmCluster:
+        """The session's cluster ``name``, started (the other one stopped) unless it runs."""
+        if name not in self._clusters:
+            self._clusters[name] = self.new_cluster(name, **shape)
+        cluster = self._clusters[name]
+        if self._running is not cluster or not cluster.running:
+            self._stop()
+            cluster.start()
+            self._running = cluster
+        else:
+            clear_queue(cluster)
+        return cluster
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
-        """Stop the plain cluster for the block, so another can run; restart it after if it ran."""
-        was_running = self._cluster is not None and self._cluster.running
-        if self._cluster is not None:
-            self._cluster.stop()
-        try:
-            yield
-        finally:
-            if was_running:
-                self.cluster()
+        """Stop the running cluster for the block, so another can run; the next test that needs
+        it starts it again."""
+        self._stop()
+        yield
 
     def new_cluster(self, name: str, accounting: bool = False, **shape: Any) -> SlurmCluster:
         """An unstarted cluster in a fresh work directory (start it inside ``suspended()``);
@@ -91,8 +113,23 @@ class SlurmSlot:
         return SlurmCluster(self._make_workdir(name), accounting=accounting, **shape)
 
     def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.stop()
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._running is not None:
+            self._running.stop()
+            self._running = None
+
+
+def clear_queue(cluster: SlurmCluster, timeout: float = 60) -> None:
+    """Cancel the jobs an earlier test left (one that failed before its snakemake could
+    cancel them) and wait until they are gone: each test starts on an idle cluster."""
+    deadline = time.monotonic() + timeout
+    while cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"jobs still queued after {timeout:.0f}s of scancel")
+        cluster.run(["scancel", f"--user={getpass.getuser()}"])
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
@@ -108,21 +145,15 @@ def slurm_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSlot]:
     slot.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def slurm_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
-    """A started two-node cluster (cn07, cn08; 2 CPUs and 2 fake GPUs each), no accounting."""
+    """The session's two-node cluster (cn07, cn08; 2 CPUs and 2 fake GPUs each), no
+    accounting, running."""
     return slurm_slot.cluster()
 
 
 @pytest.fixture
-def slurm_accounting_cluster(slurm_slot: SlurmSlot) -> Iterator[SlurmCluster]:
-    """A started cluster with slurmdbd, so ``sacct`` works (suspends ``slurm_cluster``);
-    the default shape: node1, node2, one default partition ``debug``. Its steps' usage is
-    sampled (jobacct_gather/linux), so sacct has their MaxRSS and TotalCPU, as at a site;
-    every second, not a site's 30 s: a test's step of a few seconds would get no sample."""
-    gather = {"JobAcctGatherType": "jobacct_gather/linux", "JobAcctGatherFrequency": "task=1"}
-    with (
-        slurm_slot.suspended(),
-        slurm_slot.new_cluster("slurm-acct", accounting=True, settings=gather) as cluster,
-    ):
-        yield cluster
+def slurm_accounting_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
+    """The session's cluster with slurmdbd, so ``sacct`` works (node1, node2; 2 CPUs each),
+    running; see ``ACCOUNTING_SETTINGS``."""
+    return slurm_slot.accounting_cluster()

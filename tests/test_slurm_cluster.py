@@ -77,6 +77,23 @@ def wait_for_text(path: Path, text: str, timeout: float = 30.0) -> str:
     raise AssertionError(f"{text!r} not in {path} after {timeout}s: {content!r}")
 
 
+# First: the accounting cluster still runs after the last tests of tests/test_slurm.py
+# (the session's clusters switch only when a test needs the other one).
+def test_sacct_shows_completed_job(slurm_accounting_cluster: SlurmCluster) -> None:
+    cluster = slurm_accounting_cluster
+    job = cluster.sbatch("--output=/dev/null", "--wrap", "hostname")
+    assert cluster.wait_job(job) == "COMPLETED"
+    deadline = time.monotonic() + 30
+    states: list[str] = []
+    while time.monotonic() < deadline:
+        out = cluster.run(["sacct", "-j", str(job), "-X", "-n", "-P", "-o", "JobID,State"])
+        states = out.stdout.split()
+        if f"{job}|COMPLETED" in states:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"sacct never showed job {job} COMPLETED: {states}")
+
+
 def test_srun_spans_both_nodes(slurm_cluster: SlurmCluster) -> None:
     out = slurm_cluster.run("srun -N2 --ntasks-per-node=1 hostname", timeout=30).stdout
     assert sorted(out.split()) == sorted(slurm_cluster.nodes)
@@ -212,21 +229,6 @@ def assert_no_leftovers(nodes: list[str]) -> None:
     assert link.returncode != 0
     assert HOSTS_MARKER not in HOSTS_FILE.read_text()
     assert not STATE_FILE.exists()
-
-
-def test_sacct_shows_completed_job(slurm_accounting_cluster: SlurmCluster) -> None:
-    cluster = slurm_accounting_cluster
-    job = cluster.sbatch("--output=/dev/null", "--wrap", "hostname")
-    assert cluster.wait_job(job) == "COMPLETED"
-    deadline = time.monotonic() + 30
-    states: list[str] = []
-    while time.monotonic() < deadline:
-        out = cluster.run(["sacct", "-j", str(job), "-X", "-n", "-P", "-o", "JobID,State"])
-        states = out.stdout.split()
-        if f"{job}|COMPLETED" in states:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"sacct never showed job {job} COMPLETED: {states}")
 
 
 def test_settings_replace_add_or_remove_conf_keys(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 
 from tests.slurm_cluster import CTLD_PORT, SlurmCluster, port_listening  # noqa: E402
 from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
+from tests.workflow_helpers import stamps  # noqa: E402
 
 NODES = ("sn03", "sn04")
 PARTITIONS = {
@@ -50,7 +51,6 @@ PARTITIONS = {
 TRAIN_PARTITION = "batch"
 PROFILE = REPO / "profiles" / "slurm"
 RUN = "slurmoverhead"
-STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,18 +79,6 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
     cfg["launch"].update(nnodes=2, nproc_per_node=2, cpus_per_proc=1, max_restarts=0)
     cfg["slurm"].update(mem_mb=1500, runtime=10, partition=TRAIN_PARTITION)
     return cfg
-
-
-def stamps(log: str, pattern: str) -> list[float]:
-    """Unix times of the log's time stamps that precede a line matching ``pattern``."""
-    found, last = [], None
-    for line in log.splitlines():
-        match = STAMP.match(line.strip())
-        if match:
-            last = time.mktime(time.strptime(match[1], "%a %b %d %H:%M:%S %Y"))
-        elif last is not None and re.search(pattern, line):
-            found.append(last)
-    return found
 
 
 def slurm_times(cluster: SlurmCluster, job: str) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """The Snakemake DAG: its shape for the default config, and real end-to-end runs."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,15 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
         assert (tmp_path / "benchmarks" / "tiny" / f"{rule}.tsv").is_file()
     again = snakemake(tmp_path, cfg, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # The rules after training import no torch (1.5 s and 650 MB each): run again with
+    # Python's import profile, which goes to each rule's log.
+    after = ["evaluate", "plot_training", "attempt_history", "export", "summarize"]
+    snakemake(tmp_path, cfg, "--cores", "2", "--forcerun", *after,
+              env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+    for rule in after:
+        log = (tmp_path / "logs" / "tiny" / f"{rule}.log").read_text()
+        assert "| ddppipe.cli" in log, rule  # the profile is there
+        assert not re.search(r"\|\s+torch$", log, re.MULTILINE), f"{rule} imported torch"
 
 
 @pytest.mark.slow

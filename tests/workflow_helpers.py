@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,36 @@ import yaml
 
 from tests.tiny import REPO
 
+STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")  # Snakemake's log
+
+
+def stamps(log: str, pattern: str) -> list[float]:
+    """Unix times of a Snakemake log's time stamps that precede a line matching ``pattern``."""
+    found, last = [], None
+    for line in log.splitlines():
+        match = STAMP.match(line.strip())
+        if match:
+            last = time.mktime(time.strptime(match[1], "%a %b %d %H:%M:%S %Y"))
+        elif last is not None and re.search(pattern, line):
+            found.append(last)
+    return found
+
 
 def snakemake(
-    workdir: Path, cfg: dict[str, Any], *args: str, timeout: float = 1200, check: bool = True
+    workdir: Path,
+    cfg: dict[str, Any],
+    *args: str,
+    timeout: float = 1200,
+    check: bool = True,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the repository's Snakefile in ``workdir`` with ``cfg`` as its config file."""
+    """Run the repository's Snakefile in ``workdir`` with ``cfg`` as its config file (and
+    ``env`` added to the environment)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "test-config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}", **(env or {})}
     result = subprocess.run(
         [
             sys.executable,

@@ -114,14 +114,17 @@ def _exit_now(code: int) -> NoReturn:
 def cmd_launch(args: argparse.Namespace) -> int:
     from ddppipe import lifecycle
 
-    if args.log is None:
-        return _launch(args)
-    with lifecycle.slot_log(args.state, args.log):
-        try:
+    try:
+        if args.log is None:
             return _launch(args)
-        except (UserError, FileNotFoundError) as e:  # into the log too, not only Snakemake's
-            print(f"ddppipe launch: error: {e}", file=sys.stderr)
-            raise
+        with lifecycle.slot_log(args.state, args.log):
+            try:
+                return _launch(args)
+            except (UserError, FileNotFoundError) as e:  # into the log too, not only Snakemake's
+                print(f"ddppipe launch: error: {e}", file=sys.stderr)
+                raise
+    finally:
+        lifecycle.mark_slot_end(args.state)
 
 
 def _launch(args: argparse.Namespace) -> int:

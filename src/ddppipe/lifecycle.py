@@ -67,6 +67,14 @@ def slot_log(state: Path, copy: Path) -> Iterator[None]:
         shutil.copyfile(layout.log, copy)
 
 
+def mark_slot_end(state: Path) -> None:
+    """Record that this slot's launcher ends (any outcome): the submitting Snakemake checks
+    SLURM at once (ddppipe.status_checks)."""
+    marker = ddp_state.of(state).slot_ended
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
 def run(
     cfg: dict[str, Any], program: list[str], state: Path, record: Path | None,
     publish: Callable[[], None] | None = None,

@@ -7,8 +7,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ddppipe import __version__, devices, manifest
 
 
@@ -28,6 +26,8 @@ def git_commit(cwd: Path | None = None) -> dict[str, Any]:
 
 def nccl_version() -> str | None:
     """NCCL of this torch build ("2.30.7"); it answers without a GPU. None: no NCCL."""
+    import torch
+
     if not torch.version.cuda or not torch.distributed.is_nccl_available():
         return None
     try:
@@ -39,6 +39,8 @@ def nccl_version() -> str | None:
 
 def cudnn_version() -> str | None:
     """cuDNN of this torch build ("9.24.0"); None without one."""
+    import torch
+
     number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     if not number:
         return None
@@ -48,7 +50,12 @@ def cudnn_version() -> str | None:
 
 
 def software() -> dict[str, Any]:
-    """The stack of this process: versions, and the GPUs and driver when there are some."""
+    """The stack of this process: versions, and the GPUs and driver when there are some.
+
+    (It imports torch: a task's provenance takes the stack rank 0 recorded, so the export
+    rule does not.)"""
+    import torch
+
     return {
         "ddppipe": __version__,
         "torch": str(torch.__version__),

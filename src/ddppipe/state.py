@@ -32,6 +32,12 @@ class StateDir:
         return self.root / "stopped-on-signal.json"
 
     @property
+    def slot_ended(self) -> Path:
+        """Touched when a slot's launcher ends: wakes the submitting Snakemake's status checks
+        (ddppipe.status_checks)."""
+        return self.root / "slot-ended"
+
+    @property
     def lock(self) -> Path:
         return self.root / ".lock"
 

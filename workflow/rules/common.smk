@@ -14,6 +14,7 @@ from ddppipe import devices as ddp_devices
 from ddppipe import launch as ddp_launch
 from ddppipe import scaling as ddp_scaling
 from ddppipe import slurm as ddp_slurm
+from ddppipe import status_checks as ddp_status_checks
 from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
@@ -92,6 +93,10 @@ def check_cluster_policy():
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
     for finding in found:
         logger.warning(f"ddppipe cluster check: {finding}")
+    # the end of a training job noticed within seconds, not at the plugin's next check
+    ddp_status_checks.install(
+        workflow.executor_plugin.executor, [f"{run_dir(r)}/state" for r in runs]
+    )
 
 
 # -- the Apptainer image (rule build_image, container.mode) --------------------------------

@@ -4,6 +4,7 @@ process."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import re
 from pathlib import Path
@@ -277,3 +278,10 @@ def test_example_task_trains(tmp_path: Path) -> None:
     metrics = task.call("metrics", net(x), y)
     assert set(metrics) >= {"loss", "accuracy"} and metrics["accuracy"] <= len(test)
     assert task.call("loss", net(x[:4]), y[:4]).shape == ()
+
+
+def test_a_tasks_version_is_its_distributions() -> None:
+    # ddppipe's package is named as its distribution; yaml's (PyYAML) is not
+    assert tasks.locate("ddppipe.tasks.mnist").version == importlib.metadata.version("ddppipe")
+    assert tasks.locate("yaml").version == importlib.metadata.version("PyYAML")
+    assert tasks.locate("tests.tiny").version is None  # no installed distribution

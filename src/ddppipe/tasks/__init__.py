@@ -23,6 +23,7 @@ data small enough to live in memory (indexed on the device, no per-sample Python
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import importlib.metadata
@@ -50,7 +51,15 @@ def is_file_ref(ref: str) -> bool:
 
 
 def _distribution_version(module_name: str) -> str | None:
+    """The version of the installed distribution providing ``module_name``'s package."""
     top = module_name.split(".")[0]
+    # Usually named as its package (ddppipe): one lookup. Otherwise the mapping of every
+    # installed distribution's files, 0.4-0.6 s with torch's 30,000 (Snakemake's start,
+    # write_config and every training process locate the task).
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        dist = importlib.metadata.distribution(top)
+        if top in (dist.read_text("top_level.txt") or "").split():
+            return dist.version
     for dist in importlib.metadata.packages_distributions().get(top, []):
         try:
             return importlib.metadata.version(dist)

@@ -362,6 +362,27 @@ def with_task_file(workdir: Path) -> Path:
     return workdir
 
 
+def _usr1_next_to_reference(
+    cluster: SlurmCluster, tmp_path: Path, cfg: dict[str, Any],
+    ready: Callable[[Path], object], what: str, *targets: str,
+) -> tuple[str, str, float, float]:  # fmt: skip
+    """A run in ``tmp_path/signalled`` next to its uninterrupted reference in
+    ``tmp_path/reference``: once ``ready(workdir)``, USR1 to its running job's steps (as
+    ``scancel --signal=USR1`` does on a preemption notice). (Job id, the run's output, its
+    wall time, the reference's.)"""
+    wd, ref = tmp_path / "signalled", tmp_path / "reference"
+    started = time.monotonic()
+    with _reference_run(cluster, ref, cfg, *targets) as reference_run:
+        proc, out = _start_snakemake(cluster, wd, cfg, *targets)
+        _poll(lambda: ready(wd), proc, 240, what, out)
+        job, _ = _poll(lambda: _running_job(cluster, wd), proc, 30, "running job", out)
+        cluster.run(["scancel", "--signal=USR1", job])
+        text = _finish(proc, out)
+        wall = time.monotonic() - started
+        assert proc.returncode == 0, text
+        return job, text, wall, reference_run()
+
+
 def _time_limit_slots(
     cluster: SlurmCluster, tmp_path: Path, make_config: Callable[[int], dict], steps: int,
     least_slots: int, *args: str,
@@ -429,17 +450,10 @@ def test_scancel_usr1_of_a_one_node_job_is_a_continuation(
     (same id), the next slot resumes mid-epoch; nothing dies of the signal; same weights."""
     tiny: TinyData = make_tiny(tmp_path / "tiny", n_train=320)  # 20 steps an epoch
     cfg = on_cluster(tiny_config(tiny, epochs=2, batch_size=16), slurm_cluster, nodes=1)
-    started = time.monotonic()
+    job, text, wall, reference_wall = _usr1_next_to_reference(
+        slurm_cluster, tmp_path, cfg, lambda wd: guarded_workers(wd, 2), "training workers", FINAL
+    )
     wd, ref = tmp_path / "signalled", tmp_path / "reference"
-    with _reference_run(slurm_cluster, ref, cfg, FINAL) as reference_run:
-        proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
-        _poll(lambda: guarded_workers(wd, 2), proc, 240, "training workers", out)
-        job, _ = _poll(lambda: _running_job(slurm_cluster, wd), proc, 30, "running job", out)
-        slurm_cluster.run(["scancel", "--signal=USR1", job])
-        text = _finish(proc, out)
-        wall = time.monotonic() - started
-        assert proc.returncode == 0, text
-        reference_wall = reference_run()
     print(f"(USR1, 1 node) wall time {wall:.1f}s, the reference alongside {reference_wall:.1f}s")
     assert re.findall(r"submitted with SLURM jobid (\d+)[^\n]*rule_train", text) == [job], text
     history = _history(wd)
@@ -485,19 +499,15 @@ def test_script_continues_after_usr1_on_two_nodes(
     script = REPO / "examples" / "scripts" / "train_ddp.py"
     cfg = on_cluster(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, nodes=2, procs=1)
     cfg.update(run="script", script=str(script), script_args=["--epochs", "4"])
-    wd, ref = tmp_path / "signalled", tmp_path / "reference"
-    started = time.monotonic()
-    with _reference_run(slurm_cluster, ref, cfg) as reference_run:
-        proc, out = _start_snakemake(slurm_cluster, wd, cfg)
+
+    def logged_steps(wd: Path) -> bool:
         live = wd / "results/script/state/metrics.jsonl"
-        _poll(lambda: live.exists() and len(live.read_text().splitlines()) >= 5, proc, 240,
-              "logged steps", out)  # fmt: skip
-        job, _ = _poll(lambda: _running_job(slurm_cluster, wd), proc, 30, "running job", out)
-        slurm_cluster.run(["scancel", "--signal=USR1", job])
-        text = _finish(proc, out)
-        wall = time.monotonic() - started
-        assert proc.returncode == 0, text
-        reference_wall = reference_run()
+        return live.exists() and len(live.read_text().splitlines()) >= 5
+
+    job, _, wall, reference_wall = _usr1_next_to_reference(
+        slurm_cluster, tmp_path, cfg, logged_steps, "logged steps"
+    )
+    wd, ref = tmp_path / "signalled", tmp_path / "reference"
     print(f"(script, USR1) wall time {wall:.1f}s, the reference alongside {reference_wall:.1f}s")
     history = _history(wd, "script")
     assert [a["outcome"] for a in history] == ["stopped on SIGUSR1", "completed"], history

@@ -325,9 +325,9 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 
 # Time-limit slots of 1 minute. The warning comes 40 s before the end, after about 10 s of
 # start-up and preflight, so a slot trains for some seconds before it checkpoints and
-# requeues itself (a slot every ~28 s). Measured here: 700 (2026-11-22) and 400 (-23) steps
-# a slot on one node (2 processes): the 20 epochs (of 120 steps) below need 4 to 7 slots,
-# 3 or more unless a slot trains 1,200 steps. max_continuations bounds a run that slows
+# requeues itself (a slot every ~28 s). Measured here: 700 (2026-11-22), 400 (-23) and
+# 140-380 (-23 evening, a slower day: 13 slots) steps a slot on one node (2 processes): the
+# 20 epochs (of 120 steps) below need 3 or more slots unless a slot trains 1,200 steps. max_continuations bounds a run that slows
 # down badly.
 SLOT_MINUTES, SLOT_STEPS = 1, 120
 SLOT_EPOCHS = {1: 20, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
@@ -397,9 +397,8 @@ def _time_limit_slots(
     proc, out = _start_snakemake(cluster, wd, cfg, FINAL, *args)
     _poll(lambda: (wd / FINAL).exists(), proc, 840, "the trained model", out)
     trained = time.monotonic() - started
-    # The uninterrupted run (one long slot, same cluster) while the plugin notices the end
-    # (a status check then comes up to ~90 s late); next to a slot, it would slow the slot's
-    # start-up past the time-limit warning.
+    # The uninterrupted run (one long slot, same cluster) once the slots are done: next to a
+    # slot, it would slow the slot's start-up past the time-limit warning.
     with _reference_run(cluster, reference, make_config(10), FINAL) as reference_run:
         result = _result(proc, _finish(proc, out))
         wall = time.monotonic() - started

@@ -69,10 +69,11 @@ def slot_log(state: Path, copy: Path) -> Iterator[None]:
 
 def mark_slot_end(state: Path) -> None:
     """Record that this slot's launcher ends (any outcome): the submitting Snakemake checks
-    SLURM at once (ddppipe.status_checks)."""
+    SLURM at once (ddppipe.status_checks). Best effort: without it, the plugin's next check."""
     marker = ddp_state.of(state).slot_ended
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    with contextlib.suppress(OSError):  # never hides the slot's own outcome or error
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
 
 
 def run(

@@ -327,8 +327,8 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 # start-up and preflight, so a slot trains for some seconds before it checkpoints and
 # requeues itself (a slot every ~28 s). Measured here: 700 (2026-11-22), 400 (-23) and
 # 140-380 (-23 evening, a slower day: 13 slots) steps a slot on one node (2 processes): the
-# 20 epochs (of 120 steps) below need 3 or more slots unless a slot trains 1,200 steps. max_continuations bounds a run that slows
-# down badly.
+# 20 epochs (of 120 steps) below need 3 or more slots unless a slot trains 1,200 steps.
+# max_continuations bounds a run that slows down badly.
 SLOT_MINUTES, SLOT_STEPS = 1, 120
 SLOT_EPOCHS = {1: 20, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
 SLOT_WARNING_S = {1: 40, 2: 40}

@@ -326,15 +326,17 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 # Time-limit slots of 1 minute. The warning comes 40 s before the end, after about 10 s of
 # start-up and preflight, so a slot trains for some seconds before it checkpoints and
 # requeues itself (a slot every ~28 s). Measured here: 700 (2026-11-22), 400 (-23) and
-# 140-380 (-23 evening, a slower day: 13 slots) steps a slot on one node (2 processes): the
-# 20 epochs (of 120 steps) below need 3 or more slots unless a slot trains 1,200 steps.
-# max_continuations bounds a run that slows down badly.
+# 140-380 (-23 evening, a slower day: 20 epochs took 13 slots and 593 s in CI) steps a slot
+# on one node (2 processes), so the slot count varies 4x with the machine's speed: the 12
+# epochs (of 120 steps) below need 2 or more slots unless a slot trains 1,440 steps, and
+# about 7 on a slow day. max_continuations bounds a run that slows down badly.
 SLOT_MINUTES, SLOT_STEPS = 1, 120
-SLOT_EPOCHS = {1: 20, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
+SLOT_EPOCHS = {1: 12, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
 SLOT_WARNING_S = {1: 40, 2: 40}
 # The two-node test trains the example task file (examples/tasks/tinycnn.py: map-style
-# datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16.
-TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 40
+# datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16;
+# 350-550 steps a slot on the slow day (40 epochs: 13 slots, 491 s in CI).
+TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 24
 
 
 def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:
@@ -439,7 +441,7 @@ def test_time_limit_slots_on_two_nodes(
     def make_config(runtime: int) -> dict:
         return task_slot_config(slot_data, slurm_cluster, runtime)
 
-    _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 3)
+    _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 2)
 
 
 def test_scancel_usr1_of_a_one_node_job_is_a_continuation(
@@ -572,7 +574,7 @@ def test_time_limit_slots_on_one_node_with_sacct(
     cluster = slurm_accounting_cluster
     _time_limit_slots(
         cluster, tmp_path, lambda runtime: slot_config(slot_data, cluster, 1, runtime),
-        SLOT_EPOCHS[1] * SLOT_STEPS, 3, "--slurm-status-command", "sacct",
+        SLOT_EPOCHS[1] * SLOT_STEPS, 2, "--slurm-status-command", "sacct",
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ include: "workflow/rules/scaling.smk"
 
 onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
+    wake_status_checks()  # SLURM executor: a job's end noticed in seconds
 
 
 onsuccess:

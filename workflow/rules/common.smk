@@ -75,28 +75,32 @@ def print_summary():
         logger.info(ddp_summary.text(run_dir(RUN)))
 
 
+def state_dirs():
+    """The state folders of every run this workflow may train (the main run, the study's)."""
+    return [f"{run_dir(r)}/state" for r in [RUN, *ddp_scaling.run_names(config)]]
+
+
 def check_cluster_policy():
     """Before the SLURM executor submits anything: fail (or warn) on cluster settings that
     would hang the workflow or lose work (ddppipe.cluster_policy)."""
     if not on_slurm():
         return
     settings = workflow.executor_settings
-    runs = [RUN, *ddp_scaling.run_names(config)]
     try:
         found = ddp_cluster_policy.check_cluster(
-            config,
-            settings.status_command,
-            settings.requeue,
-            [f"{run_dir(r)}/state" for r in runs],
+            config, settings.status_command, settings.requeue, state_dirs()
         )
     except ddp_cluster_policy.ClusterPolicyError as e:
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
     for finding in found:
         logger.warning(f"ddppipe cluster check: {finding}")
-    # the end of a training job noticed within seconds, not at the plugin's next check
-    ddp_status_checks.install(
-        workflow.executor_plugin.executor, [f"{run_dir(r)}/state" for r in runs]
-    )
+
+
+def wake_status_checks():
+    """SLURM executor: a training job's end noticed within seconds of its slot's end, not at
+    the plugin's next status check (ddppipe.status_checks)."""
+    if on_slurm():
+        ddp_status_checks.install(workflow.executor_plugin.executor, state_dirs())
 
 
 # -- the Apptainer image (rule build_image, container.mode) --------------------------------

@@ -36,6 +36,7 @@ include: "workflow/rules/scaling.smk"
 onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
     wake_status_checks()  # SLURM executor: a job's end noticed in seconds
+    keep_failed_node_names()  # SLURM executor: submissions go on after a node failure
 
 
 onsuccess:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+
 from ddppipe import efficiency
 
 
@@ -109,3 +111,13 @@ def test_gpu_usage_without_nvml_gives_no_figures() -> None:
     sampler = gpu_usage.Sampler(read)
     sampler.start()
     assert sampler.stop() is None and "libnvidia-ml" in str(sampler.failed)
+
+
+def test_a_nodes_memory_counts_the_ranks_shared_libraries_once() -> None:
+    ranks = [("cn07", 1_000.0, 400.0), ("cn07", 1_100.0, 420.0), ("cn08", 900.0, 300.0)]
+    assert efficiency.node_memory(ranks) == {"cn07": 1_700.0, "cn08": 900.0}
+
+
+def test_this_process_has_file_backed_memory_below_its_peak() -> None:
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert 1.0 < efficiency.file_backed_mb() < peak_mb  # python's own libraries at least

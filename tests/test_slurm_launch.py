@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from ddppipe import launch, slurm
 from tests.tiny import default_config
@@ -45,3 +47,28 @@ def test_scontrol_records_and_hostlists() -> None:
     record = slurm.parse_record(line)
     assert record["JobState"] == "RUNNING" and record["TRES"] == "cpu=2,mem=1G"
     assert slurm.parse_nodelist(line) == ["cn07", "cn08"]
+
+
+def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
+    """supervise() an "srun step" on cn07 and cn08 that exits 0 after the agents' marks
+    ``marks`` (a space-separated list of node names) were written."""
+    cfg = default_config()
+    cfg["launch"]["nnodes"] = 2
+    marker = (
+        "import os, sys; from ddppipe import finished_nodes\n"
+        "for node in sys.argv[1].split():\n"
+        "    os.environ['SLURMD_NODENAME'] = node; finished_nodes.mark()\n"
+    )
+    plan = launch.Plan(
+        [sys.executable, "-c", marker, marks], dict(os.environ), "7", ["cn07", "cn08"],
+        slurm.Request.from_config(cfg),
+    )  # fmt: skip
+    return launch.supervise(plan, plan.env, tmp_path / "state")
+
+
+def test_srun_exit_0_is_a_finished_step_only_with_every_nodes_mark(tmp_path: Path) -> None:
+    """srun exits 0 on "Node failure on cn08": without cn08's mark, the step did not finish."""
+    assert _step(tmp_path, "cn07 cn08") == (0, None)
+    code, note = _step(tmp_path, "cn07")  # (the first step's marks are cleared)
+    assert code == 0 and note is not None and note["checkpoint"] is None, note
+    assert sorted(p.name for p in (tmp_path / "state/finished-nodes").iterdir()) == ["cn07"]

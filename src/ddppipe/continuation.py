@@ -20,7 +20,9 @@ from ddppipe.attempts import Attempt
 # The warning arrives signal_seconds before the end; the stop then takes some seconds more.
 TIME_LIMIT_SLACK_S = 30
 # Outcomes after which SLURM requeues the job itself (the job was submitted with --requeue).
-REQUEUED_BY_SLURM = ("preempted", "node failure")
+REQUEUED_BY_SLURM = ("preempted", "node failure", "requeued by SLURM")
+# States of a job that SLURM has put back in the queue (its nodes' states may be unknown).
+REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
 BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")
 
 
@@ -68,6 +70,8 @@ def classify(
         return "node failure"
     if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
         return "preempted"
+    if job.get("JobState") in REQUEUED_STATES:
+        return "requeued by SLURM"
     left = seconds_left(job, now)
     near_end = left is not None and left <= signal_seconds + TIME_LIMIT_SLACK_S
     if signal_name == stop_signal and near_end:

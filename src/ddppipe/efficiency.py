@@ -119,9 +119,10 @@ class SlotMeter:
         gpu = self.gpu_sampler.stop() if self.gpu_sampler is not None else None
         mine = (
             socket.gethostname(),
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
+            file_backed_mb(),
             gpu,
-        )  # fmt: skip  (ru_maxrss: KiB on Linux)
+        )  # fmt: skip
         ranks: list[Any] = [mine] * world_size
         if dist.is_initialized():
             from ddppipe import distributed
@@ -129,14 +130,14 @@ class SlotMeter:
             cpu = cpu.to(distributed.collective_device())
             dist.all_reduce(cpu)
             dist.all_gather_object(ranks, mine)
-        per_node = node_sums([(host, mb) for host, mb, _ in ranks])
+        per_node = node_memory([(host, mb, files) for host, mb, files, _ in ranks])
         figures: dict[str, Any] = {
             "startup_s": (self.first_step_at or time.time()) - self.slot_start,
             **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
             "images": self.images,
             "steps": self.steps,  # trained in this slot, checkpointed or not
             "cpu_s": float(cpu.cpu()),
-            "memory_peak_mb": max(per_node.values()),  # the fullest node: its ranks' peaks
+            "memory_peak_mb": max(per_node.values()),  # the fullest node (node_memory)
         }
         if self.steady_seconds > 0:
             figures["images_per_s"] = self.steady_images / self.steady_seconds
@@ -151,7 +152,7 @@ class SlotMeter:
             exposed, images = self.exposed_communication
             figures["communication_s"] = exposed  # a step's all-reduce not hidden by backward
             figures["communication_share"] = min(1.0, exposed * figures["images_per_s"] / images)
-        sampled = [g for _, _, g in ranks if g]
+        sampled = [g for *_, g in ranks if g]
         if self.gpu:
             figures.update(self.gpu)
         if sampled:  # every GPU's mean utilisation, averaged; the fullest GPU's memory
@@ -160,8 +161,36 @@ class SlotMeter:
         return figures
 
 
+def file_backed_mb() -> float:
+    """This process's resident file-backed memory now (``RssFile``: torch's libraries, shared
+    by the node's ranks), 0 where /proc cannot tell."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return 0.0
+
+
+def node_memory(per_process: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Each node's memory peak from its processes' (host, peak RSS, file-backed RSS) in MB.
+
+    The file-backed pages (the libraries, mapped by every rank) count once, as the kernel
+    and a job's cgroup count them: the sum of the ranks' peaks without them, plus the
+    largest. Summing the peak RSS would count torch's libraries once per rank.
+    """
+    private: dict[str, float] = {}
+    shared: dict[str, float] = {}
+    for host, peak, files in per_process:
+        private[host] = private.get(host, 0.0) + max(0.0, peak - files)
+        shared[host] = max(shared.get(host, 0.0), files)
+    return {host: private[host] + shared[host] for host in private}
+
+
 def node_sums(per_process: list[tuple[str, float]]) -> dict[str, float]:
-    """A figure per node: the sum of its processes' (memory peaks, GEMM GFLOP/s)."""
+    """A figure per node: the sum of its processes' (GEMM GFLOP/s)."""
     nodes: dict[str, float] = {}
     for host, value in per_process:
         nodes[host] = nodes.get(host, 0.0) + value

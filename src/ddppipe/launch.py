@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddppipe import config, container, preemption, slurm, workers
+from ddppipe import config, container, finished_nodes, preemption, slurm, workers
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +178,15 @@ def supervise(
     it once, through the launcher; if the launcher is killed outright, the child gets
     SIGTERM. The note is :func:`ddppipe.preemption.record`'s, left when training stopped on
     a signal after writing a checkpoint (None otherwise), whatever exit status srun made of
-    the ranks' exits; a note of another launcher's training is ignored.
+    the ranks' exits; a note of another launcher's training is ignored. When srun exits 0
+    though a node's agent did not mark its ranks finished (ddppipe.finished_nodes), the
+    note has no checkpoint: the ranks there stopped without one.
     """
     preemption.take(state_dir)  # a note left by an earlier run is not this run's
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
     env = {**env, preemption.ATTEMPT_ENV: attempt}
+    if plan.job is not None:
+        env.update(finished_nodes.prepare(state_dir))
     sys.stdout.flush()
     sys.stderr.flush()
     if plan.job is None:
@@ -219,7 +223,14 @@ def supervise(
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
         note = None
-    return workers.exit_status(code), note
+    code = workers.exit_status(code)
+    if note is None and code == 0 and plan.job is not None:
+        done = finished_nodes.finished(state_dir, attempt)
+        if len(done) < plan.request.nodes:
+            unfinished = ", ".join(sorted(set(plan.hosts) - done))
+            log.warning("srun exited 0, but the ranks on %s did not finish", unfinished)
+            note = {"signal": None, "checkpoint": None, "attempt": attempt}
+    return code, note
 
 
 def run_agent(torchrun_argv: list[str]) -> int:
@@ -247,4 +258,5 @@ def run_agent(torchrun_argv: list[str]) -> int:
         codes = {f.exitcode for f in e.failures.values()}
         print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
         return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
+    finished_nodes.mark()
     return 0

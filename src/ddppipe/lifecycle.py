@@ -7,7 +7,8 @@ minute early, its resolution, and would reach every process of a step).
 ``ddppipe launch`` (the train rule) calls :func:`run`. Its exit status: 0 when training is
 complete; :data:`~ddppipe.preemption.EXIT_CODE` (75) when it stopped on a signal after a
 checkpoint and goes on (in SLURM: the job has requeued itself, or SLURM requeues it; outside:
-run it again); the training's own status when it crashed; 1 when a SLURM run stopped making
+run it again), also when srun exited 0 though a node's ranks did not finish (srun does on a
+node failure); the training's own status when it crashed; 1 when a SLURM run stopped making
 progress or reached ``slurm.max_continuations``.
 """
 
@@ -164,8 +165,10 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
     )  # fmt: skip
     history = attempts.finish(state, outcome, preemption.EXIT_CODE)
     log.warning(
-        "training stopped (%s) after writing %s; attempts:\n%s",
-        outcome, note.get("checkpoint"), attempts.table(history),
+        "training stopped (%s) %s; attempts:\n%s", outcome,
+        f"after writing {note['checkpoint']}" if note.get("checkpoint") else
+        "without a stop checkpoint: the next slot resumes from the last one",
+        attempts.table(history),
     )  # fmt: skip
     if not job:
         return preemption.EXIT_CODE  # run it again to resume

@@ -2,7 +2,8 @@
 
 The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
 holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
-stop note, the lock, the live log and metrics, the MLflow run id, and a script's outputs.
+stop note, the nodes that finished the last step, the lock, the live log and metrics, the
+MLflow run id, and a script's outputs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class StateDir:
         """Touched when a slot's launcher ends: wakes the submitting Snakemake's status checks
         (ddppipe.status_checks)."""
         return self.root / "slot-ended"
+
+    @property
+    def finished_nodes(self) -> Path:
+        """One file a node whose agent saw its ranks finish this slot (ddppipe.finished_nodes)."""
+        return self.root / "finished-nodes"
 
     @property
     def lock(self) -> Path:

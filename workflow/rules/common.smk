@@ -11,6 +11,7 @@ from ddppipe import cluster_policy as ddp_cluster_policy
 from ddppipe import config as ddp_config
 from ddppipe import container as ddp_container
 from ddppipe import devices as ddp_devices
+from ddppipe import failed_node_names as ddp_failed_node_names
 from ddppipe import launch as ddp_launch
 from ddppipe import scaling as ddp_scaling
 from ddppipe import slurm as ddp_slurm
@@ -94,6 +95,13 @@ def check_cluster_policy():
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
     for finding in found:
         logger.warning(f"ddppipe cluster check: {finding}")
+
+
+def keep_failed_node_names():
+    """SLURM executor: a node failure never breaks the later submissions (the plugin would
+    exclude "None assigned"; ddppipe.failed_node_names)."""
+    if on_slurm():
+        ddp_failed_node_names.install(workflow.executor_plugin.executor)
 
 
 def wake_status_checks():

@@ -1,0 +1,27 @@
+"""The SLURM plugin's node exclusions keep node names only (its issue #485)."""
+
+from __future__ import annotations
+
+from snakemake_executor_plugin_slurm import Executor
+
+from ddppipe import failed_node_names
+
+
+def test_placeholders_are_no_node_names() -> None:
+    assert [failed_node_names.is_node_list(v) for v in (
+        "cn07", "gpu-a[01-04]", "node1,node2", "None assigned", "None", "", " cn07",
+    )] == [True, True, True, False, False, False, False]  # fmt: skip
+
+
+def test_the_plugins_executor_excludes_only_node_names() -> None:
+    made_before = object.__new__(Executor)  # as __post_init__ leaves it, without a workflow
+    made_before.__dict__["_failed_nodes"] = {"cn07", "None assigned"}
+    failed_node_names.install(Executor)
+    failed_node_names.install(Executor)  # twice: the same
+    made_before._failed_nodes.add("None assigned")  # sacct's answer for a requeued job
+    made_before._failed_nodes.add("cn08")
+    assert made_before._failed_nodes == {"cn07", "cn08"}
+    made_after = object.__new__(Executor)
+    made_after._failed_nodes = set()  # what the plugin's __post_init__ does
+    made_after._failed_nodes.add("None assigned")
+    assert made_after._failed_nodes == set()

@@ -114,10 +114,13 @@ def test_gpu_usage_without_nvml_gives_no_figures() -> None:
 
 
 def test_a_nodes_memory_counts_the_ranks_shared_libraries_once() -> None:
-    ranks = [("cn07", 1_000.0, 400.0), ("cn07", 1_100.0, 420.0), ("cn08", 900.0, 300.0)]
+    ranks = [("cn07", 600.0, 400.0), ("cn07", 680.0, 420.0), ("cn08", 600.0, 300.0)]
     assert efficiency.node_memory(ranks) == {"cn07": 1_700.0, "cn08": 900.0}
 
 
-def test_this_process_has_file_backed_memory_below_its_peak() -> None:
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    assert 1.0 < efficiency.file_backed_mb() < peak_mb  # python's own libraries at least
+def test_a_process_peak_and_its_file_backed_part() -> None:
+    peak, files = efficiency.process_memory("self")
+    rusage_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # read apart
+    assert abs(peak - rusage_mb) < 16, (peak, rusage_mb)
+    assert 1.0 < files < peak  # python's own libraries at least
+    assert efficiency.process_memory("0") == (0.0, 0.0)  # no such process

@@ -561,7 +561,7 @@ def test_sacct_status_mode_with_accounting(
     max_rss, own_peak = (float(text.replace(",", "")) for text in sacct.groups()[2:])
     assert total_cpu >= own_cpu > 0  # sacct also counts the launcher, torchrun, the preflight
     # sacct: the largest task (a node's torchrun and its ranks), sampled every 30 s; own: the
-    # node's ranks' peaks, the libraries they share counted once
+    # node's ranks' and their agent's peaks, the libraries they share counted once
     assert max_rss > 100 and own_peak > 100
     assert re.search(r"wall +[\d.]+ \w+ from the first submission to the last slot's end",
                      result.stderr), result.stderr[-3000:]  # fmt: skip

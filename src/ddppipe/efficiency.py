@@ -12,7 +12,6 @@ fix, at the thresholds centres use.
 from __future__ import annotations
 
 import os
-import resource
 import socket
 import time
 from collections.abc import Iterator
@@ -117,12 +116,11 @@ class SlotMeter:
 
         cpu = torch.tensor([time.process_time() - self.cpu_start], dtype=torch.float64)
         gpu = self.gpu_sampler.stop() if self.gpu_sampler is not None else None
-        mine = (
-            socket.gethostname(),
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
-            file_backed_mb(),
-            gpu,
-        )  # fmt: skip
+        processes = [process_memory("self")]
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # the node's agent (or local launcher) too
+            processes.append(process_memory(str(os.getppid())))
+        private = sum(max(0.0, peak - files) for peak, files in processes)
+        mine = (socket.gethostname(), private, max(files for _, files in processes), gpu)
         ranks: list[Any] = [mine] * world_size
         if dist.is_initialized():
             from ddppipe import distributed
@@ -161,30 +159,34 @@ class SlotMeter:
         return figures
 
 
-def file_backed_mb() -> float:
-    """This process's resident file-backed memory now (``RssFile``: torch's libraries, shared
-    by the node's ranks), 0 where /proc cannot tell."""
+def process_memory(pid: str) -> tuple[float, float]:
+    """Process ``pid``'s (or ``self``'s) peak resident memory (``VmHWM``) and its file-backed
+    part now (``RssFile``: torch's libraries, shared by the node's processes), in MB; zeros
+    where /proc cannot tell."""
+    found: dict[str, float] = {}
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("RssFile:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "RssFile"):
+                    found[key] = int(value.split()[0]) / 1024  # kB
+    except (OSError, ValueError):
         pass
-    return 0.0
+    return found.get("VmHWM", 0.0), found.get("RssFile", 0.0)
 
 
-def node_memory(per_process: list[tuple[str, float, float]]) -> dict[str, float]:
-    """Each node's memory peak from its processes' (host, peak RSS, file-backed RSS) in MB.
+def node_memory(per_rank: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Each node's memory peak from its ranks' (host, private peak, file-backed) MB.
 
-    The file-backed pages (the libraries, mapped by every rank) count once, as the kernel
-    and a job's cgroup count them: the sum of the ranks' peaks without them, plus the
-    largest. Summing the peak RSS would count torch's libraries once per rank.
+    A rank's private peak is its peak RSS less its file-backed pages (local rank 0 adds its
+    agent's). The file-backed pages (the libraries every process maps) count once, as the
+    kernel and a job's cgroup count them: the largest is added once. Summing the peak RSS
+    would count torch's libraries once per process.
     """
     private: dict[str, float] = {}
     shared: dict[str, float] = {}
-    for host, peak, files in per_process:
-        private[host] = private.get(host, 0.0) + max(0.0, peak - files)
+    for host, mine, files in per_rank:
+        private[host] = private.get(host, 0.0) + mine
         shared[host] = max(shared.get(host, 0.0), files)
     return {host: private[host] + shared[host] for host in private}
 

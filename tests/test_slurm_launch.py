@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from ddppipe import launch, slurm
+from ddppipe import continuation, launch, slurm
 from tests.tiny import default_config
 
 
@@ -72,3 +72,12 @@ def test_srun_exit_0_is_a_finished_step_only_with_every_nodes_mark(tmp_path: Pat
     code, note = _step(tmp_path, "cn07")  # (the first step's marks are cleared)
     assert code == 0 and note is not None and note["checkpoint"] is None, note
     assert sorted(p.name for p in (tmp_path / "state/finished-nodes").iterdir()) == ["cn07"]
+
+
+def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
+    up = {"cn07": "MIXED", "cn08": "MIXED+DRAIN"}  # draining waits for the job: no failure
+    running, requeued = {"JobState": "RUNNING"}, {"JobState": "PENDING", "Reason": "BeginTime"}
+    assert not continuation.ending(running, up)  # a late mark: srun's exit 0 stands
+    assert continuation.ending(running, {**up, "cn08": "DOWN+DRAIN"})
+    assert continuation.ending(running, {**up, "cn08": "IDLE+NOT_RESPONDING"})
+    assert continuation.ending(requeued, up)

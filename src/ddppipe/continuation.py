@@ -20,10 +20,25 @@ from ddppipe.attempts import Attempt
 # The warning arrives signal_seconds before the end; the stop then takes some seconds more.
 TIME_LIMIT_SLACK_S = 30
 # Outcomes after which SLURM requeues the job itself (the job was submitted with --requeue).
-REQUEUED_BY_SLURM = ("preempted", "node failure", "requeued by SLURM")
+# ("ended by SLURM": srun exited 0 without some nodes' finished marks as SLURM ended the job.)
+REQUEUED_BY_SLURM = ("preempted", "node failure", "requeued by SLURM", "ended by SLURM")
 # States of a job that SLURM has put back in the queue (its nodes' states may be unknown).
 REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
-BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING")
+# A failed node's processes are gone (a drained one's run on: draining waits for its jobs).
+FAILED_NODE_STATES = ("DOWN", "FAIL", "NOT_RESPONDING")
+BAD_NODE_STATES = (*FAILED_NODE_STATES, "DRAIN")
+
+
+def ending(job: dict[str, str], nodes: dict[str, str]) -> bool:
+    """Is SLURM ending the job of a step that exited 0 without every node's finished mark?
+
+    Yes when a node of it failed (``DOWN+DRAIN``, ``NOT_RESPONDING``: srun exits 0 on a node
+    failure) or the job is no longer running (requeued, preempted, cancelled), from its
+    scontrol record ``job`` and its nodes' states ``nodes``. Otherwise the marks are late
+    (a shared filesystem that shows other nodes' files after a while) and the exit 0 stands.
+    """
+    failed = any(any(s in state for s in FAILED_NODE_STATES) for state in nodes.values())
+    return failed or job.get("JobState") != "RUNNING"
 
 
 def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:

@@ -180,7 +180,7 @@ def supervise(
     a signal after writing a checkpoint (None otherwise), whatever exit status srun made of
     the ranks' exits; a note of another launcher's training is ignored. When srun exits 0
     though a node's agent did not mark its ranks finished (ddppipe.finished_nodes), the
-    note has no checkpoint: the ranks there stopped without one.
+    note has no checkpoint and lists those nodes (``unfinished``).
     """
     preemption.take(state_dir)  # a note left by an earlier run is not this run's
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
@@ -227,9 +227,14 @@ def supervise(
     if note is None and code == 0 and plan.job is not None:
         done = finished_nodes.finished(state_dir, attempt)
         if len(done) < plan.request.nodes:
-            unfinished = ", ".join(sorted(set(plan.hosts) - done))
-            log.warning("srun exited 0, but the ranks on %s did not finish", unfinished)
-            note = {"signal": None, "checkpoint": None, "attempt": attempt}
+            unfinished = sorted(set(plan.hosts) - done)
+            log.warning("srun exited 0, but no finished mark came from %s", ", ".join(unfinished))
+            note = {
+                "signal": None,
+                "checkpoint": None,
+                "attempt": attempt,
+                "unfinished": unfinished,
+            }
     return code, note
 
 

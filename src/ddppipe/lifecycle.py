@@ -128,6 +128,13 @@ def _slot(
     env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip
     code, note = launch.supervise(plan, env, state, warn_in)
+    if note is not None and note.get("unfinished") and not _ending(plan):
+        log.warning(
+            "no finished mark from %s, but SLURM runs the job on working nodes: srun's exit 0 "
+            "stands (the state folder's filesystem shows other nodes' files late?)",
+            ", ".join(note["unfinished"]),
+        )  # fmt: skip
+        note = None
     if note is not None:
         return _stopped(plan, note, state)
     if code == 0:
@@ -140,6 +147,16 @@ def _slot(
         return 0
     attempts.finish(state, f"crashed (exit {code})", code)
     return code
+
+
+def _ending(plan: launch.Plan) -> bool:
+    """Is SLURM ending the slot's job (continuation.ending)? Yes when scontrol cannot say: its
+    kill of the job reaches every process of the job, scontrol's too."""
+    try:
+        return continuation.ending(slurm.job_record(str(plan.job)), slurm.node_states(plan.hosts))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("scontrol failed (%s): taking the job for ending", e)
+        return True
 
 
 def _job_record(job: str) -> dict[str, str]:
@@ -163,6 +180,8 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
         note.get("signal"), _job_record(job) if job else None, nodes, request.signal_seconds,
         stop_signal=request.stop_signal,
     )  # fmt: skip
+    if note.get("unfinished") and outcome not in continuation.REQUEUED_BY_SLURM:
+        outcome = "ended by SLURM"  # not on a signal of its own: SLURM ended the step
     history = attempts.finish(state, outcome, preemption.EXIT_CODE)
     log.warning(
         "training stopped (%s) %s; attempts:\n%s", outcome,

@@ -37,8 +37,12 @@ def ending(job: dict[str, str], nodes: dict[str, str]) -> bool:
     scontrol record ``job`` and its nodes' states ``nodes``. Otherwise the marks are late
     (a shared filesystem that shows other nodes' files after a while) and the exit 0 stands.
     """
-    failed = any(any(s in state for s in FAILED_NODE_STATES) for state in nodes.values())
-    return failed or job.get("JobState") != "RUNNING"
+    return bool(_nodes_in(nodes, FAILED_NODE_STATES)) or job.get("JobState") != "RUNNING"
+
+
+def _nodes_in(nodes: dict[str, str], states: tuple[str, ...]) -> list[str]:
+    """The nodes whose scontrol ``State`` (e.g. ``DOWN+DRAIN``) has one of ``states``."""
+    return [n for n, state in nodes.items() if any(s in state for s in states)]
 
 
 def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
@@ -80,8 +84,7 @@ def classify(
     signal_name = signal_name or "a signal"
     if job is None:
         return f"stopped on {signal_name}"
-    bad = [n for n, state in nodes.items() if any(s in state for s in BAD_NODE_STATES)]
-    if bad:
+    if _nodes_in(nodes, BAD_NODE_STATES):
         return "node failure"
     if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
         return "preempted"

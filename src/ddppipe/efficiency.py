@@ -183,16 +183,15 @@ def node_memory(per_rank: list[tuple[str, float, float]]) -> dict[str, float]:
     kernel and a job's cgroup count them: the largest is added once. Summing the peak RSS
     would count torch's libraries once per process.
     """
-    private: dict[str, float] = {}
     shared: dict[str, float] = {}
-    for host, mine, files in per_rank:
-        private[host] = private.get(host, 0.0) + mine
+    for host, _, files in per_rank:
         shared[host] = max(shared.get(host, 0.0), files)
+    private = node_sums([(host, mine) for host, mine, _ in per_rank])
     return {host: private[host] + shared[host] for host in private}
 
 
 def node_sums(per_process: list[tuple[str, float]]) -> dict[str, float]:
-    """A figure per node: the sum of its processes' (GEMM GFLOP/s)."""
+    """A figure per node: the sum of its processes' (GEMM GFLOP/s, private memory peaks)."""
     nodes: dict[str, float] = {}
     for host, value in per_process:
         nodes[host] = nodes.get(host, 0.0) + value

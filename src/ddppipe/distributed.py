@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddppipe import devices, environments
+from ddppipe import cpu_binding, devices, environments
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
+    else:  # before the process group starts its threads
+        cpu_binding.bind(env.local_rank, env.local_world_size or 1, torch.get_num_threads())
     chosen = choose_backend(cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
     if env.name == "single":

@@ -334,9 +334,27 @@ SLOT_MINUTES, SLOT_STEPS = 1, 120
 SLOT_EPOCHS = {1: 12, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
 SLOT_WARNING_S = {1: 40, 2: 40}
 # The two-node test trains the example task file (examples/tasks/tinycnn.py: map-style
-# datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16;
-# 350-550 steps a slot on the slow day (40 epochs: 13 slots, 491 s in CI).
-TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 24
+# datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16.
+# Its steps take 3 ms on a fast machine and ~10 on a slow day, and a slot's start-up varies as
+# much: 350-550 steps a slot on the slow day (40 epochs: 13 slots, 491 s in CI), while on the
+# AMX machine (2026-11-25) all 2,400 steps of 24 epochs fitted the first slot. So each step is
+# paced to last TASK_PACE_S more (a sleep in the task's loss): the training then lasts ~20 s
+# on any machine: 3 slots of 360-440 steps in 74 s on the AMX machine (2026-11-25), and
+# about 8 on a slow day.
+TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 12
+TASK_PACE_S = 0.015
+PACED_LOSS = f"""
+
+import time
+
+_unpaced_loss = loss
+
+
+def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    \"\"\"The example's loss, {TASK_PACE_S * 1000:.0f} ms later (a test's pace).\"\"\"
+    time.sleep({TASK_PACE_S})
+    return _unpaced_loss(output, target)
+"""
 
 
 def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:
@@ -347,7 +365,7 @@ def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int)
 
 def task_slot_config(tiny: TinyData, cluster: SlurmCluster, runtime: int) -> dict:
     cfg = slot_config(tiny, cluster, 2, runtime)
-    cfg["task"], cfg["task_args"] = "tasks/tinycnn.py", {"samples": TASK_SAMPLES}
+    cfg["task"], cfg["task_args"] = "tasks/paced.py", {"samples": TASK_SAMPLES}
     cfg["train"]["epochs"] = TASK_EPOCHS
     return cfg
 
@@ -358,9 +376,12 @@ def slot_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
 
 
 def with_task_file(workdir: Path) -> Path:
-    """``workdir`` holding the example task file as a user keeps it (tasks/tinycnn.py)."""
+    """``workdir`` holding the example task file as a user keeps it (tasks/tinycnn.py), and
+    tasks/paced.py: the same with each training step TASK_PACE_S longer."""
     (workdir / "tasks").mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "examples" / "tasks" / "tinycnn.py", workdir / "tasks" / "tinycnn.py")
+    example = REPO / "examples" / "tasks" / "tinycnn.py"
+    shutil.copy(example, workdir / "tasks" / "tinycnn.py")
+    (workdir / "tasks" / "paced.py").write_text(example.read_text() + PACED_LOSS)
     return workdir
 
 

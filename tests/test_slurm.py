@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -376,12 +375,11 @@ def slot_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
 
 
 def with_task_file(workdir: Path) -> Path:
-    """``workdir`` holding the example task file as a user keeps it (tasks/tinycnn.py), and
-    tasks/paced.py: the same with each training step TASK_PACE_S longer."""
+    """``workdir`` holding tasks/paced.py: the example task file as a user keeps it, each
+    training step TASK_PACE_S longer."""
     (workdir / "tasks").mkdir(parents=True, exist_ok=True)
-    example = REPO / "examples" / "tasks" / "tinycnn.py"
-    shutil.copy(example, workdir / "tasks" / "tinycnn.py")
-    (workdir / "tasks" / "paced.py").write_text(example.read_text() + PACED_LOSS)
+    example = (REPO / "examples" / "tasks" / "tinycnn.py").read_text()
+    (workdir / "tasks" / "paced.py").write_text(example + PACED_LOSS)
     return workdir
 
 
@@ -456,8 +454,8 @@ def _time_limit_slots(
 def test_time_limit_slots_on_two_nodes(
     slurm_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
 ) -> None:
-    """The example task file on cn[07-08], in the partition `train` (not the default), across
-    at least 2 time limits."""
+    """The example task file (paced) on cn[07-08], in the partition `train` (not the default),
+    across at least 2 time limits."""
 
     def make_config(runtime: int) -> dict:
         return task_slot_config(slot_data, slurm_cluster, runtime)

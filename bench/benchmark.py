@@ -11,7 +11,8 @@ Prints two tables:
 (c) the `fast` runs' steady training FLOP/s as a fraction of this machine's bf16 GEMM peak,
     measured in the same run as the preflight measures it (every training process multiplying
     2048x2048 matrices at once), and the issue's goals (>= 50 % of the peak; 99 % in <= 0.10x
-    the classic script's time, every seed).
+    the classic script's time, every seed); with them the most the fast preset's model can
+    reach here: its step's convolutions and matrix products alone (bench/kernel_bound.py).
 
 Times include process start-up, data loading and the per-epoch evaluations.
 
@@ -33,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kernel_bound
 import torch
-import yaml
 
 from ddppipe import config, hashing, idx, launch, manifest, mnist
 
@@ -125,17 +126,6 @@ def run_classic(
     out = _timed(run, command, launch.thread_environment(threads), work / "classic.log")
     run.epochs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return run
-
-
-def ddppipe_config(data_sha: dict[str, str], nproc: int, threads: int, **train: Any) -> dict:
-    """A resolved ddppipe config for this benchmark: the default config with ``train`` overrides."""
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    cfg.pop("scaling", None)
-    cfg["run"] = "bench"
-    cfg["task_args"]["sha256"] = data_sha
-    cfg["launch"].update(nproc_per_node=nproc, cpus_per_proc=threads)
-    cfg["train"].update(train)
-    return config.resolve(cfg)
 
 
 def run_ddppipe(name: str, recipe: str, cfg: dict, data: Path, work: Path) -> Run:
@@ -233,8 +223,9 @@ def time_table(classic: Run, fast: list[Run], target: float) -> str:
     return "\n".join(lines)
 
 
-def goals(classic: Run, fast: list[Run], target: float, peak: float, nproc: int) -> str:
-    """The issue's goals, from this run's figures."""
+def goals(classic: Run, fast: list[Run], target: float, peak: float, bound: float,
+          nproc: int) -> str:  # fmt: skip
+    """The issue's goals, from this run's figures, and the bound the model's kernels set."""
     fractions = [r.achieved_gflops / peak for r in fast]
     base = classic.time_to(target)
     ratios = [
@@ -242,8 +233,12 @@ def goals(classic: Run, fast: list[Run], target: float, peak: float, nproc: int)
         for r in fast
     ]
     accuracies = ", ".join(f"{100 * r.final_accuracy:.2f} %" for r in fast)
+    of_bound = ", ".join(f"{r.achieved_gflops / bound:.0%}" for r in fast)
     return "\n".join([
         f"bf16 GEMM peak of this machine ({nproc} processes at once): {peak:,.0f} GFLOP/s",
+        f"the fast preset's convolutions and matrix products alone ({nproc} processes at once, "
+        f"bench/kernel_bound.py): {bound:,.0f} GFLOP/s = {bound / peak:.0%} of the peak, the "
+        f"most its training can reach here; the runs reach {of_bound} of it",
         f"fast preset, steady training: {', '.join(f'{r.achieved_gflops:,.0f}' for r in fast)} "
         f"GFLOP/s = {', '.join(f'{f:.0%}' for f in fractions)} of the peak (goal >= 50 %): "
         f"{'met' if min(fractions) >= 0.5 else 'not met'}",
@@ -330,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         batch = BATCH_PER_RANK * args.nproc
 
         peak = gemm_peak(args.nproc, threads, "bf16", work)
+        fast_shape = kernel_bound.bench_config(args.nproc, threads, sha, preset="fast")
+        bound = kernel_bound.measure(
+            fast_shape, data, args.nproc, threads, 0.2 if args.quick else kernel_bound.SECONDS
+        )
         classic = run_classic(
             data,
             work,
@@ -343,20 +342,24 @@ def main(argv: list[str] | None = None) -> int:
         ref_fp32 = run_ddppipe(
             "ddppipe, reference recipe, fp32",
             "ddppipe reference",
-            ddppipe_config(sha, args.nproc, threads, **ref, precision="fp32", channels_last=False),
+            kernel_bound.bench_config(
+                args.nproc, threads, sha, **ref, precision="fp32", channels_last=False
+            ),
             data,
             work,
         )
         ref_fast = run_ddppipe(
             "ddppipe, reference recipe + bf16 + channels_last",
             "ddppipe reference (bf16)",
-            ddppipe_config(sha, args.nproc, threads, **ref, **speed),
+            kernel_bound.bench_config(args.nproc, threads, sha, **ref, **speed),
             data,
             work,
         )
         fast = []
         for seed in range(1 if args.quick else args.seeds):
-            fast_cfg = ddppipe_config(sha, args.nproc, threads, preset="fast", seed=seed, **epochs)
+            fast_cfg = kernel_bound.bench_config(
+                args.nproc, threads, sha, preset="fast", seed=seed, **epochs
+            )
             t = fast_cfg["train"]
             fast.append(run_ddppipe(
                 f"ddppipe fast preset seed {seed}",
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(time_table(classic, fast, args.target))
     print("\n(c) the goals\n")
-    print(goals(classic, fast, args.target, peak, args.nproc))
+    print(goals(classic, fast, args.target, peak, bound, args.nproc))
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -395,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                     "target": args.target,
                     "quick": args.quick,
                     "bf16_gemm_peak_gflops": peak,
+                    "kernel_bound_gflops": bound,
                     "runs": [asdict(r) | {"images_per_s": r.images_per_s} for r in runs],
                 },
                 indent=2,

@@ -4,6 +4,7 @@ refuses a machine without a GPU."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny import REPO
+from tests.tiny import REPO, make_tiny
 
 
 def test_benchmark_quick_mode(tmp_path: Path) -> None:
@@ -34,13 +35,48 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     ]:
         assert name in text, name
     assert "(c) the goals" in text and "of the peak (goal >= 50 %)" in text
+    assert "the fast preset's convolutions and matrix products alone (2 processes" in text
     measured = json.loads(out.read_text())
     assert measured["quick"] is True and measured["bf16_gemm_peak_gflops"] > 0
+    assert measured["kernel_bound_gflops"] > 0
     assert len(measured["runs"]) == 4  # classic, reference fp32 and bf16, fast (1 seed)
     for run in measured["runs"]:
         assert run["images_per_s"] > 0 and run["epochs"], run["name"]
     # the classic script as the seeds run it (one process); ddppipe's runs on 2 processes
     assert [run["epochs"][0]["world_size"] for run in measured["runs"]] == [1, 2, 2, 2]
+
+
+def test_kernel_bound_replays_exactly_the_steps_flop_carrying_kernels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast preset's step of the BatchNorm CNN, 4 images: its recorded kernels are the two
+    convolutions and two linear layers, forward and backward (the first convolution computes no
+    input gradient), and carry the step's 71,565,312 FLOPs an image (the training's count).
+    The script measures them on 2 processes at once."""
+    monkeypatch.syspath_prepend(REPO / "bench")  # also for the processes the script spawns
+    import kernel_bound
+
+    data = make_tiny(tmp_path)
+    cfg = kernel_bound.bench_config(2, 1, data.sha256, preset="fast")
+    calls = kernel_bound.record(kernel_bound.training_step(cfg, data.data_dir, 4))
+    names = sorted(str(func) for func, _, _ in calls)
+    assert names == sorted(
+        ["aten.convolution.default"] * 2 + ["aten.convolution_backward.default"] * 2
+        + ["aten.addmm.default"] * 2 + ["aten.mm.default"] * 4
+    )  # fmt: skip
+    assert kernel_bound.flops(calls) == 4 * 71_565_312
+    conv1_backward = next(
+        args for func, args, _ in calls
+        if str(func) == "aten.convolution_backward.default" and args[2].shape[1] == 1
+    )  # fmt: skip
+    assert conv1_backward[-1] == [False, True, True]  # no gradient of the input images
+
+    assert kernel_bound.main([f"--data={data.data_dir}", "--nproc=2"]) == 0
+    printed = capsys.readouterr().out
+    assert re.fullmatch(
+        r"the default config's step kernels alone, 2 processes x 1 thread\(s\): [\d,]+ GFLOP/s\n",
+        printed,
+    ), printed
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")

@@ -1,9 +1,13 @@
-"""Each CPU rank on cores of its own: the share of a job's CPUs, and real ranks bound."""
+"""Each CPU rank on cores of its own: the share of a job's CPUs, and real ranks bound; each GPU
+rank on cores of its GPU's NUMA node (a two-socket machine's topology as sysfs shows it)."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from ddppipe import cpu_binding, workers
 
@@ -73,3 +77,75 @@ def test_a_single_rank_on_two_cpus_keeps_both() -> None:
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert out.split() == ["None", f"[{TWO_CPUS[0]},", f"{TWO_CPUS[1]}]"]
+
+
+def two_socket_sysfs(root: Path) -> Path:
+    """sysfs of 2 sockets (NUMA nodes) of 8 cores with 2 hyperthreads: CPU c and c + 16 are
+    siblings; node 0 holds cores 0-7 (CPUs 0-7,16-23), node 1 cores 8-15 (8-15,24-31)."""
+    for node, cpus in ((0, "0-7,16-23"), (1, "8-15,24-31")):
+        folder = root / f"devices/system/node/node{node}"
+        folder.mkdir(parents=True)
+        (folder / "cpulist").write_text(cpus + "\n")
+    for cpu in range(32):
+        folder = root / f"devices/system/cpu/cpu{cpu}/topology"
+        folder.mkdir(parents=True)
+        (folder / "thread_siblings_list").write_text(f"{cpu % 16},{cpu % 16 + 16}\n")
+    for slot, node in ((0x1B, 0), (0x43, 0), (0x9C, 1), (0xC1, -1)):
+        folder = root / f"bus/pci/devices/0000:{slot:02x}:00.0"
+        folder.mkdir(parents=True)
+        (folder / "numa_node").write_text(f"{node}\n")
+    return root
+
+
+@pytest.fixture
+def topology(tmp_path: Path) -> cpu_binding.Topology:
+    return cpu_binding.Topology.read(two_socket_sysfs(tmp_path))
+
+
+def test_sysfs_topology_and_pci_numa_nodes(tmp_path: Path) -> None:
+    sys_root = two_socket_sysfs(tmp_path)
+    topology = cpu_binding.Topology.read(sys_root)
+    assert [topology.node[c] for c in (0, 7, 8, 16, 24, 31)] == [0, 0, 1, 0, 1, 1]
+    assert [topology.core[c] for c in (0, 16, 9, 25)] == [0, 0, 9, 9]
+    assert [cpu_binding.pci_numa_node(0, bus, 0, sys_root) for bus in (0x1B, 0x9C, 0xC1)] == [
+        0, 1, 0,  # -1: a machine of one node
+    ]  # fmt: skip
+    assert cpu_binding.cpu_list("0-2,5,7-8\n") == [0, 1, 2, 5, 7, 8]
+    here = cpu_binding.Topology.read()  # this machine's: every usable CPU on a known node
+    assert set(os.sched_getaffinity(0)) <= set(here.node)
+
+
+def test_gpu_ranks_split_the_cores_of_their_gpus_node(topology: cpu_binding.Topology) -> None:
+    every_cpu = list(range(32))
+    four_gpus = {0: 0, 1: 0, 2: 1, 3: 1}  # two on each socket
+    assert cpu_binding.gpu_share(every_cpu, topology, four_gpus, 0) == [0, 1, 2, 3, 16, 17, 18, 19]
+    assert cpu_binding.gpu_share(every_cpu, topology, four_gpus, 1) == [4, 5, 6, 7, 20, 21, 22, 23]
+    assert cpu_binding.gpu_share(every_cpu, topology, four_gpus, 3) == [
+        12, 13, 14, 15, 28, 29, 30, 31,
+    ]  # fmt: skip
+    node_0 = [*range(8), *range(16, 24)]  # 8 cores: 2, 3 and 3 for 3 GPUs, whole cores
+    three_on_node_0 = {0: 0, 1: 0, 2: 0}
+    assert [cpu_binding.gpu_share(node_0, topology, three_on_node_0, d) for d in range(3)] == [
+        [0, 1, 16, 17], [2, 3, 4, 18, 19, 20], [5, 6, 7, 21, 22, 23],
+    ]  # fmt: skip
+
+
+def test_a_gpu_rank_gets_only_the_jobs_cpus_near_its_gpu(topology: cpu_binding.Topology) -> None:
+    four_gpus = {0: 0, 1: 0, 2: 1, 3: 1}
+    slurm_mask = [0, 1, 2, 3, 16, 17, 18, 19]  # 4 cores, all on node 0
+    assert cpu_binding.gpu_share(slurm_mask, topology, four_gpus, 1) == [2, 3, 18, 19]
+    assert cpu_binding.gpu_share(slurm_mask, topology, four_gpus, 2) is None  # none on node 1
+
+
+def test_a_gpu_rank_stays_unbound_where_binding_would_idle_cpus(
+    topology: cpu_binding.Topology,
+) -> None:
+    every_cpu = list(range(32))
+    # 4 GPUs on node 0: 2 of its cores each, where the job's 16 cores make 4 a rank
+    crowded = {0: 0, 1: 0, 2: 0, 3: 0}
+    assert [cpu_binding.gpu_share(every_cpu, topology, crowded, d) for d in range(4)] == [None] * 4
+    # a rank that sees only its own GPU (one per task), on node 1: binding would drop core 0
+    assert cpu_binding.gpu_share([8, 9, 24, 25, 0, 16], topology, {0: 1}, 0) is None
+    assert cpu_binding.gpu_share([8, 9, 24, 25], topology, {0: 1}, 0) == [8, 9, 24, 25]
+    one_core = [0, 16]  # fewer cores than GPUs on the node
+    assert cpu_binding.gpu_share(one_core, topology, {0: 0, 1: 0}, 0) is None

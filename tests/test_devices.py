@@ -166,3 +166,12 @@ def test_node_check_on_cpu_and_missing_gpus(gpus) -> None:
     gpus(1)
     with pytest.raises(devices.DeviceError, match="4 processes need a GPU each but 1 are visible"):
         devices.node_check(4, "gpu", "fp32")
+
+
+def test_each_rank_knows_the_gpus_its_node_trains_on() -> None:
+    # 4 ranks that see the node's 4 GPUs: one each, all 4 in use
+    assert [devices.device_index(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert devices.node_devices(2, 4, 4) == [0, 1, 2, 3]
+    # a rank that sees only its own GPU (srun --gpus-per-task=1): its index 0, no other
+    assert devices.device_index(3, 1, 4) == 0
+    assert devices.node_devices(0, 1, 4) == [0]

@@ -140,3 +140,29 @@ def test_node_check_accepts_this_gpu_for_training() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert torch.cuda.get_device_name(0) in result.stdout
+
+
+def test_a_gpu_rank_finds_its_gpus_numa_node_and_binds_near_it() -> None:
+    """GPU 0's PCI address as torch gives it names its sysfs device (else no binding at all);
+    one rank on it is bound to CPUs of its NUMA node, every one of them on a one-node machine."""
+    code = (
+        "import json, os; from ddppipe import cpu_binding; "
+        "print(json.dumps(cpu_binding.bind_gpu_rank(0, 0, [0])))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    bound = json.loads(result.stdout.splitlines()[-1])
+    p = torch.cuda.get_device_properties(0)
+    pci = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    node = max(0, int(Path(f"/sys/bus/pci/devices/{pci}/numa_node").read_text()))
+    nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    if len(nodes) == 1:
+        assert bound == sorted(os.sched_getaffinity(0)), (bound, result.stderr[-2000:])
+    elif bound is not None:  # several nodes: unbound is right where the job's CPUs lie elsewhere
+        text = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text()
+        node_cpus = set()
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            node_cpus |= set(range(int(lo), int(hi or lo) + 1))
+        assert set(bound) <= node_cpus & os.sched_getaffinity(0), (bound, node)

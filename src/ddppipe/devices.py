@@ -91,6 +91,12 @@ def device_index(local_rank: int, visible: int, local_world_size: int | None) ->
     return local_rank if visible >= local_world_size else 0
 
 
+def node_devices(device: int, visible: int, local_world_size: int) -> list[int]:
+    """The CUDA indices, as this rank sees them, that its node's ranks train on: every local
+    rank's where it sees them all (:func:`device_index`), else only its own."""
+    return list(range(local_world_size)) if visible >= local_world_size else [device]
+
+
 def driver_version() -> str | None:
     """The node's NVIDIA kernel driver version (``/proc/driver/nvidia/version``), if loaded."""
     try:

@@ -47,10 +47,13 @@ def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
     env = environments.detect(os.environ)
     device = devices.select(env.local_rank, env.local_world_size, use)
     cuda = device.type == "cuda"
-    if cuda:
+    local = env.local_world_size or 1
+    if cuda:  # binding before the process group starts its threads
         torch.cuda.set_device(device)
-    else:  # before the process group starts its threads
-        cpu_binding.bind(env.local_rank, env.local_world_size or 1, torch.get_num_threads())
+        in_use = devices.node_devices(device.index, torch.cuda.device_count(), local)
+        cpu_binding.bind_gpu_rank(env.local_rank, device.index, in_use)
+    else:
+        cpu_binding.bind(env.local_rank, local, torch.get_num_threads())
     chosen = choose_backend(cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
     if env.name == "single":
@@ -70,7 +73,6 @@ def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
     if cuda and env.world_size > 1:
         check_distinct_gpus(device)
     log.info("%s, backend %s, device %s", env.describe(), chosen, device)
-    local = env.local_world_size or 1
     return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name, local)
 
 

@@ -79,27 +79,15 @@ def flops(calls: list[Call]) -> int:
 def training_step(cfg: dict[str, Any], data_dir: Path, images: int) -> Callable[[], None]:
     """Forward and backward of ``images`` training samples through ``cfg``'s model, in its
     precision, memory format and loss, as :mod:`ddppipe.train` runs a step on the CPU."""
-    from torch.utils.data import default_collate
-
     task = tasks.load(cfg["task"])
-    train_cfg = cfg["train"]
-    dtype, memory_format = evaluate.numerics(train_cfg)
+    dtype, memory_format = evaluate.numerics(cfg["train"])
     train_set, _ = task.call("datasets", data_dir, cfg["task_args"])
-    if data.in_memory(train_set):
-        x, y = train_set.batch(torch.arange(images))
-    else:
-        x, y = default_collate([train_set[i] for i in range(images)])
+    batch = data.samples(train_set, images, torch.device("cpu"))
     model = task.call("model", cfg["task_args"]).to(memory_format=memory_format)
-    loss_fn = (
-        task.module.loss
-        if task.has("loss")
-        else evaluate.default_loss(train_cfg["label_smoothing"])
-    )
+    loss_fn = evaluate.training_loss(task, cfg["train"]["label_smoothing"])
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            output = model(evaluate.as_input(x, memory_format))
-        loss_fn(output.float(), y).backward()
+        evaluate.loss_of(model, batch, loss_fn, dtype, memory_format).backward()
 
     return step
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe import attempts, config, efficiency, provenance
+from ddppipe import attempts, config, cpu_binding, efficiency, provenance
 from tests.conftest import requires_gpu, run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
 
@@ -161,8 +161,5 @@ def test_a_gpu_rank_finds_its_gpus_numa_node_and_binds_near_it() -> None:
         assert bound == sorted(os.sched_getaffinity(0)), (bound, result.stderr[-2000:])
     elif bound is not None:  # several nodes: unbound is right where the job's CPUs lie elsewhere
         text = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text()
-        node_cpus = set()
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            node_cpus |= set(range(int(lo), int(hi or lo) + 1))
+        node_cpus = set(cpu_binding.cpu_list(text))  # the parser test_cpu_binding.py checks
         assert set(bound) <= node_cpus & os.sched_getaffinity(0), (bound, node)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from ddppipe import sharding
 
@@ -59,6 +59,15 @@ class Tensors(Dataset):
 def in_memory(dataset: Any) -> bool:
     """Whether a task's dataset takes the in-memory path."""
     return isinstance(dataset, Tensors)
+
+
+def samples(dataset: Any, n: int, device: torch.device) -> Batch:
+    """The first ``n`` samples of a task's dataset as one batch on ``device``."""
+    if in_memory(dataset):
+        x, y = dataset.batch(torch.arange(n, device=dataset.inputs.device))
+    else:
+        x, y = default_collate([dataset[i] for i in range(n)])
+    return x.to(device), y.to(device)
 
 
 def loader_workers(cpus: int, local_world_size: int, threads: int) -> int:

@@ -98,6 +98,23 @@ def default_loss(label_smoothing: float = 0.0) -> LossFn:
     return loss
 
 
+def training_loss(task: Any, label_smoothing: float) -> LossFn:
+    """What a task trains on: its ``loss()``, else the recipe's cross-entropy."""
+    return task.module.loss if task.has("loss") else default_loss(label_smoothing)
+
+
+def loss_of(
+    model: Callable[[torch.Tensor], torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
+    loss_fn: LossFn, dtype: torch.dtype, memory_format: torch.memory_format,
+) -> torch.Tensor:  # fmt: skip
+    """The loss of a training batch: the forward under autocast to ``dtype`` (none in fp32),
+    the input in ``memory_format``, the loss on float32 outputs."""
+    x, y = batch
+    with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        output = model(as_input(x, memory_format))
+    return loss_fn(output.float(), y)
+
+
 def batch_sums(
     output: torch.Tensor, target: torch.Tensor, loss_fn: LossFn | None, metrics_fn: MetricsFn | None
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:

@@ -177,10 +177,7 @@ class Trainer:
             # bf16 training all-reduces bf16 gradients: half the bytes of every step's
             # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
             self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-        self.loss_fn = (
-            self.task.module.loss if self.task.has("loss")
-            else evaluate.default_loss(self.train_cfg["label_smoothing"])
-        )  # fmt: skip
+        self.loss_fn = evaluate.training_loss(self.task, self.train_cfg["label_smoothing"])
         self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
         self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
         if self.task.has("optimizer"):
@@ -226,22 +223,15 @@ class Trainer:
         (no all-reduce, no gradient in DDP's buckets; the RNG is reset by resume())."""
         import copy
 
-        from torch.utils.data import default_collate
-
-        if data.in_memory(dataset):
-            x, y = dataset.batch(torch.arange(2, device=self.ctx.device))  # on the device
-        else:
-            x, y = (t.to(self.ctx.device) for t in default_collate([dataset[0], dataset[1]]))
+        batch = data.samples(dataset, 2, self.ctx.device)
         replica = copy.deepcopy(self.model)
 
         def step() -> None:
-            with torch.autocast(
-                self.ctx.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
-            ):
-                output = replica(evaluate.as_input(x, self.memory_format))
-            self.loss_fn(output.float(), y).backward()
+            evaluate.loss_of(
+                replica, batch, self.loss_fn, self.dtype, self.memory_format
+            ).backward()
 
-        return efficiency.count_flops_per_image(step, int(y.shape[0]))
+        return efficiency.count_flops_per_image(step, int(batch[1].shape[0]))
 
     def _record_efficiency(self) -> None:
         """Collective: the slot's figures into rank 0's progress (its attempt record)."""
@@ -357,12 +347,8 @@ class Trainer:
         return bool(flag.item())
 
     def _forward_backward(self, batch: data.Batch, global_count: int) -> torch.Tensor:
-        x, y = batch
-        with torch.autocast(
-            self.ctx.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
-        ):
-            output = self.ddp(evaluate.as_input(x, self.memory_format))
-        loss = self.loss_fn(output.float(), y)
+        y = batch[1]
+        loss = evaluate.loss_of(self.ddp, batch, self.loss_fn, self.dtype, self.memory_format)
         # DDP averages gradients over ranks; weighting each rank's mean by its share of the
         # global batch makes the result the mean over the global batch whatever the shares.
         (loss * (y.shape[0] * self.ctx.world_size / global_count)).backward()

@@ -1,7 +1,7 @@
 # ddppipe: download MNIST -> DDP training with torchrun -> evaluation -> export -> report.
 from snakemake.utils import min_version, validate
 
-from ddppipe.config import validate as ddp_validate
+from ddppipe.spec.config import validate as ddp_validate
 
 min_version("9.0")
 

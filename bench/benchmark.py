@@ -37,7 +37,10 @@ from typing import Any
 import kernel_bound
 import torch
 
-from ddppipe import config, hashing, idx, launch, manifest, mnist
+from ddppipe.core import hashing, system
+from ddppipe.data import idx, manifest, mnist
+from ddppipe.launching import launch
+from ddppipe.spec import config
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSIC = Path(__file__).resolve().parent / "classic_ddp_mnist.py"
@@ -259,7 +262,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {launch.available_cpus()} CPUs, torch {torch.__version__}"
+    return f"{cpu}, {system.available_cpus()} CPUs, torch {torch.__version__}"
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -303,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    threads = args.threads or max(1, launch.available_cpus() // args.nproc)
+    threads = args.threads or max(1, system.available_cpus() // args.nproc)
     with tempfile.TemporaryDirectory(prefix="ddppipe-bench-") as tmp:
         work = Path(tmp)
         data = args.data
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             data,
             work,
             1,  # as the seeds run it: one process using every CPU
-            launch.available_cpus(),
+            system.available_cpus(),
             1 if args.quick else args.max_classic_epochs,
             args.target,
             args.classic_workers,

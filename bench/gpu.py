@@ -26,7 +26,10 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import attempts, config, provenance
+from ddppipe.launching import resolve
+from ddppipe.parallel import software
+from ddppipe.runstate import attempts
+from ddppipe.spec import config
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
@@ -43,7 +46,7 @@ def train(base: dict[str, Any], data: Path, work: Path, procs: int, seed: int) -
     cfg["train"]["seed"] = seed
     run = work / f"p{procs}-s{seed}"
     run.mkdir()
-    resolved = config.write_resolved(cfg, run / "config.yaml")  # device gpu: the GPU recipe
+    resolved = resolve.write_resolved(cfg, run / "config.yaml")  # device gpu: the GPU recipe
     command = [
         sys.executable, "-m", "ddppipe", "launch", f"--config={run / 'config.yaml'}",
         f"--data={data}", f"--state={run / 'state'}", f"--checkpoint={run / 'final.pt'}",
@@ -112,7 +115,7 @@ def main() -> int:
         runs = [
             train(base, data, work, procs, seed) for procs in sorted({1, gpus}) for seed in SEEDS
         ]
-    print(f"stack: {json.dumps(provenance.software())}")
+    print(f"stack: {json.dumps(software.stack())}")
     print(f"recipe: preset {runs[0]['preset']} (launch.device: gpu), NCCL")
     report(runs)
     return 0

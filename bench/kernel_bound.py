@@ -25,7 +25,12 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import config, cpu_binding, data, evaluate, launch, tasks
+from ddppipe import tasks
+from ddppipe.core import system
+from ddppipe.data import batches
+from ddppipe.parallel import cpu_binding
+from ddppipe.spec import config
+from ddppipe.training import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 SECONDS = 1.0  # replaying time per process, after a warm-up round
@@ -78,11 +83,11 @@ def flops(calls: list[Call]) -> int:
 
 def training_step(cfg: dict[str, Any], data_dir: Path, images: int) -> Callable[[], None]:
     """Forward and backward of ``images`` training samples through ``cfg``'s model, in its
-    precision, memory format and loss, as :mod:`ddppipe.train` runs a step on the CPU."""
+    precision, memory format and loss, as :mod:`ddppipe.training.train` runs a step on the CPU."""
     task = tasks.load(cfg["task"])
     dtype, memory_format = evaluate.numerics(cfg["train"])
     train_set, _ = task.call("datasets", data_dir, cfg["task_args"])
-    batch = data.samples(train_set, images, torch.device("cpu"))
+    batch = batches.samples(train_set, images, torch.device("cpu"))
     model = task.call("model", cfg["task_args"]).to(memory_format=memory_format)
     loss_fn = evaluate.training_loss(task, cfg["train"]["label_smoothing"])
 
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--nproc", type=int, default=2, help="training processes")
     args = ap.parse_args(argv)
-    threads = max(1, launch.available_cpus() // args.nproc)
+    threads = max(1, system.available_cpus() // args.nproc)
     cfg = bench_config(args.nproc, threads)
     bound = measure(cfg, args.data, args.nproc, threads)
     print(f"the default config's step kernels alone, {args.nproc} processes x {threads} "

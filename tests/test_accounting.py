@@ -1,4 +1,4 @@
-"""sacct's output parsed into per-(job, requeue) records (ddppipe.accounting)."""
+"""sacct's output parsed into per-(job, requeue) records (ddppipe.cluster.accounting)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe import accounting, slurm
+from ddppipe.cluster import accounting, slurm
 
 # Captured from the accounting test cluster (tests/slurm_cluster.py, Slurm 22.05 with
 # jobacct_gather/linux sampling every second: JobAcctGatherFrequency=1) by `sacct -j 1,2,3

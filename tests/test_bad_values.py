@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ddppipe import config, launch, slurm
+from ddppipe.cluster import slurm
+from ddppipe.launching import launch
+from ddppipe.spec import config
 from tests.conftest import run_cli
 from tests.tiny import default_config
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe import checkpoint
+from ddppipe.training import checkpoint
 
 
 def snapshot(epoch: int, step: int = 0, config_hash: str = "abc") -> dict:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddppipe import cluster_policy, slurm
-from ddppipe.cluster_policy import Cluster
+from ddppipe.cluster import cluster_policy, slurm
+from ddppipe.cluster.cluster_policy import Cluster
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
 from tests.test_slurm import FINAL, on_cluster, snakemake_slurm

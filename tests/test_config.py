@@ -1,6 +1,6 @@
 import pytest
 
-from ddppipe import config
+from ddppipe.spec import config
 from tests.tiny import default_config
 
 

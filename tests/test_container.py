@@ -22,7 +22,9 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import config, container, provenance
+from ddppipe.apptainer import container
+from ddppipe.parallel import software
+from ddppipe.spec import config
 from tests.tiny import REPO, TinyData, tiny_config
 from tests.workflow_helpers import snakemake
 
@@ -187,7 +189,7 @@ def test_dag_trains_in_image_and_records_digest(image_run: ImageRun) -> None:
     labels = info["labels"]
     assert labels["ddppipe.variant"] == "cuda"
     # The image ships the stack the tests run: torch, CUDA, cuDNN, NCCL of the host's build.
-    host = provenance.software()
+    host = software.stack()
     for key in ("torch", "cuda", "cudnn", "nccl"):
         assert labels[f"ddppipe.{key}.version"] == host[key], key
     record = json.loads((w / "results/tiny/export/provenance.json").read_text())

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe import cpu_binding, workers
+from ddppipe.launching import workers
+from ddppipe.parallel import cpu_binding
 
 TWO_CPUS = sorted(os.sched_getaffinity(0))[:2]  # CI has 2 cores; the tests need 2
 
 # Joins the process group (gloo's threads started) and prints every thread's CPUs.
 REPORT = """
 import json, os
-from ddppipe import distributed
+from ddppipe.parallel import distributed
 ctx = distributed.setup(use="cpu")
 cpus = {}
 for task in os.listdir("/proc/self/task"):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from ddppipe import devices, distributed, environments
+from ddppipe.parallel import devices, distributed, environments
 from tests.tiny import default_config
 
 

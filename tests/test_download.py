@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from ddppipe import download, hashing, mnist
+from ddppipe.core import hashing
+from ddppipe.data import download, mnist
 from tests.tiny import TinyData
 
 # A server that is never cut off would hang the old read-it-all code: fail instead.
@@ -183,7 +184,7 @@ def test_sha256_list_must_name_the_four_files(tiny: TinyData, tmp_path: Path) ->
 BOMB_CHILD = """
 import json, resource, sys
 from pathlib import Path
-from ddppipe import download
+from ddppipe.data import download
 
 def kib(key):
     with open("/proc/self/status") as f:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from ddppipe import efficiency
+from ddppipe.training import efficiency
 
 
 def attempt(wall: float, **figures: float) -> dict:
@@ -47,7 +47,7 @@ def test_a_well_used_allocation_has_no_flag() -> None:
 
 
 def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
-    from ddppipe import continuation
+    from ddppipe.cluster import continuation
 
     job = {"SubmitTime": "2026-11-23T10:00:00", "EligibleTime": "2026-11-23T10:02:00",
            "StartTime": "2026-11-23T10:02:45"}  # fmt: skip
@@ -87,7 +87,7 @@ def test_utilisation_falls_back_to_the_gpu_datasheet_then_to_nothing() -> None:
 
 
 def test_gpu_usage_sampler_averages_and_keeps_the_peak() -> None:
-    from ddppipe import gpu_usage
+    from ddppipe.training import gpu_usage
 
     readings = iter([(50.0, 1_000.0), (100.0, 3_000.0), (0.0, 2_000.0)])
 
@@ -103,7 +103,7 @@ def test_gpu_usage_sampler_averages_and_keeps_the_peak() -> None:
 
 
 def test_gpu_usage_without_nvml_gives_no_figures() -> None:
-    from ddppipe import gpu_usage
+    from ddppipe.training import gpu_usage
 
     def read() -> tuple[float, float]:
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")

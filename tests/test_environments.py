@@ -1,6 +1,7 @@
 import pytest
 
-from ddppipe import environments as envs
+from ddppipe.core import rendezvous
+from ddppipe.parallel import environments as envs
 
 
 def test_torchrun() -> None:
@@ -35,7 +36,7 @@ def test_slurm_srun_first_host_and_job_port() -> None:
     assert isinstance(e, envs.Slurm)
     assert (e.rank, e.local_rank, e.world_size) == (5, 1, 6)  # the step's tasks win
     assert e.master_addr == "gpu07"
-    assert e.master_port == envs.job_port(123456)
+    assert e.master_port == rendezvous.job_port(123456)
     other = envs.detect({**env, "SLURM_JOB_ID": "123457"})
     assert other.master_port != e.master_port
     # A step on a subset of the job's nodes meets on the step's first node.
@@ -112,5 +113,5 @@ def test_bad_values_are_clear_errors() -> None:
         )
     with pytest.raises(envs.LauncherEnvError, match="outside world size"):
         envs.detect({"PMI_RANK": "2", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "0"})
-    with pytest.raises(envs.LauncherEnvError, match="node list"):
-        envs.first_host("node[3-")
+    with pytest.raises(rendezvous.NodelistError, match="node list"):
+        rendezvous.first_host("node[3-")

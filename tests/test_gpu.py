@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe import attempts, config, cpu_binding, efficiency, provenance
+from ddppipe.launching import resolve
+from ddppipe.parallel import cpu_binding
+from ddppipe.runstate import attempts
+from ddppipe.spec import config
+from ddppipe.training import efficiency
 from tests.conftest import requires_gpu, run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
 
@@ -56,7 +60,7 @@ def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path) -> 
     record = gpu_run(tiny, tmp_path / "run", procs)
     assert record["training"]["backend"] == "nccl" and record["training"]["device"] == "cuda"
     software = record["software"]
-    assert software["nccl"] == provenance.nccl_version() and software["cuda"] == torch.version.cuda
+    assert software["nccl"] == software.nccl_version() and software["cuda"] == torch.version.cuda
     assert software["gpus"][0] == torch.cuda.get_device_name(0) and software["driver"]
     assert config.load(tmp_path / "run" / "config.yaml")["train"]["preset"] == "gpu"
 
@@ -90,7 +94,7 @@ def test_gpu_recipe_reaches_99_percent_on_real_mnist(seed: int, tmp_path: Path) 
     config.write(config.data_settings(config.validate(cfg)), settings)
     run_cli("prepare", f"--settings={settings}", f"--dest={data}")
     path = tmp_path / "config.yaml"
-    assert config.write_resolved(cfg, path)["train"]["preset"] == "gpu"
+    assert resolve.write_resolved(cfg, path)["train"]["preset"] == "gpu"
     run_cli(
         "launch", f"--config={path}", f"--data={data}", f"--state={tmp_path / 'state'}",
         f"--checkpoint={tmp_path / 'final.pt'}", f"--metrics={tmp_path / 'metrics.jsonl'}",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe import container
+from ddppipe.apptainer import container
 from tests.tiny import REPO, default_config
 from tests.workflow_helpers import snakemake
 

@@ -3,7 +3,7 @@ import struct
 import pytest
 import torch
 
-from ddppipe import idx
+from ddppipe.data import idx
 
 
 def images(n: int = 5) -> torch.Tensor:

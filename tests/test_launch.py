@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
-from ddppipe import config, launch, slurm
+from ddppipe.cluster import slurm
+from ddppipe.core import system
+from ddppipe.launching import launch
+from ddppipe.spec import config
 from tests.tiny import default_config
 
 
@@ -27,7 +30,7 @@ def test_job_threads_count_every_process_thread() -> None:
     cfg["launch"].update(nproc_per_node=2, cpus_per_proc=3)
     assert launch.job_threads(cfg) == 6
     cfg["launch"]["cpus_per_proc"] = None  # all of this machine's CPUs
-    assert launch.job_threads(cfg) == 2 * max(1, launch.available_cpus() // 2)
+    assert launch.job_threads(cfg) == 2 * max(1, system.available_cpus() // 2)
 
 
 def test_outside_slurm_the_launcher_starts_each_rank_itself() -> None:

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddppipe import attempts, preemption
+from ddppipe.runstate import attempts, preemption
 from tests.processes import guarded_workers
 from tests.test_train_ddp import cli_args, start_guarded_launch
 from tests.tiny import TinyData, make_tiny, tiny_config

@@ -14,7 +14,9 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import config, hashing, jsonl, preemption, state
+from ddppipe.core import hashing, jsonl
+from ddppipe.launching import resolve
+from ddppipe.runstate import preemption, state
 from tests.tiny import REPO, default_config
 from tests.workflow_helpers import job_counts, snakemake
 
@@ -128,7 +130,7 @@ def script_launch(run_dir: Path, epochs: int) -> list[str]:
     cfg = own_config("script", script=str(EXAMPLE_SCRIPT),
                      script_args=["--epochs", str(epochs)])  # fmt: skip
     path = run_dir / "config.yaml"
-    config.write_resolved(cfg, path)
+    resolve.write_resolved(cfg, path)
     outputs, metrics = run_dir / "outputs", run_dir / "metrics.jsonl"
     return [f"--config={path}", f"--state={run_dir / 'state'}", f"--outputs={outputs}",
             f"--metrics={metrics}"]  # fmt: skip

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from ddppipe import config, devices, presets
+from ddppipe.launching import resolve
+from ddppipe.parallel import devices
+from ddppipe.spec import config, presets
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, default_config, tiny_config
 
@@ -88,8 +90,8 @@ def test_explicit_keys_and_other_presets_win_on_gpus() -> None:
 def test_the_resolved_config_records_the_gpu_recipe(tmp_path: Path) -> None:
     """What the workflow writes for a run on this machine's GPU (device auto): the recipe and
     MNIST model variant it trains, and a checkpoint identity apart from the CPU recipe's."""
-    cpu = config.write_resolved(default_config(), tmp_path / "cpu.yaml", gpus=False)
-    gpu = config.write_resolved(default_config(), tmp_path / "gpu.yaml", gpus=True)
+    cpu = resolve.write_resolved(default_config(), tmp_path / "cpu.yaml", gpus=False)
+    gpu = resolve.write_resolved(default_config(), tmp_path / "gpu.yaml", gpus=True)
     written = config.load_resolved(tmp_path / "gpu.yaml")
     assert (written["train"]["preset"], written["train"]["epochs"]) == ("gpu", 1)
     assert written["task_args"]["batchnorm"] is True

@@ -16,9 +16,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from bench.screenshot import chromium, open_report
-from ddppipe import config, jsonl, scaling, scaling_results
-from ddppipe.scaling import Point
-from ddppipe.scaling_results import RunResult
+from ddppipe.core import jsonl
+from ddppipe.reports import scaling_results
+from ddppipe.reports.scaling_results import RunResult
+from ddppipe.spec import config, scaling
+from ddppipe.spec.scaling import Point
 from tests.conftest import run_cli
 from tests.tiny import TinyData, default_config, tiny_config
 from tests.workflow_helpers import job_counts, snakemake

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ddppipe import sharding
+from ddppipe.data import sharding
 
 
 @pytest.mark.parametrize(

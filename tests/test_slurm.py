@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import slurm
+from ddppipe.cluster import slurm
 from tests.processes import guarded_workers, worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
@@ -132,7 +132,7 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
         r"utilisation +\d+% of the peak \([\d,]+ GFLOP/s bf16 GEMM peak, measured", summary
     )
     assert re.search(r"communication +\d+% of a step waits for the all-reduce", summary)
-    # The job's end noticed within seconds of the slot's end (ddppipe.status_checks), not at
+    # The job's end noticed within seconds of the slot's end (ddppipe.cluster.status_checks), not at
     # the plugin's next check: 36, 68, 110 s ... after the submission (33 s late, measured).
     slot_end = (tmp_path / "wd/results/mnist2n/state/slot-ended").stat().st_mtime
     (noticed,) = stamps(result.stderr, r"Finished jobid: \d+ \(Rule: train\)")

@@ -6,7 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from ddppipe import continuation, launch, slurm
+from ddppipe.cluster import continuation, slurm
+from ddppipe.launching import launch
 from tests.tiny import default_config
 
 

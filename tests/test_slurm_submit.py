@@ -10,7 +10,7 @@ import yaml
 from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-from ddppipe import slurm
+from ddppipe.cluster import slurm
 from tests.tiny import REPO, default_config
 
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())

@@ -1,4 +1,4 @@
-"""The SLURM plugin's status checks woken by a slot's end (ddppipe.status_checks)."""
+"""The SLURM plugin's status checks woken by a slot's end (ddppipe.cluster.status_checks)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import snakemake_executor_plugin_slurm
 import snakemake_executor_plugin_slurm_jobstep
 
-from ddppipe import lifecycle, status_checks
+from ddppipe.cluster import status_checks
+from ddppipe.launching import lifecycle
 
 
 def test_a_slot_end_cuts_the_sleep_short(tmp_path: Path) -> None:

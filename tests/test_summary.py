@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from ddppipe import jsonl
+from ddppipe.core import jsonl
 
 
 def make_run(root: Path, slurm: bool = False) -> Path:

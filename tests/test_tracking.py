@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ddppipe import tracking
+from ddppipe.training import tracking
 
 # One job slot: logs train/loss = step + 1000 * slot at every step and test/accuracy at every
 # 10th, then closes the tracker or dies by SIGKILL (after `linger` seconds) without closing it.
@@ -22,7 +22,7 @@ SLOT = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from pathlib import Path
-    from ddppipe import tracking
+    from ddppipe.training import tracking
 
     spec = json.loads(sys.argv[1])
     tracking.FLUSH_SECONDS = spec.get("flush_seconds", tracking.FLUSH_SECONDS)
@@ -159,7 +159,7 @@ def test_unreachable_mlflow_never_stops_training(
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    with caplog.at_level(logging.WARNING, logger="ddppipe.tracking"):
+    with caplog.at_level(logging.WARNING, logger="ddppipe.training.tracking"):
         tracker = tracking.Tracker(
             tmp_path / "tensorboard", tmp_path / "state", mlflow_uri="http://127.0.0.1:9"
         )
@@ -168,7 +168,7 @@ def test_unreachable_mlflow_never_stops_training(
         tracker.close()
         tracker.log(10, {"loss": 10.0}, prefix="train")  # after close: ignored
     assert [step for step, _ in scalars(tmp_path / "tensorboard", "train/loss")] == list(range(10))
-    warnings = [r for r in caplog.records if r.name == "ddppipe.tracking"]
+    warnings = [r for r in caplog.records if r.name == "ddppipe.training.tracking"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert warnings[0].levelno == logging.WARNING
     assert "MLflow tracking (http://127.0.0.1:9) off" in warnings[0].getMessage()
@@ -180,12 +180,12 @@ def test_unwritable_log_dir_never_stops_training(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with caplog.at_level(logging.WARNING, logger="ddppipe.tracking"):
+    with caplog.at_level(logging.WARNING, logger="ddppipe.training.tracking"):
         tracker = tracking.Tracker(blocker / "tensorboard", tmp_path / "state")
         for step in range(3):
             tracker.log(step, {"loss": 1.0, "bad": "n/a"}, prefix="train")  # type: ignore[dict-item]
         tracker.close()
-    messages = [r.getMessage() for r in caplog.records if r.name == "ddppipe.tracking"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "ddppipe.training.tracking"]
     assert len(messages) == 2, messages
     assert "'train/bad'" in messages[0]
     assert "TensorBoard tracking off" in messages[1]
@@ -205,7 +205,7 @@ def test_flatten_params() -> None:
 
 def test_import_loads_neither_tensorboard_nor_mlflow() -> None:
     code = (
-        "import sys, ddppipe.tracking; print(sorted(m for m in sys.modules"
+        "import sys, ddppipe.training.tracking; print(sorted(m for m in sys.modules"
         " if m.split('.')[0] in {'mlflow', 'tensorboard', 'torch'}))"
     )
     result = subprocess.run(

@@ -12,7 +12,9 @@ import pytest
 import torch
 import yaml
 
-from ddppipe import checkpoint, config, preemption, state
+from ddppipe.runstate import preemption, state
+from ddppipe.spec import config
+from ddppipe.training import checkpoint
 from tests.conftest import run_cli
 from tests.processes import guarded_workers, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
@@ -78,7 +80,7 @@ def test_two_process_torchrun_writes_metrics_and_checkpoints(straight: Path) -> 
 
 
 def test_the_slot_records_where_its_time_went(straight: Path) -> None:
-    """Rank 0's figures of the slot, in its attempt record (ddppipe.efficiency)."""
+    """Rank 0's figures of the slot, in its attempt record (ddppipe.training.efficiency)."""
     (attempt,) = json.loads((straight / "state" / "attempts.json").read_text())
     figures = attempt["efficiency"]
     assert figures["flops_per_image"] == 71_565_312  # the seeds' CNN: 71.6 MFLOP an image

@@ -1,5 +1,5 @@
-"""The local worker group (ddppipe.workers): torchrun's variables, a failure stops the others,
-restarts, and a stop is never restarted. Its workers here are small Python programs."""
+"""The local worker group (ddppipe.launching.workers): torchrun's variables, a failure stops the
+others, restarts, and a stop is never restarted. Its workers here are small Python programs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddppipe import workers
+from ddppipe.launching import workers
 
 # Rank 1 fails with exit 3 in the group's first start; the others wait for a minute.
 FAIL_ONCE = """

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe import checkpoint
-from ddppipe import provenance as ddp_provenance
-from ddppipe.model import Net
+from ddppipe.parallel import software as ddp_software
+from ddppipe.tasks.model import Net
+from ddppipe.training import checkpoint
 from tests.conftest import run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
 from tests.workflow_helpers import job_counts, rule_graph, snakemake
@@ -86,7 +86,7 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
               env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
     for rule in after:
         log = (tmp_path / "logs" / "tiny" / f"{rule}.log").read_text()
-        assert "| ddppipe.cli" in log, rule  # the profile is there
+        assert "| ddppipe.cli.main" in log, rule  # the profile is there
         assert not re.search(r"\|\s+torch$", log, re.MULTILINE), f"{rule} imported torch"
 
 
@@ -119,9 +119,9 @@ def test_real_mnist_one_epoch(http_mirror, tmp_path: Path) -> None:
     # the training stack's versions (NCCL and cuDNN answer without a GPU in a CUDA build)
     assert provenance["software"]["torch"] == torch.__version__
     assert provenance["software"]["cuda"] == torch.version.cuda
-    assert provenance["software"]["nccl"] == ddp_provenance.nccl_version()
+    assert provenance["software"]["nccl"] == ddp_software.nccl_version()
     assert torch.version.cuda is None or provenance["software"]["nccl"] is not None
-    assert provenance["software"]["cudnn"] == ddp_provenance.cudnn_version()
+    assert provenance["software"]["cudnn"] == ddp_software.cudnn_version()
 
     model = Net(batchnorm=True)  # the fast and gpu recipes' variant of the seeds' CNN
     model.load_state_dict(torch.load(run / "export" / "model.pt", weights_only=True))

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe import idx, manifest, mnist
+from ddppipe.data import idx, manifest, mnist
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"

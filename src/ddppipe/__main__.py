@@ -1,3 +1,3 @@
-from ddppipe.cli import main
+from ddppipe.cli.main import main
 
 raise SystemExit(main())

@@ -7,15 +7,15 @@ import shlex
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from ddppipe import cluster_policy as ddp_cluster_policy
-from ddppipe import config as ddp_config
-from ddppipe import container as ddp_container
-from ddppipe import devices as ddp_devices
-from ddppipe import failed_node_names as ddp_failed_node_names
-from ddppipe import launch as ddp_launch
-from ddppipe import scaling as ddp_scaling
-from ddppipe import slurm as ddp_slurm
-from ddppipe import status_checks as ddp_status_checks
+from ddppipe.cluster import cluster_policy as ddp_cluster_policy
+from ddppipe.spec import config as ddp_config
+from ddppipe.apptainer import container as ddp_container
+from ddppipe.parallel import devices as ddp_devices
+from ddppipe.cluster import failed_node_names as ddp_failed_node_names
+from ddppipe.launching import launch as ddp_launch
+from ddppipe.spec import scaling as ddp_scaling
+from ddppipe.cluster import slurm as ddp_slurm
+from ddppipe.cluster import status_checks as ddp_status_checks
 from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
@@ -64,13 +64,13 @@ def on_slurm():
 
 
 def trains_on_gpus(run_config):
-    """Whether a run trains on GPUs: its recipe depends on it (ddppipe.presets)."""
+    """Whether a run trains on GPUs: its recipe depends on it (ddppipe.spec.presets)."""
     return ddp_devices.trains_on_gpus(run_config, on_slurm())
 
 
 def print_summary():
-    """The run's summary (ddppipe.summary) at the end of every snakemake call."""
-    from ddppipe import summary as ddp_summary
+    """The run's summary (ddppipe.reports.summary) at the end of every snakemake call."""
+    from ddppipe.reports import summary as ddp_summary
 
     if os.path.isdir(run_dir(RUN)):
         logger.info(ddp_summary.text(run_dir(RUN)))
@@ -83,7 +83,7 @@ def state_dirs():
 
 def check_cluster_policy():
     """Before the SLURM executor submits anything: fail (or warn) on cluster settings that
-    would hang the workflow or lose work (ddppipe.cluster_policy)."""
+    would hang the workflow or lose work (ddppipe.cluster.cluster_policy)."""
     if not on_slurm():
         return
     settings = workflow.executor_settings
@@ -99,14 +99,14 @@ def check_cluster_policy():
 
 def keep_failed_node_names():
     """SLURM executor: a node failure never breaks the later submissions (the plugin would
-    exclude "None assigned"; ddppipe.failed_node_names)."""
+    exclude "None assigned"; ddppipe.cluster.failed_node_names)."""
     if on_slurm():
         ddp_failed_node_names.install(workflow.executor_plugin.executor)
 
 
 def wake_status_checks():
     """SLURM executor: a training job's end noticed within seconds of its slot's end, not at
-    the plugin's next status check (ddppipe.status_checks)."""
+    the plugin's next status check (ddppipe.cluster.status_checks)."""
     if on_slurm():
         ddp_status_checks.install(workflow.executor_plugin.executor, state_dirs())
 

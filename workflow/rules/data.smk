@@ -2,8 +2,8 @@ rule write_config:
     """The run's validated config with its preset filled in: what every later step reads.
 
     The base run gets the config as given; a scaling-study run (scaling-n<N>-p<P>-c<C>) gets
-    it with that grid point's launch settings (ddppipe.scaling). A run that trains on GPUs
-    gets its preset's GPU recipe (ddppipe.presets): a change of device re-runs it.
+    it with that grid point's launch settings (ddppipe.spec.scaling). A run that trains on GPUs
+    gets its preset's GPU recipe (ddppipe.spec.presets): a change of device re-runs it.
     """
     output:
         "results/{run}/config.yaml",

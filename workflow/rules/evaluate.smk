@@ -144,7 +144,7 @@ rule export:
 
 
 rule summarize:
-    """The run's summary (ddppipe.summary) as HTML: the first thing the report shows."""
+    """The run's summary (ddppipe.reports.summary) as HTML: the first thing the report shows."""
     input:
         config="results/{run}/config.yaml",
         metrics="results/{run}/train/metrics.jsonl",

@@ -2,7 +2,7 @@ rule train:
     """Multi-process DDP training, started by torchrun; resumes from the run's checkpoints.
 
     In a SLURM job the training is an srun step; a stop on the time-limit warning requeues
-    the job (same id, next slot) until training completes (ddppipe.lifecycle). Snakemake
+    the job (same id, next slot) until training completes (ddppipe.launching.lifecycle). Snakemake
     deletes a job's log when the job (a slot) starts, so the launcher appends to the run's
     state/train.log (live, every slot) and the log is its copy when the slot ends.
     """
@@ -30,7 +30,7 @@ rule train:
         "benchmarks/{run}/train.tsv"
     threads: lambda wc: ddp_launch.job_threads(ddp_scaling.config_for_run(config, wc.run))
     resources:
-        **ddp_slurm.train_resources(config),  # ddppipe.slurm.Request, per run
+        **ddp_slurm.train_resources(config),  # ddppipe.cluster.slurm.Request, per run
     params:
         data=lambda wc, input: (
             f"--data {os.path.dirname(input.data)}" if input.data else ""

@@ -34,8 +34,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddppipe import hashing
-from ddppipe.errors import UserError
+from ddppipe.core import hashing
+from ddppipe.core.errors import UserError
 
 REQUIRED = ("prepare", "datasets", "model")
 OPTIONAL = ("loss", "metrics", "optimizer", "ARGS_SCHEMA")
@@ -180,7 +180,7 @@ def _file_source(ref: str, cwd: Path | None, what: str, hint: str) -> Source:
 
 def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` coerced, checked against the task's ARGS_SCHEMA and filled with its defaults."""
-    from ddppipe import config
+    from ddppipe.spec import config
 
     schema = task.args_schema
     if schema is None:

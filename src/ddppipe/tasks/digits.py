@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddppipe import atomic
-from ddppipe.data import Tensors
-from ddppipe.model import Dropout, flatten
+from ddppipe.core import atomic
+from ddppipe.data.batches import Tensors
+from ddppipe.tasks.model import Dropout, flatten
 from ddppipe.tasks.split import stratified
 
 FILE = "digits.pt"

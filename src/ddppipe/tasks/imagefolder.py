@@ -39,8 +39,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from ddppipe import atomic, hashing
-from ddppipe.errors import UserError
+from ddppipe.core import atomic, hashing
+from ddppipe.core.errors import UserError
 from ddppipe.tasks.split import stratified
 
 INDEX = "index.json"

@@ -1,9 +1,9 @@
 """MNIST (the default task): the seeds' CNN on the 70,000 official handwritten digits.
 
 ``prepare`` downloads the four IDX files from the first working mirror of
-``task_args.mirrors`` and verifies their SHA-256 (:mod:`ddppipe.download`); ``datasets``
+``task_args.mirrors`` and verifies their SHA-256 (:mod:`ddppipe.data.download`); ``datasets``
 keeps them in memory as uint8 tensors, normalized per batch on the device; ``model`` is
-:class:`ddppipe.model.Net` (its BatchNorm variant with ``batchnorm``, which the ``gpu`` preset
+:class:`ddppipe.tasks.model.Net` (its BatchNorm variant with ``batchnorm``, which the ``gpu`` preset
 turns on). ``task_args`` (all optional): see ``mnist.args.yaml``.
 """
 
@@ -21,14 +21,14 @@ ARGS_SCHEMA: dict[str, Any] = yaml.safe_load(
 
 
 def prepare(data_dir: Path, args: dict[str, Any]) -> None:
-    from ddppipe import download
+    from ddppipe.data import download
 
     download.download_all(args, data_dir)
 
 
 def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Any, Any]:
-    from ddppipe import mnist
-    from ddppipe.data import Tensors
+    from ddppipe.data import mnist
+    from ddppipe.data.batches import Tensors
 
     data = mnist.load(data_dir)
     return (
@@ -38,6 +38,6 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def model(args: dict[str, Any]) -> Any:
-    from ddppipe.model import Net
+    from ddppipe.tasks.model import Net
 
     return Net(batchnorm=args.get("batchnorm", False))

@@ -1,0 +1,1 @@
+"""The container: building images, their identity, running commands inside them."""

@@ -1,0 +1,1 @@
+"""The ``ddppipe`` command: a table of subcommands."""

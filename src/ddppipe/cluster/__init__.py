@@ -1,0 +1,1 @@
+"""SLURM: the resource request, accounting, continuations, cluster policy, status checks."""

@@ -1,0 +1,132 @@
+"""After training stopped on a signal: why, and whether the job goes on in a new slot.
+
+A stop on the time-limit warning (the launcher's SIGUSR1) or on a user's ``scancel --signal``
+continues by requeueing the job itself (``scontrol requeue``, as submitit and Lightning do):
+the same job id goes back to the queue and gets a fresh time slot, and the Snakemake SLURM
+plugin, which sees a PENDING or RUNNING job, keeps waiting; its ``retries`` stay for real
+failures. Preemption and node failures are requeued by SLURM itself (``--requeue``). A slot
+that checkpointed no new step, or a run past ``slurm.max_continuations``, fails instead of
+looping.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ddppipe.cluster import slurm
+from ddppipe.runstate.attempts import Attempt
+
+# The warning arrives signal_seconds before the end; the stop then takes some seconds more.
+TIME_LIMIT_SLACK_S = 30
+# Outcomes after which SLURM requeues the job itself (the job was submitted with --requeue).
+# ("ended by SLURM": srun exited 0 without some nodes' finished marks as SLURM ended the job.)
+REQUEUED_BY_SLURM = ("preempted", "node failure", "requeued by SLURM", "ended by SLURM")
+# States of a job that SLURM has put back in the queue (its nodes' states may be unknown).
+REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
+# A failed node's processes are gone (a drained one's run on: draining waits for its jobs).
+FAILED_NODE_STATES = ("DOWN", "FAIL", "NOT_RESPONDING")
+BAD_NODE_STATES = (*FAILED_NODE_STATES, "DRAIN")
+
+
+def ending(job: dict[str, str], nodes: dict[str, str]) -> bool:
+    """Is SLURM ending the job of a step that exited 0 without every node's finished mark?
+
+    Yes when a node of it failed (``DOWN+DRAIN``, ``NOT_RESPONDING``: srun exits 0 on a node
+    failure) or the job is no longer running (requeued, preempted, cancelled), from its
+    scontrol record ``job`` and its nodes' states ``nodes``. Otherwise the marks are late
+    (a shared filesystem that shows other nodes' files after a while) and the exit 0 stands.
+    """
+    return bool(_nodes_in(nodes, FAILED_NODE_STATES)) or job.get("JobState") != "RUNNING"
+
+
+def _nodes_in(nodes: dict[str, str], states: tuple[str, ...]) -> list[str]:
+    """The nodes whose scontrol ``State`` (e.g. ``DOWN+DRAIN``) has one of ``states``."""
+    return [n for n, state in nodes.items() if any(s in state for s in states)]
+
+
+def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
+    """Seconds until the job's EndTime (scontrol's local time), None when it has none."""
+    end = slurm.timestamp(job.get("EndTime", ""))
+    if end is None:
+        return None
+    return end - (time.time() if now is None else now)
+
+
+def submitted(job: dict[str, str]) -> float | None:
+    """Unix time of the job's SubmitTime (for a requeued job: its requeue); None if unknown."""
+    return slurm.timestamp(job.get("SubmitTime", ""))
+
+
+def queue_seconds(job: dict[str, str]) -> float:
+    """How long this slot of the job waited: from its (re)submission or eligibility to start.
+
+    A requeued job is eligible again from its requeue (EligibleTime); 0 when SLURM did not say.
+    """
+    start = slurm.timestamp(job.get("StartTime", ""))
+    since = [t for key in ("SubmitTime", "EligibleTime")
+             if (t := slurm.timestamp(job.get(key, ""))) is not None]  # fmt: skip
+    return max(0.0, start - max(since)) if start is not None and since else 0.0
+
+
+def classify(
+    signal_name: str | None,
+    job: dict[str, str] | None,
+    nodes: dict[str, str],
+    signal_seconds: int,
+    now: float | None = None,
+    stop_signal: str = "SIGUSR1",
+) -> str:
+    """How a slot that stopped on ``signal_name`` ended, from what SLURM says right after.
+
+    ``job`` is the job's scontrol record (None outside SLURM), ``nodes`` its nodes' states.
+    """
+    signal_name = signal_name or "a signal"
+    if job is None:
+        return f"stopped on {signal_name}"
+    if _nodes_in(nodes, BAD_NODE_STATES):
+        return "node failure"
+    if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
+        return "preempted"
+    if job.get("JobState") in REQUEUED_STATES:
+        return "requeued by SLURM"
+    left = seconds_left(job, now)
+    near_end = left is not None and left <= signal_seconds + TIME_LIMIT_SLACK_S
+    if signal_name == stop_signal and near_end:
+        return "time limit"
+    return f"stopped on {signal_name}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether the job should requeue itself, and why not when it should not."""
+
+    requeue: bool
+    reason: str
+
+
+def decide(history: list[Attempt], max_continuations: int) -> Decision:
+    """Requeue after the last slot of ``history`` (which stopped on a signal)?
+
+    A slot whose progress is unknown (a script that logged no step) continues, bounded by
+    ``max_continuations``.
+    """
+    last = history[-1]
+    if last.outcome in REQUEUED_BY_SLURM:
+        return Decision(False, f"{last.outcome}: SLURM requeues the job itself")
+    if last.start_step is not None and last.steps <= 0:
+        return Decision(
+            False,
+            f"no progress: slot {last.number} (job {last.job}) checkpointed no new step "
+            f"(it resumed from {last.resumed_from or 'the start'}). The time left after "
+            "start-up is too short for one checkpoint interval: raise slurm.runtime, or lower "
+            "slurm.signal_seconds if the warning comes long before the checkpoint is needed",
+        )
+    requeues = sum(1 for a in history[:-1] if a.job == last.job)
+    if requeues >= max_continuations:
+        return Decision(
+            False,
+            f"slurm.max_continuations ({max_continuations}) reached: job {last.job} ran "
+            f"{requeues + 1} slots; raise slurm.max_continuations or slurm.runtime",
+        )
+    return Decision(True, "")

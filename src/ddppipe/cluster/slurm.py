@@ -1,0 +1,283 @@
+"""The SLURM side of a training run: one request object, and what SLURM says about a job.
+
+:class:`Request` is derived once from a config. Both the train rule's Snakemake resources
+(the plugin's sbatch line) and the srun step and torchrun arguments of the job come from it,
+so nodes, CPUs and GPUs cannot disagree between them. Its shape is one task per node
+(``--ntasks-per-node=1``): ``ddppipe agent`` (torchrun) starts that node's training processes,
+so a task holds the CPUs (and GPUs) of all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import hostlist
+
+from ddppipe.core.errors import UserError
+from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
+from ddppipe.spec import config as ddp_config
+from ddppipe.spec import scaling
+
+# Every resource Request.resources() may set (None where a request leaves it out).
+RESOURCE_KEYS = (
+    "nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_partition", "slurm_account",
+    "constraint", "qos", "mpi", "gres", "tasks_per_gpu", "slurm_extra",
+)  # fmt: skip
+RDZV_JOIN_TIMEOUT_S = 120
+# Memory per training process when slurm.mem_mb is null, and the least a GPU process needs:
+# a CUDA process holds its context, cuDNN, cuBLAS and NCCL (measured: README "GPUs").
+MEM_MB_PER_CPU_PROC = 1000
+MEM_MB_PER_GPU_PROC = 8000
+MIN_MEM_MB_PER_GPU_PROC = 4000
+
+
+class SlurmRequestError(ValueError, UserError):
+    """The SLURM request the config describes cannot work; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """The training job's shape and SLURM options, derived from one config."""
+
+    nodes: int
+    procs_per_node: int
+    cpus_per_proc: int | None  # None: the node's CPUs shared out (locally), 1 on SLURM
+    gpus_per_node: int  # launch.device gpu: one per process; 0 otherwise
+    mem_mb: int
+    runtime: int
+    partition: str | None
+    account: str | None
+    constraint: str | None
+    qos: str | None
+    signal_seconds: int
+    stop_signal: str  # the time-limit warning's signal name, e.g. SIGUSR1
+    rendezvous_host: str | None
+    max_restarts: int
+    max_continuations: int
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> Request:
+        """The request of a config; raise SlurmRequestError for one that cannot work."""
+        cfg = ddp_config.validate(json.loads(json.dumps(cfg)))
+        launch, slurm = cfg["launch"], cfg["slurm"]
+        gpus = ddp_config.gpus_requested(cfg)  # one GPU per process
+        request = cls(
+            nodes=launch["nnodes"],
+            procs_per_node=launch["nproc_per_node"],
+            cpus_per_proc=launch["cpus_per_proc"],
+            gpus_per_node=launch["nproc_per_node"] if gpus else 0,
+            mem_mb=slurm["mem_mb"]
+            or launch["nproc_per_node"] * (MEM_MB_PER_GPU_PROC if gpus else MEM_MB_PER_CPU_PROC),
+            runtime=slurm["runtime"],
+            partition=slurm["partition"],
+            account=slurm["account"],
+            constraint=slurm["constraint"],
+            qos=slurm["qos"],
+            signal_seconds=slurm["signal_seconds"],
+            stop_signal=slurm["stop_signal"],
+            rendezvous_host=slurm["rendezvous_host"],
+            max_restarts=launch["max_restarts"],
+            max_continuations=slurm["max_continuations"],
+        )
+        least = request.gpus_per_node * MIN_MEM_MB_PER_GPU_PROC
+        if request.mem_mb < least:
+            raise SlurmRequestError(
+                f"slurm.mem_mb ({request.mem_mb}) is too little for {request.gpus_per_node} GPU "
+                f"processes per node: each needs at least {MIN_MEM_MB_PER_GPU_PROC} MB of host "
+                f"memory; set slurm.mem_mb to {least} or more (or null: "
+                f"{MEM_MB_PER_GPU_PROC} per GPU)"
+            )
+        if request.signal_seconds >= request.runtime * 60:
+            raise SlurmRequestError(
+                f"slurm.signal_seconds ({request.signal_seconds}) must be shorter than "
+                f"slurm.runtime ({request.runtime} min = {request.runtime * 60} s): the warning "
+                "would come before training starts; lower signal_seconds or raise runtime"
+            )
+        try:
+            ddp_config.resolve(cfg)  # checks the global batch divides by nodes x processes
+        except ddp_config.ConfigError as e:
+            raise SlurmRequestError(str(e)) from e
+        return request
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def cpus_per_node(self) -> int:
+        """CPUs the job asks for on each node (its one task's ``--cpus-per-task``)."""
+        return self.procs_per_node * (self.cpus_per_proc or 1)
+
+    def threads(self, cpus: int) -> int:
+        """CPU threads of each training process on a node where ``cpus`` CPUs are usable."""
+        return self.cpus_per_proc or max(1, cpus // self.procs_per_node)
+
+    def resources(self) -> dict[str, Any]:
+        """The train rule's resources for snakemake-executor-plugin-slurm (2.x).
+
+        ``mpi: 0``: the key's presence makes the plugin's jobstep run the rule in the batch
+        step, not inside ``srun -n1 snakemake``, so the training's own srun step is the only
+        step a signal to the job's steps (``scancel --signal=USR1``) reaches, for one node as
+        for many. Its false value keeps the submit side's plain request (``--ntasks``), which
+        allows one task where the MPI branch insists on more than one. The time-limit warning
+        is the launcher's own (:mod:`ddppipe.launching.lifecycle`), not ``--signal``.
+        ``--requeue`` comes from the profile (``slurm-requeue``), so the plugin knows.
+        """
+        res: dict[str, Any] = {
+            "nodes": self.nodes,
+            "tasks": self.nodes,
+            "mpi": 0,
+            "cpus_per_task": self.cpus_per_node,
+            "mem_mb": self.mem_mb,
+            "runtime": self.runtime,
+            "slurm_partition": self.partition,
+            "slurm_account": self.account,
+            "constraint": self.constraint,
+            "qos": self.qos,
+            "slurm_extra": "--ntasks-per-node=1",
+        }
+        if self.gpus_per_node:
+            res.update(gres=f"gpu:{self.gpus_per_node}", tasks_per_gpu=0)
+        return {k: v for k, v in res.items() if v is not None}
+
+    def srun(self, job_id: str, kill_on_bad_exit: bool = True) -> list[str]:
+        """``srun`` of one task per node of the job, each with its node's CPUs (and GPUs)."""
+        command = [
+            "srun",
+            f"--jobid={job_id}",
+            f"--nodes={self.nodes}",
+            f"--ntasks={self.nodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={self.cpus_per_node}",
+            f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
+            "--export=ALL",
+        ]
+        if self.gpus_per_node:
+            command.append(f"--gres=gpu:{self.gpus_per_node}")
+        return command
+
+    def torchrun_args(
+        self,
+        job_id: str,
+        max_restarts: int | None = None,
+        join_timeout_s: int = RDZV_JOIN_TIMEOUT_S,
+    ) -> list[str]:
+        """torchrun options in job ``job_id``: a c10d rendezvous across its nodes.
+
+        The rendezvous endpoint is ``slurm.rendezvous_host`` when set; otherwise ``ddppipe
+        agent`` takes the first node of its own step (:func:`step_rendezvous`).
+        """
+        restarts = self.max_restarts if max_restarts is None else max_restarts
+        common = [f"--nnodes={self.nodes}", f"--nproc-per-node={self.procs_per_node}"]
+        endpoint = (
+            [f"--rdzv-endpoint={self.rendezvous_host}:{job_port(int(job_id))}"]
+            if self.rendezvous_host
+            else []
+        )
+        return [
+            *common,
+            "--rdzv-backend=c10d",
+            *endpoint,
+            f"--rdzv-id={job_id}",
+            f"--rdzv-conf=join_timeout={join_timeout_s}",
+            f"--max-restarts={restarts}",
+        ]
+
+
+def step_rendezvous(env: dict[str, str] | os._Environ) -> str:
+    """``host:port`` of a step's rendezvous: its first node, the port from its job."""
+    nodelist = step_nodelist(env)
+    job = job_id(dict(env))
+    if not nodelist or not job:
+        raise SlurmRequestError(
+            "no SLURM step here (SLURM_STEP_NODELIST / SLURM_JOB_ID unset): give torchrun "
+            "--rdzv-endpoint, or set slurm.rendezvous_host"
+        )
+    return f"{first_host(nodelist)}:{job_port(int(job))}"
+
+
+def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
+    """The train rule's resources, each a function of the job's ``run`` wildcard.
+
+    A scaling-study point asks for its own nodes and CPUs
+    (:func:`ddppipe.spec.scaling.config_for_run`). The base run's request is checked here, so a bad
+    one fails when the Snakefile is read.
+    """
+
+    def request(run: str) -> dict[str, Any]:
+        return Request.from_config(scaling.config_for_run(cfg, run)).resources()
+
+    by_run = {cfg["run"]: request(cfg["run"])}
+
+    def of_run(run: str) -> dict[str, Any]:
+        if run not in by_run:
+            by_run[run] = request(run)
+        return by_run[run]
+
+    return {key: lambda wildcards, key=key: of_run(wildcards.run).get(key) for key in RESOURCE_KEYS}
+
+
+# -- what SLURM says ------------------------------------------------------------------------
+
+
+def job_id(env: dict[str, str] | None = None) -> str | None:
+    """The SLURM job this process runs in, if any (inside an allocation or not)."""
+    env = os.environ if env is None else env
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+
+
+def _scontrol(*args: str, run: Any = subprocess.run) -> str:
+    return run(
+        ["scontrol", "-o", *args], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
+def timestamp(text: str) -> float | None:
+    """Unix time of a SLURM time (scontrol's and sacct's local ``2026-11-23T12:42:45``);
+    None for Unknown, None or an empty field."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def parse_record(line: str) -> dict[str, str]:
+    """``Key=Value`` fields of one ``scontrol -o show`` line (values without spaces)."""
+    return dict(m.groups() for m in re.finditer(r"(\w[\w:/]*)=(\S*)", line))
+
+
+def job_record(job: str, run: Any = subprocess.run) -> dict[str, str]:
+    """The job's ``scontrol -o show job`` fields (JobState, NodeList, EndTime, ...)."""
+    return parse_record(_scontrol("show", "job", str(job), run=run))
+
+
+def job_nodes(job: str, run: Any = subprocess.run) -> list[str]:
+    """Hosts of a SLURM job, in order, from ``scontrol show job`` (the job's NodeList)."""
+    return parse_nodelist(_scontrol("show", "job", str(job), run=run))
+
+
+def parse_nodelist(scontrol_output: str) -> list[str]:
+    """Expanded ``NodeList=`` of one ``scontrol -o show job`` line."""
+    value = parse_record(scontrol_output).get("NodeList", "")
+    if value and value != "(null)":
+        return hostlist.expand_hostlist(value)
+    raise SlurmRequestError(f"no NodeList in scontrol output: {scontrol_output.strip()[:200]!r}")
+
+
+def node_states(nodes: list[str], run: Any = subprocess.run) -> dict[str, str]:
+    """Each node's ``State`` (e.g. ``MIXED``, ``DOWN+DRAIN``) from ``scontrol show node``."""
+    text = _scontrol("show", "node", hostlist.collect_hostlist(nodes), run=run)
+    records = (parse_record(line) for line in text.splitlines() if line.strip())
+    return {r["NodeName"]: r.get("State", "") for r in records if "NodeName" in r}
+
+
+def requeue(job: str, run: Any = subprocess.run) -> None:
+    """``scontrol requeue JOB``: the job goes back to the queue, same id, a fresh time slot."""
+    run(["scontrol", "requeue", str(job)], capture_output=True, text=True, check=True, timeout=60)

@@ -1,0 +1,151 @@
+"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader.
+
+Both paths follow :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
+batch ``perm[k*B:(k+1)*B]`` of that epoch's permutation, each rank a contiguous slice of it,
+so a run resumed in the middle of an epoch (at any world size) trains the same samples as
+an uninterrupted one, every sample once per epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+
+from ddppipe.data import sharding
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Tensors(Dataset):
+    """A dataset small enough for memory: ``inputs[i]``, ``targets[i]``, indexed on the device.
+
+    ``transform`` maps a batch of inputs to what the model takes (e.g. uint8 images to
+    normalized floats), on the device, once per batch: no per-sample Python.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.inputs.shape[0] != self.targets.shape[0]:
+            raise ValueError(
+                f"Tensors: {self.inputs.shape[0]} inputs but {self.targets.shape[0]} targets"
+            )
+
+    def __len__(self) -> int:
+        return self.targets.shape[0]
+
+    def __getitem__(self, i: int) -> Batch:
+        x, y = self.batch(torch.tensor([i], device=self.inputs.device))
+        return x[0], y[0]
+
+    def to(self, device: torch.device) -> Tensors:
+        return Tensors(self.inputs.to(device), self.targets.to(device), self.transform)
+
+    def batch(self, indices: torch.Tensor) -> Batch:
+        x = self.inputs[indices]
+        return (self.transform(x) if self.transform else x), self.targets[indices]
+
+    def slice(self, lo: int, hi: int) -> Tensors:
+        return Tensors(self.inputs[lo:hi], self.targets[lo:hi], self.transform)
+
+
+def in_memory(dataset: Any) -> bool:
+    """Whether a task's dataset takes the in-memory path."""
+    return isinstance(dataset, Tensors)
+
+
+def samples(dataset: Any, n: int, device: torch.device) -> Batch:
+    """The first ``n`` samples of a task's dataset as one batch on ``device``."""
+    if in_memory(dataset):
+        x, y = dataset.batch(torch.arange(n, device=dataset.inputs.device))
+    else:
+        x, y = default_collate([dataset[i] for i in range(n)])
+    return x.to(device), y.to(device)
+
+
+def loader_workers(cpus: int, local_world_size: int, threads: int) -> int:
+    """DataLoader workers of a process: its share of the node's CPUs minus its compute threads."""
+    return max(0, cpus // max(local_world_size, 1) - threads)
+
+
+class ShardedBatches:
+    """Batch sampler: this rank's index lists of one epoch, from ``start_step`` on."""
+
+    def __init__(self, n: int, seed: int, epoch: int, global_batch: int, rank: int,
+                 world_size: int, start_step: int = 0) -> None:  # fmt: skip
+        self.perm = sharding.epoch_permutation(n, seed, epoch)
+        self.global_batch, self.rank, self.world_size = global_batch, rank, world_size
+        self.steps = sharding.steps_per_epoch(n, global_batch)
+        self.start_step = start_step
+
+    def __len__(self) -> int:
+        return self.steps - self.start_step
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start_step, self.steps):
+            gbatch = sharding.global_batch(self.perm, step, self.global_batch)
+            yield sharding.local_slice(gbatch, self.rank, self.world_size).tolist()
+
+
+class Feed:
+    """One rank's view of a dataset: batches of an epoch (training) or its shard (evaluation)."""
+
+    def __init__(self, dataset: Any, device: torch.device, workers: int) -> None:
+        self.in_memory = in_memory(dataset)
+        self.dataset = dataset.to(device) if self.in_memory else dataset
+        self.device, self.workers = device, workers
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _loader(self, dataset: Any, **kwargs: Any) -> DataLoader:
+        workers = self.workers
+        return DataLoader(
+            dataset, num_workers=workers, pin_memory=self.device.type == "cuda",
+            persistent_workers=False, prefetch_factor=4 if workers else None, **kwargs,
+        )  # fmt: skip
+
+    def _to_device(self, batch: Any) -> Batch:
+        x, y = batch
+        pinned = self.device.type == "cuda"  # the loader pins its batches for the GPU
+        return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
+
+    def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
+              start_step: int) -> Iterator[tuple[Batch, int]]:  # fmt: skip
+        """(local batch, global batch size) per step of ``epoch`` from ``start_step`` on."""
+        n = len(self.dataset)
+        if self.in_memory:
+            perm = sharding.epoch_permutation(n, seed, epoch).to(self.device)
+            for step in range(start_step, sharding.steps_per_epoch(n, global_batch)):
+                gbatch = sharding.global_batch(perm, step, global_batch)
+                local = sharding.local_slice(gbatch, rank, world_size)
+                yield self.dataset.batch(local), gbatch.numel()
+            return
+        sampler = ShardedBatches(n, seed, epoch, global_batch, rank, world_size, start_step)
+        sizes = (
+            sharding.global_batch(sampler.perm, step, global_batch).numel()
+            for step in range(start_step, sampler.steps)
+        )
+        for batch, size in zip(self._loader(self.dataset, batch_sampler=sampler), sizes,
+                               strict=True):  # fmt: skip
+            yield self._to_device(batch), size
+
+    def shard(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
+        """Batches of this rank's contiguous share (evaluation: every sample once overall)."""
+        lo, hi = sharding.eval_range(len(self.dataset), rank, world_size)
+        if self.in_memory:
+            part = self.dataset.slice(lo, hi)
+            for start in range(0, len(part), batch_size):
+                idx = torch.arange(start, min(start + batch_size, len(part)), device=self.device)
+                yield part.batch(idx)
+            return
+        loader = self._loader(Subset(self.dataset, range(lo, hi)), batch_size=batch_size)
+        for batch in loader:
+            yield self._to_device(batch)

@@ -1,0 +1,84 @@
+"""The data manifest: every file a task's ``prepare`` left, with its size and SHA-256.
+
+Written last by ``ddppipe prepare`` (its existence means the data is complete), recorded in
+the provenance, checked by every rank before training, and hashed into the training
+config's identity: checkpoints of other data are never resumed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ddppipe.core import atomic, hashing
+from ddppipe.core.errors import UserError
+
+NAME = "manifest.json"
+
+
+class ManifestError(RuntimeError, UserError):
+    """The data folder does not match its manifest (or has none)."""
+
+
+def _files(data_dir: Path) -> list[Path]:
+    return sorted(
+        p for p in data_dir.rglob("*")
+        if p.is_file() and p.name != NAME and atomic.temp_target(p.name) is None
+    )  # fmt: skip
+
+
+def build(data_dir: Path, task: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    files = {
+        str(p.relative_to(data_dir)): {"bytes": p.stat().st_size, "sha256": hashing.file_sha256(p)}
+        for p in _files(data_dir)
+    }
+    return {"task": task, "args": args, "files": files, "digest": digest(files)}
+
+
+def digest(files: dict[str, Any]) -> str:
+    """One hash of the files' names and contents (order-independent)."""
+    blob = json.dumps({k: v["sha256"] for k, v in files.items()}, sort_keys=True).encode()
+    return hashing.sha256(blob)[:16]
+
+
+def write(data_dir: Path, task: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """Hash what ``prepare`` left in ``data_dir`` and write the manifest there, atomically."""
+    found = build(Path(data_dir), task, args)
+    if not found["files"]:
+        raise ManifestError(
+            f"task {task.get('ref')}: prepare() left no file in {data_dir}; it must write its "
+            "data (or an index of it) there"
+        )
+    atomic.write_json(Path(data_dir) / NAME, found)
+    return found
+
+
+def read(data_dir: Path) -> dict[str, Any]:
+    path = Path(data_dir) / NAME
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{path} missing: the data was never prepared; run the prepare_data rule "
+            "(or `ddppipe prepare`) first"
+        ) from None
+
+
+def check(data_dir: Path) -> dict[str, Any]:
+    """The manifest, after checking every file's size and SHA-256; raise ManifestError."""
+    found = read(data_dir)
+    bad = []
+    for rel, want in found["files"].items():
+        path = Path(data_dir) / rel
+        if not path.is_file():
+            bad.append(f"{rel}: missing")
+        elif path.stat().st_size != want["bytes"] or hashing.file_sha256(path) != want["sha256"]:
+            bad.append(f"{rel}: changed since it was prepared")
+    if bad:
+        raise ManifestError(
+            f"{data_dir} does not match its {NAME}: {'; '.join(bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''}. Delete {Path(data_dir) / NAME} and run the "
+            "prepare_data rule again"
+        )
+    return found

@@ -1,0 +1,266 @@
+"""From a config to the processes that train: a local worker group, or a SLURM step.
+
+Where the launcher runs decides how: inside a SLURM allocation (``SLURM_JOB_ID`` set) the
+training is one srun step over the job's nodes, whatever their number, each node's
+processes started by ``ddppipe agent`` (torchrun that survives SIGUSR1, for its rendezvous
+across nodes); outside one the launcher starts the processes itself
+(:mod:`ddppipe.launching.workers`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ddppipe.apptainer import container
+from ddppipe.cluster import slurm
+from ddppipe.core import system
+from ddppipe.launching import workers
+from ddppipe.runstate import finished_nodes, preemption
+from ddppipe.spec import config
+
+log = logging.getLogger(__name__)
+
+
+def job_threads(cfg: dict[str, Any]) -> int:
+    """CPU threads a local training job uses: its processes times their threads.
+
+    The train rule's ``threads``, so Snakemake does not run two trainings on the same cores.
+    """
+    request = slurm.Request.from_config(cfg)
+    return request.procs_per_node * request.threads(system.available_cpus())
+
+
+def thread_environment(threads: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (this environment) with ``threads`` CPU threads per launched process.
+
+    MKL's count too: torch lets MKL_NUM_THREADS override OMP_NUM_THREADS, and Snakemake
+    exports MKL_NUM_THREADS = the job's threads, which made 2 ranks run 2 threads each on
+    2 CPUs (half the images/s; MKL's thread count also changes the numerics).
+    """
+    env = os.environ if env is None else env
+    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run for a config where this process is: command, environment, job, hosts."""
+
+    command: list[str]  # the srun step in a SLURM job; locally, each worker's command
+    env: dict[str, str]
+    job: str | None  # the SLURM job, None for a local run
+    hosts: list[str]
+    request: slurm.Request
+
+    @property
+    def workers(self) -> int:
+        """Processes the launcher starts with ``command``: the local ranks, or one srun."""
+        return self.request.procs_per_node if self.job is None else 1
+
+
+def plan(
+    cfg: dict[str, Any],
+    module_args: list[str],
+    env: Mapping[str, str] | None = None,
+    hosts: list[str] | None = None,
+    max_restarts: int | None = None,
+    join_timeout_s: int = slurm.RDZV_JOIN_TIMEOUT_S,
+    program: list[str] | None = None,
+) -> Plan:
+    """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
+    each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
+
+    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
+    ``hosts`` are the job's nodes (looked up with scontrol when not given).
+    """
+    program = program or ["-m", "ddppipe", *module_args]
+    env = dict(os.environ if env is None else env)
+    request = slurm.Request.from_config(cfg)
+    job = slurm.job_id(env)
+    gpus = config.gpus_requested(cfg)  # --nv for the image
+    agent = ["-m", "ddppipe", "agent"]
+    if job is None:
+        if request.nodes > 1:
+            raise config.ConfigError(
+                f"launch.nnodes is {request.nodes}, but this is no SLURM allocation: run "
+                "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
+            )
+        command = [*container.python_command(cfg, gpus or None), *program]
+        env = thread_environment(request.threads(system.available_cpus()), env)
+        return Plan(command, env, None, [socket.gethostname()], request)
+    hosts = hosts or slurm.job_nodes(job)
+    if len(hosts) < request.nodes:
+        raise slurm.SlurmRequestError(
+            f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
+            f"{request.nodes}: run it in a job of that many nodes (the SLURM profile asks for them)"
+        )
+    check_rendezvous_host(request.rendezvous_host, hosts)
+    command = [
+        *request.srun(job), *container.python_command(cfg, gpus), *agent,
+        *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
+    ]  # fmt: skip
+    threads = request.threads(request.cpus_per_node)
+    return Plan(command, thread_environment(threads, env), job, hosts, request)
+
+
+def _addresses(host: str) -> set[str]:
+    return {info[4][0] for info in socket.getaddrinfo(host, None)}
+
+
+def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
+    """Raise SlurmRequestError when ``slurm.rendezvous_host`` is none of the job's nodes.
+
+    (Names that do not resolve here are left to the preflight, which names each node.)
+    """
+    if not host or host in hosts:
+        return
+    try:
+        wanted = _addresses(host)
+        nodes = {node: _addresses(node) for node in hosts}
+    except OSError:
+        return
+    if not any(wanted & addrs for addrs in nodes.values()):
+        raise slurm.SlurmRequestError(
+            f"slurm.rendezvous_host {host!r} ({', '.join(sorted(wanted))}) is none of this "
+            f"job's nodes ({', '.join(hosts)}): torchrun would wait for it until its join "
+            "timeout. Set it to a name of the job's first node (e.g. its InfiniBand name) or "
+            "to null"
+        )
+
+
+def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> list[str]:
+    return [
+        f"--config={config}",
+        f"--data={data}",
+        f"--state={state}",
+        f"--checkpoint={checkpoint}",
+        f"--metrics={metrics}",
+    ]
+
+
+# -- supervising the agent or the srun step -------------------------------------------------
+
+# Signals the launcher passes on to the torchrun agent or srun it started.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """(In the child, before exec) Get SIGTERM when the launcher dies, even of SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def supervise(
+    plan: Plan, env: dict[str, str], state_dir: Path, warn_in: float | None = None
+) -> tuple[int, dict | None]:
+    """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
+    and stop note.
+
+    ``warn_in``: seconds after which the child gets the stop signal (SIGUSR1 unless
+    ``slurm.stop_signal`` says otherwise), the time-limit warning (srun
+    passes it on to its tasks, so only the training processes see it).
+
+    The child runs in its own session, so a signal to the launcher's process group reaches
+    it once, through the launcher; if the launcher is killed outright, the child gets
+    SIGTERM. The note is :func:`ddppipe.runstate.preemption.record`'s, left when training stopped on
+    a signal after writing a checkpoint (None otherwise), whatever exit status srun made of
+    the ranks' exits; a note of another launcher's training is ignored. When srun exits 0
+    though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
+    note has no checkpoint and lists those nodes (``unfinished``).
+    """
+    preemption.take(state_dir)  # a note left by an earlier run is not this run's
+    attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
+    env = {**env, preemption.ATTEMPT_ENV: attempt}
+    if plan.job is not None:
+        env.update(finished_nodes.prepare(state_dir))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if plan.job is None:
+        child: workers.Group | subprocess.Popen = workers.Group(
+            plan.command, env, plan.workers, plan.request.max_restarts, _die_with_parent
+        )
+    else:
+        child = subprocess.Popen(
+            plan.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    def warn() -> None:
+        sig = preemption.stop_signal(env)
+        log.warning("time-limit warning: %s to the training", sig.name)
+        forward(sig, None)
+
+    timer = threading.Timer(warn_in, warn) if warn_in is not None else None
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        if timer:
+            timer.daemon = True
+            timer.start()
+        code = child.wait()
+    finally:
+        if timer:
+            timer.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    note = preemption.take(state_dir)
+    if note is not None and note.get("attempt") != attempt:
+        log.warning("ignored the stop note of another training: %s", note)
+        note = None
+    code = workers.exit_status(code)
+    if note is None and code == 0 and plan.job is not None:
+        done = finished_nodes.finished(state_dir, attempt)
+        if len(done) < plan.request.nodes:
+            unfinished = sorted(set(plan.hosts) - done)
+            log.warning("srun exited 0, but no finished mark came from %s", ", ".join(unfinished))
+            note = {
+                "signal": None,
+                "checkpoint": None,
+                "attempt": attempt,
+                "unfinished": unfinished,
+            }
+    return code, note
+
+
+def run_agent(torchrun_argv: list[str]) -> int:
+    """torchrun in this process, surviving SIGUSR1, passing a worker's exit 75 on.
+
+    SLURM signals every process of the step; torchrun's agent would die of SIGUSR1 (its
+    default action). Ignoring it here is inherited by the workers until they install their
+    own handler (ddppipe.runstate.preemption), so no process dies of it. Workers that stopped on a
+    signal exit 0 under the agent, so ``--max-restarts`` never restarts them in place in an
+    allocation that is about to end; the launcher turns their stop note into the slot's
+    outcome.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
+    os.environ[preemption.UNDER_AGENT_ENV] = "1"  # workers that stop on a signal exit 0
+    if "--rdzv-backend=c10d" in torchrun_argv and not any(
+        a.startswith("--rdzv-endpoint") for a in torchrun_argv
+    ):  # the step's first node: a step may run on a subset of its job's nodes
+        torchrun_argv = [f"--rdzv-endpoint={slurm.step_rendezvous(os.environ)}", *torchrun_argv]
+    try:
+        torchrun_main(torchrun_argv)
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
+        return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
+    finished_nodes.mark()
+    return 0

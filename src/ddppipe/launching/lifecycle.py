@@ -1,0 +1,209 @@
+"""One slot of a training run, start to end: preflight, attempt record, training, what next.
+
+In a SLURM job the launcher times the warning itself: SIGUSR1 to the training
+``slurm.signal_seconds`` before the job's end (SLURM's own ``--signal`` may come up to a
+minute early, its resolution, and would reach every process of a step).
+
+``ddppipe launch`` (the train rule) calls :func:`run`. Its exit status: 0 when training is
+complete; :data:`~ddppipe.runstate.preemption.EXIT_CODE` (75) when it stopped on a signal after a
+checkpoint and goes on (in SLURM: the job has requeued itself, or SLURM requeues it; outside:
+run it again), also when srun exited 0 though a node's ranks did not finish (srun does on a
+node failure); the training's own status when it crashed; 1 when a SLURM run stopped making
+progress or reached ``slurm.max_continuations``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ddppipe.cluster import continuation, slurm
+from ddppipe.core import atomic
+from ddppipe.launching import launch, preflight
+from ddppipe.runstate import attempts, preemption, state_lock
+from ddppipe.runstate import state as ddp_state  # fmt: skip
+from ddppipe.training import efficiency
+
+log = logging.getLogger(__name__)
+NO_PROGRESS_EXIT = 1
+
+
+@contextlib.contextmanager
+def slot_log(state: Path, copy: Path) -> Iterator[None]:
+    """Append this process's stderr (and its children's) to the state's train.log, which
+    survives every slot, and copy it to ``copy`` (the rule's log) when the slot ends.
+
+    Snakemake deletes a job's log when the job (a slot) starts, so the log of a run trained
+    in several slots lives in the state folder.
+    """
+    layout = ddp_state.of(state)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(layout.log, "ab") as sink:
+        os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        Path(copy).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(layout.log, copy)
+
+
+def mark_slot_end(state: Path) -> None:
+    """Record that this slot's launcher ends (any outcome): the submitting Snakemake checks
+    SLURM at once (ddppipe.cluster.status_checks). Best effort: without it, the plugin's next
+    check."""
+    marker = ddp_state.of(state).slot_ended
+    with contextlib.suppress(OSError):  # never hides the slot's own outcome or error
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+
+def run(
+    cfg: dict[str, Any], program: list[str], state: Path, record: Path | None,
+    publish: Callable[[], None] | None = None,
+) -> int:  # fmt: skip
+    """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments).
+
+    ``record`` receives the attempt history and ``publish`` runs when training is complete.
+    """
+    plan = launch.plan(cfg, [], program=program)
+    with state_lock.hold(state, plan.job):
+        return _slot(cfg, plan, state, record, publish)
+
+
+def _environment(cfg: dict[str, Any], state: Path, attempt: int, warn_in: float | None,
+                 end: float | None) -> dict[str, str]:  # fmt: skip
+    """The job API's variables for every process of this slot (:data:`ddppipe.training.job.ENV`)."""
+    from ddppipe.parallel import devices
+    from ddppipe.training import job
+
+    tracking = cfg.get("tracking") or {}
+    tensorboard = ddp_state.of(state).tensorboard if tracking.get("tensorboard", True) else None
+    return job.environment(
+        cfg["run"], state, attempt, cfg["slurm"]["stop_signal"], devices.use(cfg), tensorboard,
+        tracking.get("mlflow"), end, None if warn_in is None else time.time() + warn_in,
+    )  # fmt: skip
+
+
+def _slot(
+    cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None,
+    publish: Callable[[], None] | None,
+) -> int:  # fmt: skip
+    restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
+    if plan.job:
+        peak_file = ddp_state.of(state).peak
+        peak_file.unlink(missing_ok=True)
+        checks = preflight.run(cfg, plan, peak_file)
+        log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
+        peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
+        job = _job_record(plan.job)
+        restarts = int(job.get("Restarts", "0") or 0)
+        queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
+        left = continuation.seconds_left(job)
+        if left is not None:  # None: no time limit
+            end = time.time() + left
+            warn_in = max(0.0, left - plan.request.signal_seconds)
+            log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
+                     warn_in, plan.request.signal_seconds)  # fmt: skip
+    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak)
+    log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
+    env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
+           efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip
+    code, note = launch.supervise(plan, env, state, warn_in)
+    if note is not None and note.get("unfinished") and not _ending(plan):
+        log.warning(
+            "no finished mark from %s, but SLURM runs the job on working nodes: srun's exit 0 "
+            "stands (the state folder's filesystem shows other nodes' files late?)",
+            ", ".join(note["unfinished"]),
+        )  # fmt: skip
+        note = None
+    if note is not None:
+        return _stopped(plan, note, state)
+    if code == 0:
+        if publish is not None:
+            publish()
+        history = attempts.finish(state, "completed", 0)
+        log.info("training complete; attempts:\n%s", attempts.table(history))
+        if record is not None:
+            atomic.write_json(record, [asdict(a) for a in history])
+        return 0
+    attempts.finish(state, f"crashed (exit {code})", code)
+    return code
+
+
+def _ending(plan: launch.Plan) -> bool:
+    """Is SLURM ending the slot's job (continuation.ending)? Yes when scontrol cannot say: its
+    kill of the job reaches every process of the job, scontrol's too."""
+    try:
+        return continuation.ending(slurm.job_record(str(plan.job)), slurm.node_states(plan.hosts))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("scontrol failed (%s): taking the job for ending", e)
+        return True
+
+
+def _job_record(job: str) -> dict[str, str]:
+    try:
+        return slurm.job_record(job)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("scontrol show job %s failed (%s)", job, e)
+        return {}
+
+
+def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
+    """Training stopped on a signal after writing a checkpoint: record why, then go on."""
+    request, job = plan.request, plan.job
+    nodes: dict[str, str] = {}
+    if job:
+        try:
+            nodes = slurm.node_states(plan.hosts)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("scontrol show node failed (%s)", e)
+    outcome = continuation.classify(
+        note.get("signal"), _job_record(job) if job else None, nodes, request.signal_seconds,
+        stop_signal=request.stop_signal,
+    )  # fmt: skip
+    if note.get("unfinished") and outcome not in continuation.REQUEUED_BY_SLURM:
+        outcome = "ended by SLURM"  # not on a signal of its own: SLURM ended the step
+    history = attempts.finish(state, outcome, preemption.EXIT_CODE)
+    log.warning(
+        "training stopped (%s) %s; attempts:\n%s", outcome,
+        f"after writing {note['checkpoint']}" if note.get("checkpoint") else
+        "without a stop checkpoint: the next slot resumes from the last one",
+        attempts.table(history),
+    )  # fmt: skip
+    if not job:
+        return preemption.EXIT_CODE  # run it again to resume
+    decision = continuation.decide(history, request.max_continuations)
+    if decision.requeue:
+        try:
+            slurm.requeue(job)
+        except (OSError, subprocess.CalledProcessError) as e:
+            stderr = getattr(e, "stderr", "") or e
+            log.error(
+                "could not requeue job %s (%s); exiting %d: Snakemake retries the job, which "
+                "uses one of its --retries", job, str(stderr).strip(), preemption.EXIT_CODE,
+            )  # fmt: skip
+            return preemption.EXIT_CODE
+        log.warning("requeued job %s: its next slot resumes from %s", job, note.get("checkpoint"))
+        return preemption.EXIT_CODE
+    if outcome in continuation.REQUEUED_BY_SLURM:
+        log.warning("%s", decision.reason)
+        return preemption.EXIT_CODE
+    history[-1].detail = decision.reason
+    attempts.save(state, history)
+    log.error("not continuing: %s", decision.reason)
+    return NO_PROGRESS_EXIT

@@ -1,0 +1,188 @@
+"""Checks on the job's nodes before training, with what training will use.
+
+Two srun steps, in the image when there is one: one task per node checks name resolution and
+the node's devices (GPU count, compute capability against the image's torch, bf16); then the
+training's own shape (torchrun, every process) joins the process group with the training's
+backend on the training's device, checks an all-reduce, and measures its bus bandwidth for
+the whole world and for each pair of nodes. Each check fails within seconds with a message
+naming the node, instead of a training job that hangs in the rendezvous until its time limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ddppipe.apptainer import container
+from ddppipe.core import atomic
+from ddppipe.core.errors import UserError
+from ddppipe.core.rendezvous import first_host, step_nodelist
+from ddppipe.launching import launch
+from ddppipe.parallel import devices
+from ddppipe.spec import config
+from ddppipe.training import efficiency, peak
+
+STEP_TIMEOUT_S = 90
+ALLREDUCE_JOIN_TIMEOUT_S = 30
+BANDWIDTH_BYTES = 16 * 2**20  # per all-reduce of the bandwidth test
+BANDWIDTH_ITERATIONS = 5
+
+
+class PreflightError(RuntimeError, UserError):
+    """A node of the allocation cannot run the training; the message says which and why."""
+
+
+def check_node(
+    host: str | None, nproc: int, use: devices.Use, precision: str
+) -> tuple[str, list[str]]:
+    """This node's report, and its problems: rendezvous host unresolvable, devices unfit."""
+    me = socket.gethostname()
+    nodelist = step_nodelist(os.environ)
+    host = host or (first_host(nodelist) if nodelist else None)
+    problems = []
+    if host:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as e:
+            problems.append(f"{me}: cannot resolve the rendezvous host {host!r} ({e})")
+    try:
+        report = devices.node_check(nproc, use, precision)
+    except devices.DeviceError as e:
+        problems.append(str(e))
+        report = ""
+    return report, problems
+
+
+def bus_bandwidth(nbytes: int, ranks: int, seconds: float) -> float:
+    """All-reduce bus bandwidth, bytes/s (NCCL tests' definition: 2(n-1)/n of the size per s)."""
+    return nbytes * 2 * (ranks - 1) / ranks / seconds if ranks > 1 else 0.0
+
+
+def _timed_allreduce(tensor: Any, group: Any = None) -> float:
+    """Seconds per all-reduce of ``tensor`` within ``group`` (after one warm-up)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor, group=group)
+    devices.synchronize(tensor.device)
+    dist.barrier(group=group)
+    started = time.perf_counter()
+    for _ in range(BANDWIDTH_ITERATIONS):
+        dist.all_reduce(tensor, group=group)
+    devices.synchronize(tensor.device)
+    return (time.perf_counter() - started) / BANDWIDTH_ITERATIONS
+
+
+def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None) -> str:
+    """Join as training does, check an all-reduce, measure bus bandwidth (world, node pairs)
+    and every node's GEMM peak in the training's precision (all its processes at once).
+
+    Every rank returns its line; rank 0's also holds the figures, and writes the peaks to
+    ``peak_out`` (JSON) for the slot's attempt record.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ddppipe.parallel import distributed
+
+    ctx = distributed.setup(ALLREDUCE_JOIN_TIMEOUT_S, use)
+    try:
+        rank, world = ctx.rank, ctx.world_size
+        value = torch.tensor([rank + 1.0], device=ctx.device)
+        dist.all_reduce(value)
+        expected = world * (world + 1) / 2
+        if value.item() != expected:
+            raise PreflightError(
+                f"{socket.gethostname()} rank {rank}: all-reduce gave {value.item()}, "
+                f"expected {expected}"
+            )
+        hosts: list[str] = [""] * world
+        dist.all_gather_object(hosts, socket.gethostname())
+        tensor = torch.ones(BANDWIDTH_BYTES // 4, device=ctx.device)
+        overall = _figure(f"world ({world} ranks)", world, _timed_allreduce(tensor))
+        pairs: list[str] = []  # measured by the pair's first rank
+        nodes = list(dict.fromkeys(hosts))
+        for a, b in itertools.combinations(nodes, 2):
+            ranks = [r for r, h in enumerate(hosts) if h in (a, b)]
+            group = dist.new_group(ranks)  # collective: every rank creates every group
+            if rank in ranks:
+                seconds = _timed_allreduce(tensor, group)
+                if rank == ranks[0]:
+                    pairs.append(_figure(f"{a}<->{b}", len(ranks), seconds))
+        gathered: list[list[str]] = [[] for _ in range(world)]
+        dist.all_gather_object(gathered, pairs)
+        nodes_peak = _gemm_peaks(ctx.device, precision, world)
+        line = (
+            f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok "
+            f"({ctx.backend} on {ctx.device})"
+        )
+        if rank == 0:
+            line += "; bus bandwidth " + "; ".join([overall, *itertools.chain(*gathered)])
+            line += f"; GEMM peak ({precision}): " + "; ".join(
+                f"{host} {gflops:,.0f} GFLOP/s" for host, gflops in nodes_peak.items()
+            )
+            if peak_out is not None:
+                atomic.write_json(peak_out, {"precision": precision, "gflops": nodes_peak})
+        return line
+    finally:
+        distributed.teardown()
+
+
+def _gemm_peaks(device: Any, precision: str, world: int) -> dict[str, float]:
+    """Collective: GFLOP/s per node, every process multiplying matrices at the same time."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    mine = (socket.gethostname(), peak.gemm_gflops(device, precision))
+    measured: list[Any] = [None] * world
+    dist.all_gather_object(measured, mine)
+    return efficiency.node_sums(measured)
+
+
+def _figure(what: str, ranks: int, seconds: float) -> str:
+    size = BANDWIDTH_BYTES / 2**20
+    if ranks < 2:
+        return f"{what}: no peer ({seconds * 1e3:.2f} ms per {size:.0f} MiB all-reduce)"
+    return f"{what}: {bus_bandwidth(BANDWIDTH_BYTES, ranks, seconds) / 1e9:.2f} GB/s"
+
+
+def _step(command: list[str], env: dict[str, str], what: str) -> str:
+    try:
+        result = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise PreflightError(f"preflight {what}: no answer within {STEP_TIMEOUT_S}s") from e
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).splitlines()
+        lines = [ln for ln in output if "preflight" in ln or "error" in ln.lower()]
+        detail = "\n  ".join(dict.fromkeys(lines or result.stderr.splitlines()[-10:]))
+        raise PreflightError(f"preflight {what} failed (exit {result.returncode}):\n  {detail}")
+    return result.stdout
+
+
+def run(cfg: dict[str, Any], plan: launch.Plan, peak_out: Path | None = None) -> str:
+    """Both checks on the job's nodes, one srun step each; raise PreflightError. The nodes'
+    GEMM peaks go to ``peak_out`` (JSON: ``precision``, ``gflops`` per node)."""
+    request, job = plan.request, str(plan.job)
+    use = devices.use(cfg, plan.env)
+    precision = config.resolve(cfg)["train"]["precision"]
+    host = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
+    node_check = [
+        *request.srun(job, kill_on_bad_exit=False),
+        *container.python_command(cfg, config.gpus_requested(cfg)),
+        "-m", "ddppipe", "preflight-node", *host, f"--nproc={request.procs_per_node}",
+        f"--use={use}", f"--precision={precision}",
+    ]  # fmt: skip
+    out = _step(node_check, plan.env, "node check")
+    allreduce_plan = launch.plan(
+        cfg, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
+              *([f"--peak-out={peak_out}"] if peak_out else [])],
+        plan.env, plan.hosts, max_restarts=0, join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
+    )  # fmt: skip
+    out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce")
+    return out

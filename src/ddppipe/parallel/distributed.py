@@ -1,0 +1,121 @@
+"""Process-group set-up: backend and device from the hardware, ranks from the launcher."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ddppipe.parallel import cpu_binding, devices, environments
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Context:
+    """This process's place in the run."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    launcher: str
+    local_world_size: int  # processes on this node
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def choose_backend(cuda: bool) -> str:
+    """NCCL on GPUs, gloo on CPUs."""
+    return "nccl" if cuda else "gloo"
+
+
+def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
+    """Detect the launcher, pick device and backend, and join the process group.
+
+    ``use``: :func:`ddppipe.parallel.devices.use` -- with ``gpu`` a rank that cannot use a GPU fails
+    here, naming its node and what it sees, instead of training on the CPU.
+    """
+    env = environments.detect(os.environ)
+    device = devices.select(env.local_rank, env.local_world_size, use)
+    cuda = device.type == "cuda"
+    local = env.local_world_size or 1
+    if cuda:  # binding before the process group starts its threads
+        torch.cuda.set_device(device)
+        in_use = devices.node_devices(device.index, torch.cuda.device_count(), local)
+        cpu_binding.bind_gpu_rank(env.local_rank, device.index, in_use)
+    else:
+        cpu_binding.bind(env.local_rank, local, torch.get_num_threads())
+    chosen = choose_backend(cuda)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if env.name == "single":
+        dist.init_process_group(
+            chosen, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+    elif env.name == "torchrun":  # join the agent's store, which torchrun already serves
+        dist.init_process_group(chosen, init_method="env://", timeout=timeout)
+    else:
+        dist.init_process_group(
+            chosen,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+        )
+    if cuda and env.world_size > 1:
+        check_distinct_gpus(device)
+    log.info("%s, backend %s, device %s", env.describe(), chosen, device)
+    return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name, local)
+
+
+def check_distinct_gpus(device: torch.device) -> None:
+    """Collective: raise DeviceError on every rank when two ranks of a node share a GPU.
+
+    (Two ranks that see one device each may still see the same one, e.g. a node with fewer
+    GPUs than processes; NCCL would abort at its first collective with "Duplicate GPU
+    detected".) The check goes through a gloo group, before NCCL starts a communicator.
+    """
+    mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+    seen: list[tuple[str, str]] = [("", "")] * dist.get_world_size()
+    group = dist.new_group(backend="gloo")
+    try:
+        dist.all_gather_object(seen, mine, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    by_gpu: dict[tuple[str, str], list[int]] = {}
+    for rank, key in enumerate(seen):
+        by_gpu.setdefault(key, []).append(rank)
+    shared = {key: ranks for key, ranks in by_gpu.items() if len(ranks) > 1}
+    if shared:
+        (host, uuid), ranks = next(iter(shared.items()))
+        raise devices.DeviceError(
+            f"{host}: ranks {ranks} share one GPU ({uuid}); each process needs its own: "
+            "set launch.nproc_per_node to the node's GPUs"
+        )
+
+
+def collective_device() -> torch.device:
+    """Where a tensor for a collective of the default group must be: NCCL's GPU, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def teardown(synchronize: bool = True) -> None:
+    """Leave the process group; with ``synchronize``, after every rank got here.
+
+    A rank that left while another still received its last broadcast made gloo abort
+    ("terminate called without an active exception").
+    """
+    if dist.is_initialized():
+        if synchronize:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""What a run reports: the summary, its HTML, plots, the scaling study's results."""

@@ -1,0 +1,176 @@
+"""The attempt history of a run: one record per job slot (or local launch) that trained it.
+
+The launcher opens a record when it starts and closes it when training ends; rank 0 leaves
+its progress (the checkpoint it resumed from, the checkpoints it wrote and how long they
+took) in ``progress.json``, which the record takes over. Both files live in the run's state
+folder, which survives failed and requeued jobs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ddppipe.core import atomic
+from ddppipe.runstate import state
+
+LOST = "lost (the launcher was killed: node failure, out of memory or SIGKILL)"
+
+
+@dataclass
+class Attempt:
+    """One job slot's share of a run."""
+
+    number: int
+    job: str  # SLURM job id, or "local"
+    restarts: int  # SLURM's requeue count of the job when this slot started
+    nodes: list[str]
+    start: float  # Unix time
+    end: float | None = None
+    outcome: str = "running"  # completed | time limit | preempted | node failure | ...
+    exit_status: int | None = None
+    resumed_from: str | None = None  # checkpoint file name, None for a fresh start
+    start_step: int | None = None  # global optimizer step it started at
+    end_step: int | None = None  # global step of the last checkpoint it wrote
+    checkpoint: str | None = None  # the last checkpoint it wrote
+    checkpoint_seconds: float | None = None  # slowest checkpoint write of the slot
+    stop_seconds: float | None = None  # from the stop signal to its checkpoint written
+    efficiency: dict[str, Any] | None = None  # rank 0's figures (ddppipe.training.efficiency)
+    queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
+    peak: dict[str, Any] | None = (
+        None  # the preflight's GEMM peaks (ddppipe.training.peak), if it ran
+    )
+    submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
+    detail: str = ""
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps this slot trained and checkpointed."""
+        if self.end_step is None or self.start_step is None:
+            return 0
+        return self.end_step - self.start_step
+
+
+def read(path: Path) -> list[Attempt]:
+    """The history in ``path`` (a state folder's or the train rule's copy); [] if none."""
+    if not Path(path).exists():
+        return []
+    known = {f.name for f in fields(Attempt)}
+    records = json.loads(Path(path).read_text())
+    return [Attempt(**{k: v for k, v in r.items() if k in known}) for r in records]
+
+
+def load(state_dir: Path) -> list[Attempt]:
+    return read(state.of(state_dir).attempts)
+
+
+def save(state_dir: Path, history: list[Attempt]) -> None:
+    atomic.write_json(state.of(state_dir).attempts, [asdict(a) for a in history])
+
+
+def begin(
+    state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
+    submitted: float | None = None,
+    peak: dict[str, Any] | None = None,
+) -> list[Attempt]:  # fmt: skip
+    """Open this slot's record; a record left open by a killed launcher is closed as lost."""
+    history = load(state_dir)
+    for attempt in history:
+        if attempt.outcome == "running":
+            attempt.outcome = LOST
+    state.of(state_dir).progress.unlink(missing_ok=True)
+    number = len(history) + 1
+    history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s,
+                           submitted=submitted, peak=peak))  # fmt: skip
+    save(state_dir, history)
+    return history
+
+
+def read_progress(state_dir: Path) -> dict[str, Any]:
+    """Rank 0's progress of the current slot ({} before it has resumed)."""
+    try:
+        return json.loads(state.of(state_dir).progress.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def write_progress(state_dir: Path, progress: dict[str, Any]) -> None:
+    """(Rank 0) The slot's progress so far; see :class:`Attempt` for the keys."""
+    atomic.write_json(state.of(state_dir).progress, progress)
+
+
+def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") -> list[Attempt]:
+    """Close the open record with how the slot ended and rank 0's progress."""
+    history = load(state_dir)
+    attempt = history[-1]
+    progress = read_progress(state_dir)
+    attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
+    attempt.detail = detail
+    keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
+            "stop_seconds", "efficiency")  # fmt: skip
+    for key in keys:
+        if key in progress:
+            setattr(attempt, key, progress[key])
+    save(state_dir, history)
+    return history
+
+
+def measured_checkpoint_seconds(state_dir: Path) -> float | None:
+    """The longest checkpoint write (or signal-to-checkpoint stop) the run measured, if any."""
+    progress = read_progress(state_dir)
+    times = [
+        *(t for a in load(state_dir) for t in (a.checkpoint_seconds, a.stop_seconds)),
+        progress.get("checkpoint_seconds"), progress.get("stop_seconds"),
+    ]  # fmt: skip
+    return max((t for t in times if t), default=None)
+
+
+COLUMNS = ("#", "job", "nodes", "queued s", "start", "end", "outcome", "resumed from", "steps",
+           "start-up s", "training s", "images/s")  # fmt: skip
+
+
+def _figure(figures: dict[str, Any], key: str, spec: str) -> str:
+    return format(figures[key], spec) if key in figures else "-"
+
+
+def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
+    def when(t: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+    out = []
+    for a in history:
+        job = a.job if not a.restarts else f"{a.job} (requeue {a.restarts})"
+        figures = a.efficiency or {}
+        out.append((
+            str(a.number), job, ",".join(a.nodes), "-" if a.queue_s is None else f"{a.queue_s:.0f}",
+            when(a.start), when(a.end), a.outcome,
+            a.resumed_from or "(start)", str(a.steps), _figure(figures, "startup_s", ".1f"),
+            _figure(figures, "train_s", ".1f"), _figure(figures, "images_per_s", ",.0f"),
+        ))  # fmt: skip
+    return out
+
+
+def table(history: list[Attempt]) -> str:
+    """The history as a plain-text table (the launcher's log, ``ddppipe attempts``)."""
+    lines = [COLUMNS, *rows(history)]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in lines)  # fmt: skip
+
+
+def html_table(history: list[Attempt], run: str) -> str:
+    """A small HTML page of the history (the report's "Training" section)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row in rows(history)
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(run)}: attempts"
+        f"</title></head><body><h1>{html.escape(run)}: {len(history)} attempt(s)</h1>"
+        f"<table border='1' cellpadding='4'><tr>{head}</tr>{body}</table></body></html>\n"
+    )

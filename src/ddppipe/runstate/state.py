@@ -1,0 +1,81 @@
+"""The layout of a run's state folder (``results/<run>/state``): the one place that knows it.
+
+The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
+holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
+stop note, the nodes that finished the last step, the lock, the live log and metrics, the
+MLflow run id, and a script's outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StateDir:
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "attempts.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.json"
+
+    @property
+    def stop_note(self) -> Path:
+        return self.root / "stopped-on-signal.json"
+
+    @property
+    def slot_ended(self) -> Path:
+        """Touched when a slot's launcher ends: wakes the submitting Snakemake's status checks
+        (ddppipe.cluster.status_checks)."""
+        return self.root / "slot-ended"
+
+    @property
+    def finished_nodes(self) -> Path:
+        """One file a node whose agent saw its ranks finish this slot
+        (ddppipe.runstate.finished_nodes)."""
+        return self.root / "finished-nodes"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "train.log"
+
+    @property
+    def metrics(self) -> Path:
+        """Live metrics (JSON lines) of the training so far: per epoch, or per job.log call."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def peak(self) -> Path:
+        """The current slot's nodes' GEMM peaks, measured by its preflight."""
+        return self.root / "peak.json"
+
+    @property
+    def mlflow_run_id(self) -> Path:
+        return self.root / "mlflow_run_id"
+
+    @property
+    def outputs(self) -> Path:
+        """A script's output files (job.output_dir()), published when training completes."""
+        return self.root / "outputs"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files of every slot (next to the state folder, for users)."""
+        return self.root.parent / "tensorboard"
+
+
+def of(path: str | Path) -> StateDir:
+    return StateDir(Path(path))

@@ -1,0 +1,62 @@
+"""One training per state folder: an exclusive lock held by the launcher for a whole slot.
+
+Two trainings on one ``results/<run>/state`` (an orphaned SLURM job after ``--unlock`` and a
+resubmit, a hand-started ``ddppipe launch``) would prune each other's checkpoints. The lock
+is ``flock`` on ``state/.lock``: the kernel releases it when the holder dies, however it dies;
+NFS emulates it with POSIX locks across clients. Where the filesystem has none (e.g. Lustre
+mounted without ``-o flock``) the launch fails and says so.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ddppipe.core.errors import UserError
+from ddppipe.runstate import state
+
+UNSUPPORTED = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+
+
+class StateLockedError(RuntimeError, UserError):
+    """Another training holds the state folder, or it cannot be locked; the message says which."""
+
+
+@contextmanager
+def hold(state_dir: Path, job: str | None) -> Iterator[dict[str, object]]:
+    """Hold ``state_dir``'s lock for the block; raise StateLockedError at once if taken."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state.of(state_dir).lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(errors="replace").strip() or "unknown"
+            raise StateLockedError(
+                f"{state_dir} is in use by another training ({holder}); two trainings on one "
+                "state folder would prune each other's checkpoints: wait for it to end, or "
+                "stop it (scancel JOB on SLURM, kill PID locally) and run again"
+            ) from None
+        except OSError as e:
+            if e.errno in UNSUPPORTED:
+                raise StateLockedError(
+                    f"cannot lock {path}: {e.strerror} (the filesystem has no flock, e.g. Lustre "
+                    "mounted without -o flock): put results/ on a filesystem with locking"
+                ) from None
+            raise
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "job": job or "local",
+                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        yield owner
+    finally:
+        os.close(fd)  # releases the lock

@@ -1,0 +1,1 @@
+"""The configuration: its schema, validation, presets and the scaling grid."""

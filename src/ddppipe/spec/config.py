@@ -1,0 +1,288 @@
+"""Loading, validating and resolving the ddppipe configuration."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ddppipe.core import atomic
+from ddppipe.core.errors import UserError
+from ddppipe.spec import presets
+
+log = logging.getLogger(__name__)
+
+# Keys that change the numbers a training run produces. Anything else (process count,
+# checkpoint interval, logging) may change between a run and its resumption.
+HASHED_TRAIN_KEYS = (*presets.RECIPE_KEYS, "seed")
+
+
+# Keys that earlier versions had, and where their setting lives now.
+RENAMED = {
+    "launch.threads_per_proc": "launch.cpus_per_proc",
+    "slurm.cpus_per_task": "launch.cpus_per_proc",
+    "scaling.cpus_per_task": "scaling.cpus_per_proc",
+    "slurm.gpus_per_node": "launch.device (gpu: one GPU per process, nproc_per_node a node)",
+    "launch.backend": "launch.device (NCCL on GPUs, gloo on CPUs)",
+}
+
+
+# Top-level sections that moved: where their settings live now.
+MOVED = {
+    "data": "the MNIST download settings (mirrors, sha256, timeout_s, deadline_s, max_bytes) "
+    "are now task_args of the task ddppipe.tasks.mnist: rename data: to task_args:",
+}
+
+
+class ConfigError(ValueError, UserError):
+    """The configuration is invalid; the message says which key and why."""
+
+
+def schema() -> dict[str, Any]:
+    text = resources.files("ddppipe.spec").joinpath("config.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _fill_defaults(validator_class: type) -> type:
+    """A validator class that also writes each property's schema default into the instance."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema_):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(prop, sub["default"])
+        yield from validate_properties(validator, properties, instance, schema_)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_NULL_WORDS = frozenset({"null", "~"})  # YAML's spellings of null
+_BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False}
+
+
+def _types(node: dict[str, Any]) -> set[str]:
+    """The JSON types a schema node admits (from ``type``, or from its ``enum`` values)."""
+    declared = node.get("type")
+    if declared is not None:
+        return {declared} if isinstance(declared, str) else set(declared)
+    names = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string"}
+    return {names[type(v)] for v in node.get("enum", []) if type(v) in names}
+
+
+def _coerce_text(text: str, types: set[str]) -> Any:
+    """``text`` as the first of ``types`` it spells; raise ValueError when it spells none."""
+    if "null" in types and text.strip() in _NULL_WORDS:
+        return None
+    if "string" in types:
+        return text
+    if "boolean" in types and text.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[text.strip().lower()]
+    if "integer" in types:
+        with contextlib.suppress(ValueError):
+            return int(text)
+    if "number" in types:
+        with contextlib.suppress(ValueError):
+            return float(text)
+    if types & {"array", "object"}:
+        parsed = yaml.safe_load(text)
+        if isinstance(parsed, list | dict):
+            return parsed
+    raise ValueError(f"{text!r} is not of type {' or '.join(sorted(types))}")
+
+
+def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
+    """``value`` with text turned into the types the schema ``node`` asks for.
+
+    Snakemake 9 parses nested ``--config`` values with YAML's BaseLoader, so
+    ``--config 'launch={nnodes: 2}'`` arrives as ``{"nnodes": "2"}``; this makes it 2.
+    A text that spells no wanted type is left as it is, for the schema to report.
+    """
+    if isinstance(value, dict):
+        props, patterns = node.get("properties", {}), node.get("patternProperties", {})
+        for key, sub in value.items():
+            child = props.get(key) or next(
+                (s for pattern, s in patterns.items() if re.search(pattern, str(key))), None
+            )
+            if child is not None:
+                value[key] = coerce(sub, child, f"{where}.{key}" if where else str(key))
+        return value
+    if isinstance(value, list):
+        items = node.get("items")
+        if not isinstance(items, dict):
+            return value
+        return [coerce(v, items, f"{where}[{i}]") for i, v in enumerate(value)]
+    types = _types(node)
+    nullable = "null" in types and isinstance(value, str) and value.strip() in _NULL_WORDS
+    if isinstance(value, str) and types and ("string" not in types or nullable):
+        try:
+            value = _coerce_text(value, types)
+        except ValueError:
+            return value  # left for the schema to report, with every other error
+        return coerce(value, node, where) if isinstance(value, list | dict) else value
+    if types == {"string"} and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _renamed(cfg: dict[str, Any]) -> list[str]:
+    """Lines for keys that moved (old configs), saying where their setting lives now."""
+    lines = [f"  {old}: {why}" for old, why in MOVED.items() if old in cfg]
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        if isinstance(cfg.get(section), dict) and key in cfg[section]:
+            lines.append(f"  {old}: this key is now {new}; rename it")
+    return lines
+
+
+def _hint(error: jsonschema.ValidationError, schema_: dict[str, Any]) -> str:
+    """What the schema says the value must be, when its message does not."""
+    if error.validator == "type" and isinstance(error.instance, str):
+        return " (command-line values are text)"
+    if error.validator == "pattern" and error.parent is None:
+        described = _described(error, schema_)
+        return f": {described}" if described else ""
+    return ""
+
+
+def _described(error: jsonschema.ValidationError, schema_: dict[str, Any]) -> str | None:
+    """The description of the nearest schema node above ``error`` (an item's is its list's)."""
+    node: Any = schema_
+    found = node.get("description")
+    for key in error.absolute_schema_path:
+        if not isinstance(node, dict | list):
+            break
+        node = node[key] if isinstance(node, list) or key in node else None
+        if isinstance(node, dict) and node.get("description"):
+            found = node["description"]
+    return " ".join(found.split()) if found else None
+
+
+def _checked(value: Any, schema_: dict[str, Any], where: str) -> tuple[Any, list[str]]:
+    """``value`` coerced and filled with ``schema_``'s defaults, and a line per error."""
+    value = coerce(value, schema_, where)
+    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema_)
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    lines = []
+    for e in errors:
+        key = ".".join([*([where] if where else []), *map(str, e.absolute_path)])
+        lines.append(f"  {key or '(top level)'}: {e.message}{_hint(e, schema_)}")
+    return value, lines
+
+
+def validate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Coerce, validate ``cfg`` in place against the schema, fill defaults; raise ConfigError."""
+    cfg, lines = _checked(cfg, schema(), "")
+    if lines:
+        raise ConfigError(
+            "invalid configuration:\n"
+            + "\n".join([*_renamed(cfg), *lines])
+            + "\nSee docs/configuration.md."
+        )
+    return cfg
+
+
+def validate_against(value: Any, schema_: dict[str, Any], where: str) -> Any:
+    """``value`` coerced, checked against ``schema_`` and filled with its defaults."""
+    value, lines = _checked(value, schema_, where)
+    if lines:
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines))
+    return value
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file and validate it."""
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    return validate(cfg)
+
+
+DATA_KEYS = ("task", "task_args")  # what a task's data depends on: nothing of any run
+
+
+def data_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The settings a task's prepared data depends on (the data rule's input)."""
+    return {key: cfg[key] for key in DATA_KEYS}
+
+
+def load_data_settings(path: str | Path) -> dict[str, Any]:
+    """Read the data rule's settings file (``task:`` and ``task_args:``) and check its shape."""
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    props = schema()["properties"]
+    if not isinstance(doc, dict) or set(doc) != set(DATA_KEYS):
+        raise ConfigError(f"{path}: expected a YAML mapping of exactly {', '.join(DATA_KEYS)}")
+    return {key: validate_against(doc[key], props[key], key) for key in DATA_KEYS}
+
+
+def world_size(cfg: dict[str, Any]) -> int:
+    """World size of the run the config describes (nodes x processes per node)."""
+    launch = cfg["launch"]
+    return launch.get("nnodes", 1) * launch["nproc_per_node"]
+
+
+def gpus_requested(cfg: dict[str, Any]) -> bool:
+    """Whether the run must train on GPUs (``launch.device: gpu``), one per process."""
+    return cfg["launch"]["device"] == "gpu"
+
+
+def resolve(cfg: dict[str, Any], gpus: bool | None = None) -> dict[str, Any]:
+    """A validated copy of ``cfg`` with the training recipe (and the task arguments the preset
+    sets) filled in from its preset.
+
+    ``gpus``: whether the run trains on GPUs (:func:`ddppipe.parallel.devices.trains_on_gpus`),
+    which picks the preset's GPU version; None: when it asks for them (``launch.device: gpu``).
+    """
+    cfg = validate(json.loads(json.dumps(cfg)))
+    ws = world_size(cfg)
+    gpus = gpus_requested(cfg) if gpus is None else gpus
+    cfg["train"] = presets.resolve(cfg["train"], ws, gpus)
+    if not cfg["script"]:
+        cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])
+    if cfg["train"]["batch_size"] % ws:
+        raise ConfigError(
+            f"train.batch_size {cfg['train']['batch_size']} is the global batch and must be "
+            f"divisible by the world size {ws}; choose a multiple of {ws}"
+        )
+    return cfg
+
+
+def load_resolved(path: str | Path) -> dict[str, Any]:
+    """A config that :func:`resolve` wrote (every recipe key filled in); raise ConfigError."""
+    cfg = load(path)
+    missing = [k for k in presets.RECIPE_KEYS if cfg["train"].get(k) is None]
+    if missing:
+        raise ConfigError(
+            f"{path}: train.{', train.'.join(missing)} null: this config was never resolved. "
+            "Training reads results/<run>/config.yaml, which the workflow writes; by hand, run "
+            f"`ddppipe resolve-config --config {path} --out RESOLVED.yaml` and use that"
+        )
+    return cfg
+
+
+def train_hash(cfg: dict[str, Any], data_digest: str) -> str:
+    """Short hash of everything that determines a training run's numbers.
+
+    ``data_digest``: the data manifest's (:mod:`ddppipe.data.manifest`).
+    """
+    keyed = {k: cfg["train"][k] for k in HASHED_TRAIN_KEYS}
+    keyed["data"] = data_digest
+    keyed["task"] = (cfg.get("task_source") or {}).get("sha256")
+    keyed["task_args"] = cfg.get("task_args")
+    blob = json.dumps(keyed, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write(cfg: dict[str, Any], path: str | Path) -> None:
+    """Write a config as YAML, atomically."""
+    atomic.write_text(path, yaml.safe_dump(cfg, sort_keys=False))

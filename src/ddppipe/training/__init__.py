@@ -1,0 +1,1 @@
+"""What runs on the ranks: the training loop, evaluation, checkpoints, metrics, provenance."""

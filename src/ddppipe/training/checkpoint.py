@@ -1,0 +1,242 @@
+"""Training snapshots: written atomically by rank 0, resumed from the newest valid one.
+
+Checkpoints live in a run's state folder, outside Snakemake's declared outputs, so that a
+failed or preempted job (whose outputs Snakemake deletes) keeps them for the next attempt.
+Only one training writes a state folder at a time, so a temporary file found there when the
+store saves or resumes was left by a killed writer. Nothing is ever deleted but those and the
+checkpoints beyond ``keep``: damaged ones go to ``damaged/``, another config's to ``stale-<hash>/``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ddppipe.core import atomic
+from ddppipe.core.errors import UserError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{6})\.pt$")
+REQUIRED_KEYS = frozenset(
+    {
+        "format",
+        "config_hash",
+        "epoch",
+        "step",
+        "model",
+        "optimizer",
+        "scheduler",
+        "rng",
+        "history",
+        "meta",
+    }
+)
+
+
+T = TypeVar("T")
+
+
+class CheckpointError(RuntimeError, UserError):
+    """A checkpoint could not be read or written, or does not fit the run."""
+
+
+@dataclass
+class Trainable:
+    """What a snapshot saves and restores of a training: its stateful parts."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+
+
+def snapshot(
+    config_hash: str, epoch: int, step: int, parts: Trainable, rng: list[Any],
+    history: list[dict[str, Any]], meta: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A training's state at (``epoch`` completed epochs, ``step`` steps into the next)."""
+    return {
+        "format": FORMAT,
+        "config_hash": config_hash,
+        "epoch": epoch,
+        "step": step,
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": parts.scheduler.state_dict(),
+        "rng": rng,  # one entry per rank
+        "history": history,
+        "meta": meta,
+    }
+
+
+def restore(snapshot_: dict[str, Any], parts: Trainable) -> tuple[int, int, list[dict[str, Any]]]:
+    """Load a snapshot's weights, optimizer and scheduler into ``parts``; its (epoch, step,
+    history). The per-rank RNG states are the caller's (they depend on the world size)."""
+    parts.model.load_state_dict(snapshot_["model"])
+    parts.optimizer.load_state_dict(snapshot_["optimizer"])
+    parts.scheduler.load_state_dict(snapshot_["scheduler"])
+    return snapshot_["epoch"], snapshot_["step"], snapshot_["history"]
+
+
+def file_name(epoch: int, step: int) -> str:
+    """``epoch`` completed epochs plus ``step`` steps into the next one."""
+    return f"ckpt-e{epoch:04d}-s{step:06d}.pt"
+
+
+def save(snapshot: dict[str, Any], path: Path) -> None:
+    """Write a snapshot atomically (temp file, fsync, rename); OSError naming ``path`` if not."""
+    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save(snapshot, f)
+        except RuntimeError as e:  # torch's writer hides a failed write's OSError (disk full)
+            if isinstance(e.__context__, OSError):
+                raise OSError(e.__context__.errno, e.__context__.strerror) from e
+            raise
+
+
+def save_weights(snapshot: dict[str, Any], path: Path) -> None:
+    """Write a snapshot's model weights (its ``state_dict``, on the CPU) atomically."""
+    with atomic.atomic_path(path) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in snapshot["model"].items()}, tmp)
+
+
+def record(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What a snapshot says of its training, as JSON: epochs, config hash, meta."""
+    return {k: snapshot[k] for k in ("epoch", "config_hash", "meta")}
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a snapshot with ``weights_only=True``; raise CheckpointError when unusable."""
+    try:
+        snapshot = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a damaged file
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(snapshot, dict) or not snapshot.keys() >= REQUIRED_KEYS:
+        raise CheckpointError(f"{path}: not a ddppipe checkpoint (missing keys)")
+    if snapshot["format"] != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {snapshot['format']}, expected {FORMAT}")
+    return snapshot
+
+
+@dataclass
+class Store:
+    """The checkpoints of one run, in one folder."""
+
+    folder: Path
+    keep: int = 2
+
+    def paths(self) -> list[Path]:
+        """Checkpoint files, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        found = [p for p in self.folder.iterdir() if _NAME.match(p.name)]
+        return sorted(found, key=lambda p: p.name)
+
+    def save(self, snapshot: dict[str, Any]) -> Path:
+        """Write ``snapshot``, then remove all but the newest ``keep`` checkpoints."""
+        self._remove_leftovers()
+        path = self.folder / file_name(snapshot["epoch"], snapshot["step"])
+        save(snapshot, path)
+        for old in self.paths()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def latest(self, config_hash: str) -> dict[str, Any] | None:
+        """The newest readable checkpoint of this config, falling back past damaged ones.
+
+        Damaged checkpoints are moved to ``damaged/``; checkpoints of a different training
+        config to ``stale-<hash>/``, so the run starts over.
+        """
+        self._remove_leftovers()
+        for path in reversed(self.paths()):
+            try:
+                snapshot = load(path)
+            except CheckpointError as e:
+                moved = _move(path, self.folder / "damaged")
+                log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
+                continue
+            if snapshot["config_hash"] != config_hash:
+                self._move_aside(snapshot["config_hash"], config_hash)
+                return None
+            log.info("resuming from %s", path)
+            return snapshot
+        return None
+
+    def _move_aside(self, old_hash: str, new_hash: str) -> None:
+        stale = self.folder / f"stale-{old_hash}"
+        for path in self.paths():
+            _move(path, stale)
+        log.warning(
+            "checkpoints in %s belong to training config %s, not %s: moved to %s, starting over",
+            self.folder,
+            old_hash,
+            new_hash,
+            stale,
+        )
+
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary files of saves whose process was killed."""
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.iterdir():
+            if _NAME.match(atomic.temp_target(path.name) or ""):
+                path.unlink(missing_ok=True)
+                log.warning("removed %s, left by an interrupted checkpoint save", path)
+
+
+def _move(path: Path, folder: Path) -> Path:
+    """Move ``path`` into ``folder`` without overwriting: ``<stem>.<n><suffix>`` on a clash."""
+    folder.mkdir(exist_ok=True)
+    dest, n = folder / path.name, 0
+    while dest.exists():
+        n += 1
+        dest = folder / f"{path.stem}.{n}{path.suffix}"
+    shutil.move(path, dest)
+    return dest
+
+
+def rank0_writes(write: Callable[[], T]) -> T | None:
+    """Collective: ``write()`` on rank 0; if it fails, every rank raises CheckpointError.
+
+    Rank 0's outcome is broadcast in place of a barrier, so a failed write (a full disk) fails
+    the other ranks at once with its message instead of leaving them waiting for it.
+    """
+    result: T | None = None
+    error: Exception | None = None
+    failure: list[str | None] = [None]  # rank 0's message, broadcast
+    if dist.get_rank() == 0:
+        try:
+            result = write()
+        except Exception as e:
+            error, failure[0] = e, _write_failure(e)
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is None:
+        return result
+    if error is not None and not isinstance(error, OSError):
+        raise error  # a bug, not the storage: keep its traceback
+    raise CheckpointError(failure[0]) from error
+
+
+def _write_failure(e: Exception) -> str:
+    """Rank 0's message for a failed write, with the space left when the disk is full."""
+    if not isinstance(e, OSError) or e.filename is None:
+        return f"rank 0 could not write: {type(e).__name__}: {e}"
+    path = Path(e.filename)
+    text = f"rank 0 could not write {path}: [Errno {e.errno}] {e.strerror}"
+    if e.errno == errno.ENOSPC:  # the partial file is gone: this is the space the write had
+        disk = shutil.disk_usage(path.parent)
+        text += (
+            f"; {path.parent} has {disk.free / 2**20:.1f} MiB free "
+            f"(of {disk.total / 2**20:.1f} MiB): make room there"
+        )
+    return text

@@ -1,0 +1,293 @@
+"""What a slot of training cost and where its time went, measured by the ranks themselves.
+
+Rank 0 times the phases of its slot (start-up until the first step, data loading, training
+-- on a GPU with CUDA events, :class:`Clock` --, evaluation, checkpoints), the steady-state
+throughput (the first :data:`WARMUP_STEPS` steps of a slot excluded, reported apart), and the
+FLOPs of one training image (counted once with ``torch.utils.flop_counter``); every rank adds
+its CPU time and its peak memory. The figures go into the slot's attempt record
+(:mod:`ddppipe.runstate.attempts`); :func:`flags` turns them into plain-words waste warnings with
+their fix, at the thresholds centres use.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+Mark: TypeAlias = "float | torch.cuda.Event"  # a Clock's reading
+
+WARMUP_STEPS = 10  # per slot: compilation, allocator and cache warm-up
+SLOT_START_ENV = "DDPPIPE_SLOT_START"  # Unix time the launcher opened the slot
+
+
+class Clock:
+    """Training time: CUDA events on a GPU (the device's own clock, read once the later event
+    has completed), ``time.perf_counter`` on a CPU. Marks cost no synchronisation."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Mark:
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Mark, end: Mark) -> float:
+        """Seconds from mark ``start`` to the later mark ``end``."""
+        if not self.cuda:
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+
+class SlotMeter:
+    """One rank's clocks for the current slot."""
+
+    def __init__(self) -> None:
+        start = os.environ.get(SLOT_START_ENV)
+        self.slot_start = float(start) if start else time.time()
+        self.cpu_start = time.process_time()
+        self.seconds: dict[str, float] = {}
+        self.first_step_at: float | None = None
+        self.steps = 0
+        self.images = 0
+        self.steady_images = 0
+        self.steady_seconds = 0.0
+        self.warmup_images = 0
+        self.warmup_seconds = 0.0
+        self.flops_per_image: float | None = None
+        self.gpu: dict[str, Any] = {}  # the GPU's name and memory (ddppipe.training.gpu_usage)
+        self.gpu_sampler: Any = None
+        self.exposed_communication: tuple[float, int] | None = None  # (s a step, its images)
+
+    def watch_gpu(self, device: Any) -> None:
+        """Sample the CUDA ``device``'s NVML utilisation and memory from the first step on."""
+        from ddppipe.training import gpu_usage
+
+        self.gpu = gpu_usage.describe(device)
+        self.gpu_sampler = gpu_usage.Sampler(gpu_usage.nvml_reader(device))
+
+    def communication(self, exposed_s: float, images: int) -> None:
+        """A step of ``images`` (global) spent ``exposed_s`` waiting for its all-reduce."""
+        self.exposed_communication = (max(0.0, exposed_s), images)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - started)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def training_started(self) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+            if self.gpu_sampler is not None:
+                self.gpu_sampler.start()
+
+    def trained(self, images: int, seconds: float, warmup_images: int,
+                warmup_seconds: float) -> None:  # fmt: skip
+        """An epoch's share of this slot: all its images, and how many came after warm-up."""
+        self.images += images
+        self.add("train", seconds)
+        self.warmup_images += warmup_images
+        self.warmup_seconds += warmup_seconds
+        self.steady_images += images - warmup_images
+        self.steady_seconds += seconds - warmup_seconds
+
+    def collect(self, world_size: int) -> dict[str, Any]:
+        """Collective: the slot's figures (complete on rank 0)."""
+        import torch
+        import torch.distributed as dist
+
+        cpu = torch.tensor([time.process_time() - self.cpu_start], dtype=torch.float64)
+        gpu = self.gpu_sampler.stop() if self.gpu_sampler is not None else None
+        processes = [process_memory("self")]
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # the node's agent (or local launcher) too
+            processes.append(process_memory(str(os.getppid())))
+        private = sum(max(0.0, peak - files) for peak, files in processes)
+        mine = (socket.gethostname(), private, max(files for _, files in processes), gpu)
+        ranks: list[Any] = [mine] * world_size
+        if dist.is_initialized():
+            from ddppipe.parallel import distributed
+
+            cpu = cpu.to(distributed.collective_device())
+            dist.all_reduce(cpu)
+            dist.all_gather_object(ranks, mine)
+        per_node = node_memory([(host, mb, files) for host, mb, files, _ in ranks])
+        figures: dict[str, Any] = {
+            "startup_s": (self.first_step_at or time.time()) - self.slot_start,
+            **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
+            "images": self.images,
+            "steps": self.steps,  # trained in this slot, checkpointed or not
+            "cpu_s": float(cpu.cpu()),
+            "memory_peak_mb": max(per_node.values()),  # the fullest node (node_memory)
+        }
+        if self.steady_seconds > 0:
+            figures["images_per_s"] = self.steady_images / self.steady_seconds
+            figures["images_per_s_per_process"] = figures["images_per_s"] / world_size
+        if self.warmup_seconds > 0:
+            figures["warmup_s"] = self.warmup_seconds  # the first WARMUP_STEPS steps' training
+            figures["warmup_images_per_s"] = self.warmup_images / self.warmup_seconds
+        if self.flops_per_image and "images_per_s" in figures:
+            figures["flops_per_image"] = self.flops_per_image
+            figures["achieved_gflops"] = self.flops_per_image * figures["images_per_s"] / 1e9
+        if self.exposed_communication and "images_per_s" in figures:
+            exposed, images = self.exposed_communication
+            figures["communication_s"] = exposed  # a step's all-reduce not hidden by backward
+            figures["communication_share"] = min(1.0, exposed * figures["images_per_s"] / images)
+        sampled = [g for *_, g in ranks if g]
+        if self.gpu:
+            figures.update(self.gpu)
+        if sampled:  # every GPU's mean utilisation, averaged; the fullest GPU's memory
+            figures["gpu_utilisation"] = sum(g["gpu_utilisation"] for g in sampled) / len(sampled)
+            figures["gpu_memory_peak_mb"] = max(g["gpu_memory_peak_mb"] for g in sampled)
+        return figures
+
+
+def process_memory(pid: str) -> tuple[float, float]:
+    """Process ``pid``'s (or ``self``'s) peak resident memory (``VmHWM``) and its file-backed
+    part now (``RssFile``: torch's libraries, shared by the node's processes), in MB; zeros
+    where /proc cannot tell."""
+    found: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "RssFile"):
+                    found[key] = int(value.split()[0]) / 1024  # kB
+    except (OSError, ValueError):
+        pass
+    return found.get("VmHWM", 0.0), found.get("RssFile", 0.0)
+
+
+def node_memory(per_rank: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Each node's memory peak from its ranks' (host, private peak, file-backed) MB.
+
+    A rank's private peak is its peak RSS less its file-backed pages (local rank 0 adds its
+    agent's). The file-backed pages (the libraries every process maps) count once, as the
+    kernel and a job's cgroup count them: the largest is added once. Summing the peak RSS
+    would count torch's libraries once per process.
+    """
+    shared: dict[str, float] = {}
+    for host, _, files in per_rank:
+        shared[host] = max(shared.get(host, 0.0), files)
+    private = node_sums([(host, mine) for host, mine, _ in per_rank])
+    return {host: private[host] + shared[host] for host in private}
+
+
+def node_sums(per_process: list[tuple[str, float]]) -> dict[str, float]:
+    """A figure per node: the sum of its processes' (GEMM GFLOP/s, private memory peaks)."""
+    nodes: dict[str, float] = {}
+    for host, value in per_process:
+        nodes[host] = nodes.get(host, 0.0) + value
+    return nodes
+
+
+def count_flops_per_image(step: Any, images: int) -> float | None:
+    """FLOPs of one training image: ``step()`` (forward and backward of ``images``) counted
+    once with torch's FLOP counter; None where it cannot count (an unsupported operator)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with FlopCounterMode(display=False) as counter:
+            step()
+    except Exception:  # a custom operator the counter does not know: no figure, no failure
+        return None
+    total = counter.get_total_flops()
+    return total / images if total and images else None
+
+
+# -- waste flags --------------------------------------------------------------------------
+
+MEMORY_USED_BELOW = 0.70  # of the request: centres flag (seff, jobstats) and so does ddppipe
+TIME_LIMIT_USED_BELOW = 0.10
+CPU_EFFICIENCY_BELOW = 0.50
+STARTUP_SHARE_ABOVE = 0.50  # of a slot's wall time
+GPU_UTILISATION_BELOW = 0.25  # NVML's mean: centres' idle-GPU threshold (Job Defense Shield)
+MEMORY_HEADROOM = 1.25  # the request ddppipe suggests: the peak plus a quarter
+
+
+def cpu_efficiency(cpu_s: float, wall_s: float, cpus: int) -> float | None:
+    return cpu_s / (wall_s * cpus) if wall_s > 0 and cpus > 0 else None
+
+
+def utilisation(
+    attempt: dict[str, Any], precision: str, processes: int
+) -> tuple[float, str] | None:
+    """The attempt's achieved FLOP/s as a fraction of its allocation's peak, and the peak's
+    source: the preflight's GEMM on its nodes, else the GPUs' datasheet; None without either."""
+    from ddppipe.training import peak
+
+    eff = attempt.get("efficiency") or {}
+    achieved = eff.get("achieved_gflops")
+    if not achieved:
+        return None
+    measured = (attempt.get("peak") or {}).get("gflops") or {}
+    nodes = [measured[n] for n in attempt.get("nodes", []) if n in measured]
+    if nodes and len(nodes) == len(attempt.get("nodes", [])):
+        total = sum(nodes)
+        return achieved / total, f"{total:,.0f} GFLOP/s {precision} GEMM peak, measured"
+    per_gpu = peak.gpu_datasheet_gflops(eff.get("gpu_name") or "", precision)
+    if per_gpu:
+        total = per_gpu * processes
+        return achieved / total, f"{total:,.0f} GFLOP/s {precision}, {eff['gpu_name']} datasheet"
+    return None
+
+
+def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
+          cpus: int) -> list[str]:  # fmt: skip
+    """Plain-words waste warnings for one attempt record, each with its fix."""
+    found: list[str] = []
+    eff = attempt.get("efficiency") or {}
+    wall = (attempt.get("end") or 0) - attempt.get("start", 0)
+    peak = eff.get("memory_peak_mb")
+    if mem_mb and peak and peak < MEMORY_USED_BELOW * mem_mb:
+        suggest = int(-(-peak * MEMORY_HEADROOM // 100) * 100)
+        found.append(
+            f"memory: the fullest node peaked at {peak:,.0f} MB of the {mem_mb:,} MB requested "
+            f"({peak / mem_mb:.0%}); ask for {suggest} MB: `slurm.mem_mb: {suggest}`"
+        )
+    if runtime_min and attempt.get("outcome") == "completed" and wall > 0:
+        share = wall / (runtime_min * 60)
+        if share < TIME_LIMIT_USED_BELOW:
+            minutes = max(1, int(wall * 2 // 60) + 1)
+            found.append(
+                f"time limit: the slot used {share:.0%} of its {runtime_min} min; a shorter "
+                f"limit starts sooner: `slurm.runtime: {minutes}`"
+            )
+    busy = eff.get("gpu_utilisation")
+    if busy is not None and busy < GPU_UTILISATION_BELOW:
+        found.append(
+            f"GPU: the GPUs were busy {busy:.0%} of the training (NVML); feed them more work a "
+            "step (`train.batch_size`), or ask for fewer GPUs (`launch.nproc_per_node`)"
+        )
+    startup = eff.get("startup_s", 0.0)
+    if wall > 0 and startup > STARTUP_SHARE_ABOVE * wall:
+        found.append(
+            f"start-up: {startup:.0f} s of the slot's {wall:.0f} s passed before the first step "
+            "(torchrun, rendezvous, preflight, data): the fewer and longer the slots, the less "
+            "of it (`slurm.runtime`, `train.epochs`)"
+        )
+        return found  # the CPUs idled while it started: that is the waste to fix first
+    efficiency = cpu_efficiency(eff.get("cpu_s", 0.0), wall, cpus) if eff else None
+    if efficiency is not None and efficiency < CPU_EFFICIENCY_BELOW:
+        found.append(
+            f"CPU: {efficiency:.0%} of the {cpus} CPUs allocated were busy over the slot; "
+            "fewer CPUs per process (`launch.cpus_per_proc`) or more processes would use them"
+        )
+    return found

@@ -1,0 +1,186 @@
+"""The job API of a bring-your-own torchrun script (``script:`` in the config).
+
+::
+
+    from ddppipe.training import job
+    job.info()               # rank, local_rank, world_size, device, node, attempt number
+    job.should_stop()        # collective: True once the stop signal came or the end is near
+    job.checkpoint_dir()     # where to save and find checkpoints (survives requeues)
+    job.output_dir()         # files the run produces (published to results/<run>/train/outputs)
+    job.log(step, **values)  # rank 0: metrics.jsonl and TensorBoard (and MLflow)
+    sys.exit(job.STOP)       # after saving on should_stop(): continue in the next slot
+
+Importing this module installs the stop-signal handler (it only sets a flag; all I/O
+happens in the script's loop). The same facts reach a script that does not import ddppipe
+through environment variables (:data:`ENV`), set by ``ddppipe launch`` for every process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddppipe.runstate import preemption, state
+
+STOP = preemption.EXIT_CODE  # the exit status of "stopped after a checkpoint: continue me"
+
+# What the launcher tells every process (ddppipe.launching.lifecycle sets them).
+ENV = {
+    "run": "DDPPIPE_RUN",  # the run's name
+    "state": "DDPPIPE_STATE_DIR",  # results/<run>/state
+    "checkpoints": "DDPPIPE_CHECKPOINT_DIR",  # <state>/checkpoints
+    "outputs": "DDPPIPE_OUTPUT_DIR",  # <state>/outputs
+    "tensorboard": "DDPPIPE_TENSORBOARD_DIR",  # results/<run>/tensorboard ('' when off)
+    "mlflow": "DDPPIPE_MLFLOW_URI",  # '' when off
+    "attempt": "DDPPIPE_ATTEMPT_NUMBER",  # 1, 2, ... : the slot of this run
+    "end_time": "DDPPIPE_END_TIME",  # Unix time the job's time limit ends ('' without one)
+    "stop_at": preemption.STOP_AT_ENV,  # Unix time should_stop() turns true ('' without one)
+    "stop_signal": preemption.STOP_SIGNAL_ENV,  # the time-limit warning's signal: SIGUSR1
+    "use": "DDPPIPE_DEVICE_USE",  # gpu (required) | cpu | auto (ddppipe.parallel.devices.use)
+}
+
+
+def environment(
+    run: str, state_dir: Path, attempt: int, stop_signal: str, use: str,
+    tensorboard: Path | None, mlflow: str | None, end_time: float | None = None,
+    stop_at: float | None = None,
+) -> dict[str, str]:  # fmt: skip
+    """The :data:`ENV` variables of one slot, for the launcher to export."""
+    layout = state.of(Path(state_dir).resolve())
+    values = {
+        "run": run, "state": str(layout.root), "checkpoints": str(layout.checkpoints),
+        "outputs": str(layout.outputs), "tensorboard": str(tensorboard or ""),
+        "mlflow": mlflow or "", "attempt": str(attempt),
+        "end_time": "" if end_time is None else f"{end_time:.0f}",
+        "stop_at": "" if stop_at is None else f"{stop_at:.0f}", "stop_signal": stop_signal,
+        "use": use,
+    }  # fmt: skip
+    return {ENV[key]: value for key, value in values.items()}
+
+
+def _env(key: str) -> str:
+    return os.environ.get(ENV[key], "")
+
+
+_guard = preemption.Guard()  # installed at import: a signal from now on is noted, never fatal
+
+
+@dataclass(frozen=True)
+class Info:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str  # "cuda:N" or "cpu": the device this rank should use
+    node: str
+    attempt: int  # this slot's number in the run's attempt history (1 for the first)
+
+
+def info() -> Info:
+    """Where this process is in the run (from torchrun's environment and the launcher's)."""
+    from ddppipe.parallel import devices
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = devices.select(local_rank, local_size, _env("use") or "auto")  # type: ignore[arg-type]
+    return Info(
+        rank=int(os.environ.get("RANK", "0")), local_rank=local_rank,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        node=socket.gethostname(), attempt=int(_env("attempt") or 1), device=str(device),
+    )  # fmt: skip
+
+
+_stopping = False
+
+
+def should_stop() -> bool:
+    """Collective: whether to save a checkpoint and exit with :data:`STOP` now.
+
+    Every rank must call it at the same step: one all-reduce of the flag gives every rank
+    the same answer (no rank is left waiting at a barrier). Without an initialized process
+    group it answers for this process alone. Rank 0 notes the stop for the launcher.
+    """
+    global _stopping
+    flag = _guard.requested()  # a stop signal arrived, or the stop time has passed
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        import torch
+
+        from ddppipe.parallel import distributed
+
+        tensor = torch.tensor([1 if flag else 0], device=distributed.collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        flag = bool(tensor.item())
+    if flag and not _stopping and int(os.environ.get("RANK", "0")) == 0 and _env("state"):
+        _stopping = True
+        if _logged_from is not None:
+            _progress(end_step=_last_step)
+        signum = _guard.received or 0
+        preemption.record(Path(_env("state")), signum, str(checkpoint_dir()))
+    return flag
+
+
+def _folder(key: str, fallback: str) -> Path:
+    path = Path(_env(key) or fallback)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def checkpoint_dir() -> Path:
+    """Where to save and find checkpoints: the run's state folder, kept across requeues."""
+    return _folder("checkpoints", "checkpoints")
+
+
+def output_dir() -> Path:
+    """Where to put the files the run produces (weights, tables); published when complete."""
+    return _folder("outputs", "outputs")
+
+
+_tracker: Any = None
+_logged_from: int | None = None
+_last_step: int | None = None
+
+
+def log(step: int, **values: float) -> None:
+    """(Rank 0; a no-op elsewhere) Record ``values`` at ``step``: metrics.jsonl, TensorBoard.
+
+    A continuation logs again from its resumed step: lines of steps at or past the first
+    step logged in this slot are dropped (as TensorBoard's purge), so no point is doubled.
+    """
+    global _tracker, _logged_from, _last_step
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    _last_step = step
+    layout = state.of(Path(_env("state") or "."))
+    record = {"step": step, **{k: float(v) for k, v in values.items()}, "time": time.time()}
+    if _logged_from is None:  # this slot's first point: drop what a killed slot logged past it
+        _logged_from = step
+        from ddppipe.core import jsonl
+
+        kept = [r for r in jsonl.read(layout.metrics) if r.get("step", -1) < step]
+        jsonl.write(layout.metrics, kept)
+        _progress(start_step=step)
+    with open(layout.metrics, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if _tracker is None and (_env("tensorboard") or _env("mlflow")):
+        from ddppipe.training import tracking
+
+        _tracker = tracking.Tracker(
+            Path(_env("tensorboard")) if _env("tensorboard") else None, layout.root,
+            mlflow_uri=_env("mlflow") or None, run_name=_env("run") or "run",
+        )  # fmt: skip
+    if _tracker is not None:
+        _tracker.log(step, {k: float(v) for k, v in values.items()})
+
+
+def _progress(**changes: Any) -> None:
+    """This slot's steps, for its attempt record (the first and last step the script logged)."""
+    from ddppipe.runstate import attempts
+
+    root = Path(_env("state") or ".")
+    attempts.write_progress(root, {**attempts.read_progress(root), **changes})

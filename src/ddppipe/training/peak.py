@@ -1,0 +1,62 @@
+"""The compute peak a training is measured against: a GEMM benchmark, or a table for known GPUs.
+
+The preflight runs :func:`gemm_gflops` on every process of the training's shape at once (so a
+node's figure is what its processes reach together, in the training's dtype) and keeps the
+per-node sums in the state folder; each slot's attempt record carries them, and
+:func:`ddppipe.training.efficiency.utilisation` divides the achieved FLOP/s by them. Where no
+preflight ran (a local run), GPUs fall back to their datasheet's dense peak
+(:data:`GPU_PEAK_TFLOPS`); a
+CPU then has no peak figure, and the summary says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ddppipe.parallel import devices
+
+GEMM_SIZE = 2048  # n of the n x n x n matmul: 17.2 GFLOP, large enough to reach the peak
+GEMM_SECONDS = 0.5  # measuring time per process, after one warm-up product
+
+# Dense (no sparsity) tensor-core peaks from the vendors' datasheets, TFLOP/s per GPU; the
+# first name contained in torch's device name wins, so specific names come first.
+GPU_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bf16": 989.0, "fp32": 67.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.0}),
+    ("H100", {"bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("GH200", {"bf16": 989.0, "fp32": 67.0}),
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+    ("A40", {"bf16": 149.7, "fp32": 37.4}),
+    ("L40S", {"bf16": 362.0, "fp32": 91.6}),
+    ("L4", {"bf16": 121.0, "fp32": 30.3}),
+    ("V100", {"bf16": 0.0, "fp32": 15.7}),  # no bf16 tensor cores: ddppipe refuses bf16 there
+)
+
+
+def gemm_gflops(device: Any, precision: str, seconds: float = GEMM_SECONDS) -> float:
+    """GFLOP/s of repeated ``GEMM_SIZE``-square matmuls in ``precision`` on ``device``."""
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
+    b = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
+    torch.mm(a, b)  # warm-up: kernel choice, caches, frequency
+    devices.synchronize(a.device)
+    products, started = 0, time.perf_counter()
+    while True:
+        for _ in range(4 if a.is_cuda else 1):
+            torch.mm(a, b)
+            products += 1
+        devices.synchronize(a.device)
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return 2 * GEMM_SIZE**3 * products / elapsed / 1e9
+
+
+def gpu_datasheet_gflops(name: str, precision: str) -> float | None:
+    """The datasheet's dense peak of the GPU called ``name`` in GFLOP/s; None if unknown."""
+    for model, peaks in GPU_PEAK_TFLOPS:
+        if model in name and peaks.get(precision):
+            return peaks[precision] * 1e3
+    return None

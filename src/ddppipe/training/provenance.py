@@ -1,0 +1,77 @@
+"""Provenance of a trained model: code, software, hardware, data and config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddppipe.core import system
+from ddppipe.data import manifest
+from ddppipe.parallel import software
+
+
+def data_checksums(data_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file the task prepared (from its checked manifest)."""
+    return {rel: f["sha256"] for rel, f in manifest.check(data_dir)["files"].items()}
+
+
+def record(
+    final: dict[str, Any],
+    data_dir: Path,
+    image: dict[str, Any] | None = None,
+    attempts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The provenance of a final training snapshot (``final``: its epochs, config hash and
+    meta, :func:`ddppipe.training.checkpoint.record`)."""
+    meta = final["meta"]
+    return {
+        "git": system.git_commit(),
+        # the stack that trained (recorded by rank 0), not the one that exports
+        "software": meta.get("software") or software(),
+        "training": {
+            "world_size": meta["world_size"],
+            "hosts": sorted(set(meta["hosts"])),
+            "rank_hosts": meta["hosts"],
+            "backend": meta["backend"],
+            "launcher": meta["launcher"],
+            "device": meta["device"],
+            "device_name": meta["device_name"],
+            "torch": meta["torch"],
+            "ddppipe": meta["ddppipe"],
+        },
+        "seed": meta["seed"],
+        "epochs": final["epoch"],
+        "config_hash": final["config_hash"],
+        "train_config": meta["train"],
+        "task": meta.get("task"),  # file, SHA-256, version of the task that trained
+        "task_args": meta.get("task_args"),
+        "data_sha256": data_checksums(data_dir),
+        "container": image,
+        "attempts": attempts,
+    }
+
+
+SNAKEMAKE_MARK = ".snakemake_timestamp"  # Snakemake's file in a directory() output: not the run's
+
+
+def script_record(
+    cfg: dict[str, Any],
+    outputs: Path,
+    image: dict[str, Any] | None = None,
+    attempts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The provenance of a script run: the script (file, SHA-256, arguments), its outputs."""
+    from ddppipe.core import hashing
+    from ddppipe.spec import config
+
+    files = sorted(p for p in Path(outputs).rglob("*")
+                   if p.is_file() and p.name != SNAKEMAKE_MARK)  # fmt: skip
+    return {
+        "git": system.git_commit(),
+        "software": software(),  # the launcher's stack; the script's own may differ
+        "script": {**cfg["task_source"], "args": cfg["script_args"]},
+        "world_size": config.world_size(cfg),
+        "outputs_sha256": {str(p.relative_to(outputs)): hashing.file_sha256(p) for p in files},
+        "container": image,
+        "attempts": attempts,
+    }

@@ -1,0 +1,542 @@
+"""The DDP training loop of any task: sharded batches, checkpoints, distributed evaluation.
+
+The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the loss,
+metrics and optimizer; everything else is here: device, DDP, mixed precision, the sharded
+and resumable data order, checkpoints, stop on signal, evaluation, metrics and tracking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from ddppipe import __version__, tasks
+from ddppipe.core import atomic, heap, jsonl, system
+from ddppipe.data import batches, manifest, sharding
+from ddppipe.parallel import devices, distributed, software
+from ddppipe.runstate import attempts, preemption, state
+from ddppipe.spec import config
+from ddppipe.training import checkpoint, efficiency, evaluate
+
+log = logging.getLogger(__name__)
+
+# Ranks agree on a pending stop signal every this many steps (one tiny all-reduce).
+SIGNAL_CHECK_EVERY = 10
+COMM_PROBES = 3  # per slot: steps timed with and without the all-reduce (the fastest counts)
+
+
+def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
+    """Fused optimizer kernels where they exist for ``name`` on ``device``.
+
+    AdamW and SGD have fused kernels on GPUs and CPUs (one pass over all parameters); Adadelta
+    has none, and its multi-tensor (foreach) version is slower on CPU than the default loop.
+    """
+    if name in ("adamw", "sgd"):
+        return {"fused": True}
+    if name == "adadelta" and device.type == "cuda":
+        return {"foreach": True}
+    return {}
+
+
+def make_optimizer(
+    params: Any, train: dict[str, Any], device: torch.device
+) -> torch.optim.Optimizer:
+    """The recipe's optimizer (``train.optimizer``), for tasks without ``optimizer()``."""
+    name, lr, wd = train["optimizer"], train["lr"], train["weight_decay"]
+    kernels = optimizer_kernels(name, device)
+    if name == "adadelta":
+        return torch.optim.Adadelta(params, lr=lr, weight_decay=wd, **kernels)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=wd, **kernels)
+    if name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=0.9, nesterov=True, weight_decay=wd, **kernels
+        )
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def speed_up_cuda() -> None:
+    """Let cuDNN pick the fastest convolution algorithms and fp32 matmuls use TF32."""
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, train: dict[str, Any], steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """A scheduler stepped once per optimizer step."""
+    name = train["schedule"]
+    if name == "step":
+        return torch.optim.lr_scheduler.StepLR(optimizer, steps_per_epoch, gamma=train["gamma"])
+    if name == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=train["lr"], total_steps=steps_per_epoch * train["epochs"]
+        )
+    if name == "constant":
+        return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    raise ValueError(f"unknown schedule {name!r}")
+
+
+def rank_seed(seed: int, epoch: int, rank: int) -> int:
+    """Seed of a rank's dropout stream when no saved RNG state fits."""
+    return (seed * 1_000_003 + epoch) * 4099 + rank + 1
+
+
+@dataclass
+class Paths:
+    data_dir: Path
+    state_dir: Path  # checkpoints and live metrics; survives failed jobs
+    final_checkpoint: Path
+    metrics: Path
+
+    @property
+    def evaluation(self) -> Path:
+        """The final model's test-set evaluation, next to the final checkpoint."""
+        return self.final_checkpoint.with_name("evaluation.json")
+
+    @property
+    def weights(self) -> Path:
+        """The final model's weights alone (what export publishes, without loading torch)."""
+        return self.final_checkpoint.with_name("model.pt")
+
+    @property
+    def record(self) -> Path:
+        """The final checkpoint's epochs, config hash and meta as JSON (for the provenance)."""
+        return self.final_checkpoint.with_name("final.json")
+
+
+class Trainer:
+    """One rank's training run."""
+
+    def __init__(self, cfg: dict[str, Any], paths: Paths, ctx: distributed.Context) -> None:
+        self.cfg, self.paths, self.ctx = cfg, paths, ctx
+        self.meter = efficiency.SlotMeter()
+        self.train_cfg = cfg["train"]
+        self.task = tasks.load(cfg["task"])
+        args = cfg["task_args"]
+        self.config_hash = config.train_hash(cfg, manifest.check(paths.data_dir)["digest"])
+        self.dtype, self.memory_format = evaluate.numerics(self.train_cfg)
+        cuda = ctx.device.type == "cuda"
+        if cuda:
+            devices.check_gpu(ctx.device.index, self.train_cfg["precision"])
+            self.meter.watch_gpu(ctx.device)
+        with self.meter.phase("data"):
+            train_set, test_set = self.task.call("datasets", paths.data_dir, args)
+            workers = batches.loader_workers(
+                system.available_cpus(), ctx.local_world_size, torch.get_num_threads()
+            )
+            self.train_data = batches.Feed(train_set, ctx.device, workers)
+            self.test_data = batches.Feed(test_set, ctx.device, workers)
+        if len(self.test_data) < ctx.world_size:
+            raise tasks.TaskError(
+                f"task {cfg['task']}: {len(self.test_data)} test samples for {ctx.world_size} "
+                "ranks; every rank evaluates a share: use a larger test set or fewer processes"
+            )
+        self.steps_per_epoch = sharding.steps_per_epoch(
+            len(self.train_data), self.train_cfg["batch_size"]
+        )
+        torch.manual_seed(self.train_cfg["seed"])  # identical initial weights on every rank
+        model = self.task.call("model", args).to(ctx.device, memory_format=self.memory_format)
+        self.model = model
+        if cuda:
+            speed_up_cuda()
+        # Gradients live in DDP's all-reduce buckets: no copy in or out of them per step.
+        self.ddp = DDP(
+            model, device_ids=[ctx.device.index] if cuda else None, gradient_as_bucket_view=True
+        )
+        if self.dtype == torch.bfloat16 and ctx.world_size > 1:
+            # bf16 training all-reduces bf16 gradients: half the bytes of every step's
+            # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
+            self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        self.loss_fn = evaluate.training_loss(self.task, self.train_cfg["label_smoothing"])
+        self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
+        self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
+        if self.task.has("optimizer"):
+            self.optimizer = self.task.call("optimizer", self.ddp.parameters(), args)
+        else:
+            self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg, ctx.device)
+        self.scheduler = make_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
+        if ctx.is_main:
+            self.meter.flops_per_image = self._count_flops(self.train_data.dataset)
+        self.store = checkpoint.Store(
+            state.of(paths.state_dir).checkpoints, self.train_cfg["keep_checkpoints"]
+        )
+        self.hosts: list[str] = [""] * ctx.world_size
+        dist.all_gather_object(self.hosts, socket.gethostname())
+        self.history: list[dict[str, Any]] = []
+        self.epoch, self.step = 0, 0
+        self._final_eval: evaluate.Counts | None = None
+        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
+        self.tracker = self._tracker() if ctx.is_main else None
+
+    def _tracker(self) -> Any:
+        """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
+        tracking_cfg = self.cfg.get("tracking") or {}
+        if not tracking_cfg.get("tensorboard", True) and not tracking_cfg.get("mlflow"):
+            return None
+        from ddppipe.training import tracking
+
+        layout = state.of(self.paths.state_dir)
+        source = self.cfg.get("task_source") or {}
+        tags = {"git_commit": str(system.git_commit()["commit"]),
+                "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
+                "config_hash": self.config_hash}  # fmt: skip
+        if os.environ.get("SLURM_JOB_ID"):
+            tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
+        tensorboard = layout.tensorboard if tracking_cfg.get("tensorboard", True) else None
+        return tracking.Tracker(
+            tensorboard, layout.root, mlflow_uri=tracking_cfg.get("mlflow"),
+            run_name=self.cfg["run"], params=self.cfg, tags=tags,
+        )  # fmt: skip
+
+    def _count_flops(self, dataset: Any) -> float | None:
+        """FLOPs of one training image: forward and backward of two, on a copy of the model
+        (no all-reduce, no gradient in DDP's buckets; the RNG is reset by resume())."""
+        import copy
+
+        batch = batches.samples(dataset, 2, self.ctx.device)
+        replica = copy.deepcopy(self.model)
+
+        def step() -> None:
+            evaluate.loss_of(
+                replica, batch, self.loss_fn, self.dtype, self.memory_format
+            ).backward()
+
+        return efficiency.count_flops_per_image(step, int(batch[1].shape[0]))
+
+    def _record_efficiency(self) -> None:
+        """Collective: the slot's figures into rank 0's progress (its attempt record)."""
+        figures = self.meter.collect(self.ctx.world_size)
+        self._record_progress(efficiency=figures)
+
+    def _track(self, step: int, values: dict[str, float], prefix: str = "") -> None:
+        if self.tracker is not None:
+            self.tracker.log(step, values, prefix)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self.ctx.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.ctx.device)
+        return state
+
+    def _set_rng(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and self.ctx.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], self.ctx.device)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Collective: every rank must call it; only rank 0's result is complete."""
+        rng: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(rng, self._rng_state())
+        return checkpoint.snapshot(
+            self.config_hash, self.epoch, self.step, self._parts(), rng, self.history, self.meta()
+        )
+
+    def _parts(self) -> checkpoint.Trainable:
+        return checkpoint.Trainable(self.model, self.optimizer, self.scheduler)
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "world_size": self.ctx.world_size,
+            "hosts": self.hosts,
+            "backend": self.ctx.backend,
+            "launcher": self.ctx.launcher,
+            "device": self.ctx.device.type,
+            "device_name": torch.cuda.get_device_name(self.ctx.device)
+            if self.ctx.device.type == "cuda"
+            else "cpu",
+            "torch": str(torch.__version__),
+            "ddppipe": __version__,
+            "software": software.stack(),
+            "seed": self.train_cfg["seed"],
+            "train": self.train_cfg,
+            "task": self.cfg["task_source"],
+            "task_args": self.cfg["task_args"],
+        }
+
+    def save_checkpoint(self) -> Path | None:
+        """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
+        started = time.perf_counter()
+        snapshot = self.snapshot()
+
+        def write() -> Path:
+            path = self.store.save(snapshot)
+            self.meter.add("checkpoint", time.perf_counter() - started)
+            self._write_live_metrics()
+            self._record_progress(
+                end_step=self.epoch * self.steps_per_epoch + self.step,
+                checkpoint=path.name,
+                checkpoint_seconds=max(
+                    self.progress["checkpoint_seconds"], time.perf_counter() - started
+                ),
+            )
+            return path
+
+        return checkpoint.rank0_writes(write)
+
+    def resume(self) -> None:
+        """Load the newest valid checkpoint of this config, if any (rank 0 decides)."""
+        found: list[Any] = [None]
+        if self.ctx.is_main:
+            found[0] = self.store.latest(self.config_hash)
+        dist.broadcast_object_list(found, src=0)
+        snapshot = found[0]
+        self._record_progress(
+            resumed_from=snapshot and checkpoint.file_name(snapshot["epoch"], snapshot["step"]),
+            start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
+        )
+        if snapshot is None:
+            torch.manual_seed(rank_seed(self.train_cfg["seed"], 0, self.ctx.rank))
+            return
+        self.epoch, self.step, self.history = checkpoint.restore(snapshot, self._parts())
+        if len(snapshot["rng"]) == self.ctx.world_size:
+            self._set_rng(snapshot["rng"][self.ctx.rank])
+        else:
+            log.warning("world size changed since the checkpoint: dropout streams are reseeded")
+            torch.manual_seed(rank_seed(self.train_cfg["seed"], self.epoch, self.ctx.rank))
+        if self.ctx.is_main:
+            log.info("resumed at epoch %d step %d", self.epoch, self.step)
+
+    def _record_progress(self, **changes: Any) -> None:
+        """(Rank 0) This slot's progress for its attempt record
+        (:mod:`ddppipe.runstate.attempts`)."""
+        if not self.ctx.is_main:
+            return
+        if "start_step" in changes:
+            changes["start_step"] = changes["start_step"] or 0
+            changes["end_step"] = changes["start_step"]
+        self.progress.update(changes)
+        attempts.write_progress(self.paths.state_dir, self.progress)
+
+    def _write_live_metrics(self) -> None:
+        jsonl.write(state.of(self.paths.state_dir).metrics, self.history)
+
+    # -- loop ----------------------------------------------------------------------------
+    def _stop_requested(self, guard: preemption.Guard) -> bool:
+        flag = torch.tensor([1 if guard.requested() else 0], device=self.ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _forward_backward(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
+        y = batch[1]
+        loss = evaluate.loss_of(self.ddp, batch, self.loss_fn, self.dtype, self.memory_format)
+        # DDP averages gradients over ranks; weighting each rank's mean by its share of the
+        # global batch makes the result the mean over the global batch whatever the shares.
+        (loss * (y.shape[0] * self.ctx.world_size / global_count)).backward()
+        return loss.detach()
+
+    def _train_step(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
+        loss = self._forward_backward(batch, global_count)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return loss * batch[1].shape[0]
+
+    def _probe_communication(self, batch: batches.Batch, global_count: int) -> float:
+        """Collective: the all-reduce time a step does not hide behind its backward, into the
+        meter; returns the probe's seconds. This batch's forward and backward run
+        :data:`COMM_PROBES` times with DDP's all-reduce and as often without (``no_sync``);
+        the gradients are dropped and the RNG and buffers restored, so training is unchanged.
+        """
+        started = time.perf_counter()
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        cuda = [self.ctx.device] if self.ctx.device.type == "cuda" else []
+        timings: dict[bool, list[float]] = {True: [], False: []}
+        with torch.random.fork_rng(devices=cuda):
+            for synced in [False, True] * COMM_PROBES:
+                devices.synchronize(self.ctx.device)
+                at = time.perf_counter()
+                with contextlib.nullcontext() if synced else self.ddp.no_sync():
+                    self._forward_backward(batch, global_count)
+                devices.synchronize(self.ctx.device)
+                timings[synced].append(time.perf_counter() - at)
+                self.optimizer.zero_grad(set_to_none=True)
+        for buffer, saved in zip(self.model.buffers(), buffers, strict=True):
+            buffer.copy_(saved)
+        self.meter.communication(min(timings[True]) - min(timings[False]), global_count)
+        return time.perf_counter() - started
+
+    def _run_epoch(self, guard: preemption.Guard) -> float | None:
+        """Train the rest of the current epoch; return its seconds, or None when stopped."""
+        n, batch = len(self.train_data), self.train_cfg["batch_size"]
+        self.ddp.train()
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        show = self.ctx.is_main and sys.stderr.isatty()
+        bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
+                   disable=not show, leave=False)  # fmt: skip
+        batches = self.train_data.epoch(
+            self.train_cfg["seed"], self.epoch, batch, self.ctx.rank, self.ctx.world_size,
+            self.step,
+        )  # fmt: skip
+        clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
+        start, first, probe_s = clock.mark(), self.step, 0.0
+        images = local_images = 0  # global and this rank's, this epoch in this slot
+        tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
+        warm_at, warm_images = (start, 0) if self.meter.steps >= efficiency.WARMUP_STEPS else (
+            None, 0
+        )  # fmt: skip
+        self.meter.training_started()
+        for step, (local, global_count) in enumerate(batches, start=first):
+            if step % SIGNAL_CHECK_EVERY == 0 and step > first:
+                if self.tracker is not None:  # the mean loss since the last point
+                    total, at = float(loss_total), self.epoch * self.steps_per_epoch + step
+                    loss = (total - tracked[0]) / (local_images - tracked[1])
+                    lr = self.scheduler.get_last_lr()[0]
+                    self._track(at, {"loss": loss, "lr": lr}, "train")
+                    tracked = (total, local_images)
+                if self._stop_requested(guard):
+                    self.step = step
+                    bar.close()
+                    self._account(clock, images, start, warm_at, warm_images, probe_s)
+                    return None
+            step_loss = self._train_step(local, global_count)
+            images += global_count
+            self.meter.steps += 1
+            if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
+                warm_at, warm_images = clock.mark(), images
+                if self.ctx.world_size > 1:  # its time counts as neither warm-up nor steady
+                    probe_s = self._probe_communication(local, global_count)
+                    self.meter.add("communication_probe", probe_s)
+            loss_total += step_loss
+            local_images += local[1].shape[0]
+            bar.update()
+        bar.close()
+        seconds = self._account(clock, images, start, warm_at, warm_images, probe_s)
+        dist.all_reduce(loss_total)
+        self._epoch_images = n - first * batch
+        self._epoch_loss = float(loss_total) / self._epoch_images
+        return seconds
+
+    def _account(
+        self, clock: efficiency.Clock, images: int, start: efficiency.Mark,
+        warm_at: efficiency.Mark | None, warm_images: int, probe_s: float,
+    ) -> float:  # fmt: skip
+        """This epoch's share of the slot's training time, warm-up apart and the all-reduce
+        probe (after the warm-up) left out; its seconds."""
+        end = clock.mark()
+        seconds = clock.seconds(start, end) - probe_s
+        if warm_at is None:  # the slot's warm-up did not end in this epoch
+            warm_at, warm_images = end, images
+        self.meter.trained(images, seconds, warm_images, clock.seconds(start, warm_at))
+        return seconds
+
+    def _evaluate(self) -> evaluate.Counts:
+        batches = self.test_data.shard(
+            self.ctx.rank, self.ctx.world_size, self.train_cfg["eval_batch_size"]
+        )
+        result = evaluate.counts(
+            self.model, batches, self.dtype, self.memory_format, self.eval_loss_fn,
+            self.metrics_fn,
+        )  # fmt: skip
+        return result.all_reduce()
+
+    def run(self, guard: preemption.Guard) -> None:
+        """Resume, train to the last epoch, write the outputs; raise Preempted on a signal.
+
+        ``guard`` was installed when the process started, so a signal that arrives while it
+        loads data, joins the group or resumes stops it at its first step check.
+        """
+        self.resume()
+        while self.epoch < self.train_cfg["epochs"]:
+            train_seconds = self._run_epoch(guard)
+            if train_seconds is None:
+                self._stop(guard, self.save_checkpoint())
+            eval_start = time.perf_counter()
+            counts = self._final_eval = self._evaluate()
+            eval_seconds = time.perf_counter() - eval_start
+            self.meter.add("evaluate", eval_seconds)
+            self.epoch, self.step = self.epoch + 1, 0
+            test = counts.summary()
+            self.history.append(
+                {
+                    "epoch": self.epoch,
+                    "train_loss": self._epoch_loss,
+                    **{k: v for k, v in test.items() if isinstance(v, float)},
+                    "images_per_s": self._epoch_images / train_seconds,
+                    "epoch_seconds": train_seconds + eval_seconds,
+                    "train_seconds": train_seconds,
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "world_size": self.ctx.world_size,
+                    "time": time.time(),  # Unix time at the end of this evaluation
+                }
+            )
+            if self.ctx.is_main:
+                log.info("epoch %d: %s", self.epoch, json.dumps(self.history[-1]))
+                record = self.history[-1]
+                tracked = {k: v for k, v in record.items()
+                           if k.startswith("test_") and isinstance(v, float)}  # fmt: skip
+                tracked.update(train_loss=record["train_loss"],
+                               images_per_s=record["images_per_s"])  # fmt: skip
+                self._track(self.epoch * self.steps_per_epoch, tracked, "epoch")
+            last = self.epoch == self.train_cfg["epochs"]
+            stop = not last and self._stop_requested(guard)
+            if last or stop or self.epoch % self.train_cfg["checkpoint_every"] == 0:
+                path = self.save_checkpoint()
+            if stop:
+                self._stop(guard, path)
+        if self._final_eval is None:  # resumed after the last epoch's checkpoint
+            self._final_eval = self._evaluate()
+        self._record_efficiency()
+        self._write_outputs()  # a signal now is noted and changes nothing: the run completes
+        if self.tracker is not None:
+            self.tracker.close()
+
+    def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
+        """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
+        signum = guard.received or 0
+        self._record_efficiency()
+        if self.tracker is not None:
+            self.tracker.close()
+        if self.ctx.is_main:
+            if guard.received_at is not None:  # signal to checkpoint written: what a stop takes
+                self._record_progress(stop_seconds=time.monotonic() - guard.received_at)
+            preemption.record(self.paths.state_dir, signum, str(path))
+        raise preemption.Preempted(signum, str(path))
+
+    def _write_outputs(self) -> None:
+        """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
+        snapshot = self.snapshot()
+
+        evaluation = {
+            **self._final_eval.summary(),  # type: ignore[union-attr]
+            "precision": str(self.dtype).removeprefix("torch."),
+            "epochs": self.epoch,
+            "config_hash": self.config_hash,
+        }
+
+        def write() -> None:
+            checkpoint.save(snapshot, self.paths.final_checkpoint)
+            checkpoint.save_weights(snapshot, self.paths.weights)
+            atomic.write_json(self.paths.record, checkpoint.record(snapshot))
+            jsonl.write(self.paths.metrics, self.history)
+            atomic.write_json(self.paths.evaluation, evaluation)
+
+        checkpoint.rank0_writes(write)
+
+
+def train(cfg: dict[str, Any], paths: Paths, guard: preemption.Guard) -> None:
+    """Join the process group and train; every launched process calls this."""
+    heap.keep_freed_memory()
+    ctx = distributed.setup(use=devices.use(cfg))
+    try:
+        Trainer(cfg, paths, ctx).run(guard)
+    except BaseException:
+        distributed.teardown(synchronize=False)  # the others may never get to a barrier
+        raise
+    distributed.teardown()

@@ -30,10 +30,12 @@ system-deps:
 test: env system-deps lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 
-# ruff; Snakemake's lint (only the documented finding) and snakefmt (tests/test_lint.py).
+# ruff; the packages' layering (import-linter, pyproject.toml); Snakemake's lint (only the
+# documented finding) and snakefmt (tests/test_lint.py).
 lint: env
 	$(BIN)/ruff check src tests workflow bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_lint.py
 
 clean:

@@ -14,15 +14,35 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import documented_build
 from tests.slurm_fixtures import slurm_accounting_cluster, slurm_cluster, slurm_slot  # noqa: F401
 from tests.tiny import REPO, TinyData, make_tiny
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the SLURM test cluster or with Apptainer is slow too: `-m "not slow"` (the
+    quick loop of docs/tests.md) leaves it out."""
+    for item in items:
+        marked = any(item.get_closest_marker(name) for name in ("slurm", "apptainer"))
+        if marked or "slurm_slot" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
     return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def shared_build(
+    tiny: TinyData, tmp_path_factory: pytest.TempPathFactory
+) -> documented_build.Build:
+    """Every documented command run once on tiny data: the local DAG's one build that the
+    end-to-end tests share (tests/documented_build.py says who asserts what on it)."""
+    return documented_build.build(tiny, tmp_path_factory.mktemp("documented"))
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

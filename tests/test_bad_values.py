@@ -13,6 +13,7 @@ import yaml
 from ddppipe.cluster import slurm
 from ddppipe.launching import launch
 from ddppipe.spec import config
+from ddppipe.spec import run as run_spec
 from tests.conftest import run_cli
 from tests.tiny import default_config
 
@@ -29,7 +30,7 @@ CASES = [
     ("backend in the old key", setting("launch", backend="nccl"), config.ConfigError,
      "launch.backend: this key is now launch.device"),
     ("batch not divisible", lambda c: (c["launch"].update(nnodes=3), c["train"].update(
-        batch_size=64)), slurm.SlurmRequestError, "divisible by the world size 6"),
+        batch_size=64)), config.ConfigError, "divisible by the world size 6"),
     ("renamed key", setting("slurm", cpus_per_task=2), config.ConfigError,
      "slurm.cpus_per_task: this key is now launch.cpus_per_proc"),
     ("unpinned requirement", setting("container", requirements=["tabulate"]), config.ConfigError,
@@ -53,7 +54,7 @@ def test_bad_value_is_rejected_with_its_key(
     cfg = default_config()
     change(cfg)
     with pytest.raises(error) as e:
-        slurm.Request.from_config(cfg)
+        slurm.Request.from_spec(run_spec.resolve(cfg))
     assert message in str(e.value)
 
 
@@ -68,7 +69,7 @@ def test_several_nodes_without_slurm() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(config.ConfigError, match="no SLURM allocation"):
-        launch.plan(cfg, ["train"], env={})
+        launch.plan(run_spec.resolve(cfg), ["train"], env={})
 
 
 @pytest.mark.parametrize("command", ["launch", "train"])

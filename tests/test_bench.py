@@ -15,6 +15,7 @@ import torch
 from tests.tiny import REPO, make_tiny
 
 
+@pytest.mark.slow  # about a minute on 2 cores
 def test_benchmark_quick_mode(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
@@ -46,6 +47,7 @@ def test_benchmark_quick_mode(tmp_path: Path) -> None:
     assert [run["epochs"][0]["world_size"] for run in measured["runs"]] == [1, 2, 2, 2]
 
 
+@pytest.mark.slow  # 13 s on 2 cores
 def test_kernel_bound_replays_exactly_the_steps_flop_carrying_kernels(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

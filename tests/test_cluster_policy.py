@@ -11,6 +11,7 @@ import yaml
 
 from ddppipe.cluster import cluster_policy, slurm
 from ddppipe.cluster.cluster_policy import Cluster
+from ddppipe.spec import run as run_spec
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
 from tests.test_slurm import FINAL, on_cluster, snakemake_slurm
@@ -27,7 +28,7 @@ GOOD_PARTITION = {"PartitionName": "gpu", "PreemptMode": "REQUEUE", "GraceTime":
 def findings(conf: dict | None = None, part: dict | None = None, status: str = "squeue",
              requeue: bool = True, checkpoint_s: float | None = 5.0) -> list[str]:  # fmt: skip
     cluster = Cluster({**GOOD_CONFIG, **(conf or {})}, {**GOOD_PARTITION, **(part or {})})
-    request = slurm.Request.from_config(default_config())
+    request = slurm.Request.from_spec(run_spec.resolve(default_config()))
     return [str(f) for f in cluster_policy.check(cluster, request, status, requeue, checkpoint_s)]
 
 

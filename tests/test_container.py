@@ -22,7 +22,16 @@ import pytest
 import torch
 import yaml
 
-from ddppipe.apptainer import container
+from ddppipe.apptainer import (
+    binds,
+    building,
+    gpu_check,
+    identity,
+    requirements,
+    running,
+    task_recipe,
+    tool,
+)
 from ddppipe.parallel import software
 from ddppipe.spec import config
 from tests.tiny import REPO, TinyData, tiny_config
@@ -80,7 +89,7 @@ def test_one_recipe_with_the_tests_torch() -> None:
     text = path.read_text()
     for section in SECTIONS:
         assert re.search(rf"^{section}\s*$", text, re.M), f"{section} missing"
-    assert container.recipe_labels(path)["ddppipe.variant"] == "cuda"
+    assert gpu_check.recipe_labels(path)["ddppipe.variant"] == "cuda"
     assert "constraints.txt" in text and "libibverbs1 ibverbs-providers librdmacm1" in text
     pin = re.search(r"^torch==(\S+)$", (REPO / "constraints.txt").read_text(), re.M)
     assert pin and torch.__version__.split("+")[0] == pin[1], "the tests run another torch"
@@ -88,7 +97,7 @@ def test_one_recipe_with_the_tests_torch() -> None:
 
 def test_exec_prefix() -> None:
     cfg = {"container": {"mode": "apptainer", "image": "i.sif", "exec_args": ["--bind", "/d"]}}
-    assert container.exec_prefix(cfg, gpus=True) == [
+    assert running.exec_prefix(cfg, gpus=True) == [
         "apptainer",
         "exec",
         "--nv",
@@ -96,9 +105,9 @@ def test_exec_prefix() -> None:
         "/d",
         "i.sif",
     ]
-    assert container.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
-    assert container.exec_prefix({"container": {"mode": "none"}}) == []
-    assert container.python_command({}) == [sys.executable]
+    assert running.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
+    assert running.exec_prefix({"container": {"mode": "none"}}) == []
+    assert running.python_command({}) == [sys.executable]
 
 
 def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,7 +122,7 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def argv(task: str, script: str | None = None, exec_args: tuple[str, ...] = ()) -> list[str]:
         c = {"mode": "apptainer", "image": "i.sif", "exec_args": list(exec_args)}
         cfg = {"task": task, "script": script, "container": c}
-        return container.exec_prefix(cfg, gpus=False)
+        return running.exec_prefix(cfg, gpus=False)
 
     bind = "--bind"
     # (sorted by path)
@@ -131,27 +140,27 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert argv("ddppipe.tasks.mnist", f"{scripts}/t.py", elsewhere)[-3:] == [bind, str(scripts),
                                                                                "i.sif"]  # fmt: skip
     # A symlinked folder: as written and where it resolves to; a missing folder: left out.
-    assert container.user_binds({"task": "linked/t.py", "script": "missing/t.py"}) == [
+    assert binds.user_binds({"task": "linked/t.py", "script": "missing/t.py"}) == [
         str(real), f"{work}/linked"
     ]  # fmt: skip
-    assert container.user_binds({"task": "a.py"}, cwd=scripts) == [str(scripts)]
+    assert binds.user_binds({"task": "a.py"}, cwd=scripts) == [str(scripts)]
 
 
 def test_requirements_pinned_and_named_by_hash() -> None:
     """container.requirements: pinned or refused with a hint; the list names the image."""
     reqs = ["tabulate==0.9.0", "Foo_Bar[x,y]==1.0.post1"]
     cfg = {"container": {"mode": "apptainer", "image": IMAGE, "requirements": reqs}}
-    assert container.requirements(cfg) == ["Foo_Bar[x,y]==1.0.post1", "tabulate==0.9.0"]
-    derived = container.run_image(cfg)
+    assert requirements.requirements(cfg) == ["Foo_Bar[x,y]==1.0.post1", "tabulate==0.9.0"]
+    derived = running.run_image(cfg)
     assert re.fullmatch(r"results/images/ddppipe-[0-9a-f]{12}\.sif", derived)
-    assert derived == str(container.derived_image(IMAGE, list(reversed(reqs))))
-    assert container.exec_prefix(cfg, gpus=False)[-1] == derived
-    assert container.python_command(cfg, gpus=False)[-2:] == [derived, "python"]
-    assert container.run_image({"container": {"image": IMAGE, "requirements": []}}) == IMAGE
-    assert container.derived_image(IMAGE, ["tabulate==0.8.10"]) != Path(derived)
+    assert derived == str(requirements.derived_image(IMAGE, list(reversed(reqs))))
+    assert running.exec_prefix(cfg, gpus=False)[-1] == derived
+    assert running.python_command(cfg, gpus=False)[-2:] == [derived, "python"]
+    assert running.run_image({"container": {"image": IMAGE, "requirements": []}}) == IMAGE
+    assert requirements.derived_image(IMAGE, ["tabulate==0.8.10"]) != Path(derived)
     for loose in ("tabulate", "tabulate>=0.9", "numpy==2.*", "git+https://x/y.git", "a==1 ; b"):
-        with pytest.raises(container.ContainerError, match=r"pinned as name==version"):
-            container.requirements({"container": {"requirements": [loose]}})
+        with pytest.raises(tool.ContainerError, match=r"pinned as name==version"):
+            requirements.requirements({"container": {"requirements": [loose]}})
         bad = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
         bad["container"]["requirements"] = [loose]
         with pytest.raises(
@@ -159,10 +168,10 @@ def test_requirements_pinned_and_named_by_hash() -> None:
         ):
             config.validate(bad)
     with pytest.raises(
-        container.ContainerError, match=r"'tabulate>=0\.9': write tabulate==VERSION"
+        tool.ContainerError, match=r"'tabulate>=0\.9': write tabulate==VERSION"
     ):
-        container.requirements({"container": {"requirements": ["tabulate>=0.9"]}})
-    recipe = container.derived_recipe("ddppipe.sif", ["tabulate==0.9.0"], "ab" * 32)
+        requirements.requirements({"container": {"requirements": ["tabulate>=0.9"]}})
+    recipe = task_recipe.derived_recipe("ddppipe.sif", ["tabulate==0.9.0"], "ab" * 32)
     assert recipe.startswith("Bootstrap: localimage\nFrom: ddppipe.sif\n")
     assert "ddppipe.requirements tabulate==0.9.0" in recipe and "PIP_CERT" in recipe
     assert "--constraint base.txt" in recipe  # the base image's packages keep their versions
@@ -173,8 +182,8 @@ def test_failed_build_leaves_no_image(tmp_path: Path) -> None:
     recipe = tmp_path / "broken.def"
     recipe.write_text("Bootstrap: no-such-bootstrap\nFrom: nothing\n")
     image, log = tmp_path / "out" / "x.sif", tmp_path / "build.log"
-    with pytest.raises(container.ContainerError, match=r"broken\.def failed.*build\.log"):
-        container.build(recipe, image, log, REPO)
+    with pytest.raises(tool.ContainerError, match=r"broken\.def failed.*build\.log"):
+        building.build(recipe, image, log, REPO)
     assert list(image.parent.iterdir()) == []
     assert log.read_text()
 
@@ -185,7 +194,7 @@ def test_failed_build_leaves_no_image(tmp_path: Path) -> None:
 def test_dag_trains_in_image_and_records_digest(image_run: ImageRun) -> None:
     w = image_run.workdir
     info = json.loads((w / "results/images/ddppipe.json").read_text())
-    assert info["sha256"] == container.sha256(image_run.image)
+    assert info["sha256"] == identity.sha256(image_run.image)
     labels = info["labels"]
     assert labels["ddppipe.variant"] == "cuda"
     # The image ships the stack the tests run: torch, CUDA, cuDNN, NCCL of the host's build.
@@ -273,7 +282,7 @@ def test_exec_by_hand(image_run: ImageRun) -> None:
     snap = torch.load(w / out / "final.pt", weights_only=True)
     assert snap["meta"]["world_size"] == 2
     record = json.loads((w / out / "provenance.json").read_text())
-    assert record["container"]["sha256"] == container.sha256(image_run.image)
+    assert record["container"]["sha256"] == identity.sha256(image_run.image)
 
 
 def test_rebuild_only_when_recipe_changes(image_run: ImageRun) -> None:
@@ -300,7 +309,7 @@ def test_task_image_from_requirements(image_run: ImageRun) -> None:
     use it; the same list again builds nothing, another list names another image."""
     w, reqs = image_run.workdir, ["tabulate==0.9.0"]
     cfg = {**image_run.cfg, "container": {**image_run.cfg["container"], "requirements": reqs}}
-    derived = container.derived_image(IMAGE, reqs)
+    derived = requirements.derived_image(IMAGE, reqs)
     # Only this rule: the base image stays as built, even if a source changes meanwhile.
     # (--allowed-rules takes every word after it: targets go before it.)
     only = ("--allowed-rules", "build_task_image")
@@ -311,12 +320,12 @@ def test_task_image_from_requirements(image_run: ImageRun) -> None:
     cmd = ["apptainer", "exec", str(w / derived), "python", "-c", probe]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip() == "0.9.0"
-    info = json.loads((w / container.info_path(derived)).read_text())
-    base = json.loads((w / container.info_path(IMAGE)).read_text())
-    assert info["requirements"] == reqs and info["sha256"] == container.sha256(w / derived)
+    info = json.loads((w / identity.info_path(derived)).read_text())
+    base = json.loads((w / identity.info_path(IMAGE)).read_text())
+    assert info["requirements"] == reqs and info["sha256"] == identity.sha256(w / derived)
     assert info["base"]["sha256"] == base["sha256"] and info["recipe"].endswith(".def")
     labels = info["labels"]
-    assert labels == container.labels(w / derived)
+    assert labels == identity.labels(w / derived)
     assert labels["ddppipe.requirements"] == "tabulate==0.9.0"
     assert labels["ddppipe.requirement.tabulate.version"] == "0.9.0"
     assert labels["ddppipe.requirements.installed"] == "tabulate==0.9.0"
@@ -329,14 +338,14 @@ def test_task_image_from_requirements(image_run: ImageRun) -> None:
     if not _sources_edited_since(image_run.image):
         assert _jobs(w, cfg, str(derived)) == {}
     other = {**cfg, "container": {**cfg["container"], "requirements": ["tabulate==0.8.10"]}}
-    renamed = container.derived_image(IMAGE, other["container"]["requirements"])
+    renamed = requirements.derived_image(IMAGE, other["container"]["requirements"])
     assert renamed != derived
     assert _jobs(w, other, str(renamed), *only).get("build_task_image") == 1
     # Training runs in the derived image (the launcher's python, the rule's input); the
     # provenance gets its info.
-    assert container.python_command(cfg)[-2] == str(derived)
+    assert running.python_command(cfg)[-2] == str(derived)
     plan = snakemake(w, cfg, "-n", "-p", "--forceall").stdout
-    assert f"--image-info {container.info_path(derived)}" in plan
+    assert f"--image-info {identity.info_path(derived)}" in plan
     assert re.search(rf"rule train:\n\s+input: [^\n]*{derived}", plan)
     # Export for real (the checkpoint trained in the base image stays; this test runs after
     # the ones reading the base run's outputs).

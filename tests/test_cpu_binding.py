@@ -70,7 +70,7 @@ def test_two_real_ranks_run_every_thread_on_their_own_cpu() -> None:
 
 def test_a_single_rank_on_two_cpus_keeps_both() -> None:
     code = (
-        "import os; from ddppipe import cpu_binding; "
+        "import os; from ddppipe.parallel import cpu_binding; "
         "print(cpu_binding.bind(0, 1, 1), sorted(os.sched_getaffinity(0)))"
     )
     out = subprocess.run(

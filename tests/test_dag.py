@@ -6,18 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny import TinyData, tiny_config
+from tests.documented_build import Build
 from tests.workflow_helpers import job_counts, snakemake
+
+pytestmark = pytest.mark.slow  # the shared build of the local DAG
 
 
 @pytest.fixture(scope="module")
-def built(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """Run ``tiny`` and a one-point scaling study, built for real."""
-    workdir = tmp_path_factory.mktemp("built")
-    cfg = tiny_config(tiny)
-    cfg["scaling"] = {"nodes": [1], "procs_per_node": [1], "cpus_per_proc": [1], "epochs": 1}
-    snakemake(workdir, cfg, "--cores", "2", "all", "scaling")
-    return workdir, cfg
+def built(shared_build: Build) -> tuple[Path, dict]:
+    """The main run and its scaling study, built for real by the documented commands (only
+    dry runs here: the build stays as it is)."""
+    return shared_build.checkout, shared_build.config(shared_build.checkout)
 
 
 def test_nothing_to_do_when_built(built: tuple[Path, dict]) -> None:

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from ddppipe.apptainer import running
 from ddppipe.parallel import devices, distributed, environments
+from ddppipe.spec import run as run_spec
 from tests.tiny import default_config
 
 
@@ -33,11 +35,17 @@ def gpus(monkeypatch: pytest.MonkeyPatch):
     return see
 
 
-def test_run_asks_for_gpus() -> None:
-    assert devices.use(gpu_config(gpus=4), {}) == "gpu"
+def test_the_device_is_decided_once_and_recorded_in_the_spec(
+    gpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run_spec.resolve(gpu_config(gpus=4)).device == "gpu"
     # A SLURM job that asked for no GPU must not take the node's (another job's) GPUs.
-    assert devices.use(gpu_config(), {"SLURM_JOB_ID": "7"}) == "cpu"
-    assert devices.use(gpu_config(), {}) == "auto"  # a laptop uses its GPU if it has one
+    assert not devices.trains_on_gpus(gpu_config(), slurm=False, env={"SLURM_JOB_ID": "7"})
+    assert not devices.trains_on_gpus(gpu_config(), slurm=True, env={})
+    gpus(2)  # a laptop with an NVIDIA driver whose torch sees 2 GPUs trains on them
+    monkeypatch.setattr(running, "gpus_present", lambda: True)
+    assert devices.trains_on_gpus(gpu_config(), slurm=False, env={})
+    assert run_spec.resolve(gpu_config(), gpus=True).device == "gpu"
 
 
 # Launcher environment, devices the rank sees -> the CUDA index it must train on.

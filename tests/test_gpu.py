@@ -150,7 +150,7 @@ def test_a_gpu_rank_finds_its_gpus_numa_node_and_binds_near_it() -> None:
     """GPU 0's PCI address as torch gives it names its sysfs device (else no binding at all);
     one rank on it is bound to CPUs of its NUMA node, every one of them on a one-node machine."""
     code = (
-        "import json, os; from ddppipe import cpu_binding; "
+        "import json, os; from ddppipe.parallel import cpu_binding; "
         "print(json.dumps(cpu_binding.bind_gpu_rank(0, 0, [0])))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

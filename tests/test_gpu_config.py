@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.apptainer import container
+from ddppipe.apptainer import gpu_check, identity, tool
 from tests.tiny import REPO, default_config
 from tests.workflow_helpers import snakemake
 
@@ -62,14 +62,14 @@ def test_a_built_image_answers_with_its_labels(gpu_container_config: dict, tmp_p
     """A built image's labels decide, as long as it was built from the recipe."""
     recipe = Path(gpu_container_config["container"]["recipe"])
     image = tmp_path / "img.sif"
-    info = {"path": str(image), "recipe_sha256": container.sha256(recipe), "labels": {}}
+    info = {"path": str(image), "recipe_sha256": identity.sha256(recipe), "labels": {}}
 
     def check(labels: dict[str, str]) -> None:
-        container.info_path(image).write_text(json.dumps({**info, "labels": labels}))
-        container.check_gpu_image(gpu_container_config, recipe, image)
+        identity.info_path(image).write_text(json.dumps({**info, "labels": labels}))
+        gpu_check.check_gpu_image(gpu_container_config, recipe, image)
 
-    with pytest.raises(container.ContainerError, match="has a CPU-only torch"):
+    with pytest.raises(tool.ContainerError, match="has a CPU-only torch"):
         check({"ddppipe.torch.version": "2.14.1+cpu"})
     check({"ddppipe.cuda.version": "13.0"})  # CUDA image: fine, whatever the recipe says
     gpu_container_config["launch"]["device"] = "cpu"
-    container.check_gpu_image(gpu_container_config, recipe, tmp_path / "none.sif")  # CPU run
+    gpu_check.check_gpu_image(gpu_container_config, recipe, tmp_path / "none.sif")  # CPU run

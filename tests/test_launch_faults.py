@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ddppipe.runstate import attempts, preemption
 from tests.processes import guarded_workers
 from tests.test_train_ddp import cli_args, start_guarded_launch
@@ -44,6 +46,7 @@ def test_a_second_training_on_a_locked_state_fails_at_once(tmp_path: Path) -> No
     assert len(attempts.load(tmp_path / "run/state")) == 1  # the refused one left no record
 
 
+@pytest.mark.slow  # 10 s on 2 cores
 def test_a_signal_during_start_up_is_not_lost(tmp_path: Path) -> None:
     """SIGUSR1 to the workers as soon as they catch it, while they still import torch, join
     the process group and load data: they train to their first step check, checkpoint, stop."""
@@ -67,6 +70,7 @@ def test_a_signal_during_start_up_is_not_lost(tmp_path: Path) -> None:
     assert history[0].checkpoint == "ckpt-e0000-s000010.pt" and history[0].steps == 10
 
 
+@pytest.mark.slow  # 10 s on 2 cores
 def test_a_stop_is_never_restarted_in_place_by_max_restarts(tmp_path: Path) -> None:
     """torchrun restarts failed workers; a stop on a signal is not a failure."""
     tiny = make_tiny(tmp_path / "tiny", n_train=1920)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +17,7 @@ import yaml
 from ddppipe.core import hashing, jsonl
 from ddppipe.launching import resolve
 from ddppipe.runstate import preemption, state
+from tests.documented_build import Build
 from tests.tiny import REPO, default_config
 from tests.workflow_helpers import job_counts, snakemake
 
@@ -34,20 +35,19 @@ def own_config(run: str, **keys: object) -> dict:
 
 
 @pytest.fixture(scope="module")
-def task_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """The example task file, copied into a working directory as a user keeps it, trained."""
-    wd = tmp_path_factory.mktemp("own-task")
-    (wd / "tasks").mkdir()
-    shutil.copy(EXAMPLE_TASK, wd / "tasks" / "tinycnn.py")
-    cfg = own_config("mine", task="tasks/tinycnn.py", task_args={"samples": 1000})
-    snakemake(wd, cfg, "--cores", "2")
-    return wd, cfg
+def task_run(shared_build: Build) -> tuple[Path, dict]:
+    """The example task file in a working directory (a copy of examples/), trained for 2
+    epochs of batches of 64 on its default 4,000 samples: `snakemake --cores all --config
+    task=examples/tasks/tinycnn.py run=tinycnn` of the README, in the shared build."""
+    wd = shared_build.other_task
+    return wd, shared_build.config(wd, task="examples/tasks/tinycnn.py", run="tinycnn")
 
 
+@pytest.mark.slow
 def test_task_file_trains_evaluates_and_exports(task_run: tuple[Path, dict]) -> None:
     wd, _ = task_run
-    run = wd / "results" / "mine"
-    task_file = wd / "tasks" / "tinycnn.py"
+    run = wd / "results" / "tinycnn"
+    task_file = wd / "examples" / "tasks" / "tinycnn.py"
     record = json.loads((run / "export" / "provenance.json").read_text())
     assert record["task"]["path"] == str(task_file.resolve())
     assert record["task"]["sha256"] == hashing.file_sha256(task_file)
@@ -73,24 +73,28 @@ def tensorboard_steps(folder: Path, tag: str) -> list[int]:
     return [event.step for event in accumulator.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_tensorboard_points_of_the_task(task_run: tuple[Path, dict]) -> None:
     wd, _ = task_run
-    folder = wd / "results" / "mine" / "tensorboard"
-    steps_per_epoch = 13  # 800 training samples (1,000 less 20 % for the test), batch 64
+    folder = wd / "results" / "tinycnn" / "tensorboard"
+    steps_per_epoch = 50  # 3,200 training samples (4,000 less 20 % for the test), batch 64
     assert tensorboard_steps(folder, "epoch/test_loss") == [steps_per_epoch, 2 * steps_per_epoch]
     train = tensorboard_steps(folder, "train/loss")
     assert train and train == sorted(set(train))
 
 
+@pytest.mark.slow
 def test_changed_task_file_reruns_only_that_runs_training(task_run: tuple[Path, dict]) -> None:
+    """A dry run only; the file is put back as it was, time stamp included."""
     wd, cfg = task_run
-    task_file = wd / "tasks" / "tinycnn.py"
-    original = task_file.read_text()
+    task_file = wd / "examples" / "tasks" / "tinycnn.py"
+    original, stat = task_file.read_text(), task_file.stat()
     try:
         task_file.write_text(original + "\n# an edit\n")
         counts = job_counts(wd, cfg)
     finally:
         task_file.write_text(original)
+        os.utime(task_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert counts == {
         "write_config": 1, "train": 1, "evaluate": 1, "export": 1, "plot_training": 1,
         "attempt_history": 1, "summarize": 1, "all": 1,
@@ -142,6 +146,7 @@ def launch_script(args: list[str], cwd: Path) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
 
 
+@pytest.mark.slow  # 26 s on 2 cores
 def test_script_stops_on_sigterm_and_resumes_with_the_same_weights(tmp_path: Path) -> None:
     """The example script: SIGTERM to the launcher mid-run, the script saves and exits
     job.STOP (75); a relaunch resumes it; weights equal an uninterrupted run's bitwise; the
@@ -176,6 +181,7 @@ def test_script_stops_on_sigterm_and_resumes_with_the_same_weights(tmp_path: Pat
     assert losses == sorted(set(losses))
 
 
+@pytest.mark.slow  # a whole DAG, 12 s on 2 cores
 def test_script_through_the_dag(tmp_path: Path) -> None:
     """A script run's evaluation, plots and export: what it logged and what it wrote."""
     cfg = own_config("script", script=str(EXAMPLE_SCRIPT), script_args=["--epochs", "1"])

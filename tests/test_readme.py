@@ -4,58 +4,30 @@
 The commands run in a scratch checkout (symlinks to this one) whose default config points at
 tiny data: the main DAG, the scaling study and the reports for real; commands that need a
 cluster, a container build or a placeholder mirror as dry runs (their real runs have tests of
-their own); `make test` is what runs this test.
+their own); `make test` is what runs this test. Their run is the build the end-to-end tests
+share (the ``shared_build`` fixture, tests/documented_build.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.tiny import REPO, TinyData, tiny_config
-
-README = (REPO / "README.md").read_text()
-DOCS = sorted((REPO / "docs").glob("*.md"))
-# The README first, then the docs: commands run in this order (a report after its run).
-PAGES = {"README.md": README} | {f"docs/{p.name}": p.read_text() for p in DOCS}
-LINKED = (
-    "Snakefile",
-    "workflow",
-    "profiles",
-    "containers",
-    "src",
-    "pyproject.toml",
-    "Makefile",
-    "constraints.txt",
-    "examples",
+from tests.documented_build import (
+    DOCS,
+    PAGES,
+    README,
+    Build,
+    as_run_here,
+    commands_in,
+    documented_commands,
+    make_checkout,
+    run,
 )
-# Markers of a command that cannot run for real here, or that is long: run with -n.
-DRY = ("--profile", "container=", "/path/to/", "example.org", "results/images", "make run")
-
-
-def commands_in(text: str) -> list[str]:
-    """The `snakemake ...` and `make ...` lines of a page's bash blocks, in order."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.splitlines():
-            command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
-            if re.match(r"(snakemake|make)( |$)", command):
-                commands.append(command)
-    return commands
-
-
-def documented_commands() -> list[str]:
-    """The commands of the README and of every docs/*.md, in order, each once; `make test`
-    is what runs this test."""
-    every = [c for text in PAGES.values() for c in commands_in(text)]
-    return [c for c in dict.fromkeys(every) if c != "make test"]
+from tests.tiny import REPO, TinyData, tiny_config
 
 
 def inline_config_overrides() -> list[str]:
@@ -85,48 +57,12 @@ def anchors(text: str) -> set[str]:
     return {slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
-def make_checkout(root: Path, cfg: dict) -> Path:
-    for name in LINKED:
-        (root / name).symlink_to(REPO / name)
-    if (REPO / ".venv").is_dir():
-        (root / ".venv").symlink_to(REPO / ".venv")
-    (root / "config").mkdir()
-    (root / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return root
-
-
 @pytest.fixture(scope="module")
 def checkout(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An unbuilt checkout on tiny data, for the dry runs of the `--config` overrides."""
     cfg = tiny_config(tiny)
     cfg["run"] = "mnist"
-    cfg["scaling"].update(epochs=1, procs_per_node=[1, 2], cpus_per_proc=[1])
-    return make_checkout(tmp_path_factory.mktemp("readme"), cfg)
-
-
-@pytest.fixture(scope="module")
-def other_task_checkout(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """For the commands that switch task: the default config's task_args ({}: they belong to
-    the task), not the tiny MNIST mirror of ``checkout``."""
-    cfg = tiny_config(tiny)
-    cfg["task_args"] = {}
-    return make_checkout(tmp_path_factory.mktemp("readme-task"), cfg)
-
-
-def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
-    return subprocess.run(
-        command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-
-
-def as_run_here(command: str) -> str:
-    """The command as typed, or as a dry run when it cannot run here (see DRY)."""
-    if not any(marker in command for marker in DRY):
-        return command
-    if command.startswith("make "):
-        return f"{command} SNAKEMAKE_ARGS=-n"
-    return f"{command} -n"
+    return make_checkout(tmp_path_factory.mktemp("readme-dry"), cfg)
 
 
 def test_the_readme_shows_the_commands_users_type() -> None:
@@ -163,17 +99,22 @@ def test_the_readme_links_every_doc_and_every_link_resolves() -> None:
     assert not broken, broken
 
 
-def test_every_documented_command_runs(checkout: Path, other_task_checkout: Path) -> None:
-    failed = []
-    for command in documented_commands():
-        where = other_task_checkout if " task=" in command else checkout
-        result = run(as_run_here(command), where)
-        print(f"{result.returncode}: {as_run_here(command)}")
-        if result.returncode != 0:
-            failed.append(f"{command}\n{result.stdout[-1500:]}\n{result.stderr[-2500:]}")
+@pytest.mark.slow
+def test_every_documented_command_runs(shared_build: Build) -> None:
+    """The shared build is these commands, run in order (tests/documented_build.py)."""
+    assert list(shared_build.results) == documented_commands()
+    failed = [
+        f"{as_run_here(command)}\n{result.stdout[-1500:]}\n{result.stderr[-2500:]}"
+        for command, result in shared_build.results.items()
+        if result.returncode != 0
+    ]
     assert not failed, "\n\n".join(failed)
+    checkout, other_task = shared_build.checkout, shared_build.other_task
     assert (checkout / "report.html").is_file()
     assert (checkout / "results/mnist/train/attempts.html").is_file()
+    assert (checkout / "results/scaling/time_to_accuracy.csv").is_file()
+    for run_name in ("digits", "tinycnn"):  # the commands that switch task
+        assert (other_task / "results" / run_name / "export/model.pt").is_file(), run_name
 
 
 @pytest.mark.parametrize("override", inline_config_overrides())

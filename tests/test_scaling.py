@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 import csv
 import json
 import re
@@ -22,7 +21,8 @@ from ddppipe.reports.scaling_results import RunResult
 from ddppipe.spec import config, scaling
 from ddppipe.spec.scaling import Point
 from tests.conftest import run_cli
-from tests.tiny import TinyData, default_config, tiny_config
+from tests.documented_build import Build
+from tests.tiny import default_config
 from tests.workflow_helpers import job_counts, snakemake
 
 
@@ -215,22 +215,14 @@ def _data_uri_payload(page: str, path: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def tiny_study(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """The base run and a study of world sizes 1 and 2, for real, on tiny data; then the report."""
-    workdir = tmp_path_factory.mktemp("study")
-    cfg = tiny_config(tiny, epochs=2)
-    cfg["scaling"] = {
-        "nodes": [1],
-        "procs_per_node": [1, 2],
-        "cpus_per_proc": [1],
-        "epochs": 2,
-        "accuracy_targets": [0.5, 0.999],
-    }
-    snakemake(workdir, cfg, "--cores", "2", "all", "scaling")
-    snakemake(workdir, cfg, "--report", "report.html", "all", "scaling")
-    return workdir, copy.deepcopy(cfg)
+def tiny_study(shared_build: Build) -> tuple[Path, dict]:
+    """The base run and a study of world sizes 1 and 2 (2 epochs each, targets 50 % and
+    99.9 %), for real, on tiny data; then the report: `snakemake --cores all scaling` and
+    `snakemake --report report.html all scaling` of docs/training.md in the shared build."""
+    return shared_build.checkout, shared_build.config(shared_build.checkout)
 
 
+@pytest.mark.slow
 def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
     workdir, _ = tiny_study
     out = workdir / "results" / "scaling"
@@ -256,6 +248,7 @@ def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
     assert [m["world_size"] for m in history] == [2, 2]
 
 
+@pytest.mark.slow
 def test_report_embeds_plots_metrics_and_provenance(tiny_study: tuple[Path, dict]) -> None:
     workdir, cfg = tiny_study
     page = (workdir / "report.html").read_text()
@@ -298,6 +291,7 @@ def _show_figure(driver: Any, category: str, path: str) -> tuple[int, int]:
     return img.get_property("naturalWidth"), img.get_property("naturalHeight")
 
 
+@pytest.mark.slow
 def test_report_opens_offline_on_the_runs_summary(
     tiny_study: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ddppipe.cluster import continuation, slurm
 from ddppipe.launching import launch
+from ddppipe.spec import run as run_spec
 from tests.tiny import default_config
 
 
@@ -15,7 +16,10 @@ def test_srun_torchrun_command() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=2, max_restarts=3, device="gpu")
     plan = launch.plan(
-        cfg, ["train", "--config=c"], env={"SLURM_JOB_ID": "1234"}, hosts=["gpu-a01", "gpu-a02"]
+        run_spec.resolve(cfg),
+        ["train", "--config=c"],
+        env={"SLURM_JOB_ID": "1234"},
+        hosts=["gpu-a01", "gpu-a02"],
     )
     assert plan.command == [
         "srun", "--jobid=1234", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
@@ -29,7 +33,7 @@ def test_srun_torchrun_command() -> None:
 def test_rendezvous_host_override() -> None:
     cfg = default_config()
     cfg["slurm"]["rendezvous_host"] = "ib-node1"
-    args = slurm.Request.from_config(cfg).torchrun_args("7")
+    args = slurm.Request.from_spec(run_spec.resolve(cfg)).torchrun_args("7")
     assert "--rdzv-endpoint=ib-node1:15007" in args
 
 
@@ -56,13 +60,13 @@ def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     marker = (
-        "import os, sys; from ddppipe import finished_nodes\n"
+        "import os, sys; from ddppipe.runstate import finished_nodes\n"
         "for node in sys.argv[1].split():\n"
         "    os.environ['SLURMD_NODENAME'] = node; finished_nodes.mark()\n"
     )
     plan = launch.Plan(
         [sys.executable, "-c", marker, marks], dict(os.environ), "7", ["cn07", "cn08"],
-        slurm.Request.from_config(cfg),
+        slurm.Request.from_spec(run_spec.resolve(cfg)),
     )  # fmt: skip
     return launch.supervise(plan, plan.env, tmp_path / "state")
 

@@ -11,6 +11,8 @@ from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
 
 from ddppipe.cluster import slurm
+from ddppipe.spec import config
+from ddppipe.spec import run as run_spec
 from tests.tiny import REPO, default_config
 
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
@@ -32,7 +34,12 @@ class Resources(dict):
 
 
 def sbatch_line(cfg: dict[str, Any]) -> str:
-    res = Resources({**PROFILE["default-resources"], **slurm.Request.from_config(cfg).resources()})
+    res = Resources(
+        {
+            **PROFILE["default-resources"],
+            **slurm.Request.from_spec(run_spec.resolve(cfg)).resources(),
+        }
+    )
     job = SimpleNamespace(resources=res, threads=cfg["launch"]["nproc_per_node"])
     # The plugin appends the GRES flag right after the submit command (run_job).
     settings = SimpleNamespace(requeue=PROFILE["slurm-requeue"], no_requeue=False, qos=None,
@@ -55,7 +62,7 @@ def test_two_nodes_with_gpus() -> None:
     cfg["launch"]["device"] = "gpu"  # one GPU per process: 2 a node
     cfg["slurm"].update(partition="debug", qos="hi", constraint="a100",
                         account="proj")  # fmt: skip
-    res = slurm.Request.from_config(cfg).resources()
+    res = slurm.Request.from_spec(run_spec.resolve(cfg)).resources()
     assert res["mpi"] == 0  # the jobstep runs the rule in the batch step (see Request)
     assert res["slurm_partition"] == "debug" and res["slurm_account"] == "proj"
     assert sbatch_line(cfg) == (
@@ -67,21 +74,26 @@ def test_two_nodes_with_gpus() -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("change", "error", "message"),
     [
         (
             {"launch": {"device": "gpu", "nproc_per_node": 4}, "slurm": {"mem_mb": 8000}},
+            slurm.SlurmRequestError,
             "too little for 4 GPU processes",
         ),
-        ({"launch": {"nnodes": 3}, "train": {"batch_size": 64}}, "divisible by the world size 6"),
+        (
+            {"launch": {"nnodes": 3}, "train": {"batch_size": 64}},
+            config.ConfigError,  # found where the run is resolved, before any request
+            "divisible by the world size 6",
+        ),
     ],
 )
-def test_bad_requests_fail_before_submitting(change: dict, message: str) -> None:
+def test_bad_requests_fail_before_submitting(change: dict, error: type, message: str) -> None:
     cfg = default_config()
     for section, values in change.items():
         cfg[section].update(values)
-    with pytest.raises(slurm.SlurmRequestError, match=message):
-        slurm.Request.from_config(cfg)
+    with pytest.raises(error, match=message):
+        slurm.Request.from_spec(run_spec.resolve(cfg))
 
 
 def test_parse_nodelist() -> None:

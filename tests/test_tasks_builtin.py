@@ -80,7 +80,7 @@ def test_digits_prepare_is_idempotent_and_split_deterministic(tmp_path: Path) ->
     assert path.stat().st_ino == stat.st_ino and path.stat().st_mtime_ns == stat.st_mtime_ns
     digits.prepare(tmp_path / "b", args)
     assert (tmp_path / "b" / digits.FILE).read_bytes() == first
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [digits.FILE]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["digits.pt"]
 
     train, test = digits.datasets(tmp_path / "a", args)
     assert (len(train), len(test)) == (1347, 450)

@@ -107,6 +107,7 @@ def test_a_killed_slot_loses_only_its_last_seconds(tmp_path: Path) -> None:
     assert [step for step, _ in scalars(tmp_path / "tensorboard", "train/loss")] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow  # 16 s on 2 cores
 def test_mlflow_slots_continue_one_run(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 

@@ -153,6 +153,7 @@ def start_guarded_launch(args: list[str], run_dir: Path) -> tuple[subprocess.Pop
     return proc, log
 
 
+@pytest.mark.slow  # 20 s on 2 cores
 def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     tmp_path: Path,
 ) -> None:

@@ -11,7 +11,8 @@ from ddppipe.parallel import software as ddp_software
 from ddppipe.tasks.model import Net
 from ddppipe.training import checkpoint
 from tests.conftest import run_cli
-from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
+from tests.documented_build import Build, copy_checkout
+from tests.tiny import REAL_MNIST, default_config, real_mnist_sha256
 from tests.workflow_helpers import job_counts, rule_graph, snakemake
 
 
@@ -58,11 +59,13 @@ def test_invalid_config_fails_before_anything_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists()
 
 
-def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
-    """Every rule runs for real on tiny data; a second run has nothing to do."""
-    cfg = tiny_config(tiny)
-    snakemake(tmp_path, cfg, "--cores", "2")
-    run = tmp_path / "results" / "tiny"
+@pytest.mark.slow
+def test_tiny_end_to_end(shared_build: Build) -> None:
+    """Every rule ran for real on tiny data (`snakemake --cores all` of the README, in the
+    shared build); a second run has nothing to do."""
+    workdir = shared_build.checkout
+    cfg = shared_build.config(workdir)
+    run = workdir / "results" / "mnist"
     for rel in [
         "config.yaml",
         "train/final.pt",
@@ -76,16 +79,23 @@ def test_tiny_end_to_end(tiny: TinyData, tmp_path: Path) -> None:
     ]:
         assert (run / rel).stat().st_size > 0, rel
     for rule in ["train", "evaluate", "export"]:
-        assert (tmp_path / "benchmarks" / "tiny" / f"{rule}.tsv").is_file()
-    again = snakemake(tmp_path, cfg, "-n")
+        assert (workdir / "benchmarks" / "mnist" / f"{rule}.tsv").is_file()
+    again = snakemake(workdir, cfg, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
-    # The rules after training import no torch (1.5 s and 650 MB each): run again with
-    # Python's import profile, which goes to each rule's log.
+
+
+@pytest.mark.slow
+def test_rules_after_training_import_no_torch(shared_build: Build, tmp_path: Path) -> None:
+    """They import no torch (1.5 s and 650 MB each): run them again, on a copy of the shared
+    build, with Python's import profile, which goes to each rule's log."""
+    workdir = copy_checkout(shared_build.checkout, tmp_path / "copy")
+    cfg = shared_build.config(workdir)
     after = ["evaluate", "plot_training", "attempt_history", "export", "summarize"]
-    snakemake(tmp_path, cfg, "--cores", "2", "--forcerun", *after,
-              env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+    result = snakemake(workdir, cfg, "--cores", "2", "--forcerun", *after,
+                       env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+    assert "rule train:" not in result.stdout + result.stderr  # only those after training
     for rule in after:
-        log = (tmp_path / "logs" / "tiny" / f"{rule}.log").read_text()
+        log = (workdir / "logs" / "mnist" / f"{rule}.log").read_text()
         assert "| ddppipe.cli.main" in log, rule  # the profile is there
         assert not re.search(r"\|\s+torch$", log, re.MULTILINE), f"{rule} imported torch"
 

@@ -9,7 +9,12 @@ from snakemake.logging import logger
 
 from ddppipe.cluster import cluster_policy as ddp_cluster_policy
 from ddppipe.spec import config as ddp_config
-from ddppipe.apptainer import container as ddp_container
+from ddppipe.spec import layout as ddp_layout
+from ddppipe.apptainer import gpu_check as ddp_gpu_check
+from ddppipe.apptainer import identity as ddp_identity
+from ddppipe.apptainer import requirements as ddp_requirements
+from ddppipe.apptainer import running as ddp_running
+from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.cluster import failed_node_names as ddp_failed_node_names
 from ddppipe.launching import launch as ddp_launch
@@ -20,10 +25,14 @@ from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
 # What the run trains: a task (model + data, prepared by the data rule) or a torchrun script.
-SCRIPT = config["script"]
+KIND = ddp_layout.kind(config)
+# Every path of a run (ddppipe.spec.layout); RUN_LAYOUT's are patterns of the {run} wildcard.
+RUN_LAYOUT = ddp_layout.RunLayout("{run}")
 try:
     SOURCE = (
-        ddp_tasks.locate_script(SCRIPT) if SCRIPT else ddp_tasks.locate(config["task"])
+        ddp_tasks.locate_script(config["script"])
+        if KIND == "script"
+        else ddp_tasks.locate(config["task"])
     )
 except ddp_tasks.TaskError as e:
     raise WorkflowError(str(e)) from None
@@ -36,25 +45,23 @@ def data_folder(wildcards, input):
     return os.path.dirname(input.data)
 
 
+def task_only(path):
+    """``path`` in a task run; none in a script run (no prepared data, checkpoint, evaluation)."""
+    return [] if KIND == "script" else path
+
+
+def result_output(path):
+    """A run's result as an output: a script's is a folder of files."""
+    return directory(path) if KIND == "script" else path
+
+
 def data_input():
     """The data manifest as a training input; a script finds its own data."""
-    return [] if SCRIPT else DATA_MANIFEST
-
-
-def run_dir(run):
-    return f"results/{run}"
+    return task_only(DATA_MANIFEST)
 
 
 def all_outputs():
-    return [
-        f"results/{RUN}/eval/metrics.json",
-        f"results/{RUN}/eval/{'metrics' if SCRIPT else 'confusion_matrix'}.png",
-        f"results/{RUN}/train/training_curves.png",
-        f"results/{RUN}/train/attempts.html",
-        f"results/{RUN}/export/{'outputs' if SCRIPT else 'model.pt'}",
-        f"results/{RUN}/export/provenance.json",
-        f"results/{RUN}/summary.html",
-    ]
+    return ddp_layout.RunLayout(RUN).targets(KIND)
 
 
 def on_slurm():
@@ -72,13 +79,15 @@ def print_summary():
     """The run's summary (ddppipe.reports.summary) at the end of every snakemake call."""
     from ddppipe.reports import summary as ddp_summary
 
-    if os.path.isdir(run_dir(RUN)):
-        logger.info(ddp_summary.text(run_dir(RUN)))
+    root = ddp_layout.RunLayout(RUN).root
+    if root.is_dir():
+        logger.info(ddp_summary.text(root))
 
 
 def state_dirs():
     """The state folders of every run this workflow may train (the main run, the study's)."""
-    return [f"{run_dir(r)}/state" for r in [RUN, *ddp_scaling.run_names(config)]]
+    runs = [RUN, *ddp_scaling.run_names(config)]
+    return [str(ddp_layout.RunLayout(r).state) for r in runs]
 
 
 def check_cluster_policy():
@@ -135,8 +144,8 @@ def image_sources():
 def image_requirements():
     """container.requirements (sorted); an unpinned one is a config error."""
     try:
-        return ddp_container.requirements(config)
-    except ddp_container.ContainerError as e:
+        return ddp_requirements.requirements(config)
+    except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
 
 
@@ -147,30 +156,30 @@ TASK_REQUIREMENTS = image_requirements()
 def run_image():
     """The image train and evaluate run in: container.image, or with container.requirements
     the one derived from it (rule build_task_image)."""
-    return ddp_container.run_image(config)
+    return ddp_running.run_image(config)
 
 
 def image_input():
     """The image (and its info) as inputs of the rules that run in it; none when mode is none."""
-    if not ddp_container.enabled(config):
+    if not ddp_apptainer.enabled(config):
         return []
-    return [run_image(), str(ddp_container.info_path(run_image()))]
+    return [run_image(), str(ddp_identity.info_path(run_image()))]
 
 
 def image_exec():
     """Shell prefix running a rule's command inside the image ('' when mode is none)."""
     return (
-        shlex.join(ddp_container.exec_prefix(config)) + " "
-        if ddp_container.enabled(config)
+        shlex.join(ddp_running.exec_prefix(config)) + " "
+        if ddp_apptainer.enabled(config)
         else ""
     )
 
 
 def image_info_arg():
     """`ddppipe export` option recording the image (the one training ran in) in the provenance."""
-    if not ddp_container.enabled(config):
+    if not ddp_apptainer.enabled(config):
         return ""
-    return f"--image-info {ddp_container.info_path(run_image())}"
+    return f"--image-info {ddp_identity.info_path(run_image())}"
 
 
 def check_gpu_image():
@@ -179,10 +188,10 @@ def check_gpu_image():
     Judged on the base image and its recipe: a derived image keeps their torch and CUDA.
     """
     try:
-        ddp_container.check_gpu_image(
+        ddp_gpu_check.check_gpu_image(
             config, image_sources()["recipe"], config["container"]["image"]
         )
-    except ddp_container.ContainerError as e:
+    except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
 
 

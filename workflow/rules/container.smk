@@ -8,7 +8,7 @@ rule build_image:
         **image_sources(),
     output:
         image=config["container"]["image"],
-        info=str(ddp_container.info_path(config["container"]["image"])),
+        info=str(ddp_identity.info_path(config["container"]["image"])),
     log:
         "logs/build_image.log",
     benchmark:
@@ -33,11 +33,11 @@ if TASK_REQUIREMENTS:
         """
         input:
             image=config["container"]["image"],
-            info=str(ddp_container.info_path(config["container"]["image"])),
+            info=str(ddp_identity.info_path(config["container"]["image"])),
         output:
             image=run_image(),
-            info=str(ddp_container.info_path(run_image())),
-            recipe=str(ddp_container.recipe_path(run_image())),
+            info=str(ddp_identity.info_path(run_image())),
+            recipe=str(ddp_requirements.recipe_path(run_image())),
         log:
             "logs/build_task_image.log",
         benchmark:

@@ -6,9 +6,9 @@ rule write_config:
     gets its preset's GPU recipe (ddppipe.spec.presets): a change of device re-runs it.
     """
     output:
-        "results/{run}/config.yaml",
+        RUN_LAYOUT.config,
     log:
-        "logs/{run}/write_config.log",
+        RUN_LAYOUT.log("write_config"),
     localrule: True
     params:
         config=lambda wc: json.dumps(ddp_scaling.config_for_run(config, wc.run)),

@@ -1,26 +1,26 @@
-if SCRIPT:
+if KIND == "script":
 
     rule evaluate:
         """A script run's evaluation: the last value of everything it logged (job.log)."""
         input:
-            "results/{run}/train/metrics.jsonl",
+            RUN_LAYOUT.train.metrics,
         output:
             metrics=report(
-                "results/{run}/eval/metrics.json",
+                RUN_LAYOUT.eval.metrics,
                 caption="../report/eval_metrics.rst",
                 category="Evaluation",
                 subcategory="{run}",
             ),
             plot=report(
-                "results/{run}/eval/metrics.png",
+                RUN_LAYOUT.eval.plot(KIND),
                 caption="../report/eval_metrics.rst",
                 category="Evaluation",
                 subcategory="{run}",
             ),
         log:
-            "logs/{run}/evaluate.log",
+            RUN_LAYOUT.log("evaluate"),
         benchmark:
-            "benchmarks/{run}/evaluate.tsv"
+            RUN_LAYOUT.benchmark("evaluate")
         localrule: True
         shell:
             "ddppipe evaluate-logged --metrics {input} --out {output.metrics}"
@@ -36,24 +36,24 @@ else:
         "SLURM"). `ddppipe evaluate` re-evaluates a checkpoint by hand.
         """
         input:
-            "results/{run}/train/evaluation.json",
+            RUN_LAYOUT.train.evaluation,
         output:
             metrics=report(
-                "results/{run}/eval/metrics.json",
+                RUN_LAYOUT.eval.metrics,
                 caption="../report/eval_metrics.rst",
                 category="Evaluation",
                 subcategory="{run}",
             ),
             plot=report(
-                "results/{run}/eval/confusion_matrix.png",
+                RUN_LAYOUT.eval.plot(KIND),
                 caption="../report/confusion_matrix.rst",
                 category="Evaluation",
                 subcategory="{run}",
             ),
         log:
-            "logs/{run}/evaluate.log",
+            RUN_LAYOUT.log("evaluate"),
         benchmark:
-            "benchmarks/{run}/evaluate.tsv"
+            RUN_LAYOUT.benchmark("evaluate")
         localrule: True
         shell:
             "ddppipe plot-evaluation --evaluation {input} --metrics {output.metrics}"
@@ -63,16 +63,16 @@ else:
 rule plot_training:
     """Per-epoch loss and accuracy curves."""
     input:
-        "results/{run}/train/metrics.jsonl",
+        RUN_LAYOUT.train.metrics,
     output:
         report(
-            "results/{run}/train/training_curves.png",
+            RUN_LAYOUT.train.curves,
             caption="../report/training_curves.rst",
             category="Training",
             subcategory="{run}",
         ),
     log:
-        "logs/{run}/plot_training.log",
+        RUN_LAYOUT.log("plot_training"),
     localrule: True
     shell:
         "ddppipe plot-training --metrics {input} --out {output} 2> {log}"
@@ -81,16 +81,16 @@ rule plot_training:
 rule attempt_history:
     """Every job slot that trained the run: job, nodes, times, how it ended, steps trained."""
     input:
-        "results/{run}/train/attempts.json",
+        RUN_LAYOUT.train.attempts,
     output:
         report(
-            "results/{run}/train/attempts.html",
+            RUN_LAYOUT.train.attempts_html,
             caption="../report/attempts.rst",
             category="Training",
             subcategory="{run}",
         ),
     log:
-        "logs/{run}/attempt_history.log",
+        RUN_LAYOUT.log("attempt_history"),
     localrule: True
     shell:
         "ddppipe attempts --history {input} --run {wildcards.run} --html {output} 2> {log}"
@@ -104,30 +104,27 @@ rule export:
     next to its final checkpoint, so this rule copies and hashes files: it imports no torch.
     """
     input:
+        # the training's result as export publishes it: a task's weights alone
         result=(
-            "results/{run}/train/outputs" if SCRIPT else "results/{run}/train/model.pt"
+            RUN_LAYOUT.train.outputs if KIND == "script" else RUN_LAYOUT.train.weights
         ),
-        record=[] if SCRIPT else "results/{run}/train/final.json",
-        config="results/{run}/config.yaml",
-        attempts="results/{run}/train/attempts.json",
+        record=task_only(RUN_LAYOUT.train.record),
+        config=RUN_LAYOUT.config,
+        attempts=RUN_LAYOUT.train.attempts,
         data=data_input(),
         image=image_input(),
     output:
-        result=(
-            directory("results/{run}/export/outputs")
-            if SCRIPT
-            else "results/{run}/export/model.pt"
-        ),
+        result=result_output(RUN_LAYOUT.export.result(KIND)),
         provenance=report(
-            "results/{run}/export/provenance.json",
+            RUN_LAYOUT.export.provenance,
             caption="../report/provenance.rst",
             category="Provenance",
             subcategory="{run}",
         ),
     log:
-        "logs/{run}/export.log",
+        RUN_LAYOUT.log("export"),
     benchmark:
-        "benchmarks/{run}/export.tsv"
+        RUN_LAYOUT.benchmark("export")
     localrule: True  # copies and hashes files: no compute node to wait for
     params:
         data=lambda wc, input: (
@@ -146,20 +143,20 @@ rule export:
 rule summarize:
     """The run's summary (ddppipe.reports.summary) as HTML: the first thing the report shows."""
     input:
-        config="results/{run}/config.yaml",
-        metrics="results/{run}/train/metrics.jsonl",
-        attempts="results/{run}/train/attempts.json",
+        config=RUN_LAYOUT.config,
+        metrics=RUN_LAYOUT.train.metrics,
+        attempts=RUN_LAYOUT.train.attempts,
         result=rules.export.output.result,
         provenance=rules.export.output.provenance,
     output:
         report(
-            "results/{run}/summary.html",
+            RUN_LAYOUT.summary,
             caption="../report/summary.rst",
             category="Summary",
             subcategory="{run}",
         ),
     log:
-        "logs/{run}/summarize.log",
+        RUN_LAYOUT.log("summarize"),
     localrule: True
     shell:
         "ddppipe summary {wildcards.run} --html {output} 2> {log}"

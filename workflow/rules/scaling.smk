@@ -13,15 +13,15 @@ rule scaling:
         f"{SCALING}/throughput.png",
         f"{SCALING}/time_to_accuracy.csv",
         f"{SCALING}/time_to_accuracy.html",
-        expand("results/{run}/export/provenance.json", run=SCALING_RUNS),
-        expand("results/{run}/summary.html", run=SCALING_RUNS),
+        expand(RUN_LAYOUT.export.provenance, run=SCALING_RUNS),
+        expand(RUN_LAYOUT.summary, run=SCALING_RUNS),
 
 
 rule plot_scaling:
     """Learning curves per grid point, throughput and scaling efficiency, time to accuracy."""
     input:
-        metrics=expand("results/{run}/train/metrics.jsonl", run=SCALING_RUNS),
-        configs=expand("results/{run}/config.yaml", run=SCALING_RUNS),
+        metrics=expand(RUN_LAYOUT.train.metrics, run=SCALING_RUNS),
+        configs=expand(RUN_LAYOUT.config, run=SCALING_RUNS),
     output:
         curves=report(
             f"{SCALING}/learning_curves.png",

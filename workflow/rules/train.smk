@@ -7,27 +7,23 @@ rule train:
     state/train.log (live, every slot) and the log is its copy when the slot ends.
     """
     input:
-        config="results/{run}/config.yaml",
+        config=RUN_LAYOUT.config,
         data=data_input(),  # the task's data manifest (none for a script)
         image=image_input(),  # container.mode apptainer: launch runs torchrun in the image
     output:
         # a task's final checkpoint, or the files a script left in job.output_dir()
-        result=(
-            directory("results/{run}/train/outputs")
-            if SCRIPT
-            else "results/{run}/train/final.pt"
-        ),
-        metrics="results/{run}/train/metrics.jsonl",
+        result=result_output(RUN_LAYOUT.train.result(KIND)),
+        metrics=RUN_LAYOUT.train.metrics,
         # a task's final evaluation (distributed, in the training's allocation); none for a script
-        evaluation=[] if SCRIPT else "results/{run}/train/evaluation.json",
+        evaluation=task_only(RUN_LAYOUT.train.evaluation),
         # a task's final weights alone and the final checkpoint's record (for export)
-        weights=[] if SCRIPT else "results/{run}/train/model.pt",
-        record=[] if SCRIPT else "results/{run}/train/final.json",
-        attempts="results/{run}/train/attempts.json",  # every job slot that trained the run
+        weights=task_only(RUN_LAYOUT.train.weights),
+        record=task_only(RUN_LAYOUT.train.record),
+        attempts=RUN_LAYOUT.train.attempts,  # every job slot that trained the run
     log:
-        "logs/{run}/train.log",
+        RUN_LAYOUT.log("train"),
     benchmark:
-        "benchmarks/{run}/train.tsv"
+        RUN_LAYOUT.benchmark("train")
     threads: lambda wc: ddp_launch.job_threads(ddp_scaling.config_for_run(config, wc.run))
     resources:
         **ddp_slurm.train_resources(config),  # ddppipe.cluster.slurm.Request, per run
@@ -35,8 +31,9 @@ rule train:
         data=lambda wc, input: (
             f"--data {os.path.dirname(input.data)}" if input.data else ""
         ),
-        state="results/{run}/state",
-        result="--outputs" if SCRIPT else "--checkpoint",  # what output.result is
+        state=str(RUN_LAYOUT.state),
+        # what output.result is
+        result="--outputs" if KIND == "script" else "--checkpoint",
     shell:
         "ddppipe launch --config {input.config} {params.data} --state {params.state}"
         " {params.result} {output.result} --metrics {output.metrics}"

@@ -16,6 +16,7 @@ from typing import Any
 from ddppipe.cluster import slurm
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import attempts
+from ddppipe.spec import run as run_spec
 
 # The SLURM plugin polls job states as rarely as every 180 s (its back-off cap).
 PLUGIN_MAX_POLL_S = 180
@@ -164,7 +165,7 @@ def check_cluster(
 
     ``state_dirs``: the state folders of the runs to train, for their measured checkpoint time.
     """
-    request = slurm.Request.from_config(cfg)
+    request = slurm.Request.from_spec(run_spec.resolve(cfg))
     measured = [attempts.measured_checkpoint_seconds(d) for d in state_dirs]
     checkpoint_seconds = max((m for m in measured if m), default=None)
     cluster = read(request.partition, run)

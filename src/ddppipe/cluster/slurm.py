@@ -1,6 +1,6 @@
 """The SLURM side of a training run: one request object, and what SLURM says about a job.
 
-:class:`Request` is derived once from a config. Both the train rule's Snakemake resources
+:class:`Request` is derived once from a run spec. Both the train rule's Snakemake resources
 (the plugin's sbatch line) and the srun step and torchrun arguments of the job come from it,
 so nodes, CPUs and GPUs cannot disagree between them. Its shape is one task per node
 (``--ntasks-per-node=1``): ``ddppipe agent`` (torchrun) starts that node's training processes,
@@ -9,7 +9,6 @@ so a task holds the CPUs (and GPUs) of all of them.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -22,8 +21,9 @@ import hostlist
 
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
-from ddppipe.spec import config as ddp_config
+from ddppipe.spec import run as ddp_run
 from ddppipe.spec import scaling
+from ddppipe.spec.run import RunSpec
 
 # Every resource Request.resources() may set (None where a request leaves it out).
 RESOURCE_KEYS = (
@@ -63,28 +63,26 @@ class Request:
     max_continuations: int
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> Request:
-        """The request of a config; raise SlurmRequestError for one that cannot work."""
-        cfg = ddp_config.validate(json.loads(json.dumps(cfg)))
-        launch, slurm = cfg["launch"], cfg["slurm"]
-        gpus = ddp_config.gpus_requested(cfg)  # one GPU per process
+    def from_spec(cls, spec: RunSpec) -> Request:
+        """The request of a run; raise SlurmRequestError for one that cannot work."""
+        launch, slurm, gpus = spec.launch, spec.slurm, spec.gpus  # one GPU per process
         request = cls(
-            nodes=launch["nnodes"],
-            procs_per_node=launch["nproc_per_node"],
-            cpus_per_proc=launch["cpus_per_proc"],
-            gpus_per_node=launch["nproc_per_node"] if gpus else 0,
-            mem_mb=slurm["mem_mb"]
-            or launch["nproc_per_node"] * (MEM_MB_PER_GPU_PROC if gpus else MEM_MB_PER_CPU_PROC),
-            runtime=slurm["runtime"],
-            partition=slurm["partition"],
-            account=slurm["account"],
-            constraint=slurm["constraint"],
-            qos=slurm["qos"],
-            signal_seconds=slurm["signal_seconds"],
-            stop_signal=slurm["stop_signal"],
-            rendezvous_host=slurm["rendezvous_host"],
-            max_restarts=launch["max_restarts"],
-            max_continuations=slurm["max_continuations"],
+            nodes=launch.nnodes,
+            procs_per_node=launch.nproc_per_node,
+            cpus_per_proc=launch.cpus_per_proc,
+            gpus_per_node=launch.nproc_per_node if gpus else 0,
+            mem_mb=slurm.mem_mb
+            or launch.nproc_per_node * (MEM_MB_PER_GPU_PROC if gpus else MEM_MB_PER_CPU_PROC),
+            runtime=slurm.runtime,
+            partition=slurm.partition,
+            account=slurm.account,
+            constraint=slurm.constraint,
+            qos=slurm.qos,
+            signal_seconds=slurm.signal_seconds,
+            stop_signal=slurm.stop_signal,
+            rendezvous_host=slurm.rendezvous_host,
+            max_restarts=launch.max_restarts,
+            max_continuations=slurm.max_continuations,
         )
         least = request.gpus_per_node * MIN_MEM_MB_PER_GPU_PROC
         if request.mem_mb < least:
@@ -100,10 +98,6 @@ class Request:
                 f"slurm.runtime ({request.runtime} min = {request.runtime * 60} s): the warning "
                 "would come before training starts; lower signal_seconds or raise runtime"
             )
-        try:
-            ddp_config.resolve(cfg)  # checks the global batch divides by nodes x processes
-        except ddp_config.ConfigError as e:
-            raise SlurmRequestError(str(e)) from e
         return request
 
     @property
@@ -118,6 +112,10 @@ class Request:
     def threads(self, cpus: int) -> int:
         """CPU threads of each training process on a node where ``cpus`` CPUs are usable."""
         return self.cpus_per_proc or max(1, cpus // self.procs_per_node)
+
+    def node_threads(self, cpus: int) -> int:
+        """CPU threads of a node's training processes together, ``cpus`` CPUs being usable."""
+        return self.procs_per_node * self.threads(cpus)
 
     def resources(self) -> dict[str, Any]:
         """The train rule's resources for snakemake-executor-plugin-slurm (2.x).
@@ -212,7 +210,7 @@ def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
     """
 
     def request(run: str) -> dict[str, Any]:
-        return Request.from_config(scaling.config_for_run(cfg, run)).resources()
+        return Request.from_spec(ddp_run.resolve(scaling.config_for_run(cfg, run))).resources()
 
     by_run = {cfg["run"]: request(cfg["run"])}
 

@@ -23,12 +23,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddppipe.apptainer import container
+from ddppipe.apptainer import running
 from ddppipe.cluster import slurm
 from ddppipe.core import system
 from ddppipe.launching import workers
 from ddppipe.runstate import finished_nodes, preemption
-from ddppipe.spec import config
+from ddppipe.spec import config, run
+from ddppipe.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,7 @@ def job_threads(cfg: dict[str, Any]) -> int:
 
     The train rule's ``threads``, so Snakemake does not run two trainings on the same cores.
     """
-    request = slurm.Request.from_config(cfg)
-    return request.procs_per_node * request.threads(system.available_cpus())
+    return slurm.Request.from_spec(run.resolve(cfg)).node_threads(system.available_cpus())
 
 
 def thread_environment(threads: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -70,7 +70,7 @@ class Plan:
 
 
 def plan(
-    cfg: dict[str, Any],
+    spec: RunSpec,
     module_args: list[str],
     env: Mapping[str, str] | None = None,
     hosts: list[str] | None = None,
@@ -86,9 +86,9 @@ def plan(
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
-    request = slurm.Request.from_config(cfg)
+    request = slurm.Request.from_spec(spec)
     job = slurm.job_id(env)
-    gpus = config.gpus_requested(cfg)  # --nv for the image
+    cfg = spec.as_dict()
     agent = ["-m", "ddppipe", "agent"]
     if job is None:
         if request.nodes > 1:
@@ -96,7 +96,7 @@ def plan(
                 f"launch.nnodes is {request.nodes}, but this is no SLURM allocation: run "
                 "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
             )
-        command = [*container.python_command(cfg, gpus or None), *program]
+        command = [*running.python_command(cfg, spec.gpus or None), *program]
         env = thread_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     hosts = hosts or slurm.job_nodes(job)
@@ -107,7 +107,7 @@ def plan(
         )
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
-        *request.srun(job), *container.python_command(cfg, gpus), *agent,
+        *request.srun(job), *running.python_command(cfg, spec.gpus), *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)

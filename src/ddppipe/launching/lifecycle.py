@@ -32,6 +32,7 @@ from ddppipe.core import atomic
 from ddppipe.launching import launch, preflight
 from ddppipe.runstate import attempts, preemption, state_lock
 from ddppipe.runstate import state as ddp_state  # fmt: skip
+from ddppipe.spec.run import RunSpec
 from ddppipe.training import efficiency
 
 log = logging.getLogger(__name__)
@@ -73,41 +74,39 @@ def mark_slot_end(state: Path) -> None:
 
 
 def run(
-    cfg: dict[str, Any], program: list[str], state: Path, record: Path | None,
+    spec: RunSpec, program: list[str], state: Path, record: Path | None,
     publish: Callable[[], None] | None = None,
 ) -> int:  # fmt: skip
     """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments).
 
     ``record`` receives the attempt history and ``publish`` runs when training is complete.
     """
-    plan = launch.plan(cfg, [], program=program)
+    plan = launch.plan(spec, [], program=program)
     with state_lock.hold(state, plan.job):
-        return _slot(cfg, plan, state, record, publish)
+        return _slot(spec, plan, state, record, publish)
 
 
-def _environment(cfg: dict[str, Any], state: Path, attempt: int, warn_in: float | None,
+def _environment(spec: RunSpec, state: Path, attempt: int, warn_in: float | None,
                  end: float | None) -> dict[str, str]:  # fmt: skip
     """The job API's variables for every process of this slot (:data:`ddppipe.training.job.ENV`)."""
-    from ddppipe.parallel import devices
     from ddppipe.training import job
 
-    tracking = cfg.get("tracking") or {}
-    tensorboard = ddp_state.of(state).tensorboard if tracking.get("tensorboard", True) else None
+    tensorboard = ddp_state.of(state).tensorboard if spec.tracking.tensorboard else None
     return job.environment(
-        cfg["run"], state, attempt, cfg["slurm"]["stop_signal"], devices.use(cfg), tensorboard,
-        tracking.get("mlflow"), end, None if warn_in is None else time.time() + warn_in,
+        spec.run, state, attempt, spec.slurm.stop_signal, spec.device, tensorboard,
+        spec.tracking.mlflow, end, None if warn_in is None else time.time() + warn_in,
     )  # fmt: skip
 
 
 def _slot(
-    cfg: dict[str, Any], plan: launch.Plan, state: Path, record: Path | None,
+    spec: RunSpec, plan: launch.Plan, state: Path, record: Path | None,
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
     if plan.job:
         peak_file = ddp_state.of(state).peak
         peak_file.unlink(missing_ok=True)
-        checks = preflight.run(cfg, plan, peak_file)
+        checks = preflight.run(spec, plan, peak_file)
         log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
         peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
         job = _job_record(plan.job)
@@ -121,7 +120,7 @@ def _slot(
                      warn_in, plan.request.signal_seconds)  # fmt: skip
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
-    env = {**plan.env, **_environment(cfg, state, len(history), warn_in, end),
+    env = {**plan.env, **_environment(spec, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip
     code, note = launch.supervise(plan, env, state, warn_in)
     if note is not None and note.get("unfinished") and not _ending(plan):

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddppipe.apptainer import container
+from ddppipe.apptainer import running
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, step_nodelist
 from ddppipe.launching import launch
 from ddppipe.parallel import devices
-from ddppipe.spec import config
+from ddppipe.spec.run import RunSpec
 from ddppipe.training import efficiency, peak
 
 STEP_TIMEOUT_S = 90
@@ -165,22 +165,22 @@ def _step(command: list[str], env: dict[str, str], what: str) -> str:
     return result.stdout
 
 
-def run(cfg: dict[str, Any], plan: launch.Plan, peak_out: Path | None = None) -> str:
+def run(spec: RunSpec, plan: launch.Plan, peak_out: Path | None = None) -> str:
     """Both checks on the job's nodes, one srun step each; raise PreflightError. The nodes'
     GEMM peaks go to ``peak_out`` (JSON: ``precision``, ``gflops`` per node)."""
     request, job = plan.request, str(plan.job)
-    use = devices.use(cfg, plan.env)
-    precision = config.resolve(cfg)["train"]["precision"]
+    use = spec.device
+    precision = spec.train.precision
     host = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
     node_check = [
         *request.srun(job, kill_on_bad_exit=False),
-        *container.python_command(cfg, config.gpus_requested(cfg)),
+        *running.python_command(spec.as_dict(), spec.gpus),
         "-m", "ddppipe", "preflight-node", *host, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip
     out = _step(node_check, plan.env, "node check")
     allreduce_plan = launch.plan(
-        cfg, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
+        spec, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
               *([f"--peak-out={peak_out}"] if peak_out else [])],
         plan.env, plan.hosts, max_restarts=0, join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
     )  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe import tasks
-from ddppipe.spec import config
+from ddppipe.spec import config, layout
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def write_resolved(
     broken task fails here, on the submitting side, not in an allocation.
     """
     resolved = config.resolve(cfg, gpus)
-    if resolved["script"]:
+    if layout.kind(resolved) == "script":
         resolved["task_source"] = tasks.locate_script(resolved["script"]).as_dict()
     else:
         task = tasks.load(resolved["task"])

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ddppipe.core.errors import UserError
-from ddppipe.spec import config
 
 if TYPE_CHECKING:
     import torch
@@ -32,36 +31,25 @@ class DeviceError(RuntimeError, UserError):
     """A rank cannot use the device its run needs; the message says what it sees and what to do."""
 
 
-def use(cfg: dict[str, Any], env: Mapping[str, str] | None = None) -> Use:
-    """Which device the run trains on: ``gpu`` (required), ``cpu``, or ``auto`` (GPU if any).
+def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the run will train on GPUs, one per process: decided once, where it is submitted,
+    and recorded in its spec (:mod:`ddppipe.spec.run`; its recipe depends on it too:
+    :mod:`ddppipe.spec.presets`).
 
-    GPUs are required when the run asks for them (:func:`ddppipe.spec.config.gpus_requested`). In
-    a SLURM job that asked for none the ranks stay on the CPU: GPUs they might see belong to
-    other jobs. A local run uses a GPU when there is one.
+    ``launch.device`` ``gpu`` or ``cpu`` says it. ``auto``: CPUs in a SLURM job (``slurm``: the
+    SLURM executor runs the training; or this process runs in a job): GPUs the ranks might
+    see there belong to other jobs. Otherwise this machine's GPUs, as torch sees them, or as
+    ``apptainer exec --nv`` binds them in.
     """
     env = os.environ if env is None else env
-    if config.gpus_requested(cfg):
-        return "gpu"
-    return "cpu" if env.get("SLURM_JOB_ID") else "auto"
-
-
-def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the run will train on GPUs, answered where it is submitted (its recipe depends
-    on it: :mod:`ddppipe.spec.presets`).
-
-    ``slurm``: its training runs in a SLURM job (the SLURM executor). ``auto`` is answered as
-    the ranks will answer it (:func:`use`, :func:`select`): CPUs in a SLURM job; otherwise
-    this machine's GPUs, as torch sees them, or as ``apptainer exec --nv`` binds them in.
-    """
-    wanted = use(cfg, env)
-    if wanted != "auto":
-        return wanted == "gpu"
-    if slurm:
+    if cfg["launch"]["device"] != "auto":
+        return cfg["launch"]["device"] == "gpu"
+    if slurm or env.get("SLURM_JOB_ID"):
         return False
-    from ddppipe.apptainer import container
+    from ddppipe.apptainer import running, tool
 
-    present = container.gpus_present()
-    if container.enabled(cfg) or not present:
+    present = running.gpus_present()
+    if tool.enabled(cfg) or not present:
         return present  # no NVIDIA driver here: torch (1.5 s) need not say
     import torch
 

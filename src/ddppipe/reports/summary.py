@@ -22,6 +22,7 @@ import yaml
 from ddppipe.cluster import accounting
 from ddppipe.core import jsonl
 from ddppipe.runstate import state
+from ddppipe.spec import layout
 
 
 @dataclass
@@ -52,10 +53,10 @@ def _duration(seconds: float) -> str:
 
 def _source(cfg: dict[str, Any]) -> str:
     source = cfg.get("task_source") or {}
-    kind = "script" if cfg.get("script") else "task"
-    ref = cfg.get("script") or cfg.get("task", "ddppipe.tasks.mnist")
+    run_kind = layout.kind(cfg)
+    ref = cfg["script"] if run_kind == "script" else cfg.get("task", "ddppipe.tasks.mnist")
     digest = f" (sha256 {source['sha256'][:12]})" if source.get("sha256") else ""
-    return f"{kind} {ref}{digest}"
+    return f"{run_kind} {ref}{digest}"
 
 
 def _targets(
@@ -130,14 +131,15 @@ def _attempts(history: list[dict[str, Any]]) -> str:
 def _allocation(cfg: dict[str, Any], local: bool) -> tuple[int | None, int | None, int]:
     """(memory MB per node, time limit min, CPUs) the run's slots had; None: no such limit."""
     from ddppipe.cluster import slurm
-    from ddppipe.launching import launch
+    from ddppipe.core import system
+    from ddppipe.spec.run import RunSpec
 
     try:
-        request = slurm.Request.from_config(cfg)
+        request = slurm.Request.from_spec(RunSpec.from_config(cfg))
     except Exception:  # an unresolved or foreign config: no allocation to compare with
         return None, None, 0
     if local:
-        return None, None, launch.job_threads(cfg)
+        return None, None, request.node_threads(system.available_cpus())
     return request.mem_mb, request.runtime, request.cpus_per_node * request.nodes
 
 
@@ -229,20 +231,18 @@ def _checkpointed(attempt: dict[str, Any]) -> int:
 
 def build(run_dir: Path) -> Summary:
     """The summary of the run in ``run_dir`` (``results/<run>``)."""
-    run_dir = Path(run_dir)
-    layout = state.of(run_dir / "state")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (
-        run_dir / "config.yaml"
-    ).exists() else {}  # fmt: skip
-    summary = Summary(run_dir.name, _source(cfg) if cfg else "not configured yet")
-    metrics_path = _first(run_dir / "train" / "metrics.jsonl", layout.metrics)
+    run = layout.RunLayout.of_root(run_dir)
+    live = state.of(run.state)  # while it trains; train/ once it completed
+    cfg = yaml.safe_load(run.config.read_text()) if run.config.exists() else {}
+    summary = Summary(run.run, _source(cfg) if cfg else "not configured yet")
+    metrics_path = _first(run.train.metrics, live.metrics)
     history = jsonl.read(metrics_path) if metrics_path else []
-    attempts_path = _first(run_dir / "train" / "attempts.json", layout.attempts)
+    attempts_path = _first(run.train.attempts, live.attempts)
     attempts = json.loads(attempts_path.read_text()) if attempts_path else []
     jobs = [a["job"] for a in attempts if a.get("job", "local") != "local"]
     records = accounting.query(jobs) if jobs else None
     origin = _origin(attempts, records)
-    if cfg.get("script"):
+    if layout.kind(cfg) == "script":
         if history:
             last = {k: v for r in history for k, v in r.items() if k != "time"}
             summary.lines.append(("logged", ", ".join(f"{k} {v:.4g}" for k, v in last.items()
@@ -279,8 +279,8 @@ def build(run_dir: Path) -> Summary:
         if origin is not None:
             summary.lines.append(("wall", f"{_duration(end - origin[0])} from the {origin[1]} "
                                            "to the last slot's end"))  # fmt: skip
-    outputs = [p for p in (run_dir / "export" / "model.pt", run_dir / "export" / "outputs",
-                           run_dir / "export" / "provenance.json") if p.exists()]  # fmt: skip
+    export = run.export
+    outputs = [p for p in (export.weights, export.outputs, export.provenance) if p.exists()]
     if outputs:
         summary.lines.append(("results", ", ".join(str(p) for p in outputs)))
     return summary

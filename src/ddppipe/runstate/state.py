@@ -1,4 +1,5 @@
-"""The layout of a run's state folder (``results/<run>/state``): the one place that knows it.
+"""The files in a run's state folder (``results/<run>/state``, whose root
+:class:`ddppipe.spec.layout.RunLayout` gives): the one place that knows them.
 
 The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
 holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from ddppipe.spec import layout
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class StateDir:
     @property
     def tensorboard(self) -> Path:
         """TensorBoard event files of every slot (next to the state folder, for users)."""
-        return self.root.parent / "tensorboard"
+        return layout.RunLayout.of_root(self.root.parent).tensorboard
 
 
 def of(path: str | Path) -> StateDir:

@@ -16,7 +16,7 @@ import yaml
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
-from ddppipe.spec import presets
+from ddppipe.spec import layout, presets
 
 log = logging.getLogger(__name__)
 
@@ -238,32 +238,35 @@ def gpus_requested(cfg: dict[str, Any]) -> bool:
 
 def resolve(cfg: dict[str, Any], gpus: bool | None = None) -> dict[str, Any]:
     """A validated copy of ``cfg`` with the training recipe (and the task arguments the preset
-    sets) filled in from its preset.
+    sets) filled in from its preset, and the device decision under ``resolved``.
 
     ``gpus``: whether the run trains on GPUs (:func:`ddppipe.parallel.devices.trains_on_gpus`),
     which picks the preset's GPU version; None: when it asks for them (``launch.device: gpu``).
+    The typed form of the result: :class:`ddppipe.spec.run.RunSpec`.
     """
     cfg = validate(json.loads(json.dumps(cfg)))
     ws = world_size(cfg)
     gpus = gpus_requested(cfg) if gpus is None else gpus
     cfg["train"] = presets.resolve(cfg["train"], ws, gpus)
-    if not cfg["script"]:
+    if layout.kind(cfg) == "task":
         cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])
     if cfg["train"]["batch_size"] % ws:
         raise ConfigError(
             f"train.batch_size {cfg['train']['batch_size']} is the global batch and must be "
             f"divisible by the world size {ws}; choose a multiple of {ws}"
         )
+    cfg["resolved"] = {"device": "gpu" if gpus else "cpu"}
     return cfg
 
 
 def load_resolved(path: str | Path) -> dict[str, Any]:
     """A config that :func:`resolve` wrote (every recipe key filled in); raise ConfigError."""
     cfg = load(path)
-    missing = [k for k in presets.RECIPE_KEYS if cfg["train"].get(k) is None]
+    missing = [f"train.{k}" for k in presets.RECIPE_KEYS if cfg["train"][k] is None]
+    missing += ["resolved"] if cfg["resolved"] is None else []
     if missing:
         raise ConfigError(
-            f"{path}: train.{', train.'.join(missing)} null: this config was never resolved. "
+            f"{path}: {', '.join(missing)} null: this config was never resolved. "
             "Training reads results/<run>/config.yaml, which the workflow writes; by hand, run "
             f"`ddppipe resolve-config --config {path} --out RESOLVED.yaml` and use that"
         )

@@ -27,7 +27,7 @@ def record(
     return {
         "git": system.git_commit(),
         # the stack that trained (recorded by rank 0), not the one that exports
-        "software": meta.get("software") or software(),
+        "software": meta.get("software") or software.stack(),
         "training": {
             "world_size": meta["world_size"],
             "hosts": sorted(set(meta["hosts"])),
@@ -68,7 +68,7 @@ def script_record(
                    if p.is_file() and p.name != SNAKEMAKE_MARK)  # fmt: skip
     return {
         "git": system.git_commit(),
-        "software": software(),  # the launcher's stack; the script's own may differ
+        "software": software.stack(),  # the launcher's stack; the script's own may differ
         "script": {**cfg["task_source"], "args": cfg["script_args"]},
         "world_size": config.world_size(cfg),
         "outputs_sha256": {str(p.relative_to(outputs)): hashing.file_sha256(p) for p in files},

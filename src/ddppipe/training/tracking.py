@@ -17,8 +17,8 @@ stale. :class:`Tracker` (rank 0 only) keeps one continuous history over any numb
   (``tbparse``) see the stale points. Event files are append-only, one per writer, and so
   are safe on NFS/Lustre; this is ddppipe's default tracking.
 - **MLflow** (only with ``mlflow_uri``): every slot logs into the same MLflow run. Its id is
-  minted by the server when the first slot creates the run and kept in
-  ``state_dir/mlflow_run_id``, next to the checkpoints, because that folder is what survives a
+  minted by the server when the first slot creates the run and kept in the state folder
+  (``StateDir.mlflow_run_id``), next to the checkpoints, because that folder is what survives a
   requeue and belongs to this run alone (a job id or a run name would not identify it). MLflow
   cannot delete points: after a resume its history holds the stale points at steps >= S as
   well as the new ones (for a step logged twice, the later timestamp is the valid value); the
@@ -50,10 +50,11 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
+from ddppipe.runstate import state
 
 log = logging.getLogger(__name__)
 
-RUN_ID_FILE = "mlflow_run_id"
+RUN_ID_FILE = state.StateDir(Path()).mlflow_run_id.name  # in the state folder
 DEFAULT_EXPERIMENT = "ddppipe"
 # TensorBoard's writer thread writes pending points out at least this often.
 FLUSH_SECONDS = 5
@@ -248,7 +249,7 @@ class _MlflowWorker(threading.Thread):
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
 
-        id_file = self.state_dir / RUN_ID_FILE
+        id_file = state.of(self.state_dir).mlflow_run_id
         if id_file.exists():
             run_id = id_file.read_text().strip()
             try:

@@ -29,7 +29,7 @@ from ddppipe.core import atomic, heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
 from ddppipe.runstate import attempts, preemption, state
-from ddppipe.spec import config
+from ddppipe.spec import config, layout
 from ddppipe.training import checkpoint, efficiency, evaluate
 
 log = logging.getLogger(__name__)
@@ -99,25 +99,33 @@ def rank_seed(seed: int, epoch: int, rank: int) -> int:
 
 @dataclass
 class Paths:
+    """What a task's training reads and writes: the run's layout (:mod:`ddppipe.spec.layout`)
+    as the launcher passes it on (``ddppipe train --data --state --checkpoint --metrics``)."""
+
     data_dir: Path
     state_dir: Path  # checkpoints and live metrics; survives failed jobs
     final_checkpoint: Path
     metrics: Path
 
     @property
+    def _train(self) -> layout.TrainFiles:
+        """The final checkpoint's folder (``results/<run>/train``) and its other files."""
+        return layout.TrainFiles(Path(self.final_checkpoint).parent)
+
+    @property
     def evaluation(self) -> Path:
         """The final model's test-set evaluation, next to the final checkpoint."""
-        return self.final_checkpoint.with_name("evaluation.json")
+        return self._train.evaluation
 
     @property
     def weights(self) -> Path:
         """The final model's weights alone (what export publishes, without loading torch)."""
-        return self.final_checkpoint.with_name("model.pt")
+        return self._train.weights
 
     @property
     def record(self) -> Path:
         """The final checkpoint's epochs, config hash and meta as JSON (for the provenance)."""
-        return self.final_checkpoint.with_name("final.json")
+        return self._train.record
 
 
 class Trainer:
@@ -191,16 +199,16 @@ class Trainer:
             return None
         from ddppipe.training import tracking
 
-        layout = state.of(self.paths.state_dir)
+        folder = state.of(self.paths.state_dir)
         source = self.cfg.get("task_source") or {}
         tags = {"git_commit": str(system.git_commit()["commit"]),
                 "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
                 "config_hash": self.config_hash}  # fmt: skip
         if os.environ.get("SLURM_JOB_ID"):
             tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
-        tensorboard = layout.tensorboard if tracking_cfg.get("tensorboard", True) else None
+        tensorboard = folder.tensorboard if tracking_cfg.get("tensorboard", True) else None
         return tracking.Tracker(
-            tensorboard, layout.root, mlflow_uri=tracking_cfg.get("mlflow"),
+            tensorboard, folder.root, mlflow_uri=tracking_cfg.get("mlflow"),
             run_name=self.cfg["run"], params=self.cfg, tags=tags,
         )  # fmt: skip
 
@@ -533,7 +541,7 @@ class Trainer:
 def train(cfg: dict[str, Any], paths: Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
-    ctx = distributed.setup(use=devices.use(cfg))
+    ctx = distributed.setup(use=cfg["resolved"]["device"])
     try:
         Trainer(cfg, paths, ctx).run(guard)
     except BaseException:

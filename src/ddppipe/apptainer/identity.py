@@ -1,0 +1,43 @@
+"""An image's identity: its SHA-256, its labels, and the info JSON written next to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from ddppipe.apptainer.tool import APPTAINER, ContainerError
+from ddppipe.core import hashing
+
+
+def info_path(image: str | Path) -> Path:
+    """The image-info JSON written next to an image: ``X.sif`` -> ``X.json``."""
+    return Path(image).with_suffix(".json")
+
+
+def sha256(path: str | Path) -> str:
+    """An image's (or recipe's) SHA-256."""
+    return hashing.file_sha256(path)
+
+
+def labels(image: str | Path) -> dict[str, str]:
+    """The image's labels, from ``apptainer inspect --json --labels``."""
+    cmd = [APPTAINER, "inspect", "--json", "--labels", str(image)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        stderr = getattr(e, "stderr", "") or ""
+        raise ContainerError(f"`{' '.join(cmd)}` failed: {e}\n{stderr}") from e
+    return json.loads(out)["data"]["attributes"]["labels"]
+
+
+def image_info(image: str | Path, recipe: str | Path, path: str | Path | None = None) -> dict:
+    """What the provenance records of an image: its path, SHA-256, recipe and labels."""
+    return {
+        "path": str(path or image),
+        "sha256": sha256(image),
+        "size_bytes": Path(image).stat().st_size,
+        "recipe": str(recipe),
+        "recipe_sha256": sha256(recipe),
+        "labels": labels(image),
+    }

@@ -1,0 +1,54 @@
+"""``container.requirements``: the task's pinned packages, and the derived image they name."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+from ddppipe.apptainer.tool import ContainerError
+from ddppipe.core import hashing
+
+
+@functools.cache
+def _requirement_pattern() -> re.Pattern[str]:
+    """A pinned requirement (``name==version``): the schema's pattern, the one definition."""
+    from ddppipe.spec import config
+
+    node = config.schema()["properties"]["container"]["properties"]["requirements"]
+    return re.compile(node["items"]["pattern"])
+
+
+def requirements(cfg: dict[str, Any]) -> list[str]:
+    """``container.requirements``, sorted, without duplicates; ContainerError if one is unpinned."""
+    given = [str(r) for r in cfg.get("container", {}).get("requirements") or []]
+    pinned = _requirement_pattern()
+    loose = [r for r in given if not pinned.search(r)]
+    if loose:
+        hints = []
+        for r in loose:
+            name = re.split(r"[\s\[<>=!~;@(]", r.strip(), maxsplit=1)[0] or r
+            hints.append(f"  {r!r}: write {name}==VERSION (`pip index versions {name}` lists them)")
+        raise ContainerError(
+            "container.requirements must be pinned as name==version: the task image is rebuilt "
+            "only when the list changes, so an unpinned requirement would stay at whatever "
+            "version the first build got.\n" + "\n".join(hints)
+        )
+    return sorted(set(given))
+
+
+def requirements_hash(reqs: list[str]) -> str:
+    """12 hex digits naming a derived image: SHA-256 of the sorted requirements."""
+    return hashing.sha256("\n".join(sorted(set(reqs))).encode())[:12]
+
+
+def derived_image(base: str | Path, reqs: list[str]) -> Path:
+    """The image ``base`` plus ``reqs``, next to it: ``ddppipe.sif`` -> ``ddppipe-<hash>.sif``."""
+    base = Path(base)
+    return base.with_name(f"{base.stem}-{requirements_hash(reqs)}{base.suffix}")
+
+
+def recipe_path(image: str | Path) -> Path:
+    """The recipe written next to a derived image: ``X.sif`` -> ``X.def``."""
+    return Path(image).with_suffix(".def")

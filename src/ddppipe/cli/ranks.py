@@ -1,0 +1,53 @@
+"""The subcommands that run as a rank under torchrun: they exit without finalization."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+
+def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> NoReturn:
+    """``ddppipe train``: one training process (started by torchrun/srun/mpirun)."""
+    from ddppipe.runstate import preemption
+
+    # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
+    guard = preemption.Guard()
+    try:
+        from ddppipe.spec import config
+        from ddppipe.training import train
+
+        paths = train.Paths(data, state, checkpoint, metrics)
+        train.train(config.load_resolved(config_path), paths, guard)
+    except preemption.Preempted as e:
+        logging.getLogger("ddppipe").warning("%s", e)
+        code = 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE
+    else:
+        code = 0
+    finally:
+        guard.restore()
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` now, without the interpreter's finalization.
+
+    A worker gets here with its outputs written and the process group left. Finalization
+    would only free torch's objects, and a gloo rank once aborted there (SIGABRT, "terminate
+    called without an active exception", CI 2026-11-23) after a complete training: its
+    agent then failed the slot and killed the other rank.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def preflight_allreduce(use: str, precision: str, peak_out: Path | None) -> NoReturn:
+    """``ddppipe preflight-allreduce``: all-reduce, bandwidth and GEMM peak on this rank."""
+    from ddppipe.launching import preflight
+
+    print(f"preflight: {preflight.allreduce(use, precision, peak_out)}", flush=True)
+    _exit_now(0)  # a gloo rank like the training's (train)

@@ -1,0 +1,329 @@
+"""The table of ``ddppipe`` subcommands: name, help, arguments and the function each calls.
+
+A command's function is named ``"module:function"`` and imported only when that command runs,
+so a command that does not train never imports torch. It is called with the parsed arguments
+as keywords (each argument's ``dest`` is a parameter name) and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One ``add_argument`` call: the option strings (or a positional's name) and options."""
+
+    names: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A required choice of exactly one of ``args`` (a mutually exclusive group)."""
+
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, its help line, ``"module:function"`` it calls, its arguments."""
+
+    name: str
+    help: str
+    call: str
+    args: tuple[Arg | OneOf, ...] = ()
+
+
+def arg(*names: str, **options: Any) -> Arg:
+    """An argument: ``add_argument(*names, **options)``."""
+    return Arg(names, options)
+
+
+def one_of(*args: Arg) -> OneOf:
+    """A required choice of one of ``args``."""
+    return OneOf(args)
+
+
+def command(name: str, help: str, call: str, *args: Arg | OneOf) -> Command:
+    """A table row: the subcommand ``name``, its ``help``, the function it calls, its args."""
+    return Command(name, help, call, args)
+
+
+# --config is a parameter ``config_path`` (``config`` is the module that loads it).
+CONFIG = {"dest": "config_path", "metavar": "CONFIG"}
+RESOLVED = {**CONFIG, "type": Path, "required": True}
+DEVICE = {"choices": ["gpu", "cpu", "auto"], "default": "auto", "help": "device"}
+
+COMMANDS: tuple[Command, ...] = (
+    command(
+        "resolve-config",
+        "validate a config, fill in its preset for this machine's device",
+        "ddppipe.launching.commands:resolve_config",
+        one_of(
+            arg("--config", type=Path, help="a config file", **CONFIG),
+            arg(
+                "--json",
+                dest="json_text",
+                metavar="JSON",
+                help="the config as JSON text (the write_config rule)",
+            ),
+        ),
+        arg(
+            "--gpus",
+            choices=["yes", "no"],
+            help="whether the run trains on GPUs (default: this machine's answer)",
+        ),
+        arg("--out", type=Path, required=True),
+    ),
+    command(
+        "data-settings",
+        "write what a task's data depends on (data rule)",
+        "ddppipe.spec.commands:data_settings",
+        arg(
+            "--json",
+            dest="json_text",
+            metavar="JSON",
+            required=True,
+            help="task and task_args as JSON text",
+        ),
+        arg("--out", type=Path, required=True),
+    ),
+    command(
+        "prepare",
+        "run the task's prepare() and write the data manifest",
+        "ddppipe.tasks.commands:prepare",
+        arg(
+            "--settings",
+            type=Path,
+            required=True,
+            help="YAML with task: and task_args: (data rule)",
+        ),
+        arg("--dest", type=Path, required=True, help="the task's data folder"),
+    ),
+    command(
+        "train",
+        "one training process (started by torchrun/srun/mpirun)",
+        "ddppipe.cli.ranks:train",
+        arg("--config", help="resolved config YAML", **RESOLVED),
+        arg("--data", type=Path, required=True, help="folder with the MNIST IDX files"),
+        arg(
+            "--state",
+            type=Path,
+            required=True,
+            help="run state folder (checkpoints); kept across failed attempts",
+        ),
+        arg("--checkpoint", type=Path, required=True, help="final checkpoint to write"),
+        arg("--metrics", type=Path, required=True, help="per-epoch metrics (JSON lines)"),
+    ),
+    command(
+        "launch",
+        "train one slot: torchrun locally, or an srun step in a SLURM job",
+        "ddppipe.launching.commands:launch",
+        arg("--config", help="resolved config YAML", **RESOLVED),
+        arg("--data", type=Path, help="the task's prepared data folder"),
+        arg("--state", type=Path, required=True, help="run state folder"),
+        arg("--checkpoint", type=Path, help="(task) final checkpoint to write"),
+        arg("--outputs", type=Path, help="(script) folder to publish its outputs to"),
+        arg("--metrics", type=Path, required=True, help="metrics (JSON lines) to write"),
+        arg("--attempts", type=Path, help="attempt history to write once complete"),
+        arg(
+            "--log",
+            type=Path,
+            help="the rule's log: a copy of the state's train.log (every slot)",
+        ),
+    ),
+    command(
+        # main() runs it before parsing (torchrun's options would be taken): here for --help
+        "agent",
+        "torchrun on this node, safe from SIGUSR1 (srun starts it)",
+        "ddppipe.launching.launch:run_agent",
+        arg(
+            "torchrun_argv",
+            metavar="torchrun_args",
+            nargs=argparse.REMAINDER,
+            help="torchrun arguments",
+        ),
+    ),
+    command(
+        "preflight",
+        "check the SLURM job's nodes before training",
+        "ddppipe.launching.commands:preflight",
+        arg("--config", **RESOLVED),
+    ),
+    command(
+        "attempts",
+        "print (or write as HTML) a run's attempt history",
+        "ddppipe.runstate.commands:attempts",
+        arg(
+            "--history",
+            type=Path,
+            required=True,
+            help="attempts.json (results/<run>/state/ while it trains, results/<run>/train/ after)",
+        ),
+        arg("--run", default="run", help="run name for the HTML page's title"),
+        arg("--html", type=Path, help="HTML page to write instead of printing"),
+    ),
+    command(
+        "preflight-node",
+        "(one per node) resolve the host, check devices",
+        "ddppipe.launching.commands:preflight_node",
+        arg("--host", help="rendezvous host (default: the step's first node)"),
+        arg("--nproc", type=int, default=1, help="training processes on this node"),
+        arg("--use", **DEVICE),
+        arg("--precision", choices=["fp32", "bf16"], default="fp32"),
+    ),
+    command(
+        "preflight-allreduce",
+        "(one per rank, under torchrun) all-reduce, bandwidth and GEMM peak",
+        "ddppipe.cli.ranks:preflight_allreduce",
+        arg("--use", **DEVICE),
+        arg(
+            "--precision",
+            choices=["bf16", "fp32"],
+            default="fp32",
+            help="the training's precision, for the GEMM peak",
+        ),
+        arg("--peak-out", type=Path, help="(rank 0) write the nodes' peaks here (JSON)"),
+    ),
+    command(
+        "evaluate",
+        "evaluate a checkpoint on the test set",
+        "ddppipe.reports.commands:evaluate",
+        arg("--checkpoint", type=Path, required=True),
+        arg("--data", type=Path, required=True),
+        arg("--metrics", type=Path, required=True, help="metrics JSON to write"),
+        arg(
+            "--plot",
+            type=Path,
+            required=True,
+            help="PNG to write: confusion matrix, else metrics",
+        ),
+        arg("--config", help="the run's resolved config", **RESOLVED),
+        arg("--batch-size", type=int, help="default: train.eval_batch_size"),
+    ),
+    command(
+        "export",
+        "write the result and its provenance record",
+        "ddppipe.training.commands:export",
+        arg(
+            "--result",
+            type=Path,
+            required=True,
+            help="final weights (model.pt), or a script's outputs",
+        ),
+        arg("--record", type=Path, help="the final checkpoint's record (final.json)"),
+        arg("--config", help="the run's resolved config", **RESOLVED),
+        arg("--data", type=Path, help="the task's prepared data folder"),
+        arg("--out", type=Path, required=True, help="weights (task) or folder (script)"),
+        arg("--provenance", type=Path, required=True),
+        arg("--image-info", type=Path, help="JSON describing the container image used"),
+        arg("--attempts", type=Path, help="the run's attempt history (attempts.json)"),
+    ),
+    command(
+        "plot-evaluation",
+        "the training's final evaluation: metrics JSON and its figure",
+        "ddppipe.reports.commands:plot_evaluation",
+        arg("--evaluation", type=Path, required=True, help="train/evaluation.json"),
+        arg("--metrics", type=Path, required=True, help="metrics JSON to write"),
+        arg("--plot", type=Path, required=True, help="PNG to write"),
+    ),
+    command(
+        "evaluate-logged",
+        "a script run's last logged values and plot",
+        "ddppipe.reports.commands:evaluate_logged",
+        arg("--metrics", type=Path, required=True, help="metrics.jsonl of job.log"),
+        arg("--out", type=Path, required=True, help="metrics JSON to write"),
+        arg("--plot", type=Path, required=True, help="PNG to write"),
+    ),
+    command(
+        "build-image",
+        "build the Apptainer image (atomically) and its info",
+        "ddppipe.apptainer.commands:build_image",
+        arg("--recipe", type=Path, required=True, help="Apptainer definition file"),
+        arg("--image", type=Path, required=True, help=".sif to write"),
+        arg("--info", type=Path, required=True, help="image-info JSON (sha256, labels)"),
+        arg("--log", type=Path, required=True, help="apptainer build output"),
+        arg(
+            "--context",
+            type=Path,  # default (None): the current folder
+            help="folder the recipe's %%files paths are relative to (repository root)",
+        ),
+    ),
+    command(
+        "build-task-image",
+        "build the base image plus pinned pip packages, and its info",
+        "ddppipe.apptainer.commands:build_task_image",
+        arg("--base", type=Path, required=True, help="the ddppipe image to start from"),
+        arg("--image", type=Path, required=True, help=".sif to write (recipe: .def)"),
+        arg("--info", type=Path, required=True, help="image-info JSON (sha256, labels)"),
+        arg("--log", type=Path, required=True, help="apptainer build output"),
+        arg("requirements", nargs="+", help="pinned pip requirements (name==version)"),
+    ),
+    command(
+        "image-info",
+        "write the info JSON (sha256, labels) of an image",
+        "ddppipe.apptainer.commands:image_info",
+        arg("--image", type=Path, required=True),
+        arg("--recipe", type=Path, required=True),
+        arg("--out", type=Path, required=True),
+    ),
+    command(
+        "plot-training",
+        "plot per-epoch loss and accuracy",
+        "ddppipe.reports.commands:plot_training",
+        arg("--metrics", type=Path, required=True),
+        arg("--out", type=Path, required=True),
+    ),
+    command(
+        "plot-scaling",
+        "figures and time-to-accuracy table of the scaling study",
+        "ddppipe.reports.commands:plot_scaling",
+        arg(
+            "--metrics",
+            type=Path,
+            nargs="+",
+            required=True,
+            help="metrics.jsonl of each grid point",
+        ),
+        arg(
+            "--configs",
+            type=Path,
+            nargs="+",
+            required=True,
+            help="resolved config.yaml of each grid point, in the same order",
+        ),
+        arg(
+            "--targets",
+            type=float,
+            nargs="+",
+            default=[0.98, 0.99],
+            help="test accuracies (fractions) to tabulate the time to",
+        ),
+        arg("--curves", type=Path, required=True, help="learning-curves PNG to write"),
+        arg(
+            "--throughput",
+            type=Path,
+            required=True,
+            help="throughput and efficiency PNG to write",
+        ),
+        arg("--table-csv", type=Path, required=True),
+        arg("--table-html", type=Path, required=True),
+    ),
+    command(
+        "summary",
+        "a run's summary: accuracy, targets, speed, attempts",
+        "ddppipe.reports.commands:summary",
+        arg("run", help="run name (results/<run>)"),
+        arg("--results", type=Path, default=Path("results"), help="results folder"),
+        arg("--html", type=Path, help="write it as an HTML fragment here (the report's)"),
+    ),
+    command(
+        "selfcheck",
+        "print versions and run a one-process DDP smoke test",
+        "ddppipe.training.commands:selfcheck",
+    ),
+)

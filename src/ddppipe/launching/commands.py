@@ -1,0 +1,106 @@
+"""The launching subcommands: resolve a config, launch a slot, check a SLURM job's nodes.
+
+Imports are inside each command, so that one loads only what it needs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ddppipe.core.errors import UserError
+
+
+def resolve_config(
+    config_path: Path | None, json_text: str | None, gpus: str | None, out: Path
+) -> int:
+    """``ddppipe resolve-config``: validate a config (a file, or JSON text), fill in its preset
+    for the device (``gpus`` "yes"/"no", default this machine's answer), write it to ``out``."""
+    import yaml
+
+    from ddppipe.launching import resolve
+    from ddppipe.parallel import devices
+    from ddppipe.spec import commands, config
+
+    if json_text is not None:
+        cfg = config.validate(commands.json_config(json_text))
+    else:
+        with open(config_path) as f:
+            cfg = config.validate(yaml.safe_load(f))
+    gpus_used = devices.trains_on_gpus(cfg, slurm=False) if gpus is None else gpus == "yes"
+    resolve.write_resolved(cfg, out, gpus_used)
+    return 0
+
+
+def launch(
+    config_path: Path, data: Path | None, state: Path, checkpoint: Path | None,
+    outputs: Path | None, metrics: Path, attempts: Path | None, log: Path | None,
+) -> int:  # fmt: skip
+    """``ddppipe launch``: train one slot; with ``log``, a copy of the state's train.log."""
+    from ddppipe.launching import lifecycle
+
+    def slot() -> int:
+        return _launch(config_path, data, state, checkpoint, outputs, metrics, attempts)
+
+    try:
+        if log is None:
+            return slot()
+        with lifecycle.slot_log(state, log):
+            try:
+                return slot()
+            except (UserError, FileNotFoundError) as e:  # into the log too, not only Snakemake's
+                print(f"ddppipe launch: error: {e}", file=sys.stderr)
+                raise
+    finally:
+        lifecycle.mark_slot_end(state)
+
+
+def _launch(
+    config_path: Path, data: Path | None, state: Path, checkpoint: Path | None,
+    outputs: Path | None, metrics: Path, attempts: Path | None,
+) -> int:  # fmt: skip
+    from ddppipe.launching import launch, lifecycle
+    from ddppipe.runstate import publish
+    from ddppipe.spec import config, run
+
+    spec = run.load(config_path)
+    if spec.kind == "script":
+        if outputs is None:
+            raise config.ConfigError("ddppipe launch: a script run needs --outputs")
+        program = [spec.task_source["path"], *spec.script_args]
+        return lifecycle.run(
+            spec, program, state, attempts,
+            lambda: publish.script_results(state, outputs, metrics),
+        )  # fmt: skip
+    if data is None or checkpoint is None:
+        raise config.ConfigError("ddppipe launch: a task run needs --data and --checkpoint")
+    train_args = launch.train_args(config_path, data, state, checkpoint, metrics)
+    return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts)
+
+
+def preflight(config_path: Path) -> int:
+    """``ddppipe preflight``: check the SLURM job's nodes before training; print the report."""
+    import yaml
+
+    from ddppipe.launching import launch, preflight
+    from ddppipe.spec import config, run
+
+    with open(config_path) as f:
+        spec = run.resolve(yaml.safe_load(f))  # a run's config, resolved or not, as on SLURM
+    plan = launch.plan(spec, ["train"])
+    if plan.job is None:
+        raise config.ConfigError("ddppipe preflight checks a SLURM job's nodes: run it in one")
+    print(preflight.run(spec, plan), end="")
+    return 0
+
+
+def preflight_node(host: str | None, nproc: int, use: str, precision: str) -> int:
+    """``ddppipe preflight-node``: resolve the host, check the devices; exit 3 on a problem."""
+    from ddppipe.launching import preflight
+
+    report, problems = preflight.check_node(host, nproc, use, precision)
+    for problem in problems:
+        print(f"preflight: {problem}", file=sys.stderr)
+    if report:
+        print(f"preflight: {report}", flush=True)
+    return 3 if problems else 0

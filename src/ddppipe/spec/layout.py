@@ -1,0 +1,199 @@
+"""A run's layout and kind: where every file of a run lives, and whether it trains a task or a
+script. The one place that knows both.
+
+``results/<run>/`` holds the run's resolved config, its state folder (what survives failed,
+preempted and requeued jobs: :mod:`ddppipe.runstate.state` knows the files inside it), the
+training's outputs (``train/``), the evaluation (``eval/``), the published result and its
+provenance (``export/``), the TensorBoard event files and the summary; ``logs/<run>/`` and
+``benchmarks/<run>/`` hold its rules' logs and benchmarks.
+
+The rules build the layout of the ``{run}`` wildcard (``RunLayout("{run}")``: every path a
+pattern), the rest of ddppipe that of a named run. Only the standard library: any layer may
+use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+RunKind = Literal["task", "script"]
+
+RESULTS = Path("results")
+LOGS = Path("logs")
+BENCHMARKS = Path("benchmarks")
+
+
+def kind(cfg: Mapping[str, Any]) -> RunKind:
+    """What the run trains: a task (model and data, :mod:`ddppipe.tasks`, prepared by the data
+    rule) or a torchrun script (config key ``script``), launched by the same machinery."""
+    return "script" if cfg.get("script") else "task"
+
+
+@dataclass(frozen=True)
+class TrainFiles:
+    """``results/<run>/train/``: what the training leaves when it completes."""
+
+    root: Path
+
+    @property
+    def final_checkpoint(self) -> Path:
+        """A task's final checkpoint."""
+        return self.root / "final.pt"
+
+    @property
+    def weights(self) -> Path:
+        """A task's final weights alone (what export publishes, without loading torch)."""
+        return self.root / "model.pt"
+
+    @property
+    def record(self) -> Path:
+        """The final checkpoint's epochs, config hash and meta as JSON (for the provenance)."""
+        return self.root / "final.json"
+
+    @property
+    def evaluation(self) -> Path:
+        """A task's final model's test-set evaluation (distributed, on the training's ranks)."""
+        return self.root / "evaluation.json"
+
+    @property
+    def outputs(self) -> Path:
+        """A script's output files (job.output_dir()), published when it completes."""
+        return self.root / "outputs"
+
+    @property
+    def metrics(self) -> Path:
+        """Metrics (JSON lines): per epoch, or per job.log call of a script."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def attempts(self) -> Path:
+        """Every job slot that trained the run."""
+        return self.root / "attempts.json"
+
+    @property
+    def attempts_html(self) -> Path:
+        return self.root / "attempts.html"
+
+    @property
+    def curves(self) -> Path:
+        return self.root / "training_curves.png"
+
+    def result(self, run_kind: RunKind) -> Path:
+        """What the training leaves: a task's final checkpoint, a script's output folder."""
+        return self.outputs if run_kind == "script" else self.final_checkpoint
+
+
+@dataclass(frozen=True)
+class EvalFiles:
+    """``results/<run>/eval/``: the final model's metrics (a script's last logged values)."""
+
+    root: Path
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    def plot(self, run_kind: RunKind) -> Path:
+        """A task's confusion matrix, a script's last logged values."""
+        return self.root / ("metrics.png" if run_kind == "script" else "confusion_matrix.png")
+
+
+@dataclass(frozen=True)
+class ExportFiles:
+    """``results/<run>/export/``: the published result and its provenance."""
+
+    root: Path
+
+    @property
+    def weights(self) -> Path:
+        return self.root / "model.pt"
+
+    @property
+    def outputs(self) -> Path:
+        return self.root / "outputs"
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / "provenance.json"
+
+    def result(self, run_kind: RunKind) -> Path:
+        """A task's final weights, a script's output folder."""
+        return self.outputs if run_kind == "script" else self.weights
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Every path of the run ``run``: results under ``results``, logs under ``logs``,
+    benchmarks under ``benchmarks`` (all relative to the workflow's working directory)."""
+
+    run: str
+    results: Path = RESULTS
+    logs: Path = LOGS
+    benchmarks: Path = BENCHMARKS
+
+    @classmethod
+    def of_root(cls, root: str | Path) -> RunLayout:
+        """The layout of the run whose results folder is ``root`` (``<results>/<run>``); its
+        logs and benchmarks in the default folders."""
+        root = Path(root)
+        return cls(root.name, root.parent)
+
+    @property
+    def root(self) -> Path:
+        """``results/<run>``."""
+        return Path(self.results) / self.run
+
+    @property
+    def config(self) -> Path:
+        """The run's resolved config (rule write_config): what every later step reads."""
+        return self.root / "config.yaml"
+
+    @property
+    def state(self) -> Path:
+        """The state folder's root; :func:`ddppipe.runstate.state.of` gives its files."""
+        return self.root / "state"
+
+    @property
+    def train(self) -> TrainFiles:
+        return TrainFiles(self.root / "train")
+
+    @property
+    def eval(self) -> EvalFiles:
+        return EvalFiles(self.root / "eval")
+
+    @property
+    def export(self) -> ExportFiles:
+        return ExportFiles(self.root / "export")
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files of every slot (next to the state folder, for users)."""
+        return self.root / "tensorboard"
+
+    @property
+    def summary(self) -> Path:
+        """The run's summary as HTML (rule summarize)."""
+        return self.root / "summary.html"
+
+    def log(self, step: str) -> Path:
+        """The log of the rule ``step`` for this run (``logs/<run>/<step>.log``)."""
+        return Path(self.logs) / self.run / f"{step}.log"
+
+    def benchmark(self, step: str) -> Path:
+        """The benchmark of the rule ``step`` for this run (``benchmarks/<run>/<step>.tsv``)."""
+        return Path(self.benchmarks) / self.run / f"{step}.tsv"
+
+    def targets(self, run_kind: RunKind) -> list[Path]:
+        """The run's final files: what ``snakemake`` (rule all) builds for it."""
+        return [
+            self.eval.metrics,
+            self.eval.plot(run_kind),
+            self.train.curves,
+            self.train.attempts_html,
+            self.export.result(run_kind),
+            self.export.provenance,
+            self.summary,
+        ]

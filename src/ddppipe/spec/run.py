@@ -1,0 +1,193 @@
+"""The run spec: a resolved config as frozen dataclasses, validated once per process.
+
+:func:`resolve` turns a user's config into a spec where the run is submitted (validation,
+the preset, the device decision); the workflow writes it to ``results/<run>/config.yaml``
+(``ddppipe resolve-config``). Every process of a slot reads that file once with :func:`load`
+and hands the spec on: the launcher, the SLURM request, the preflight, the life cycle and the
+ranks never validate again nor derive the device a second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from ddppipe.spec import config, layout
+
+Device = Literal["cpu", "gpu"]
+
+
+@dataclass(frozen=True)
+class Train:
+    """``train:``, every recipe key filled in by the preset."""
+
+    preset: str
+    epochs: int
+    batch_size: int  # the global batch
+    optimizer: str
+    lr: float
+    weight_decay: float
+    schedule: str
+    gamma: float
+    precision: str
+    channels_last: bool
+    label_smoothing: float
+    seed: int
+    eval_batch_size: int
+    checkpoint_every: int
+    keep_checkpoints: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """``launch:``: the processes of the run."""
+
+    nnodes: int
+    nproc_per_node: int
+    device: str  # as configured: auto, cpu or gpu (RunSpec.device is the decision)
+    max_restarts: int
+    cpus_per_proc: int | None
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """``slurm:``: the training job's SLURM options."""
+
+    mem_mb: int | None
+    runtime: int
+    partition: str | None
+    account: str | None
+    constraint: str | None
+    qos: str | None
+    signal_seconds: int
+    stop_signal: str
+    rendezvous_host: str | None
+    max_continuations: int
+    cluster_check: str
+
+
+@dataclass(frozen=True)
+class Container:
+    """``container:``: the image the run trains in, if any."""
+
+    mode: str
+    recipe: str
+    image: str
+    exec_args: tuple[str, ...]
+    requirements: tuple[str, ...]
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "apptainer"
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """``tracking:``: rank 0's TensorBoard and MLflow."""
+
+    tensorboard: bool
+    mlflow: str | None
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """``scaling:``: the scaling study's grid."""
+
+    nodes: tuple[int, ...]
+    procs_per_node: tuple[int, ...]
+    cpus_per_proc: tuple[int, ...]
+    epochs: int | None
+    accuracy_targets: tuple[float, ...]
+
+
+SECTIONS: dict[str, type] = {
+    "train": Train, "launch": Launch, "slurm": Slurm, "container": Container,
+    "tracking": Tracking, "scaling": Scaling,
+}  # fmt: skip
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` with its dicts read-only and its lists tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _section(cls: type, values: Mapping[str, Any]) -> Any:
+    return cls(**{f.name: _frozen(values[f.name]) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, resolved: its sections, the device it trains on and what it runs."""
+
+    run: str
+    task: str
+    task_args: Mapping[str, Any]
+    script: str | None
+    script_args: tuple[str, ...]
+    task_source: Mapping[str, Any] | None
+    device: Device  # decided once, where the run was resolved
+    train: Train
+    launch: Launch
+    slurm: Slurm
+    container: Container
+    tracking: Tracking
+    scaling: Scaling
+    _config: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> RunSpec:
+        """The spec of a config that :func:`resolve` produced (validated, preset applied)."""
+        sections = {name: _section(sec, cfg[name]) for name, sec in SECTIONS.items()}
+        return cls(
+            run=cfg["run"], task=cfg["task"], task_args=_frozen(cfg["task_args"]),
+            script=cfg["script"], script_args=tuple(cfg["script_args"]),
+            task_source=_frozen(cfg["task_source"]), device=cfg["resolved"]["device"],
+            _config=_frozen(cfg), **sections,
+        )  # fmt: skip
+
+    @property
+    def gpus(self) -> bool:
+        """Whether the run trains on GPUs, one per process."""
+        return self.device == "gpu"
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.nnodes * self.launch.nproc_per_node
+
+    @property
+    def kind(self) -> layout.RunKind:
+        """Whether the run trains a task or launches the user's torchrun script."""
+        return layout.kind(self._config)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The resolved config as plain, mutable dicts and lists (a copy), as it was written."""
+        return json.loads(json.dumps(self._config, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def resolve(cfg: Mapping[str, Any], gpus: bool | None = None) -> RunSpec:
+    """The spec of a user's config: validated, its preset applied, its device decided
+    (:func:`ddppipe.spec.config.resolve`; ``gpus``: whether it trains on GPUs, which
+    :func:`ddppipe.parallel.devices.trains_on_gpus` answers where the run is submitted; None:
+    when it asks for them, as on SLURM).
+    """
+    return RunSpec.from_config(config.resolve(dict(cfg), gpus))
+
+
+def load(path: str | Path) -> RunSpec:
+    """The spec of a resolved config file (``results/<run>/config.yaml``): validated here, once."""
+    return RunSpec.from_config(config.load_resolved(path))

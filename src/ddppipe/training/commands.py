@@ -1,0 +1,44 @@
+"""The training subcommands that run no training: export a result, and the environment check.
+
+Imports are inside each command: export must not load torch (the export rule's budget).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def export(
+    result: Path, record: Path | None, config_path: Path, data: Path | None, out: Path,
+    provenance: Path, image_info: Path | None, attempts: Path | None,
+) -> int:  # fmt: skip
+    """``ddppipe export``: publish the result (weights, or a script's outputs) to ``out`` and
+    write its provenance record."""
+    from ddppipe.core import atomic
+    from ddppipe.runstate import publish
+    from ddppipe.spec import config, layout
+    from ddppipe.training import provenance as ddp_provenance
+
+    cfg = config.load_resolved(config_path)
+    image = json.loads(Path(image_info).read_text()) if image_info else None
+    history = json.loads(attempts.read_text()) if attempts else None
+    if layout.kind(cfg) == "script":
+        publish.copy_tree(result, out)
+        found = ddp_provenance.script_record(cfg, out, image, history)
+    else:
+        if record is None:
+            raise config.ConfigError("ddppipe export: a task run needs --record")
+        publish.copy_file(result, out)
+        final = json.loads(record.read_text())
+        found = ddp_provenance.record(final, data, image, history)
+    atomic.write_json(provenance, found)
+    return 0
+
+
+def selfcheck() -> int:
+    """``ddppipe selfcheck``: print versions and the result of a one-process DDP smoke test."""
+    from ddppipe.training import selfcheck as checks
+
+    print(json.dumps(checks.run(), indent=2))
+    return 0

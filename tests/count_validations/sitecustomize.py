@@ -1,0 +1,24 @@
+"""Loaded by every Python process of a test that puts this folder on PYTHONPATH: each call of
+``ddppipe.spec.config.validate`` appends a line (the process's command line) to a file named
+by its pid in $DDPPIPE_TEST_VALIDATIONS. Lines, not a count at exit: the ranks leave with
+``os._exit``."""
+
+import os
+import sys
+
+
+def _count_validations(folder: str) -> None:
+    from ddppipe.spec import config
+
+    validate = config.validate
+
+    def counted(cfg):  # type: ignore[no-untyped-def]
+        with open(os.path.join(folder, str(os.getpid())), "a") as f:
+            f.write(" ".join(sys.argv) + "\n")
+        return validate(cfg)
+
+    config.validate = counted
+
+
+if os.environ.get("DDPPIPE_TEST_VALIDATIONS"):
+    _count_validations(os.environ["DDPPIPE_TEST_VALIDATIONS"])

@@ -85,7 +85,8 @@ def training_step(cfg: dict[str, Any], data_dir: Path, images: int) -> Callable[
     """Forward and backward of ``images`` training samples through ``cfg``'s model, in its
     precision, memory format and loss, as :mod:`ddppipe.training.train` runs a step on the CPU."""
     task = tasks.load(cfg["task"])
-    dtype, memory_format = evaluate.numerics(cfg["train"])
+    train = cfg["train"]
+    dtype, memory_format = evaluate.numerics(train["precision"], train["channels_last"])
     train_set, _ = task.call("datasets", data_dir, cfg["task_args"])
     batch = batches.samples(train_set, images, torch.device("cpu"))
     model = task.call("model", cfg["task_args"]).to(memory_format=memory_format)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 
+from ddppipe.reports import utilisation, waste
 from ddppipe.training import efficiency
 
 
@@ -13,7 +14,7 @@ def attempt(wall: float, **figures: float) -> dict:
 
 
 def test_memory_far_below_the_request_suggests_a_request() -> None:
-    found = efficiency.flags(attempt(600, memory_peak_mb=2_100, cpu_s=4_000), 8_000, 30, 8)
+    found = waste.flags(attempt(600, memory_peak_mb=2_100, cpu_s=4_000), 8_000, 30, 8)
     assert found == [
         "memory: the fullest node peaked at 2,100 MB of the 8,000 MB requested (26%); "
         "ask for 2700 MB: `slurm.mem_mb: 2700`"
@@ -21,7 +22,7 @@ def test_memory_far_below_the_request_suggests_a_request() -> None:
 
 
 def test_a_slot_that_used_little_of_its_time_limit() -> None:
-    found = efficiency.flags(attempt(120, memory_peak_mb=7_000, cpu_s=900), 8_000, 60, 8)
+    found = waste.flags(attempt(120, memory_peak_mb=7_000, cpu_s=900), 8_000, 60, 8)
     assert found == [
         "time limit: the slot used 3% of its 60 min; a shorter limit starts sooner: "
         "`slurm.runtime: 5`"
@@ -29,12 +30,12 @@ def test_a_slot_that_used_little_of_its_time_limit() -> None:
 
 
 def test_idle_cpus_and_a_long_start_up() -> None:
-    idle = efficiency.flags(attempt(600, memory_peak_mb=7_000, cpu_s=600), 8_000, 15, 8)
+    idle = waste.flags(attempt(600, memory_peak_mb=7_000, cpu_s=600), 8_000, 15, 8)
     assert idle == [
         "CPU: 12% of the 8 CPUs allocated were busy over the slot; fewer CPUs per process "
         "(`launch.cpus_per_proc`) or more processes would use them"
     ]
-    slow = efficiency.flags(attempt(15, memory_peak_mb=7_000, cpu_s=10), 8_000, None, 8)
+    slow = waste.flags(attempt(15, memory_peak_mb=7_000, cpu_s=10), 8_000, None, 8)
     assert slow == [
         "start-up: 10 s of the slot's 15 s passed before the first step (torchrun, rendezvous, "
         "preflight, data): the fewer and longer the slots, the less of it (`slurm.runtime`, "
@@ -43,7 +44,7 @@ def test_idle_cpus_and_a_long_start_up() -> None:
 
 
 def test_a_well_used_allocation_has_no_flag() -> None:
-    assert efficiency.flags(attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000), 8_000, 30, 8) == []
+    assert waste.flags(attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000), 8_000, 30, 8) == []
 
 
 def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
@@ -56,7 +57,7 @@ def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
 
 
 def test_an_idle_gpu_is_flagged() -> None:
-    found = efficiency.flags(
+    found = waste.flags(
         attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000, gpu_utilisation=0.12), 8_000, 30, 8
     )
     assert found == [
@@ -68,7 +69,7 @@ def test_an_idle_gpu_is_flagged() -> None:
 def test_utilisation_against_the_preflight_peak_of_every_node() -> None:
     peak = {"precision": "bf16", "gflops": {"gpu-a1": 400.0, "gpu-a2": 600.0}}
     record = {**attempt(600, achieved_gflops=300.0), "nodes": ["gpu-a1", "gpu-a2"], "peak": peak}
-    assert efficiency.utilisation(record, "bf16", 4) == (
+    assert utilisation.utilisation(record, "bf16", 4) == (
         0.3,
         "1,000 GFLOP/s bf16 GEMM peak, measured",
     )
@@ -76,14 +77,14 @@ def test_utilisation_against_the_preflight_peak_of_every_node() -> None:
 
 def test_utilisation_falls_back_to_the_gpu_datasheet_then_to_nothing() -> None:
     h100 = attempt(600, achieved_gflops=98_900.0, gpu_name="NVIDIA H100 80GB HBM3")
-    assert efficiency.utilisation({**h100, "nodes": ["n1"]}, "bf16", 2) == (
+    assert utilisation.utilisation({**h100, "nodes": ["n1"]}, "bf16", 2) == (
         0.05,
         "1,978,000 GFLOP/s bf16, NVIDIA H100 80GB HBM3 datasheet",
     )
     cpu = attempt(600, achieved_gflops=30.0)
-    assert efficiency.utilisation({**cpu, "nodes": ["n1"]}, "bf16", 2) is None
+    assert utilisation.utilisation({**cpu, "nodes": ["n1"]}, "bf16", 2) is None
     partial = {**cpu, "nodes": ["n1", "n2"], "peak": {"gflops": {"n1": 100.0}}}
-    assert efficiency.utilisation(partial, "bf16", 2) is None  # not every node measured
+    assert utilisation.utilisation(partial, "bf16", 2) is None  # not every node measured
 
 
 def test_gpu_usage_sampler_averages_and_keeps_the_peak() -> None:

@@ -285,3 +285,19 @@ def test_a_tasks_version_is_its_distributions() -> None:
     assert tasks.locate("ddppipe.tasks.mnist").version == importlib.metadata.version("ddppipe")
     assert tasks.locate("yaml").version == importlib.metadata.version("PyYAML")
     assert tasks.locate("tests.tiny").version is None  # no installed distribution
+
+
+def test_a_task_importing_a_moved_module_is_told_where_it_went(tmp_path: Path) -> None:
+    old = tmp_path / "old.py"
+    old.write_text("from ddppipe.model import Net\n")
+    with pytest.raises(tasks.TaskError) as e:
+        tasks.load(str(old))
+    assert str(e.value) == (
+        f"task {old} ({old}): importing it raised ModuleNotFoundError: No module named "
+        "'ddppipe.model'; ddppipe.model is now ddppipe.tasks.model (from ddppipe.tasks.model "
+        "import Net); rename the import"
+    )
+    from ddppipe import job  # the script API keeps its import
+    from ddppipe.data import Tensors  # and tasks' in-memory datasets theirs
+
+    assert job.__name__ == "ddppipe.training.job" and Tensors.__module__ == "ddppipe.data.batches"

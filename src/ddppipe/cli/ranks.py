@@ -16,11 +16,11 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
     # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
     guard = preemption.Guard()
     try:
-        from ddppipe.spec import config
-        from ddppipe.training import train
+        from ddppipe.spec import run
+        from ddppipe.training import files, train
 
-        paths = train.Paths(data, state, checkpoint, metrics)
-        train.train(config.load_resolved(config_path), paths, guard)
+        paths = files.Paths(data, state, checkpoint, metrics)
+        train.train(run.load(config_path), paths, guard)
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)
         code = 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE

@@ -17,12 +17,12 @@ def evaluate(
     """``ddppipe evaluate``: evaluate a checkpoint on the test set; its metrics JSON and plot."""
     from ddppipe.core import atomic
     from ddppipe.reports import plots
-    from ddppipe.spec import config
+    from ddppipe.spec import run
     from ddppipe.training import evaluate
 
-    cfg = config.load_resolved(config_path)
-    batch_size = batch_size or cfg["train"]["eval_batch_size"]
-    result = evaluate.evaluate_checkpoint(checkpoint, cfg, data, batch_size)
+    spec = run.load(config_path)
+    batch_size = batch_size or spec.train.eval_batch_size
+    result = evaluate.evaluate_checkpoint(checkpoint, spec, data, batch_size)
     atomic.write_json(metrics, result)
     plots.evaluation(result, plot)
     return 0

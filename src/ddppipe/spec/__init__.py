@@ -1,1 +1,2 @@
-"""The configuration: its schema, validation, presets and the scaling grid."""
+"""The configuration: its schema, validation and presets, the typed run spec, the run's layout
+and kind, and the scaling grid."""

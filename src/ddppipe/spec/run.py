@@ -172,6 +172,10 @@ class RunSpec:
         """The resolved config as plain, mutable dicts and lists (a copy), as it was written."""
         return json.loads(json.dumps(self._config, default=_plain))
 
+    def train_hash(self, data_digest: str) -> str:
+        """Short hash of what determines the training's numbers (:func:`config.train_hash`)."""
+        return config.train_hash(self.as_dict(), data_digest)
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, MappingProxyType):

@@ -38,6 +38,11 @@ from ddppipe.core import hashing
 from ddppipe.core.errors import UserError
 
 REQUIRED = ("prepare", "datasets", "model")
+# Modules of ddppipe that task files imported before the packages by concern: where they are.
+MOVED_MODULES = {
+    "ddppipe.model": "ddppipe.model is now ddppipe.tasks.model (from ddppipe.tasks.model import "
+    "Net); rename the import",
+}
 OPTIONAL = ("loss", "metrics", "optimizer", "ARGS_SCHEMA")
 
 
@@ -151,8 +156,10 @@ def load(ref: str, cwd: Path | None = None) -> Task:
             module = importlib.import_module(ref)
     except Exception as e:
         sys.modules.pop(module_name, None) if is_file_ref(ref) else None
+        moved = MOVED_MODULES.get(getattr(e, "name", None) or "")
         raise TaskError(
             f"task {ref} ({source.path}): importing it raised {type(e).__name__}: {e}"
+            + (f"; {moved}" if moved else "")
         ) from e
     missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
     if missing:

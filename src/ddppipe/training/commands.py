@@ -17,15 +17,15 @@ def export(
     write its provenance record."""
     from ddppipe.core import atomic
     from ddppipe.runstate import publish
-    from ddppipe.spec import config, layout
+    from ddppipe.spec import config, run
     from ddppipe.training import provenance as ddp_provenance
 
-    cfg = config.load_resolved(config_path)
+    spec = run.load(config_path)
     image = json.loads(Path(image_info).read_text()) if image_info else None
     history = json.loads(attempts.read_text()) if attempts else None
-    if layout.kind(cfg) == "script":
+    if spec.kind == "script":
         publish.copy_tree(result, out)
-        found = ddp_provenance.script_record(cfg, out, image, history)
+        found = ddp_provenance.script_record(spec, out, image, history)
     else:
         if record is None:
             raise config.ConfigError("ddppipe export: a task run needs --record")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddppipe.core import system
+from ddppipe.spec import run
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MetricsFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
@@ -141,10 +142,11 @@ def batch_sums(
     )
 
 
-def numerics(train: dict[str, Any]) -> tuple[torch.dtype, torch.memory_format]:
-    """Autocast dtype and memory format of a training recipe (evaluation uses the same)."""
-    dtype = torch.bfloat16 if train.get("precision") == "bf16" else torch.float32
-    layout = torch.channels_last if train.get("channels_last") else torch.contiguous_format
+def numerics(precision: str, channels_last: bool) -> tuple[torch.dtype, torch.memory_format]:
+    """Autocast dtype and memory format of a training recipe's ``train.precision`` and
+    ``train.channels_last`` (evaluation uses the same)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    layout = torch.channels_last if channels_last else torch.contiguous_format
     return dtype, layout
 
 
@@ -177,7 +179,7 @@ def counts(
 
 
 def evaluate_checkpoint(
-    checkpoint: Path, cfg: dict[str, Any], data_dir: Path, batch_size: int
+    checkpoint: Path, spec: run.RunSpec, data_dir: Path, batch_size: int
 ) -> dict[str, Any]:
     """Evaluate a final checkpoint's model on the task's test set, in this process.
 
@@ -189,9 +191,10 @@ def evaluate_checkpoint(
     from ddppipe.training import checkpoint as ckpt
 
     snapshot = ckpt.load(checkpoint)
-    task = tasks.load(cfg["task"])
-    args = cfg["task_args"]
-    dtype, layout = numerics(snapshot["meta"]["train"])
+    task = tasks.load(spec.task)
+    args = spec.as_dict()["task_args"]  # a plain dict, as the task's hooks get it in training
+    recipe = snapshot["meta"]["train"]  # the recipe that trained (its config's train section)
+    dtype, layout = numerics(recipe["precision"], recipe["channels_last"])
     model = task.call("model", args).to(memory_format=layout)
     model.load_state_dict(snapshot["model"])
     test = task.call("datasets", data_dir, args)[1]

@@ -3,7 +3,7 @@
 The preflight runs :func:`gemm_gflops` on every process of the training's shape at once (so a
 node's figure is what its processes reach together, in the training's dtype) and keeps the
 per-node sums in the state folder; each slot's attempt record carries them, and
-:func:`ddppipe.training.efficiency.utilisation` divides the achieved FLOP/s by them. Where no
+:func:`ddppipe.reports.utilisation.utilisation` divides the achieved FLOP/s by them. Where no
 preflight ran (a local run), GPUs fall back to their datasheet's dense peak
 (:data:`GPU_PEAK_TFLOPS`); a
 CPU then has no peak figure, and the summary says so instead of guessing.

@@ -8,6 +8,7 @@ from typing import Any
 from ddppipe.core import system
 from ddppipe.data import manifest
 from ddppipe.parallel import software
+from ddppipe.spec import run
 
 
 def data_checksums(data_dir: Path) -> dict[str, str]:
@@ -55,22 +56,21 @@ SNAKEMAKE_MARK = ".snakemake_timestamp"  # Snakemake's file in a directory() out
 
 
 def script_record(
-    cfg: dict[str, Any],
+    spec: run.RunSpec,
     outputs: Path,
     image: dict[str, Any] | None = None,
     attempts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The provenance of a script run: the script (file, SHA-256, arguments), its outputs."""
     from ddppipe.core import hashing
-    from ddppipe.spec import config
 
     files = sorted(p for p in Path(outputs).rglob("*")
                    if p.is_file() and p.name != SNAKEMAKE_MARK)  # fmt: skip
     return {
         "git": system.git_commit(),
         "software": software.stack(),  # the launcher's stack; the script's own may differ
-        "script": {**cfg["task_source"], "args": cfg["script_args"]},
-        "world_size": config.world_size(cfg),
+        "script": {**spec.as_dict()["task_source"], "args": list(spec.script_args)},
+        "world_size": spec.world_size,
         "outputs_sha256": {str(p.relative_to(outputs)): hashing.file_sha256(p) for p in files},
         "container": image,
         "attempts": attempts,

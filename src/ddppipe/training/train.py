@@ -7,14 +7,12 @@ and resumable data order, checkpoints, stop on signal, evaluation, metrics and t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,48 +23,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ddppipe import __version__, tasks
-from ddppipe.core import atomic, heap, jsonl, system
+from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
 from ddppipe.runstate import attempts, preemption, state
-from ddppipe.spec import config, layout
-from ddppipe.training import checkpoint, efficiency, evaluate
+from ddppipe.spec import run
+from ddppipe.training import checkpoint, efficiency, evaluate, files, optim, probes, rng
 
 log = logging.getLogger(__name__)
 
 # Ranks agree on a pending stop signal every this many steps (one tiny all-reduce).
 SIGNAL_CHECK_EVERY = 10
-COMM_PROBES = 3  # per slot: steps timed with and without the all-reduce (the fastest counts)
-
-
-def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
-    """Fused optimizer kernels where they exist for ``name`` on ``device``.
-
-    AdamW and SGD have fused kernels on GPUs and CPUs (one pass over all parameters); Adadelta
-    has none, and its multi-tensor (foreach) version is slower on CPU than the default loop.
-    """
-    if name in ("adamw", "sgd"):
-        return {"fused": True}
-    if name == "adadelta" and device.type == "cuda":
-        return {"foreach": True}
-    return {}
-
-
-def make_optimizer(
-    params: Any, train: dict[str, Any], device: torch.device
-) -> torch.optim.Optimizer:
-    """The recipe's optimizer (``train.optimizer``), for tasks without ``optimizer()``."""
-    name, lr, wd = train["optimizer"], train["lr"], train["weight_decay"]
-    kernels = optimizer_kernels(name, device)
-    if name == "adadelta":
-        return torch.optim.Adadelta(params, lr=lr, weight_decay=wd, **kernels)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd, **kernels)
-    if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=0.9, nesterov=True, weight_decay=wd, **kernels
-        )
-    raise ValueError(f"unknown optimizer {name!r}")
 
 
 def speed_up_cuda() -> None:
@@ -76,72 +43,25 @@ def speed_up_cuda() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
-def make_scheduler(
-    optimizer: torch.optim.Optimizer, train: dict[str, Any], steps_per_epoch: int
-) -> torch.optim.lr_scheduler.LRScheduler:
-    """A scheduler stepped once per optimizer step."""
-    name = train["schedule"]
-    if name == "step":
-        return torch.optim.lr_scheduler.StepLR(optimizer, steps_per_epoch, gamma=train["gamma"])
-    if name == "onecycle":
-        return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=train["lr"], total_steps=steps_per_epoch * train["epochs"]
-        )
-    if name == "constant":
-        return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
-    raise ValueError(f"unknown schedule {name!r}")
-
-
-def rank_seed(seed: int, epoch: int, rank: int) -> int:
-    """Seed of a rank's dropout stream when no saved RNG state fits."""
-    return (seed * 1_000_003 + epoch) * 4099 + rank + 1
-
-
-@dataclass
-class Paths:
-    """What a task's training reads and writes: the run's layout (:mod:`ddppipe.spec.layout`)
-    as the launcher passes it on (``ddppipe train --data --state --checkpoint --metrics``)."""
-
-    data_dir: Path
-    state_dir: Path  # checkpoints and live metrics; survives failed jobs
-    final_checkpoint: Path
-    metrics: Path
-
-    @property
-    def _train(self) -> layout.TrainFiles:
-        """The final checkpoint's folder (``results/<run>/train``) and its other files."""
-        return layout.TrainFiles(Path(self.final_checkpoint).parent)
-
-    @property
-    def evaluation(self) -> Path:
-        """The final model's test-set evaluation, next to the final checkpoint."""
-        return self._train.evaluation
-
-    @property
-    def weights(self) -> Path:
-        """The final model's weights alone (what export publishes, without loading torch)."""
-        return self._train.weights
-
-    @property
-    def record(self) -> Path:
-        """The final checkpoint's epochs, config hash and meta as JSON (for the provenance)."""
-        return self._train.record
-
-
 class Trainer:
     """One rank's training run."""
 
-    def __init__(self, cfg: dict[str, Any], paths: Paths, ctx: distributed.Context) -> None:
-        self.cfg, self.paths, self.ctx = cfg, paths, ctx
+    def __init__(self, spec: run.RunSpec, paths: files.Paths, ctx: distributed.Context) -> None:
+        self.spec, self.paths, self.ctx = spec, paths, ctx
+        self.recipe = spec.train
+        # The config as written, in plain dicts: the task's args, the checkpoint's meta and
+        # MLflow's params.
+        self.config = spec.as_dict()
         self.meter = efficiency.SlotMeter()
-        self.train_cfg = cfg["train"]
-        self.task = tasks.load(cfg["task"])
-        args = cfg["task_args"]
-        self.config_hash = config.train_hash(cfg, manifest.check(paths.data_dir)["digest"])
-        self.dtype, self.memory_format = evaluate.numerics(self.train_cfg)
+        self.task = tasks.load(spec.task)
+        args = self.config["task_args"]
+        self.config_hash = spec.train_hash(manifest.check(paths.data_dir)["digest"])
+        self.dtype, self.memory_format = evaluate.numerics(
+            self.recipe.precision, self.recipe.channels_last
+        )
         cuda = ctx.device.type == "cuda"
         if cuda:
-            devices.check_gpu(ctx.device.index, self.train_cfg["precision"])
+            devices.check_gpu(ctx.device.index, self.recipe.precision)
             self.meter.watch_gpu(ctx.device)
         with self.meter.phase("data"):
             train_set, test_set = self.task.call("datasets", paths.data_dir, args)
@@ -152,13 +72,13 @@ class Trainer:
             self.test_data = batches.Feed(test_set, ctx.device, workers)
         if len(self.test_data) < ctx.world_size:
             raise tasks.TaskError(
-                f"task {cfg['task']}: {len(self.test_data)} test samples for {ctx.world_size} "
+                f"task {spec.task}: {len(self.test_data)} test samples for {ctx.world_size} "
                 "ranks; every rank evaluates a share: use a larger test set or fewer processes"
             )
         self.steps_per_epoch = sharding.steps_per_epoch(
-            len(self.train_data), self.train_cfg["batch_size"]
+            len(self.train_data), self.recipe.batch_size
         )
-        torch.manual_seed(self.train_cfg["seed"])  # identical initial weights on every rank
+        torch.manual_seed(self.recipe.seed)  # identical initial weights on every rank
         model = self.task.call("model", args).to(ctx.device, memory_format=self.memory_format)
         self.model = model
         if cuda:
@@ -171,18 +91,21 @@ class Trainer:
             # bf16 training all-reduces bf16 gradients: half the bytes of every step's
             # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
             self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-        self.loss_fn = evaluate.training_loss(self.task, self.train_cfg["label_smoothing"])
+        self.loss_fn = evaluate.training_loss(self.task, self.recipe.label_smoothing)
         self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
         self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
         if self.task.has("optimizer"):
             self.optimizer = self.task.call("optimizer", self.ddp.parameters(), args)
         else:
-            self.optimizer = make_optimizer(self.ddp.parameters(), self.train_cfg, ctx.device)
-        self.scheduler = make_scheduler(self.optimizer, self.train_cfg, self.steps_per_epoch)
+            self.optimizer = optim.make_optimizer(self.ddp.parameters(), self.recipe, ctx.device)
+        self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
         if ctx.is_main:
-            self.meter.flops_per_image = self._count_flops(self.train_data.dataset)
+            self.meter.flops_per_image = probes.flops_per_image(
+                model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,
+                self.memory_format,
+            )  # fmt: skip
         self.store = checkpoint.Store(
-            state.of(paths.state_dir).checkpoints, self.train_cfg["keep_checkpoints"]
+            state.of(paths.state_dir).checkpoints, self.recipe.keep_checkpoints
         )
         self.hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(self.hosts, socket.gethostname())
@@ -194,38 +117,23 @@ class Trainer:
 
     def _tracker(self) -> Any:
         """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
-        tracking_cfg = self.cfg.get("tracking") or {}
-        if not tracking_cfg.get("tensorboard", True) and not tracking_cfg.get("mlflow"):
+        wanted = self.spec.tracking
+        if not wanted.tensorboard and not wanted.mlflow:
             return None
         from ddppipe.training import tracking
 
         folder = state.of(self.paths.state_dir)
-        source = self.cfg.get("task_source") or {}
+        source = self.spec.task_source or {}  # null where no launcher resolved the task
         tags = {"git_commit": str(system.git_commit()["commit"]),
                 "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
                 "config_hash": self.config_hash}  # fmt: skip
         if os.environ.get("SLURM_JOB_ID"):
             tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
-        tensorboard = folder.tensorboard if tracking_cfg.get("tensorboard", True) else None
+        tensorboard = folder.tensorboard if wanted.tensorboard else None
         return tracking.Tracker(
-            tensorboard, folder.root, mlflow_uri=tracking_cfg.get("mlflow"),
-            run_name=self.cfg["run"], params=self.cfg, tags=tags,
+            tensorboard, folder.root, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
+            params=self.config, tags=tags,
         )  # fmt: skip
-
-    def _count_flops(self, dataset: Any) -> float | None:
-        """FLOPs of one training image: forward and backward of two, on a copy of the model
-        (no all-reduce, no gradient in DDP's buckets; the RNG is reset by resume())."""
-        import copy
-
-        batch = batches.samples(dataset, 2, self.ctx.device)
-        replica = copy.deepcopy(self.model)
-
-        def step() -> None:
-            evaluate.loss_of(
-                replica, batch, self.loss_fn, self.dtype, self.memory_format
-            ).backward()
-
-        return efficiency.count_flops_per_image(step, int(batch[1].shape[0]))
 
     def _record_efficiency(self) -> None:
         """Collective: the slot's figures into rank 0's progress (its attempt record)."""
@@ -237,23 +145,13 @@ class Trainer:
             self.tracker.log(step, values, prefix)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def _rng_state(self) -> dict[str, torch.Tensor]:
-        state = {"cpu": torch.get_rng_state()}
-        if self.ctx.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.ctx.device)
-        return state
-
-    def _set_rng(self, state: dict[str, torch.Tensor]) -> None:
-        torch.set_rng_state(state["cpu"])
-        if "cuda" in state and self.ctx.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda"], self.ctx.device)
-
     def snapshot(self) -> dict[str, Any]:
         """Collective: every rank must call it; only rank 0's result is complete."""
-        rng: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(rng, self._rng_state())
+        streams: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(streams, rng.state(self.ctx.device))
+        parts = self._parts()
         return checkpoint.snapshot(
-            self.config_hash, self.epoch, self.step, self._parts(), rng, self.history, self.meta()
+            self.config_hash, self.epoch, self.step, parts, streams, self.history, self.meta()
         )
 
     def _parts(self) -> checkpoint.Trainable:
@@ -272,10 +170,10 @@ class Trainer:
             "torch": str(torch.__version__),
             "ddppipe": __version__,
             "software": software.stack(),
-            "seed": self.train_cfg["seed"],
-            "train": self.train_cfg,
-            "task": self.cfg["task_source"],
-            "task_args": self.cfg["task_args"],
+            "seed": self.recipe.seed,
+            "train": self.config["train"],
+            "task": self.config["task_source"],
+            "task_args": self.config["task_args"],
         }
 
     def save_checkpoint(self) -> Path | None:
@@ -310,14 +208,14 @@ class Trainer:
             start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
         )
         if snapshot is None:
-            torch.manual_seed(rank_seed(self.train_cfg["seed"], 0, self.ctx.rank))
+            torch.manual_seed(rng.rank_seed(self.recipe.seed, 0, self.ctx.rank))
             return
         self.epoch, self.step, self.history = checkpoint.restore(snapshot, self._parts())
         if len(snapshot["rng"]) == self.ctx.world_size:
-            self._set_rng(snapshot["rng"][self.ctx.rank])
+            rng.restore(snapshot["rng"][self.ctx.rank], self.ctx.device)
         else:
             log.warning("world size changed since the checkpoint: dropout streams are reseeded")
-            torch.manual_seed(rank_seed(self.train_cfg["seed"], self.epoch, self.ctx.rank))
+            torch.manual_seed(rng.rank_seed(self.recipe.seed, self.epoch, self.ctx.rank))
         if self.ctx.is_main:
             log.info("resumed at epoch %d step %d", self.epoch, self.step)
 
@@ -357,39 +255,25 @@ class Trainer:
         return loss * batch[1].shape[0]
 
     def _probe_communication(self, batch: batches.Batch, global_count: int) -> float:
-        """Collective: the all-reduce time a step does not hide behind its backward, into the
-        meter; returns the probe's seconds. This batch's forward and backward run
-        :data:`COMM_PROBES` times with DDP's all-reduce and as often without (``no_sync``);
-        the gradients are dropped and the RNG and buffers restored, so training is unchanged.
-        """
-        started = time.perf_counter()
-        buffers = [b.detach().clone() for b in self.model.buffers()]
-        cuda = [self.ctx.device] if self.ctx.device.type == "cuda" else []
-        timings: dict[bool, list[float]] = {True: [], False: []}
-        with torch.random.fork_rng(devices=cuda):
-            for synced in [False, True] * COMM_PROBES:
-                devices.synchronize(self.ctx.device)
-                at = time.perf_counter()
-                with contextlib.nullcontext() if synced else self.ddp.no_sync():
-                    self._forward_backward(batch, global_count)
-                devices.synchronize(self.ctx.device)
-                timings[synced].append(time.perf_counter() - at)
-                self.optimizer.zero_grad(set_to_none=True)
-        for buffer, saved in zip(self.model.buffers(), buffers, strict=True):
-            buffer.copy_(saved)
-        self.meter.communication(min(timings[True]) - min(timings[False]), global_count)
-        return time.perf_counter() - started
+        """Collective: the all-reduce time a step exposes, into the meter
+        (:func:`ddppipe.training.probes.communication`); returns the probe's seconds."""
+        exposed, seconds = probes.communication(
+            self.ddp, self.optimizer, lambda: self._forward_backward(batch, global_count),
+            self.ctx.device,
+        )  # fmt: skip
+        self.meter.communication(exposed, global_count)
+        return seconds
 
     def _run_epoch(self, guard: preemption.Guard) -> float | None:
         """Train the rest of the current epoch; return its seconds, or None when stopped."""
-        n, batch = len(self.train_data), self.train_cfg["batch_size"]
+        n, batch = len(self.train_data), self.recipe.batch_size
         self.ddp.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         show = self.ctx.is_main and sys.stderr.isatty()
         bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
                    disable=not show, leave=False)  # fmt: skip
         batches = self.train_data.epoch(
-            self.train_cfg["seed"], self.epoch, batch, self.ctx.rank, self.ctx.world_size,
+            self.recipe.seed, self.epoch, batch, self.ctx.rank, self.ctx.world_size,
             self.step,
         )  # fmt: skip
         clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
@@ -446,7 +330,7 @@ class Trainer:
 
     def _evaluate(self) -> evaluate.Counts:
         batches = self.test_data.shard(
-            self.ctx.rank, self.ctx.world_size, self.train_cfg["eval_batch_size"]
+            self.ctx.rank, self.ctx.world_size, self.recipe.eval_batch_size
         )
         result = evaluate.counts(
             self.model, batches, self.dtype, self.memory_format, self.eval_loss_fn,
@@ -461,7 +345,7 @@ class Trainer:
         loads data, joins the group or resumes stops it at its first step check.
         """
         self.resume()
-        while self.epoch < self.train_cfg["epochs"]:
+        while self.epoch < self.recipe.epochs:
             train_seconds = self._run_epoch(guard)
             if train_seconds is None:
                 self._stop(guard, self.save_checkpoint())
@@ -492,9 +376,9 @@ class Trainer:
                 tracked.update(train_loss=record["train_loss"],
                                images_per_s=record["images_per_s"])  # fmt: skip
                 self._track(self.epoch * self.steps_per_epoch, tracked, "epoch")
-            last = self.epoch == self.train_cfg["epochs"]
+            last = self.epoch == self.recipe.epochs
             stop = not last and self._stop_requested(guard)
-            if last or stop or self.epoch % self.train_cfg["checkpoint_every"] == 0:
+            if last or stop or self.epoch % self.recipe.checkpoint_every == 0:
                 path = self.save_checkpoint()
             if stop:
                 self._stop(guard, path)
@@ -528,22 +412,17 @@ class Trainer:
             "config_hash": self.config_hash,
         }
 
-        def write() -> None:
-            checkpoint.save(snapshot, self.paths.final_checkpoint)
-            checkpoint.save_weights(snapshot, self.paths.weights)
-            atomic.write_json(self.paths.record, checkpoint.record(snapshot))
-            jsonl.write(self.paths.metrics, self.history)
-            atomic.write_json(self.paths.evaluation, evaluation)
-
-        checkpoint.rank0_writes(write)
+        checkpoint.rank0_writes(
+            lambda: files.write_outputs(self.paths, snapshot, self.history, evaluation)
+        )
 
 
-def train(cfg: dict[str, Any], paths: Paths, guard: preemption.Guard) -> None:
+def train(spec: run.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
-    ctx = distributed.setup(use=cfg["resolved"]["device"])
+    ctx = distributed.setup(use=spec.device)
     try:
-        Trainer(cfg, paths, ctx).run(guard)
+        Trainer(spec, paths, ctx).run(guard)
     except BaseException:
         distributed.teardown(synchronize=False)  # the others may never get to a barrier
         raise

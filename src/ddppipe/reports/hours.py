@@ -1,0 +1,99 @@
+"""The arithmetic of a run's slots: what each held (memory, time limit, CPUs or GPUs), their
+measured figures added up, and the GPU- or CPU-hours they held and trained.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddppipe.cluster import slurm
+from ddppipe.core import system
+from ddppipe.spec.run import RunSpec
+
+PHASES = ("startup_s", "data_s", "train_s", "evaluate_s", "checkpoint_s")  # a slot's timed parts
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What each slot of the run held; without a spec (an older or foreign config) no limits,
+    no CPUs, and one fp32 process: nothing to compare with."""
+
+    mem_mb: int | None = None  # a node's memory limit; None: no such limit (a local run)
+    runtime_min: int | None = None  # the time limit; None: none
+    cpus: int = 0  # every node's together
+    gpus: int = 0  # one per process on GPUs
+    processes: int = 1
+    precision: str = "fp32"
+
+    @classmethod
+    def of(cls, spec: RunSpec | None, local: bool) -> Allocation:
+        """The allocation of the run ``spec`` on a local machine or (not ``local``) SLURM."""
+        if spec is None:
+            return cls()
+        held: dict[str, Any] = {
+            "gpus": spec.world_size if spec.gpus else 0,  # one per process
+            "processes": spec.world_size,
+            "precision": spec.train.precision,
+        }
+        try:
+            request = slurm.Request.from_spec(spec)
+        except slurm.SlurmRequestError:  # no request SLURM would take: nothing to compare with
+            return cls(**held)
+        if local:
+            return cls(cpus=request.node_threads(system.available_cpus()), **held)
+        cpus = request.cpus_per_node * request.nodes
+        return cls(mem_mb=request.mem_mb, runtime_min=request.runtime, cpus=cpus, **held)
+
+    @property
+    def unit(self) -> tuple[str, int]:
+        """What the hours count and how many of them each slot held: GPUs, else CPUs."""
+        return ("GPU", self.gpus) if self.gpus else ("CPU", self.cpus)
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The measured slots' figures (the attempts with an ``efficiency`` record) added up."""
+
+    count: int
+    wall_s: float  # a slot still training counts until now
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per PHASES key
+    cpu_s: float = 0.0
+    memory_peak_mb: float = 0.0  # the fullest node of any slot
+    queue_s: float = 0.0
+    redone_steps: int = 0  # trained again after a resume: not checkpointed when a slot ended
+
+    @classmethod
+    def of(cls, measured: list[dict[str, Any]]) -> Slots:
+        figures = [a["efficiency"] for a in measured]
+        return cls(
+            count=len(measured),
+            wall_s=sum((a.get("end") or time.time()) - a["start"] for a in measured),
+            phases={k: sum(e.get(k, 0.0) for e in figures) for k in PHASES},
+            cpu_s=sum(e.get("cpu_s", 0.0) for e in figures),
+            memory_peak_mb=max((e.get("memory_peak_mb", 0.0) for e in figures), default=0.0),
+            queue_s=sum(a.get("queue_s") or 0.0 for a in measured),
+            redone_steps=sum(redone(a) for a in measured[:-1]),
+        )
+
+
+def measured(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attempts whose ranks recorded their figures."""
+    return [a for a in attempts if a.get("efficiency")]
+
+
+def checkpointed(attempt: dict[str, Any]) -> int:
+    """Steps the attempt trained and checkpointed (0 where it did not record them)."""
+    start, end = attempt.get("start_step"), attempt.get("end_step")
+    return end - start if start is not None and end is not None else 0
+
+
+def redone(attempt: dict[str, Any]) -> int:
+    """Steps the attempt trained but did not checkpoint: its successor trains them again."""
+    return max(0, attempt["efficiency"].get("steps", 0) - checkpointed(attempt))
+
+
+def hours(units: int, seconds: float) -> float:
+    """``units`` CPUs or GPUs held for ``seconds``, in CPU- or GPU-hours."""
+    return units * seconds / 3600

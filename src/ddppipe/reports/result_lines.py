@@ -1,0 +1,73 @@
+"""The summary's lines on what the run trained and how well: its task or script, accuracy and
+the epochs that reached its targets (or a script's last logged values), and its speed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ddppipe.reports.run_files import About
+from ddppipe.reports.wording import duration, percent
+
+Line = tuple[str, str]
+
+
+def what(about: About) -> str:
+    """The run's heading: the task or script and its file's SHA-256."""
+    if not about.configured:
+        return "not configured yet"
+    digest = f" (sha256 {about.sha256[:12]})" if about.sha256 else ""
+    return f"{about.kind} {about.trains}{digest}"
+
+
+def targets(
+    history: list[dict[str, Any]], wanted: tuple[float, ...], origin: tuple[float, str] | None
+) -> str:
+    """The first epoch that reached each target accuracy, and when after ``origin``."""
+    parts = []
+    for target in wanted:
+        reached = next((m for m in history if m.get("test_accuracy", 0) >= target), None)
+        if reached is None:
+            parts.append(f"{percent(target)}: not reached")
+            continue
+        parts.append(f"{percent(target)}: epoch {reached['epoch']}")
+        if origin:
+            parts[-1] += f", {duration(reached['time'] - origin[0])} after the {origin[1]}"
+    return "; ".join(parts)
+
+
+def lines(
+    about: About, history: list[dict[str, Any]], origin: tuple[float, str] | None
+) -> list[Line]:
+    """What the metrics ``history`` say: a script's last logged values; a task's accuracy (or
+    test figures), its targets and its speed; or that no epoch finished yet."""
+    if about.kind == "script":
+        if not history:
+            return []
+        last = {k: v for r in history for k, v in r.items() if k != "time"}
+        return [("logged", ", ".join(f"{k} {v:.4g}" for k, v in last.items()
+                                     if isinstance(v, int | float)))]  # fmt: skip
+    if not history:
+        return [("training", "no epoch finished yet")]
+    final = history[-1]
+    found: list[Line] = []
+    if "test_accuracy" in final:
+        best = max(history, key=lambda m: m["test_accuracy"])
+        found.append((
+            "accuracy",
+            f"{percent(final['test_accuracy'])} after epoch {final['epoch']} "
+            f"(best {percent(best['test_accuracy'])}, epoch {best['epoch']}); "
+            f"test loss {final['test_loss']:.4f}",
+        ))  # fmt: skip
+        found.append(("targets", targets(history, about.accuracy_targets, origin)))
+    else:
+        tested = {k: v for k, v in final.items() if k.startswith("test_")}
+        found.append(("test", ", ".join(f"{k} {v:.4g}" for k, v in tested.items())))
+    speed = statistics.median(m["images_per_s"] for m in history)
+    found.append((
+        "speed",
+        f"{speed:,.0f} images/s (median of {len(history)} epoch(s), "
+        f"{final.get('world_size', '?')} processes)",
+    ))  # fmt: skip
+    return found

@@ -1,0 +1,114 @@
+"""The run's files the summary reads: its config (as a :class:`~ddppipe.spec.run.RunSpec`
+where it is one), its metrics and its attempt history, from the state folder while it trains
+and from ``train/`` once it completed. Only files: no torch, no SLURM.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddppipe.core import jsonl
+from ddppipe.runstate import state
+from ddppipe.spec import config, layout
+from ddppipe.spec.run import RunSpec
+
+
+@dataclass(frozen=True)
+class About:
+    """What the summary says of the run's config."""
+
+    configured: bool  # whether the run's config was written yet
+    kind: layout.RunKind
+    trains: str  # the task (its file or module) or the script
+    sha256: str | None  # of the task's or script's file
+    accuracy_targets: tuple[float, ...]
+    spec: RunSpec | None  # None: a config from before the spec (no ``resolved``), or foreign
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a run left so far."""
+
+    layout: layout.RunLayout
+    about: About
+    history: list[dict[str, Any]]  # metrics: one record per epoch (a script's job.log calls)
+    attempts: list[dict[str, Any]]  # one record per job slot
+
+    @property
+    def jobs(self) -> list[str]:
+        """The SLURM job ids of the slots (a job once per slot it ran)."""
+        return [a["job"] for a in self.attempts if a.get("job", "local") != "local"]
+
+
+def spec_of(cfg: Mapping[str, Any]) -> RunSpec | None:
+    """The spec of a resolved config; None for a config from an older ddppipe (no
+    ``resolved``) or a foreign one, which the summary describes without an allocation."""
+    try:
+        return RunSpec.from_config(cfg)
+    except (KeyError, TypeError):  # a key missing (``resolved`` first of all) or misshapen
+        return None
+
+
+def about(cfg: Mapping[str, Any]) -> About:
+    """What the summary says of the config ``cfg`` (``{}``: none written yet)."""
+    spec = spec_of(cfg)
+    if spec is None:
+        return _unresolved(cfg)
+    return About(
+        configured=True,
+        kind=spec.kind,
+        trains=spec.script or spec.task,  # a script run names its script
+        sha256=(spec.task_source or {}).get("sha256"),
+        accuracy_targets=spec.scaling.accuracy_targets,
+        spec=spec,
+    )
+
+
+def _unresolved(cfg: Mapping[str, Any]) -> About:
+    """A config without a spec: what it names, the schema's defaults for what it lacks."""
+    props = config.schema()["properties"]
+    run_kind = layout.kind(cfg)
+    source = cfg.get("task_source") or {}
+    return About(
+        configured=bool(cfg),
+        kind=run_kind,
+        trains=cfg["script"] if run_kind == "script" else cfg.get("task", props["task"]["default"]),
+        sha256=source.get("sha256"),
+        accuracy_targets=tuple(_section(cfg, "scaling", props)["accuracy_targets"]),
+        spec=None,
+    )
+
+
+def _section(cfg: Mapping[str, Any], name: str, props: dict[str, Any]) -> dict[str, Any]:
+    """The section ``name`` checked against the schema and filled with its defaults; the
+    defaults alone where the section is missing or not valid."""
+    try:
+        return config.validate_against(copy.deepcopy(cfg.get(name) or {}), props[name], name)
+    except config.ConfigError:
+        return config.validate_against({}, props[name], name)
+
+
+def _first(*paths: Path) -> Path | None:
+    return next((p for p in paths if p.exists()), None)
+
+
+def load(run_dir: Path) -> RunFiles:
+    """The files of the run in ``run_dir`` (``results/<run>``)."""
+    run = layout.RunLayout.of_root(run_dir)
+    live = state.of(run.state)  # while it trains; train/ once it completed
+    cfg = yaml.safe_load(run.config.read_text()) if run.config.exists() else {}
+    metrics_path = _first(run.train.metrics, live.metrics)
+    attempts_path = _first(run.train.attempts, live.attempts)
+    return RunFiles(
+        layout=run,
+        about=about(cfg),
+        history=jsonl.read(metrics_path) if metrics_path else [],
+        attempts=json.loads(attempts_path.read_text()) if attempts_path else [],
+    )

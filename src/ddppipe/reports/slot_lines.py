@@ -1,0 +1,102 @@
+"""The summary's lines on the run's slots: how they ended, where their time went, throughput,
+utilisation, what they used of their allocation, the hours they held, and the waste flags.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ddppipe.reports import utilisation, waste
+from ddppipe.reports.hours import Allocation, Slots, hours, measured
+from ddppipe.reports.wording import duration
+from ddppipe.spec.run import RunSpec
+
+Line = tuple[str, str]
+
+
+def endings(attempts: list[dict[str, Any]]) -> Line:
+    """How many slots trained the run and how each ended."""
+    counts = Counter(a["outcome"] for a in attempts)
+    ended = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+    return "attempts", f"{len(attempts)} slot(s): {ended}"
+
+
+def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Line]:
+    """Where the slots' time went, throughput and utilisation, and the waste flags (nothing
+    before a slot recorded its figures); ``spec``: the run's, None for a config without one."""
+    slots = measured(attempts)
+    if not slots:
+        return []
+    held = Allocation.of(spec, slots[-1]["job"] == "local")
+    total = Slots.of(slots)
+    last = slots[-1]["efficiency"]
+    lines = [_time(total), *_speed(last, slots[-1], held), ("usage", _usage(total, last, held)),
+             ("allocation", _allocation(total, held))]  # fmt: skip
+    flags = waste.flags(slots[-1], held.mem_mb, held.runtime_min, held.cpus)
+    return lines + [("waste", flag) for flag in flags]
+
+
+def _time(total: Slots) -> Line:
+    parts = ", ".join(f"{name} {duration(total.phases[key])}" for name, key in (
+        ("start-up", "startup_s"), ("training", "train_s"), ("evaluation", "evaluate_s"),
+        ("checkpoints", "checkpoint_s"),
+    ))  # fmt: skip
+    return "time", f"{duration(total.wall_s)} in {total.count} slot(s): {parts}"
+
+
+def _speed(last: dict[str, Any], attempt: dict[str, Any], held: Allocation) -> list[Line]:
+    """The last slot's throughput, its utilisation of the peak and its communication."""
+    lines = []
+    if "images_per_s" in last:
+        speed = f"{last['images_per_s']:,.0f} images/s steady in the last slot"
+        if "warmup_images_per_s" in last:
+            speed += f" ({last['warmup_images_per_s']:,.0f} in its first steps)"
+        if "achieved_gflops" in last:
+            speed += (f"; {last['flops_per_image'] / 1e6:,.1f} MFLOP an image, "
+                      f"{last['achieved_gflops']:,.1f} GFLOP/s")  # fmt: skip
+        lines.append(("throughput", speed))
+        lines.append(("utilisation", utilisation.describe(attempt, held.precision,
+                                                          held.processes)))  # fmt: skip
+    if "communication_share" in last:
+        lines.append(("communication", (
+            f"{last['communication_share']:.0%} of a step waits for the all-reduce "
+            f"({last['communication_s'] * 1e3:,.1f} ms not hidden behind the backward)"
+        )))  # fmt: skip
+    return lines
+
+
+def _usage(total: Slots, last: dict[str, Any], held: Allocation) -> str:
+    """What the slots used of their CPUs and memory, and the last slot of its GPUs."""
+    usage = f"memory peak {total.memory_peak_mb:,.0f} MB a node" + (
+        f" of {held.mem_mb:,} MB" if held.mem_mb else ""
+    )
+    busy = waste.cpu_efficiency(total.cpu_s, total.wall_s, held.cpus)
+    if busy is not None:
+        usage = f"CPU {busy:.0%} of {held.cpus} busy; " + usage
+    if "gpu_utilisation" in last:
+        usage = (f"GPU {last['gpu_utilisation']:.0%} busy (NVML), memory peak "
+                 f"{last['gpu_memory_peak_mb']:,.0f} of {last['gpu_memory_total_mb']:,.0f} MB "
+                 f"({last['gpu_name']}); ") + usage  # fmt: skip
+    return usage
+
+
+def _allocation(total: Slots, held: Allocation) -> str:
+    """The GPU- (else CPU-) hours the slots held, and how many of them trained."""
+    queued = f"{duration(total.queue_s)} queued"
+    unit, units = held.unit
+    all_hours = hours(units, total.wall_s)
+    if not all_hours:
+        return queued
+    training = hours(units, total.phases["train_s"])
+    return (
+        f"{all_hours:,.2f} {unit}-hours held ({units} {unit}s), {training:,.2f} of them "
+        f"training ({training / all_hours:.0%}); {queued}; {total.redone_steps} steps redone "
+        "after resumes"
+    )
+
+
+def wall(attempts: list[dict[str, Any]], origin: tuple[float, str], now: float) -> Line:
+    """The run's wall time from its origin to its last slot's end (``now`` while it trains)."""
+    end = attempts[-1].get("end") or now
+    return "wall", f"{duration(end - origin[0])} from the {origin[1]} to the last slot's end"

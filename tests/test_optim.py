@@ -1,0 +1,45 @@
+"""The recipe's optimizer and schedule (ddppipe.training.optim) and a rank's random streams
+(ddppipe.training.rng), built from the typed run spec."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ddppipe.spec import run
+from ddppipe.training import optim, rng
+from tests.tiny import default_config
+
+CPU = torch.device("cpu")
+
+
+def recipe(**changes: object) -> run.Train:
+    return dataclasses.replace(run.resolve(default_config(), gpus=False).train, **changes)
+
+
+def test_sgd_is_nesterov_with_fused_kernels() -> None:
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    sgd = optim.make_optimizer(params, recipe(optimizer="sgd", lr=0.5, weight_decay=0.01), CPU)
+    group = sgd.param_groups[0]
+    assert isinstance(sgd, torch.optim.SGD)
+    assert (group["lr"], group["momentum"], group["nesterov"]) == (0.5, 0.9, True)
+    assert (group["weight_decay"], group["fused"]) == (0.01, True)
+    assert optim.optimizer_kernels("adadelta", CPU) == {}  # its foreach loop is slower on CPU
+
+
+def test_onecycle_spans_every_step_of_the_run() -> None:
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    train = recipe(optimizer="adamw", schedule="onecycle", lr=0.1, epochs=3)
+    scheduler = optim.make_scheduler(optim.make_optimizer(params, train, CPU), train, 10)
+    assert isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR)
+    assert scheduler.total_steps == 30
+
+
+def test_a_restored_stream_draws_the_same_numbers() -> None:
+    saved = rng.state(CPU)
+    first = torch.rand(4)
+    rng.restore(saved, CPU)
+    assert torch.equal(torch.rand(4), first)
+    assert rng.rank_seed(1, 0, 0) == 4_099_012_298
+    assert rng.rank_seed(1, 0, 1) == 4_099_012_299  # every rank its own stream

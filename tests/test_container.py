@@ -167,9 +167,7 @@ def test_requirements_pinned_and_named_by_hash() -> None:
             config.ConfigError, match=r"container\.requirements\.0: .* does not match"
         ):
             config.validate(bad)
-    with pytest.raises(
-        tool.ContainerError, match=r"'tabulate>=0\.9': write tabulate==VERSION"
-    ):
+    with pytest.raises(tool.ContainerError, match=r"'tabulate>=0\.9': write tabulate==VERSION"):
         requirements.requirements({"container": {"requirements": ["tabulate>=0.9"]}})
     recipe = task_recipe.derived_recipe("ddppipe.sif", ["tabulate==0.9.0"], "ab" * 32)
     assert recipe.startswith("Bootstrap: localimage\nFrom: ddppipe.sif\n")

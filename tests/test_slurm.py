@@ -63,11 +63,14 @@ def snakemake_slurm(
     *args: str,
     timeout: float = 600,
     profile: str = PROFILE,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """``snakemake --profile profiles/slurm`` in ``workdir`` with the cluster's environment."""
+    """``snakemake --profile profiles/slurm`` in ``workdir`` with the cluster's environment
+    (and ``env``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    env = cluster.environ({"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin"})
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin"
+    env = cluster.environ({"PATH": path, **(env or {})})
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
          "--configfile", str(workdir / "config.yaml"), "--profile", profile, *args],
@@ -105,9 +108,20 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     cfg["task_args"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
     cfg["train"].update(epochs=1, batch_size=256, eval_batch_size=1000)
     started = time.monotonic()
-    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg)
+    counts = tmp_path / "validations"  # tests/count_validations/sitecustomize.py
+    counts.mkdir()
+    sitecustomize = [str(REPO / "tests" / "count_validations"), os.environ.get("PYTHONPATH", "")]
+    counting = {"PYTHONPATH": os.pathsep.join(sitecustomize),
+                "DDPPIPE_TEST_VALIDATIONS": str(counts)}  # fmt: skip
+    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, env=counting)
     print(f"(a) wall time {time.monotonic() - started:.1f}s")
     assert result.returncode == 0, logs(tmp_path / "wd", result)
+    # One validation in each process of the slot that reads the run's config (the launcher,
+    # each of the 4 ranks), none in the others (agents, the preflight's steps).
+    slot = [f.read_text().splitlines() for f in counts.iterdir()]
+    slot = [c for c in slot if re.search(r"ddppipe\S* (launch|train|agent|preflight)", c[0])]
+    assert sorted(len(c) for c in slot) == [1] * 5, slot
+    assert [re.search(r"ddppipe\S* (\S+)", c[0])[1] for c in slot].count("train") == 4, slot
     record = provenance(tmp_path / "wd", "mnist2n")
     training = record["training"]
     assert training["world_size"] >= 2 and set(training["hosts"]) == set(slurm_cluster.nodes)

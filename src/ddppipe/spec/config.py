@@ -228,7 +228,7 @@ def load_data_settings(path: str | Path) -> dict[str, Any]:
 def world_size(cfg: dict[str, Any]) -> int:
     """World size of the run the config describes (nodes x processes per node)."""
     launch = cfg["launch"]
-    return launch.get("nnodes", 1) * launch["nproc_per_node"]
+    return launch["nnodes"] * launch["nproc_per_node"]
 
 
 def gpus_requested(cfg: dict[str, Any]) -> bool:
@@ -280,8 +280,8 @@ def train_hash(cfg: dict[str, Any], data_digest: str) -> str:
     """
     keyed = {k: cfg["train"][k] for k in HASHED_TRAIN_KEYS}
     keyed["data"] = data_digest
-    keyed["task"] = (cfg.get("task_source") or {}).get("sha256")
-    keyed["task_args"] = cfg.get("task_args")
+    keyed["task"] = (cfg["task_source"] or {}).get("sha256")
+    keyed["task_args"] = cfg["task_args"]
     blob = json.dumps(keyed, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -46,19 +46,13 @@ class Point:
     def from_config(cls, cfg: dict[str, Any]) -> Point:
         """The point a (resolved) run config describes."""
         launch = cfg["launch"]
-        return cls(
-            launch.get("nnodes", 1), launch["nproc_per_node"], launch.get("cpus_per_proc") or 0
-        )
+        return cls(launch["nnodes"], launch["nproc_per_node"], launch["cpus_per_proc"] or 0)
 
 
 def grid(cfg: dict[str, Any]) -> list[Point]:
     """Every point of the config's ``scaling`` section, sorted by nodes, processes, CPUs."""
-    study = cfg.get("scaling") or {}
-    axes = (
-        study.get("nodes", [1]),
-        study.get("procs_per_node", [1, 2]),
-        study.get("cpus_per_proc", [1]),
-    )
+    study = cfg["scaling"]
+    axes = (study["nodes"], study["procs_per_node"], study["cpus_per_proc"])
     return sorted({Point(*values) for values in itertools.product(*axes)})
 
 

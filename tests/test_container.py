@@ -34,7 +34,7 @@ from ddppipe.apptainer import (
 )
 from ddppipe.parallel import software
 from ddppipe.spec import config
-from tests.tiny import REPO, TinyData, tiny_config
+from tests.tiny import REPO, TinyData, default_config, tiny_config
 from tests.workflow_helpers import snakemake
 
 # The session fixture builds the image (about 6 min on 2 cores), counted in the first test's time.
@@ -95,8 +95,18 @@ def test_one_recipe_with_the_tests_torch() -> None:
     assert pin and torch.__version__.split("+")[0] == pin[1], "the tests run another torch"
 
 
+def container_config(
+    task: str = "ddppipe.tasks.mnist", script: str | None = None, **container: Any
+) -> dict[str, Any]:
+    """The default config, validated (every default filled in), with these settings."""
+    cfg = config.validate(default_config())
+    cfg.update(task=task, script=script)
+    cfg["container"].update(container)
+    return cfg
+
+
 def test_exec_prefix() -> None:
-    cfg = {"container": {"mode": "apptainer", "image": "i.sif", "exec_args": ["--bind", "/d"]}}
+    cfg = container_config(mode="apptainer", image="i.sif", exec_args=["--bind", "/d"])
     assert running.exec_prefix(cfg, gpus=True) == [
         "apptainer",
         "exec",
@@ -106,8 +116,8 @@ def test_exec_prefix() -> None:
         "i.sif",
     ]
     assert running.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
-    assert running.exec_prefix({"container": {"mode": "none"}}) == []
-    assert running.python_command({}) == [sys.executable]
+    assert running.exec_prefix(container_config()) == []  # container.mode: none
+    assert running.python_command(container_config()) == [sys.executable]
 
 
 def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,8 +130,8 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(work)
 
     def argv(task: str, script: str | None = None, exec_args: tuple[str, ...] = ()) -> list[str]:
-        c = {"mode": "apptainer", "image": "i.sif", "exec_args": list(exec_args)}
-        cfg = {"task": task, "script": script, "container": c}
+        cfg = container_config(task, script, mode="apptainer", image="i.sif",
+                               exec_args=list(exec_args))  # fmt: skip
         return running.exec_prefix(cfg, gpus=False)
 
     bind = "--bind"
@@ -140,23 +150,23 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert argv("ddppipe.tasks.mnist", f"{scripts}/t.py", elsewhere)[-3:] == [bind, str(scripts),
                                                                                "i.sif"]  # fmt: skip
     # A symlinked folder: as written and where it resolves to; a missing folder: left out.
-    assert binds.user_binds({"task": "linked/t.py", "script": "missing/t.py"}) == [
+    assert binds.user_binds(container_config("linked/t.py", "missing/t.py")) == [
         str(real), f"{work}/linked"
     ]  # fmt: skip
-    assert binds.user_binds({"task": "a.py"}, cwd=scripts) == [str(scripts)]
+    assert binds.user_binds(container_config("a.py"), cwd=scripts) == [str(scripts)]
 
 
 def test_requirements_pinned_and_named_by_hash() -> None:
     """container.requirements: pinned or refused with a hint; the list names the image."""
     reqs = ["tabulate==0.9.0", "Foo_Bar[x,y]==1.0.post1"]
-    cfg = {"container": {"mode": "apptainer", "image": IMAGE, "requirements": reqs}}
+    cfg = container_config(mode="apptainer", image=IMAGE, requirements=reqs)
     assert requirements.requirements(cfg) == ["Foo_Bar[x,y]==1.0.post1", "tabulate==0.9.0"]
     derived = running.run_image(cfg)
     assert re.fullmatch(r"results/images/ddppipe-[0-9a-f]{12}\.sif", derived)
     assert derived == str(requirements.derived_image(IMAGE, list(reversed(reqs))))
     assert running.exec_prefix(cfg, gpus=False)[-1] == derived
     assert running.python_command(cfg, gpus=False)[-2:] == [derived, "python"]
-    assert running.run_image({"container": {"image": IMAGE, "requirements": []}}) == IMAGE
+    assert running.run_image(container_config(image=IMAGE)) == IMAGE  # no requirements
     assert requirements.derived_image(IMAGE, ["tabulate==0.8.10"]) != Path(derived)
     for loose in ("tabulate", "tabulate>=0.9", "numpy==2.*", "git+https://x/y.git", "a==1 ; b"):
         with pytest.raises(tool.ContainerError, match=r"pinned as name==version"):

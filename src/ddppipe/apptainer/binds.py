@@ -12,9 +12,8 @@ def _user_files(cfg: dict[str, Any]) -> list[str]:
     and ``script``."""
     from ddppipe.tasks import is_file_ref
 
-    task = cfg.get("task") or ""
-    files = [task] if is_file_ref(task) else []
-    return files + ([cfg["script"]] if cfg.get("script") else [])
+    files = [cfg["task"]] if is_file_ref(cfg["task"]) else []
+    return files + ([cfg["script"]] if cfg["script"] else [])
 
 
 def _bound(exec_args: list[str]) -> list[Path]:
@@ -45,7 +44,7 @@ def user_binds(cfg: dict[str, Any], cwd: str | Path | None = None) -> list[str]:
     inside another bound one, and those ``exec_args`` already bind at the same path.
     """
     base = Path(cwd) if cwd is not None else Path.cwd()
-    covered = _bound(list(cfg.get("container", {}).get("exec_args") or []))
+    covered = _bound(list(cfg["container"]["exec_args"]))
     files = [base / f for f in _user_files(cfg)]
     # as written and with symlinks resolved (where the task loader looks)
     wanted = {Path(os.path.abspath(f)).parent for f in files} | {f.resolve().parent for f in files}

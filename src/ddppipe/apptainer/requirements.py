@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,12 @@ def _requirement_pattern() -> re.Pattern[str]:
 
 def requirements(cfg: dict[str, Any]) -> list[str]:
     """``container.requirements``, sorted, without duplicates; ContainerError if one is unpinned."""
-    given = [str(r) for r in cfg.get("container", {}).get("requirements") or []]
+    return pinned(cfg["container"]["requirements"])
+
+
+def pinned(requirements: Sequence[str]) -> list[str]:
+    """``requirements`` sorted, without duplicates; ContainerError if one is unpinned."""
+    given = [str(r) for r in requirements]
     pinned = _requirement_pattern()
     loose = [r for r in given if not pinned.search(r)]
     if loose:

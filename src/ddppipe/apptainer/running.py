@@ -36,7 +36,7 @@ def exec_prefix(cfg: dict[str, Any], gpus: bool | None = None) -> list[str]:
     """
     if not enabled(cfg):
         return []
-    extra = list(cfg["container"].get("exec_args") or [])
+    extra = list(cfg["container"]["exec_args"])
     want_gpus = gpus_present() if gpus is None else gpus
     nv = ["--nv"] if want_gpus and "--nv" not in extra else []
     binds = [arg for folder in user_binds(cfg) for arg in ("--bind", folder)]

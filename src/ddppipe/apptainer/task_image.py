@@ -9,7 +9,7 @@ from typing import Any
 
 from ddppipe.apptainer.building import build
 from ddppipe.apptainer.identity import image_info, info_path, sha256
-from ddppipe.apptainer.requirements import recipe_path, requirements
+from ddppipe.apptainer.requirements import pinned, recipe_path
 from ddppipe.apptainer.task_recipe import derived_recipe
 from ddppipe.apptainer.tool import ContainerError
 from ddppipe.core import atomic
@@ -23,7 +23,7 @@ def build_task_image(
     The recipe is written next to ``image`` (``.def``). The info is ``identity.image_info`` plus
     the requirements and the base image's path, SHA-256 and recipe (from its info JSON).
     """
-    reqs = requirements({"container": {"requirements": reqs}})
+    reqs = pinned(reqs)
     if not reqs:
         raise ContainerError("no requirements to add: train in the base image itself")
     base, image = Path(base), Path(image)

@@ -15,4 +15,4 @@ class ContainerError(RuntimeError, UserError):
 
 def enabled(cfg: dict[str, Any]) -> bool:
     """Whether the config trains inside an Apptainer image (``container.mode: apptainer``)."""
-    return cfg.get("container", {}).get("mode", "none") == "apptainer"
+    return cfg["container"]["mode"] == "apptainer"

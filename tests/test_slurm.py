@@ -338,14 +338,17 @@ def _assert_same_weights(a: Path, b: Path) -> None:
 
 # Time-limit slots of 1 minute. The warning comes 40 s before the end, after about 10 s of
 # start-up and preflight, so a slot trains for some seconds before it checkpoints and
-# requeues itself (a slot every ~28 s). Measured here: 700 (2026-11-22), 400 (-23) and
+# requeues itself (a slot every ~28 s). The paced two-node test has it 35 s before the end,
+# 25 s into the job: after the job step's Snakemake and the launcher's start-up and preflight,
+# its slots train about 10 s each (2026-11-25 evening: 3 slots of 490-510 steps, 88 s; with
+# 40 s, 6 slots of 200-280 steps, 154 s). Measured here: 700 (2026-11-22), 400 (-23) and
 # 140-380 (-23 evening, a slower day: 20 epochs took 13 slots and 593 s in CI) steps a slot
 # on one node (2 processes), so the slot count varies 4x with the machine's speed: the 12
 # epochs (of 120 steps) below need 2 or more slots unless a slot trains 1,440 steps, and
 # about 7 on a slow day. max_continuations bounds a run that slows down badly.
 SLOT_MINUTES, SLOT_STEPS = 1, 120
 SLOT_EPOCHS = {1: 12, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
-SLOT_WARNING_S = {1: 40, 2: 40}
+SLOT_WARNING_S = {1: 40, 2: 35}
 # The two-node test trains the example task file (examples/tasks/tinycnn.py: map-style
 # datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16.
 # Its steps take 3 ms on a fast machine and ~10 on a slow day, and a slot's start-up varies as

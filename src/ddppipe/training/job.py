@@ -2,7 +2,7 @@
 
 ::
 
-    from ddppipe.training import job
+    from ddppipe import job
     job.info()               # rank, local_rank, world_size, device, node, attempt number
     job.should_stop()        # collective: True once the stop signal came or the end is near
     job.checkpoint_dir()     # where to save and find checkpoints (survives requeues)
@@ -106,6 +106,7 @@ def should_stop() -> bool:
     """
     global _stopping
     flag = _guard.requested()  # a stop signal arrived, or the stop time has passed
+    signum = int(_guard.received or 0)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -113,14 +114,15 @@ def should_stop() -> bool:
 
         from ddppipe.parallel import distributed
 
-        tensor = torch.tensor([1 if flag else 0], device=distributed.collective_device())
+        # The signal too: rank 0 notes which one stopped the run even when it reached another
+        # rank first (a signal to a job's steps reaches its nodes at different times).
+        tensor = torch.tensor([int(flag), signum], device=distributed.collective_device())
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        flag = bool(tensor.item())
+        flag, signum = bool(tensor[0]), int(tensor[1])
     if flag and not _stopping and int(os.environ.get("RANK", "0")) == 0 and _env("state"):
         _stopping = True
         if _logged_from is not None:
             _progress(end_step=_last_step)
-        signum = _guard.received or 0
         preemption.record(Path(_env("state")), signum, str(checkpoint_dir()))
     return flag
 

@@ -31,7 +31,7 @@ def test_a_spec_is_frozen_and_answers_what_was_decided() -> None:
     spec = run.resolve(cfg)
     assert (spec.device, spec.gpus, spec.world_size, spec.kind) == ("gpu", True, 8, "task")
     assert spec.train.preset == "gpu" and spec.train.batch_size == 256  # the GPU recipe
-    assert spec.slurm.runtime == 30 and spec.container.enabled is False  # schema defaults
+    assert spec.slurm.runtime == 30 and spec.container.mode == "none"  # schema defaults
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.train.lr = 1.0  # type: ignore[misc]
     with pytest.raises(TypeError):

@@ -81,10 +81,6 @@ class Container:
     exec_args: tuple[str, ...]
     requirements: tuple[str, ...]
 
-    @property
-    def enabled(self) -> bool:
-        return self.mode == "apptainer"
-
 
 @dataclass(frozen=True)
 class Tracking:

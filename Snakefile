@@ -37,6 +37,8 @@ onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
     wake_status_checks()  # SLURM executor: a job's end noticed in seconds
     keep_failed_node_names()  # SLURM executor: submissions go on after a node failure
+    attach_to_live_jobs()  # SLURM executor: a restarted head waits for the running training
+    exclude_bad_nodes()  # SLURM executor: nodes that failed the preflight, not in the next slot
 
 
 onsuccess:

@@ -7,6 +7,8 @@ CPU); the other tests reuse that image and workdir.
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 import os
 import re
@@ -32,8 +34,11 @@ from ddppipe.apptainer import (
     task_recipe,
     tool,
 )
+from ddppipe.core import hashing
 from ddppipe.parallel import software
 from ddppipe.spec import config
+from tests.slurm_cluster import SlurmCluster
+from tests.test_slurm import logs, on_cluster, snakemake_slurm
 from tests.tiny import REPO, TinyData, default_config, tiny_config
 from tests.workflow_helpers import snakemake
 
@@ -311,58 +316,184 @@ def test_rebuild_only_when_recipe_changes(image_run: ImageRun) -> None:
         os.utime(recipe, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-def test_task_image_from_requirements(image_run: ImageRun) -> None:
-    """container.requirements: rule build_task_image derives an image from the built one with
-    the pinned packages (labels and info record them); train, evaluate and the provenance
-    use it; the same list again builds nothing, another list names another image."""
-    w, reqs = image_run.workdir, ["tabulate==0.9.0"]
-    cfg = {**image_run.cfg, "container": {**image_run.cfg["container"], "requirements": reqs}}
-    derived = requirements.derived_image(IMAGE, reqs)
-    # Only this rule: the base image stays as built, even if a source changes meanwhile.
-    # (--allowed-rules takes every word after it: targets go before it.)
-    only = ("--allowed-rules", "build_task_image")
+# -- a task whose package is only in the image (container.requirements) -------------------------
+
+BLOBSDEP = REPO / "tests" / "data" / "blobsdep.py"  # a user's task file: it imports humanize
+HUMANIZE = "humanize==4.17.0"  # in neither the tests' environment nor the base image
+# Every rule but build_image: the base image stays as the session built it, even if a source
+# of ddppipe changes meanwhile (someone working in this checkout while the tests run).
+# (--allowed-rules takes every word after it: targets go before it.)
+BUT_THE_BASE_IMAGE = (
+    "--allowed-rules", "build_task_image", "data_config", "prepare_data", "write_config",
+    "train", "evaluate", "plot_training", "attempt_history", "export", "summarize", "all",
+)  # fmt: skip
+# The rules whose command imports no torch and no user code (they stay on the host).
+HOST_RULES = ("data_config", "evaluate", "plot_training", "attempt_history", "export", "summarize")
+
+
+@dataclass(frozen=True)
+class TaskImageRun:
+    workdir: Path
+    cfg: dict[str, Any]
+    derived: str  # the derived image, relative to workdir
+    output: str  # what snakemake printed (-p: every job's command)
+    seconds: float  # the derived image's build and the whole DAG
+
+
+def blobs_config(base: dict[str, Any], run: str, *reqs: str) -> dict[str, Any]:
+    """The user's task file (copied to mytasks/) trained in the image, with ``reqs``."""
+    cfg = copy.deepcopy(base)
+    cfg.update(run=run, task="mytasks/blobsdep.py", task_args={})
+    cfg["train"].update(epochs=1, batch_size=64, eval_batch_size=256)
+    cfg["container"]["requirements"] = list(reqs)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def task_image_run(image_run: ImageRun) -> TaskImageRun:
+    """`snakemake --cores 2` of a task file that imports humanize, with container.requirements:
+    [humanize==4.17.0]: the derived image built once, then the whole local DAG, with Python's
+    import profile (PYTHONPROFILEIMPORTTIME) in every rule's log."""
+    assert importlib.util.find_spec("humanize") is None, "humanize must be absent from the host"
+    w = image_run.workdir
+    (w / "mytasks").mkdir()
+    shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep.py")
+    cfg = blobs_config(image_run.cfg, "blobs", HUMANIZE)
     start = time.monotonic()
-    snakemake(w, cfg, "--cores", "1", str(derived), *only)
-    seconds = time.monotonic() - start
-    probe = "import tabulate; print(tabulate.__version__)"
-    cmd = ["apptainer", "exec", str(w / derived), "python", "-c", probe]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert out.strip() == "0.9.0"
+    result = snakemake(w, cfg, "--cores", "2", "-p", *BUT_THE_BASE_IMAGE,
+                       env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+    derived = str(requirements.derived_image(IMAGE, [HUMANIZE]))
+    return TaskImageRun(w, cfg, derived, result.stdout + result.stderr, time.monotonic() - start)
+
+
+def where_rules_ran(output: str, image: str) -> dict[str, str]:
+    """Rule -> "image" when Snakemake's printed command (-p) runs `ddppipe` through
+    `apptainer exec ... IMAGE`, else "host"."""
+    chunks = re.split(r"^(?:local)?rule (\w+):$", output, flags=re.M)[1:]
+    inside = re.compile(rf"apptainer exec (\S+ )*{re.escape(image)} ddppipe ")
+    return {rule: "image" if inside.search(text) else "host"
+            for rule, text in zip(chunks[::2], chunks[1::2], strict=True)}  # fmt: skip
+
+
+def test_task_with_an_image_only_package_trains_in_the_image(task_image_run: TaskImageRun) -> None:
+    """Every step that imports the task ran in the derived image (the host has no humanize):
+    prepare_data, write_config and the ranks; the other rules on the host, without torch. The
+    derived image's info and labels record the list and what it added; the provenance the
+    task's SHA-256 and the image."""
+    run, w, derived = task_image_run, task_image_run.workdir, task_image_run.derived
+    where = where_rules_ran(run.output, derived)
+    assert where == {
+        "build_task_image": "host", "data_config": "host", "prepare_data": "image",
+        "write_config": "image", "train": "host", "evaluate": "host", "plot_training": "host",
+        "attempt_history": "host", "export": "host", "summarize": "host", "all": "host",
+    }, where  # fmt: skip
+    # train: the launcher on the host starts the ranks in the image
+    train_log = (w / "logs/blobs/train.log").read_text()
+    ranks = rf"apptainer exec (\S+ )*{re.escape(derived)} python -m ddppipe train"
+    assert re.search(ranks, train_log), train_log[-3000:]
+    # prepare() used humanize (intcomma) inside the image
+    assert "blobsdep: 2,048 points, " in (w / "logs/prepare_data.log").read_text()
+    metrics = json.loads((w / "results/blobs/eval/metrics.json").read_text())
+    assert metrics["test_count"] == 512 and metrics["test_accuracy"] >= 0.99
+    for rule in HOST_RULES:
+        log = w / ("logs/data_config.log" if rule == "data_config" else f"logs/blobs/{rule}.log")
+        text = log.read_text()
+        assert "| ddppipe.cli.main" in text, rule  # the import profile is there
+        assert not re.search(r"\|\s+torch$", text, re.M), f"{rule} imported torch"
+    # The derived image: its info and labels.
     info = json.loads((w / identity.info_path(derived)).read_text())
     base = json.loads((w / identity.info_path(IMAGE)).read_text())
-    assert info["requirements"] == reqs and info["sha256"] == identity.sha256(w / derived)
+    assert info["requirements"] == [HUMANIZE] and info["sha256"] == identity.sha256(w / derived)
     assert info["base"]["sha256"] == base["sha256"] and info["recipe"].endswith(".def")
     labels = info["labels"]
     assert labels == identity.labels(w / derived)
-    assert labels["ddppipe.requirements"] == "tabulate==0.9.0"
-    assert labels["ddppipe.requirement.tabulate.version"] == "0.9.0"
-    assert labels["ddppipe.requirements.installed"] == "tabulate==0.9.0"
+    assert labels["ddppipe.requirements"] == HUMANIZE
+    assert labels["ddppipe.requirement.humanize.version"] == "4.17.0"
+    assert labels["ddppipe.requirements.installed"] == HUMANIZE  # humanize has no dependency
     assert labels["ddppipe.base.sha256"] == base["sha256"]
     for key in ("torch", "cuda", "cudnn", "nccl", "variant"):  # the base image's stack
         name = f"ddppipe.{key}" if key == "variant" else f"ddppipe.{key}.version"
         assert labels[name] == base["labels"][name], name
-    # The same list: nothing to do. Another list: another image.
-    assert _jobs(w, cfg, str(derived), *only) == {}
-    if not _sources_edited_since(image_run.image):
-        assert _jobs(w, cfg, str(derived)) == {}
-    other = {**cfg, "container": {**cfg["container"], "requirements": ["tabulate==0.8.10"]}}
-    renamed = requirements.derived_image(IMAGE, other["container"]["requirements"])
-    assert renamed != derived
-    assert _jobs(w, other, str(renamed), *only).get("build_task_image") == 1
-    # Training runs in the derived image (the launcher's python, the rule's input); the
-    # provenance gets its info.
-    assert running.python_command(cfg)[-2] == str(derived)
-    plan = snakemake(w, cfg, "-n", "-p", "--forceall").stdout
-    assert f"--image-info {identity.info_path(derived)}" in plan
-    assert re.search(rf"rule train:\n\s+input: [^\n]*{derived}", plan)
-    # Export for real (the checkpoint trained in the base image stays; this test runs after
-    # the ones reading the base run's outputs).
-    outputs = ["results/tiny/eval/metrics.json", "results/tiny/export/provenance.json"]
-    snakemake(w, cfg, "--cores", "2", *outputs, "--allowed-rules", "evaluate", "export")
-    record = json.loads((w / outputs[1]).read_text())["container"]
-    assert record["path"] == str(derived) and record["sha256"] == info["sha256"]
-    assert record["requirements"] == reqs and record["base"]["sha256"] == base["sha256"]
-    print(f"derived image (tabulate) built in {seconds:.0f} s")
+    # The run's identity and provenance: the task file's SHA-256, the image it trained in.
+    task_sha = hashing.file_sha256(w / "mytasks/blobsdep.py")
+    resolved = yaml.safe_load((w / "results/blobs/config.yaml").read_text())
+    assert resolved["task_source"]["sha256"] == task_sha
+    assert resolved["task_source"]["path"] == str((w / "mytasks/blobsdep.py").resolve())
+    record = json.loads((w / "results/blobs/export/provenance.json").read_text())
+    assert record["task"]["sha256"] == task_sha
+    image = record["container"]
+    assert image["path"] == derived and image["sha256"] == info["sha256"]
+    assert image["requirements"] == [HUMANIZE] and image["base"]["sha256"] == base["sha256"]
+    print(f"derived image (humanize) + the whole DAG: {run.seconds:.0f} s")
+    print("where each rule ran:", where)
+    for name in ("build_task_image", "prepare_data", "blobs/write_config", "blobs/train"):
+        print(f"benchmarks/{name}.tsv:", (w / f"benchmarks/{name}.tsv").read_text().split("\n")[1])
+
+
+def test_changed_requirement_rebuilds_and_reruns_what_depends_on_it(
+    task_image_run: TaskImageRun,
+) -> None:
+    """The same list: nothing to do. Another version: another image, and every job that runs
+    in it again (not data_config, not the base image)."""
+    w, cfg = task_image_run.workdir, task_image_run.cfg
+    assert _jobs(w, cfg, "all", *BUT_THE_BASE_IMAGE) == {}
+    other = blobs_config(cfg, "blobs", "humanize==4.16.0")
+    assert requirements.derived_image(IMAGE, ["humanize==4.16.0"]) != Path(task_image_run.derived)
+    assert _jobs(w, other, "all", *BUT_THE_BASE_IMAGE) == {
+        "build_task_image": 1, "prepare_data": 1, "write_config": 1, "train": 1, "evaluate": 1,
+        "plot_training": 1, "attempt_history": 1, "export": 1, "summarize": 1, "all": 1,
+        "total": 10,
+    }  # fmt: skip
+
+
+def test_a_package_the_image_lacks_is_named_with_both_fixes(task_image_run: TaskImageRun) -> None:
+    """The task's prepare in the base image (no humanize): the step, the image and both fixes."""
+    w = task_image_run.workdir
+    settings = w / "resources" / "blobsdep.yaml"
+    cmd = ["apptainer", "exec", IMAGE, "ddppipe", "prepare", f"--settings={settings}",
+           "--dest=lacking"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=w, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    task = (w / "mytasks/blobsdep.py").resolve()
+    assert (
+        "ddppipe prepare: error: prepare_data (ddppipe prepare): task mytasks/blobsdep.py "
+        f"({task}) imports humanize, which is not installed in the image {w / IMAGE}. Either "
+        "add it to this image, container.requirements: [humanize==VERSION] (`pip index "
+        "versions humanize` lists the versions; a module's pip package may have another "
+        "name), or install it where this step runs: in the image's recipe (container.recipe)"
+    ) in result.stderr, result.stderr
+
+
+@pytest.mark.slurm
+def test_task_with_an_image_only_package_on_slurm(
+    task_image_run: TaskImageRun, slurm_cluster: SlurmCluster
+) -> None:
+    """The same task on the SLURM test cluster (2 nodes, 1 rank each): its data prepared again
+    (another seed) in the image on the submitting machine, the ranks in the image on cn07
+    and cn08."""
+    w = task_image_run.workdir
+    cfg = blobs_config(task_image_run.cfg, "blobs-slurm", HUMANIZE)
+    cfg["task_args"] = {"seed": 1}  # other data: prepared again, in the image
+    cfg = on_cluster(cfg, slurm_cluster, nodes=2, procs=1)
+    start = time.monotonic()
+    tools = [Path(sys.executable).parent, Path(str(shutil.which("apptainer"))).parent]
+    path = os.pathsep.join([*map(str, tools), "/usr/bin:/bin:/usr/sbin"])
+    result = snakemake_slurm(slurm_cluster, w, cfg, "-p", *BUT_THE_BASE_IMAGE, env={"PATH": path})
+    seconds = time.monotonic() - start
+    assert result.returncode == 0, logs(w, result)
+    where = where_rules_ran(result.stdout + result.stderr, task_image_run.derived)
+    assert where["prepare_data"] == where["write_config"] == "image", where
+    assert "build_task_image" not in where  # built by the local run
+    prepared = (w / "logs/prepare_data.log").read_text()
+    assert "blobsdep: 2,048 points, " in prepared and "ModuleNotFoundError" not in prepared
+    record = json.loads((w / "results/blobs-slurm/export/provenance.json").read_text())
+    assert record["training"]["world_size"] == 2
+    assert set(record["training"]["hosts"]) == set(slurm_cluster.nodes)
+    assert record["container"]["path"] == task_image_run.derived
+    assert record["software"]["python"] != software.stack()["python"]  # the image's
+    metrics = json.loads((w / "results/blobs-slurm/eval/metrics.json").read_text())
+    assert metrics["test_count"] == 512 and metrics["test_accuracy"] >= 0.99
+    print(f"SLURM run in the derived image: {seconds:.0f} s; where each rule ran: {where}")
 
 
 def _sources_edited_since(image: Path) -> bool:

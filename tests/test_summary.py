@@ -133,3 +133,21 @@ def test_summary_as_html_escapes_and_keeps_every_line(tmp_path: Path) -> None:
         "wall", "6.7 min from the first slot's start to the last slot's end",
         "results", "results/mine/export/model.pt",
     ]  # fmt: skip
+
+
+def test_summary_of_a_script_warns_of_a_nan_it_logged(tmp_path: Path) -> None:
+    """A script's job.log of a NaN loss (from step 30 on) ends in a warning line."""
+    from ddppipe.reports import summary
+
+    run = tmp_path / "results" / "mine"
+    (run / "train").mkdir(parents=True)
+    cfg = {"run": "mine", "task": None, "script": "train.py", "task_source": {}}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    jsonl.write(run / "train" / "metrics.jsonl", [
+        {"step": 20, "loss": 0.5, "time": 1.0}, {"step": 30, "loss": float("nan"), "time": 2.0},
+        {"step": 40, "loss": float("nan"), "time": 3.0},
+    ])  # fmt: skip
+    assert summary.build(run).lines == [
+        ("logged", "step 40, loss nan"),
+        ("warning", "non-finite loss logged from step 30 on (job.log)"),
+    ]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ddppipe.launching import workers
+from ddppipe.runstate import failures
 
 # Rank 1 fails with exit 3 in the group's first start; the others wait for a minute.
 FAIL_ONCE = """
@@ -58,3 +59,37 @@ def test_a_stop_is_never_restarted() -> None:
     g = group("import sys; sys.exit(75)", 2, 3)
     assert g.wait() == 75
     assert g.restarts == 0
+
+
+# A user's script (run as the launcher runs one): rank 1 raises in every start of the group.
+ALWAYS_FAILS = """
+import os, time
+
+
+def step(n):
+    raise ValueError(f"no batch {n}")
+
+
+if os.environ["RANK"] == "1":
+    step(7)
+time.sleep(60)
+"""
+
+
+def test_the_same_failure_again_is_not_restarted(tmp_path: Path) -> None:
+    """The group restarts after a failure, but not after the same failure (exception, line of
+    the user's script) twice: restarts are for transient faults. Each start's first failure is
+    recorded (rank, exception, the script's frame)."""
+    script = tmp_path / "train.py"
+    script.write_text(ALWAYS_FAILS)
+    env = {"PATH": "/usr/bin:/bin", failures.DIR_ENV: str(tmp_path / "failures"),
+           failures.USER_FILE_ENV: str(script)}  # fmt: skip
+    runner = [sys.executable, "-m", "ddppipe.training.run_script", str(script)]
+    line = 1 + ALWAYS_FAILS.splitlines().index('    raise ValueError(f"no batch {n}")')
+    g = workers.Group(runner, env, 2, 3)
+    assert g.wait() == 1
+    assert g.restarts == 1  # started twice: the second start failed the same way
+    found = [failures.first_of_restart(tmp_path / "failures", r) for r in (0, 1)]
+    assert [(f.rank, f.type, f.message, f.frame) for f in found if f] == [
+        (1, "ValueError", "no batch 7", f"{script}:{line} (in step)")
+    ] * 2  # fmt: skip

@@ -16,6 +16,8 @@ from ddppipe.apptainer import requirements as ddp_requirements
 from ddppipe.apptainer import running as ddp_running
 from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
+from ddppipe.cluster import attach as ddp_attach
+from ddppipe.cluster import bad_nodes as ddp_bad_nodes
 from ddppipe.cluster import failed_node_names as ddp_failed_node_names
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.spec import scaling as ddp_scaling
@@ -113,6 +115,28 @@ def keep_failed_node_names():
         ddp_failed_node_names.install(workflow.executor_plugin.executor)
 
 
+def attach_to_live_jobs():
+    """SLURM executor: a snakemake started again waits for the run's training job that an
+    earlier one submitted and that still queues or runs, instead of submitting a second
+    (ddppipe.cluster.attach)."""
+    if on_slurm():
+        ddp_attach.install(workflow.executor_plugin.executor)
+
+
+def training_state(job):
+    """The state folder of a train job's run (None for another rule's job)."""
+    if job.name != "train":
+        return None
+    return ddp_layout.RunLayout(job.wildcards_dict["run"]).state
+
+
+def exclude_bad_nodes():
+    """SLURM executor: a training job's submission excludes the nodes that failed its run's
+    preflight (ddppipe.cluster.bad_nodes)."""
+    if on_slurm():
+        ddp_bad_nodes.install(workflow.executor_plugin.executor, training_state)
+
+
 def wake_status_checks():
     """SLURM executor: a training job's end noticed within seconds of its slot's end, not at
     the plugin's next status check (ddppipe.cluster.status_checks)."""
@@ -160,7 +184,8 @@ def run_image():
 
 
 def image_input():
-    """The image (and its info) as inputs of the rules that run in it; none when mode is none."""
+    """The image (and its info) as inputs of the rules that run in it (train, and with
+    task_exec() prepare_data and write_config): built first; none when mode is none."""
     if not ddp_apptainer.enabled(config):
         return []
     return [run_image(), str(ddp_identity.info_path(run_image()))]
@@ -173,6 +198,17 @@ def image_exec():
         if ddp_apptainer.enabled(config)
         else ""
     )
+
+
+def task_exec():
+    """Shell prefix of a rule that imports the task (its prepare(), the check of task_args and
+    model()): with container.mode apptainer, `apptainer exec ... IMAGE ` of the image the run
+    trains in, so the host needs none of the task's packages; '' without a container, and in
+    a script run (write_config only hashes a script). Part of the rule's text, so a run
+    without a container keeps its commands, and re-runs nothing."""
+    if KIND == "script":
+        return ""
+    return image_exec().replace("{", "{{").replace("}", "}}")
 
 
 def image_info_arg():

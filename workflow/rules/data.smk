@@ -4,11 +4,17 @@ rule write_config:
     The base run gets the config as given; a scaling-study run (scaling-n<N>-p<P>-c<C>) gets
     it with that grid point's launch settings (ddppipe.spec.scaling). A run that trains on GPUs
     gets its preset's GPU recipe (ddppipe.spec.presets): a change of device re-runs it.
+    A task's task_args and model() are checked where it trains: with container.mode apptainer
+    inside the run's image (a script is only hashed, on the host).
     """
+    input:
+        image=task_only(image_input()),
     output:
         RUN_LAYOUT.config,
     log:
         RUN_LAYOUT.log("write_config"),
+    benchmark:
+        RUN_LAYOUT.benchmark("write_config")
     localrule: True
     params:
         config=lambda wc: json.dumps(ddp_scaling.config_for_run(config, wc.run)),
@@ -20,8 +26,10 @@ rule write_config:
         ),
     # A shell command, not run: (Snakemake starts a run: job as a new snakemake process that
     # parses the workflow again, ~2.5 s); a broken task's error goes to the terminal too.
+    # task_exec(): with container.mode apptainer, inside the image.
     shell:
-        "ddppipe resolve-config --json {params.config:q} --gpus {params.gpus} --out {output}"
+        task_exec()
+        + "ddppipe resolve-config --json {params.config:q} --gpus {params.gpus} --out {output}"
         " 2>&1 | tee {log} >&2"
 
 
@@ -41,10 +49,12 @@ rule data_config:
 rule prepare_data:
     """The task's prepare(): download, verify, convert, once; then the manifest of its files.
 
-    Runs on the submitting machine (localrule), which may be the only one with internet.
+    Runs on the submitting machine (localrule), which may be the only one with internet; with
+    container.mode apptainer inside the image the run trains in (the task's packages are there).
     """
     input:
         settings=f"{DATA}.yaml",
+        image=task_only(image_input()),
     output:
         DATA_MANIFEST,
     log:
@@ -54,5 +64,7 @@ rule prepare_data:
     localrule: True
     params:
         data=lambda wildcards, output: os.path.dirname(output[0]),
+    # task_exec(): with container.mode apptainer, inside the image.
     shell:
-        "ddppipe prepare --settings {input.settings} --dest {params.data} 2> {log}"
+        task_exec()
+        + "ddppipe prepare --settings {input.settings} --dest {params.data} 2> {log}"

@@ -11,10 +11,13 @@ from typing import NoReturn
 
 def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> NoReturn:
     """``ddppipe train``: one training process (started by torchrun/srun/mpirun)."""
-    from ddppipe.runstate import preemption
+    from ddppipe.runstate import failures, preemption
 
     # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
     guard = preemption.Guard()
+    from ddppipe.training import heartbeat
+
+    heartbeat.start()  # from now on the launcher's hang watchdog sees this rank's progress
     try:
         from ddppipe.spec import run
         from ddppipe.training import files, train
@@ -24,6 +27,13 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)
         code = 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE
+    except failures.NonFiniteLoss as e:  # every rank stops at once: a line, no traceback
+        failures.record(e)
+        logging.getLogger("ddppipe").error("training stopped: %s", e)
+        code = 1
+    except BaseException as e:
+        failures.record(e)  # for the launcher: this rank's exception and the user's frame
+        raise
     else:
         code = 0
     finally:
@@ -39,6 +49,9 @@ def _exit_now(code: int) -> NoReturn:
     called without an active exception", CI 2026-11-23) after a complete training: its
     agent then failed the slot and killed the other rank.
     """
+    from ddppipe.training import heartbeat
+
+    heartbeat.done()  # (os._exit runs no atexit handler)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

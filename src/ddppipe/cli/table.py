@@ -168,6 +168,21 @@ COMMANDS: tuple[Command, ...] = (
         arg("--html", type=Path, help="HTML page to write instead of printing"),
     ),
     command(
+        "submit",
+        "submit the snakemake head as a SLURM job (runs `snakemake ARGS` there, requeues)",
+        "ddppipe.cluster.commands:submit",
+        arg("--time", default="1-00:00:00", help="the head job's time limit (sbatch --time)"),
+        arg("--partition", help="the head job's partition (default: the cluster's)"),
+        arg("--account", help="the head job's account"),
+        arg("args", nargs=argparse.REMAINDER, help="-- and the snakemake arguments"),
+    ),
+    command(
+        "head",
+        "(in the head job) snakemake --unlock, then snakemake; requeue near the time limit",
+        "ddppipe.cluster.commands:head",
+        arg("args", nargs=argparse.REMAINDER, help="-- and the snakemake arguments"),
+    ),
+    command(
         "preflight-node",
         "(one per node) resolve the host, check devices",
         "ddppipe.launching.commands:preflight_node",
@@ -175,6 +190,8 @@ COMMANDS: tuple[Command, ...] = (
         arg("--nproc", type=int, default=1, help="training processes on this node"),
         arg("--use", **DEVICE),
         arg("--precision", choices=["fp32", "bf16"], default="fp32"),
+        arg("--state", type=Path, help="the run's state folder, which this node must see"),
+        arg("--token", help="what the state folder's preflight-token file holds"),
     ),
     command(
         "preflight-allreduce",

@@ -109,12 +109,22 @@ def decide(history: list[Attempt], max_continuations: int) -> Decision:
     """Requeue after the last slot of ``history`` (which stopped on a signal)?
 
     A slot whose progress is unknown (a script that logged no step) continues, bounded by
-    ``max_continuations``.
+    ``max_continuations``. A slot that hung without checkpointing a new step continues once;
+    a second such slot in a row fails the run.
     """
     last = history[-1]
     if last.outcome in REQUEUED_BY_SLURM:
         return Decision(False, f"{last.outcome}: SLURM requeues the job itself")
-    if last.start_step is not None and last.steps <= 0:
+    if last.outcome == "hung" and last.steps <= 0:  # (ddppipe.launching.watchdog)
+        before = history[-2] if len(history) > 1 else None
+        if before is not None and before.outcome == "hung" and before.steps <= 0:
+            return Decision(
+                False,
+                f"slots {before.number} and {last.number} hung without checkpointing a new "
+                "step: not continuing. The attempt history names the ranks and frames, the "
+                "state folder's hangs/ has every rank's stack",
+            )  # one more slot after a hang without progress, which may have been transient
+    elif last.start_step is not None and last.steps <= 0:
         return Decision(
             False,
             f"no progress: slot {last.number} (job {last.job}) checkpointed no new step "

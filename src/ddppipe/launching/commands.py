@@ -67,7 +67,9 @@ def _launch(
     if spec.kind == "script":
         if outputs is None:
             raise config.ConfigError("ddppipe launch: a script run needs --outputs")
-        program = [spec.task_source["path"], *spec.script_args]
+        # the script as `python SCRIPT ARGS` runs it, its failure recorded (runstate.failures)
+        runner = ["-m", "ddppipe.training.run_script"]
+        program = [*runner, spec.task_source["path"], *spec.script_args]
         return lifecycle.run(
             spec, program, state, attempts,
             lambda: publish.script_results(state, outputs, metrics),
@@ -94,11 +96,15 @@ def preflight(config_path: Path) -> int:
     return 0
 
 
-def preflight_node(host: str | None, nproc: int, use: str, precision: str) -> int:
-    """``ddppipe preflight-node``: resolve the host, check the devices; exit 3 on a problem."""
+def preflight_node(
+    host: str | None, nproc: int, use: str, precision: str, state: Path | None = None,
+    token: str | None = None,
+) -> int:  # fmt: skip
+    """``ddppipe preflight-node``: resolve the host, see the state folder, check the devices;
+    exit 3 on a problem."""
     from ddppipe.launching import preflight
 
-    report, problems = preflight.check_node(host, nproc, use, precision)
+    report, problems = preflight.check_node(host, nproc, use, precision, state, token)
     for problem in problems:
         print(f"preflight: {problem}", file=sys.stderr)
     if report:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 from ddppipe.apptainer import running
 from ddppipe.cluster import slurm
 from ddppipe.core import system
-from ddppipe.launching import workers
+from ddppipe.launching import watchdog, workers
 from ddppipe.runstate import finished_nodes, preemption
 from ddppipe.spec import config, run
 from ddppipe.spec.run import RunSpec
@@ -164,8 +165,9 @@ def _die_with_parent() -> None:
 
 
 def supervise(
-    plan: Plan, env: dict[str, str], state_dir: Path, warn_in: float | None = None
-) -> tuple[int, dict | None]:
+    plan: Plan, env: dict[str, str], state_dir: Path, warn_in: float | None = None,
+    watch: watchdog.Watchdog | None = None,
+) -> tuple[int, dict | None]:  # fmt: skip
     """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
     and stop note.
 
@@ -177,7 +179,9 @@ def supervise(
     it once, through the launcher; if the launcher is killed outright, the child gets
     SIGTERM. The note is :func:`ddppipe.runstate.preemption.record`'s, left when training stopped on
     a signal after writing a checkpoint (None otherwise), whatever exit status srun made of
-    the ranks' exits; a note of another launcher's training is ignored. When srun exits 0
+    the ranks' exits; a note of another launcher's training is ignored. ``watch`` watches
+    the ranks' progress; when it found a hang, the note has no checkpoint and says where the
+    ranks hung (``hung``: :meth:`ddppipe.launching.watchdog.Hang.as_dict`). When srun exits 0
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
     note has no checkpoint and lists those nodes (``unfinished``).
     """
@@ -186,6 +190,8 @@ def supervise(
     env = {**env, preemption.ATTEMPT_ENV: attempt}
     if plan.job is not None:
         env.update(finished_nodes.prepare(state_dir))
+    if watch is not None:
+        env.update(watch.environment())
     sys.stdout.flush()
     sys.stderr.flush()
     if plan.job is None:
@@ -212,8 +218,12 @@ def supervise(
         if timer:
             timer.daemon = True
             timer.start()
+        if watch is not None:
+            watch.start(lambda beats: _end_hung(child, plan, beats), lambda: _pids(child))
         code = child.wait()
     finally:
+        if watch is not None:
+            watch.stop()
         if timer:
             timer.cancel()
         for sig, handler in previous.items():
@@ -234,7 +244,32 @@ def supervise(
                 "attempt": attempt,
                 "unfinished": unfinished,
             }
+    if watch is not None and watch.hang is not None:
+        note = {"signal": None, "checkpoint": None, "attempt": attempt,
+                "hung": watch.hang.as_dict()}  # fmt: skip
     return code, note
+
+
+def _pids(child: workers.Group | subprocess.Popen) -> list[int]:
+    """The local ranks' processes (none for an srun step: its ranks are the step's)."""
+    return [p.pid for p in child.procs] if isinstance(child, workers.Group) else []
+
+
+def _end_hung(child: workers.Group | subprocess.Popen, plan: Plan, beats: list) -> None:
+    """(The watchdog, on a hang, after the stacks) Kill the ranks: locally the worker group,
+    on SLURM the srun step on every node (SIGKILL to the job would reach the batch script)."""
+    if plan.job is None:
+        child.send_signal(signal.SIGKILL)
+        return
+    for step in watchdog.steps(plan.job, beats):
+        watchdog.scancel(step, signal.SIGKILL)
+    deadline = time.monotonic() + watchdog.KILL_WAIT_S
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if child.poll() is None:
+        log.warning("srun still runs %.0f s after its step was killed: killing srun",
+                    watchdog.KILL_WAIT_S)  # fmt: skip
+        child.kill()
 
 
 def run_agent(torchrun_argv: list[str]) -> int:

@@ -27,16 +27,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddppipe.cluster import continuation, slurm
+from ddppipe.cluster import bad_nodes, continuation, slurm
 from ddppipe.core import atomic
-from ddppipe.launching import launch, preflight
-from ddppipe.runstate import attempts, preemption, state_lock
+from ddppipe.launching import launch, preflight, watchdog
+from ddppipe.runstate import attempts, failures, preemption, state_lock
 from ddppipe.runstate import state as ddp_state  # fmt: skip
 from ddppipe.spec.run import RunSpec
 from ddppipe.training import efficiency
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
+HUNG_EXIT = 1  # a local slot that hung (ddppipe.launching.watchdog)
 
 
 @contextlib.contextmanager
@@ -103,10 +104,17 @@ def _slot(
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
+    refused = failures.refusal(state, failures.identity(spec.as_dict()))
+    if refused:  # a retry of a run that failed for good: in seconds, before any preflight
+        raise failures.RepeatedFailure(refused)
     if plan.job:
         peak_file = ddp_state.of(state).peak
         peak_file.unlink(missing_ok=True)
-        checks = preflight.run(spec, plan, peak_file)
+        try:
+            checks = preflight.run(spec, plan, peak_file, state)
+        except preflight.PreflightError as e:
+            _exclude_bad_nodes(spec, plan, state, e)
+            raise
         log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
         peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
         job = _job_record(plan.job)
@@ -121,8 +129,14 @@ def _slot(
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     env = {**plan.env, **_environment(spec, state, len(history), warn_in, end),
-           efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}"}  # fmt: skip
-    code, note = launch.supervise(plan, env, state, warn_in)
+           efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}",
+           failures.DIR_ENV: str(failures.clear(state).resolve()),
+           failures.USER_FILE_ENV: (spec.task_source or {}).get("path") or ""}  # fmt: skip
+    watch = watchdog.Watchdog(spec, state, len(history), plan.job)
+    code, note = launch.supervise(plan, env, state, warn_in, watch)
+    unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
+    if unwatched:
+        log.warning("%s", unwatched)
     if note is not None and note.get("unfinished") and not _ending(plan):
         log.warning(
             "no finished mark from %s, but SLURM runs the job on working nodes: srun's exit 0 "
@@ -135,13 +149,58 @@ def _slot(
     if code == 0:
         if publish is not None:
             publish()
-        history = attempts.finish(state, "completed", 0)
+        history = attempts.finish(state, "completed", 0, unwatched)
         log.info("training complete; attempts:\n%s", attempts.table(history))
         if record is not None:
             atomic.write_json(record, [asdict(a) for a in history])
         return 0
-    attempts.finish(state, f"crashed (exit {code})", code)
+    return _failed(spec, state, code)
+
+
+def _failed(spec: RunSpec, state: Path, code: int) -> int:
+    """Training failed: its first failure (ddppipe.runstate.failures) named in the attempt
+    record and the log. A non-finite loss, or the same failure as the slot before, ends the run
+    for good: a retry of the same config refuses to train."""
+    failure = failures.first(ddp_state.of(state).failures)
+    if failure is None:  # no rank recorded an exception: killed (SIGKILL, out of memory)
+        attempts.finish(state, f"crashed (exit {code})", code)
+        return code
+    outcome = failure.message if failure.nonfinite else f"crashed (exit {code})"
+    history = attempts.finish(state, outcome, code, failure.cause(), asdict(failure))
+    if failure.nonfinite:
+        log.error("training failed: %s", failure.cause())
+        final: str | None = "the loss was not finite"
+    else:
+        log.error("training failed: %s\nthe first failure's traceback (rank %d on %s):\n%s",
+                  failure.cause(), failure.rank, failure.host, failure.traceback)  # fmt: skip
+        before = history[-2].failure if len(history) > 1 else None
+        same = before is not None and failures.Failure(**before).signature == failure.signature
+        final = f"slots {len(history) - 1} and {len(history)} failed the same way" if same else None
+    if final is not None:
+        failures.finalize(state, failure, failures.identity(spec.as_dict()), final)
+        if not failure.nonfinite:  # the outcome of a non-finite loss says it all
+            history[-1].detail += f" ({final}: not retried)"
+            attempts.save(state, history)
+        log.error("not retrying: %s", final)
     return code
+
+
+def _exclude_bad_nodes(
+    spec: RunSpec, plan: launch.Plan, state: Path, error: preflight.PreflightError
+) -> None:
+    """A preflight failure of some nodes of the slot: record them for the next slot's
+    submission and in the attempt history (ddppipe.cluster.bad_nodes)."""
+    decision = bad_nodes.decide(
+        error.nodes, plan.hosts, bad_nodes.load(state), spec.slurm.max_excluded_nodes
+    )
+    if not decision.excluded:
+        if error.nodes:
+            log.error("not excluding: %s", decision.reason)
+        return
+    bad_nodes.record(state, decision.excluded)
+    attempts.begin(state, plan.job, 0, plan.hosts)
+    history = attempts.finish(state, f"bad node {', '.join(error.nodes)}", 1, decision.reason)
+    log.error("%s; attempts:\n%s", decision.reason, attempts.table(history))
 
 
 def _ending(plan: launch.Plan) -> bool:
@@ -163,7 +222,8 @@ def _job_record(job: str) -> dict[str, str]:
 
 
 def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
-    """Training stopped on a signal after writing a checkpoint: record why, then go on."""
+    """Training stopped on a signal after writing a checkpoint, or hung (the watchdog killed
+    it; ``note["hung"]``): record why, then go on (a local slot that hung fails)."""
     request, job = plan.request, plan.job
     nodes: dict[str, str] = {}
     if job:
@@ -177,15 +237,22 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
     )  # fmt: skip
     if note.get("unfinished") and outcome not in continuation.REQUEUED_BY_SLURM:
         outcome = "ended by SLURM"  # not on a signal of its own: SLURM ended the step
-    history = attempts.finish(state, outcome, preemption.EXIT_CODE)
+    hung = note.get("hung")
+    if hung and outcome not in continuation.REQUEUED_BY_SLURM:
+        outcome = "hung"
+    exit_status = HUNG_EXIT if hung and not job else preemption.EXIT_CODE
+    history = attempts.finish(state, outcome, exit_status, hung["detail"] if hung else "")
     log.warning(
         "training stopped (%s) %s; attempts:\n%s", outcome,
         f"after writing {note['checkpoint']}" if note.get("checkpoint") else
-        "without a stop checkpoint: the next slot resumes from the last one",
+        "without a stop checkpoint" + ("" if hung and not job else
+                                       ": the next slot resumes from the last one"),
         attempts.table(history),
     )  # fmt: skip
     if not job:
-        return preemption.EXIT_CODE  # run it again to resume
+        if hung:
+            log.error("the slot hung: %s", hung["detail"])
+        return exit_status  # 75: run it again to resume
     decision = continuation.decide(history, request.max_continuations)
     if decision.requeue:
         try:
@@ -197,12 +264,13 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
                 "uses one of its --retries", job, str(stderr).strip(), preemption.EXIT_CODE,
             )  # fmt: skip
             return preemption.EXIT_CODE
-        log.warning("requeued job %s: its next slot resumes from %s", job, note.get("checkpoint"))
+        log.warning("requeued job %s: its next slot resumes from %s", job,
+                    note.get("checkpoint") or "the last checkpoint")  # fmt: skip
         return preemption.EXIT_CODE
     if outcome in continuation.REQUEUED_BY_SLURM:
         log.warning("%s", decision.reason)
         return preemption.EXIT_CODE
-    history[-1].detail = decision.reason
+    history[-1].detail = "; ".join(filter(None, [history[-1].detail, decision.reason]))
     attempts.save(state, history)
     log.error("not continuing: %s", decision.reason)
     return NO_PROGRESS_EXIT

@@ -1,6 +1,8 @@
 """Checks on the job's nodes before training, with what training will use.
 
-Two srun steps, in the image when there is one: one task per node checks name resolution and
+Two srun steps, in the image when there is one: one task per node checks name resolution,
+that it sees the run's state folder as the launcher does (a token the launcher just wrote: a
+shared filesystem not mounted or stale on a node fails here, not at the first checkpoint) and
 the node's devices (GPU count, compute capability against the image's torch, bf16); then the
 training's own shape (torchrun, every process) joins the process group with the training's
 backend on the training's device, checks an all-reduce, and measures its bus bandwidth for
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -33,14 +36,36 @@ BANDWIDTH_BYTES = 16 * 2**20  # per all-reduce of the bandwidth test
 BANDWIDTH_ITERATIONS = 5
 
 
+TOKEN_FILE = "preflight-token"  # in the state folder: written by the launcher, read by each node
+
+
 class PreflightError(RuntimeError, UserError):
-    """A node of the allocation cannot run the training; the message says which and why."""
+    """A node of the allocation cannot run the training; the message says which and why.
+
+    ``nodes``: the nodes whose own check failed (the node check), empty when the failure names
+    no node (the all-reduce step)."""
+
+    def __init__(self, message: str, nodes: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.nodes = nodes or []
+
+
+def sees_token(state: Path, token: str) -> str | None:
+    """None when ``state``'s token file holds ``token``; else what this node sees instead."""
+    path = Path(state) / TOKEN_FILE
+    try:
+        found = path.read_text().strip()
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    return None if found == token else f"{path} holds another token"
 
 
 def check_node(
-    host: str | None, nproc: int, use: devices.Use, precision: str
-) -> tuple[str, list[str]]:
-    """This node's report, and its problems: rendezvous host unresolvable, devices unfit."""
+    host: str | None, nproc: int, use: devices.Use, precision: str,
+    state: Path | None = None, token: str | None = None,
+) -> tuple[str, list[str]]:  # fmt: skip
+    """This node's report, and its problems: rendezvous host unresolvable, the run's state
+    folder not the launcher's (with ``state`` and ``token``), devices unfit."""
     me = socket.gethostname()
     nodelist = step_nodelist(os.environ)
     host = host or (first_host(nodelist) if nodelist else None)
@@ -50,6 +75,11 @@ def check_node(
             socket.getaddrinfo(host, None)
         except OSError as e:
             problems.append(f"{me}: cannot resolve the rendezvous host {host!r} ({e})")
+    if state is not None and token is not None and (seen := sees_token(state, token)):
+        problems.append(
+            f"{me}: does not see the run's state folder as the job's first node does ({seen}): "
+            "the shared filesystem is not mounted here, or stale; checkpoints and logs live there"
+        )
     try:
         report = devices.node_check(nproc, use, precision)
     except devices.DeviceError as e:
@@ -150,7 +180,15 @@ def _figure(what: str, ranks: int, seconds: float) -> str:
     return f"{what}: {bus_bandwidth(BANDWIDTH_BYTES, ranks, seconds) / 1e9:.2f} GB/s"
 
 
-def _step(command: list[str], env: dict[str, str], what: str) -> str:
+def failing_nodes(stderr: str, hosts: list[str]) -> list[str]:
+    """The hosts whose node check printed a problem (``preflight: HOST: ...`` on stderr)."""
+    lines = stderr.splitlines()
+    return [h for h in hosts if any(line.startswith(f"preflight: {h}: ") for line in lines)]
+
+
+def _step(
+    command: list[str], env: dict[str, str], what: str, hosts: list[str] | None = None
+) -> str:
     try:
         result = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
@@ -161,24 +199,34 @@ def _step(command: list[str], env: dict[str, str], what: str) -> str:
         output = (result.stdout + result.stderr).splitlines()
         lines = [ln for ln in output if "preflight" in ln or "error" in ln.lower()]
         detail = "\n  ".join(dict.fromkeys(lines or result.stderr.splitlines()[-10:]))
-        raise PreflightError(f"preflight {what} failed (exit {result.returncode}):\n  {detail}")
+        raise PreflightError(
+            f"preflight {what} failed (exit {result.returncode}):\n  {detail}",
+            failing_nodes(result.stderr, hosts or []),
+        )
     return result.stdout
 
 
-def run(spec: RunSpec, plan: launch.Plan, peak_out: Path | None = None) -> str:
+def run(
+    spec: RunSpec, plan: launch.Plan, peak_out: Path | None = None, state: Path | None = None
+) -> str:
     """Both checks on the job's nodes, one srun step each; raise PreflightError. The nodes'
-    GEMM peaks go to ``peak_out`` (JSON: ``precision``, ``gflops`` per node)."""
+    GEMM peaks go to ``peak_out`` (JSON: ``precision``, ``gflops`` per node); with ``state``,
+    every node must see the run's state folder."""
     request, job = plan.request, str(plan.job)
     use = spec.device
     precision = spec.train.precision
-    host = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
+    node_args = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
+    if state is not None:
+        token = secrets.token_hex(8)
+        atomic.write_text(Path(state) / TOKEN_FILE, token)
+        node_args += [f"--state={Path(state).resolve()}", f"--token={token}"]
     node_check = [
         *request.srun(job, kill_on_bad_exit=False),
         *running.python_command(spec.as_dict(), spec.gpus),
-        "-m", "ddppipe", "preflight-node", *host, f"--nproc={request.procs_per_node}",
+        "-m", "ddppipe", "preflight-node", *node_args, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip
-    out = _step(node_check, plan.env, "node check")
+    out = _step(node_check, plan.env, "node check", plan.hosts)
     allreduce_plan = launch.plan(
         spec, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
               *([f"--peak-out={peak_out}"] if peak_out else [])],

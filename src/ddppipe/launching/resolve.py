@@ -26,7 +26,7 @@ def write_resolved(
     if layout.kind(resolved) == "script":
         resolved["task_source"] = tasks.locate_script(resolved["script"]).as_dict()
     else:
-        task = tasks.load(resolved["task"])
+        task = tasks.load(resolved["task"], step="write_config (ddppipe resolve-config)")
         resolved["task_args"] = tasks.validate_args(task, resolved["task_args"])
         resolved["task_source"] = task.source.as_dict()
         log.info("%s", tasks.check_model(task, resolved["task_args"]))

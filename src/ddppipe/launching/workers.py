@@ -7,7 +7,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT), so the 
 users' scripts see the same environment as under torchrun; rank 0 serves the rendezvous store
 on a free loopback port. When one worker fails the others are stopped (SIGTERM, then SIGKILL),
 and the group starts again up to ``launch.max_restarts`` times; a stop on a signal (exit
-:data:`~ddppipe.runstate.preemption.EXIT_CODE`) is never restarted. SLURM runs keep torchrun's
+:data:`~ddppipe.runstate.preemption.EXIT_CODE`) is never restarted, nor a failure that repeats
+(the same exception, user frame and step as the start before) or a non-finite loss
+(:mod:`ddppipe.runstate.failures`): restarts are for transient faults. SLURM runs keep torchrun's
 agent, whose rendezvous spans the nodes (:mod:`ddppipe.launching.launch`).
 """
 
@@ -19,8 +21,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from ddppipe.runstate import preemption
+from ddppipe.runstate import failures, preemption
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +93,28 @@ class Group:
             status = self._wait_once()
             if status in (0, preemption.EXIT_CODE) or self.signalled:
                 return status
-            if self.restarts >= self.max_restarts:
+            if self.restarts >= self.max_restarts or self._deterministic():
                 return status
             self.restarts += 1
             log.warning("a worker failed (exit %d): restart %d of %d of the worker group",
                         status, self.restarts, self.max_restarts)  # fmt: skip
             self._start()
+
+    def _deterministic(self) -> bool:
+        """Did this start fail for good: a non-finite loss, or the same failure as the start
+        before it (the ranks' records, :mod:`ddppipe.runstate.failures`)?"""
+        folder = self.env.get(failures.DIR_ENV)
+        now = failures.first_of_restart(Path(folder), self.restarts) if folder else None
+        if now is None:
+            return False
+        before = (
+            failures.first_of_restart(Path(folder), self.restarts - 1) if self.restarts else None
+        )
+        if now.nonfinite or (before is not None and before.signature == now.signature):
+            log.error("not restarting the worker group: %s (%s)", now.cause(),
+                      "not finite" if now.nonfinite else "the same failure as before")  # fmt: skip
+            return True
+        return False
 
     def _wait_once(self) -> int:
         while True:

@@ -4,6 +4,7 @@ the epochs that reached its targets (or a script's last logged values), and its 
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -37,6 +38,16 @@ def targets(
     return "; ".join(parts)
 
 
+def nonfinite(history: list[dict[str, Any]]) -> list[Line]:
+    """A warning when a script logged a NaN or infinite value: which, from which step."""
+    for record in history:
+        bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            return [("warning", f"non-finite {', '.join(bad)} logged from step "
+                                f"{record.get('step', '?')} on (job.log)")]  # fmt: skip
+    return []
+
+
 def lines(
     about: About, history: list[dict[str, Any]], origin: tuple[float, str] | None
 ) -> list[Line]:
@@ -47,7 +58,8 @@ def lines(
             return []
         last = {k: v for r in history for k, v in r.items() if k != "time"}
         return [("logged", ", ".join(f"{k} {v:.4g}" for k, v in last.items()
-                                     if isinstance(v, int | float)))]  # fmt: skip
+                                     if isinstance(v, int | float))),
+                *nonfinite(history)]  # fmt: skip
     if not history:
         return [("training", "no epoch finished yet")]
     final = history[-1]

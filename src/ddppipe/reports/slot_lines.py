@@ -22,6 +22,25 @@ def endings(attempts: list[dict[str, Any]]) -> Line:
     return "attempts", f"{len(attempts)} slot(s): {ended}"
 
 
+def failure(attempts: list[dict[str, Any]]) -> list[Line]:
+    """Why the last slot failed, when a rank's failure ended it (ddppipe.runstate.failures):
+    the first failing rank, its exception and the user's line, or the non-finite loss."""
+    last = attempts[-1]
+    return [("failed", last["detail"])] if last.get("failure") and last.get("detail") else []
+
+
+def hangs(attempts: list[dict[str, Any]], most: int = 3) -> list[Line]:
+    """The last ``most`` slots that hung (ddppipe.launching.watchdog): the ranks that did not
+    progress and their frames; and a completed last slot's note (a script the watchdog could
+    not watch)."""
+    lines = [("hung", f"slot {a['number']}: {a['detail']}")
+             for a in attempts if a["outcome"] == "hung"][-most:]  # fmt: skip
+    last = attempts[-1]
+    if last["outcome"] == "completed" and last.get("detail"):
+        lines.append(("note", last["detail"]))
+    return lines
+
+
 def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Line]:
     """Where the slots' time went, throughput and utilisation, and the waste flags (nothing
     before a slot recorded its figures); ``spec``: the run's, None for a config without one."""

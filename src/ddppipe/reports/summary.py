@@ -49,6 +49,9 @@ def build(run_dir: Path) -> Summary:
     outputs = [p for p in (export.weights, export.outputs, export.provenance) if p.exists()]
     if outputs:
         summary.lines.append(("results", ", ".join(str(p) for p in outputs)))
+    if attempts:  # last: the line a failed snakemake call ends with
+        summary.lines.extend(slot_lines.hangs(attempts))
+        summary.lines.extend(slot_lines.failure(attempts))
     return summary
 
 

@@ -3,7 +3,8 @@ screen.
 
 The report's landing page embeds it (workflow/report/workflow.rst), and it is a report item of
 its own. Every line of the summary becomes a table row, whatever its label; a waste flag is
-shown as a warning. Plain ASCII (other characters as references), no external CSS or script.
+shown as a warning, and so is the cause of a failed run. Plain ASCII (other characters as
+references), no external CSS or script.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 from ddppipe.core import atomic
 from ddppipe.reports.summary import Summary
 
-WARNING = "waste"  # the label of the lines shown as warnings
+WARNING = "waste"  # the class of the rows shown as warnings
+WARNINGS = (WARNING, "failed", "warning", "hung")  # the labels of the lines shown as warnings
 _STYLE = (  # scoped to the fragment: it sits inside the report's page
     ".ddppipe-summary table{margin:0;font-size:inherit}"
     ".ddppipe-summary th,.ddppipe-summary td{padding:2px 8px;vertical-align:top;text-align:left}"
@@ -29,7 +31,7 @@ def _escape(text: str) -> str:
 
 
 def _row(label: str, value: str) -> str:
-    row = f' class="{WARNING}"' if label == WARNING else ""
+    row = f' class="{WARNING}"' if label in WARNINGS else ""
     return f'<tr{row}><th scope="row">{_escape(label)}</th><td>{_escape(value)}</td></tr>'
 
 

@@ -45,7 +45,8 @@ class Attempt:
         None  # the preflight's GEMM peaks (ddppipe.training.peak), if it ran
     )
     submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
-    detail: str = ""
+    detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason
+    failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
 
     @property
     def steps(self) -> int:
@@ -103,13 +104,17 @@ def write_progress(state_dir: Path, progress: dict[str, Any]) -> None:
     atomic.write_json(state.of(state_dir).progress, progress)
 
 
-def finish(state_dir: Path, outcome: str, exit_status: int, detail: str = "") -> list[Attempt]:
-    """Close the open record with how the slot ended and rank 0's progress."""
+def finish(
+    state_dir: Path, outcome: str, exit_status: int, detail: str = "",
+    failure: dict[str, Any] | None = None,
+) -> list[Attempt]:  # fmt: skip
+    """Close the open record with how the slot ended (``failure``: the first failing rank's
+    record) and rank 0's progress."""
     history = load(state_dir)
     attempt = history[-1]
     progress = read_progress(state_dir)
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
-    attempt.detail = detail
+    attempt.detail, attempt.failure = detail, failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
             "stop_seconds", "efficiency")  # fmt: skip
     for key in keys:

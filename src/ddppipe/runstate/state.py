@@ -48,6 +48,29 @@ class StateDir:
         return self.root / "finished-nodes"
 
     @property
+    def watchdog(self) -> Path:
+        """The current slot's heartbeats and stack dumps, one of each a rank
+        (ddppipe.training.heartbeat, ddppipe.launching.watchdog)."""
+        return self.root / "watchdog"
+
+    @property
+    def hangs(self) -> Path:
+        """Every rank's stack of each slot that hung, one file a slot (``attempt-N.txt``)."""
+        return self.root / "hangs"
+
+    @property
+    def failures(self) -> Path:
+        """The current slot's failed ranks: one record each, with its exception and the frame
+        of the user's file it came from (ddppipe.runstate.failures)."""
+        return self.root / "failures"
+
+    @property
+    def final_failure(self) -> Path:
+        """The failure that ended the run for good (a non-finite loss, the same crash twice):
+        later slots of the same config refuse to train (ddppipe.runstate.failures)."""
+        return self.root / "final-failure.json"
+
+    @property
     def lock(self) -> Path:
         return self.root / ".lock"
 

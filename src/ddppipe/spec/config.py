@@ -120,6 +120,11 @@ def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
         if not isinstance(items, dict):
             return value
         return [coerce(v, items, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str) and "anyOf" in node:  # e.g. a number or "auto": the first fit
+        for alternative in node["anyOf"]:
+            if (coerced := coerce(value, alternative, where)) is not value:
+                return coerced
+        return value
     types = _types(node)
     nullable = "null" in types and isinstance(value, str) and value.strip() in _NULL_WORDS
     if isinstance(value, str) and types and ("string" not in types or nullable):
@@ -147,7 +152,7 @@ def _hint(error: jsonschema.ValidationError, schema_: dict[str, Any]) -> str:
     """What the schema says the value must be, when its message does not."""
     if error.validator == "type" and isinstance(error.instance, str):
         return " (command-line values are text)"
-    if error.validator == "pattern" and error.parent is None:
+    if error.validator in ("pattern", "anyOf") and error.parent is None:
         described = _described(error, schema_)
         return f": {described}" if described else ""
     return ""

@@ -52,6 +52,7 @@ class Launch:
     device: str  # as configured: auto, cpu or gpu (RunSpec.device is the decision)
     max_restarts: int
     cpus_per_proc: int | None
+    hang_timeout_s: float | str  # seconds, or "auto" (ddppipe.launching.watchdog)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Slurm:
     stop_signal: str
     rendezvous_host: str | None
     max_continuations: int
+    max_excluded_nodes: int
     cluster_check: str
 
 

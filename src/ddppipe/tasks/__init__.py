@@ -28,6 +28,7 @@ import copy
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,12 +111,56 @@ def locate(ref: str, cwd: Path | None = None) -> Source:
                   _distribution_version(ref))  # fmt: skip
 
 
+def _image() -> str | None:
+    """The Apptainer image this process runs in, if any (Apptainer sets the variable)."""
+    return os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+
+
+def where_this_runs() -> str:
+    """Where this process runs, in words: the image, or this machine's Python environment."""
+    image = _image()
+    return f"the image {image}" if image else f"this machine's Python environment ({sys.prefix})"
+
+
+def _missing_package(e: BaseException, source: Source) -> str | None:
+    """The top-level package whose absence a ModuleNotFoundError reports; none when it is
+    installed (a module of it is missing) or is a file next to the task's."""
+    if not isinstance(e, ModuleNotFoundError) or not e.name:
+        return None
+    top = e.name.split(".")[0]
+    folder = Path(source.path).parent
+    if (folder / f"{top}.py").exists() or (folder / top).is_dir():
+        return None
+    try:
+        return None if importlib.util.find_spec(top) is not None else top
+    except (ImportError, ValueError):
+        return top
+
+
+def missing_package_error(source: Source, step: str | None, package: str) -> TaskError:
+    """A task imports a package that is not installed where the step runs: the error names
+    the package, the step, where it ran, and both ways to fix it."""
+    if _image() is None:
+        pinned = f"requirements: [{package}==VERSION]"
+        image = f"run it in an image with it, container: {{mode: apptainer, {pinned}}}"
+        here = f"install it where this step runs: {sys.executable} -m pip install {package}"
+    else:
+        image = f"add it to this image, container.requirements: [{package}==VERSION]"
+        here = "install it where this step runs: in the image's recipe (container.recipe)"
+    return TaskError(
+        f"{step or 'this step'}: task {source.ref} ({source.path}) imports {package}, which is "
+        f"not installed in {where_this_runs()}. Either {image} (`pip index versions {package}` "
+        f"lists the versions; a module's pip package may have another name), or {here}"
+    )
+
+
 @dataclass(frozen=True)
 class Task:
     """A loaded task: its module, where it came from, and the contract's functions."""
 
     source: Source
     module: ModuleType
+    step: str | None = None  # the step that loaded it (a rule, a command), for its errors
 
     @property
     def name(self) -> str:
@@ -131,6 +176,9 @@ class Task:
         except UserError:
             raise
         except Exception as e:
+            package = _missing_package(e, self.source)  # an import inside the function
+            if package:
+                raise missing_package_error(self.source, self.step, package) from e
             raise TaskError(
                 f"task {self.source.ref} ({self.source.path}): {function}() raised "
                 f"{type(e).__name__}: {e}"
@@ -141,8 +189,12 @@ class Task:
         return getattr(self.module, "ARGS_SCHEMA", None)
 
 
-def load(ref: str, cwd: Path | None = None) -> Task:
-    """Import task ``ref`` and check it provides the contract's functions; raise TaskError."""
+def load(ref: str, cwd: Path | None = None, step: str | None = None) -> Task:
+    """Import task ``ref`` and check it provides the contract's functions; raise TaskError.
+
+    ``step`` (e.g. ``prepare_data (ddppipe prepare)``) is named in the error of a module the
+    task imports but this environment lacks.
+    """
     source = locate(ref, cwd)
     module_name = f"ddppipe_user_task_{source.name}" if is_file_ref(ref) else ref
     try:
@@ -157,6 +209,9 @@ def load(ref: str, cwd: Path | None = None) -> Task:
     except Exception as e:
         sys.modules.pop(module_name, None) if is_file_ref(ref) else None
         moved = MOVED_MODULES.get(getattr(e, "name", None) or "")
+        package = None if moved else _missing_package(e, source)
+        if package:
+            raise missing_package_error(source, step, package) from e
         raise TaskError(
             f"task {ref} ({source.path}): importing it raised {type(e).__name__}: {e}"
             + (f"; {moved}" if moved else "")
@@ -168,7 +223,7 @@ def load(ref: str, cwd: Path | None = None) -> Task:
             "provides prepare(data_dir, args), datasets(data_dir, args) and model(args) "
             "(README, 'Your own model')"
         )
-    return Task(source, module)
+    return Task(source, module, step)
 
 
 def locate_script(ref: str, cwd: Path | None = None) -> Source:

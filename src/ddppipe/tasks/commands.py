@@ -13,7 +13,7 @@ from ddppipe.spec import config
 def prepare(settings: Path, dest: Path) -> int:
     """``ddppipe prepare``: the task named in ``settings`` prepares its data in ``dest``."""
     found_settings = config.load_data_settings(settings)
-    task = tasks.load(found_settings["task"])
+    task = tasks.load(found_settings["task"], step="prepare_data (ddppipe prepare)")
     task_args = tasks.validate_args(task, found_settings["task_args"])
     dest.mkdir(parents=True, exist_ok=True)
     task.call("prepare", dest, task_args)

@@ -18,14 +18,17 @@ through environment variables (:data:`ENV`), set by ``ddppipe launch`` for every
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddppipe.runstate import preemption, state
+from ddppipe.training import heartbeat
 
 STOP = preemption.EXIT_CODE  # the exit status of "stopped after a checkpoint: continue me"
 
@@ -68,6 +71,9 @@ def _env(key: str) -> str:
 
 
 _guard = preemption.Guard()  # installed at import: a signal from now on is noted, never fatal
+# The hang watchdog (ddppipe.launching.watchdog) sees a script's progress through its
+# should_stop() and log() calls, from its first one on.
+heartbeat.start(watched=False)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ def should_stop() -> bool:
     group it answers for this process alone. Rank 0 notes the stop for the launcher.
     """
     global _stopping
+    heartbeat.beat(heartbeat.STEP, _last_step)
     flag = _guard.requested()  # a stop signal arrived, or the stop time has passed
     signum = int(_guard.received or 0)
     import torch.distributed as dist
@@ -155,8 +162,10 @@ def log(step: int, **values: float) -> None:
     step logged in this slot are dropped (as TensorBoard's purge), so no point is doubled.
     """
     global _tracker, _logged_from, _last_step
+    heartbeat.beat(heartbeat.STEP, step)
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    _warn_if_nonfinite(step, values)
     _last_step = step
     layout = state.of(Path(_env("state") or "."))
     record = {"step": step, **{k: float(v) for k, v in values.items()}, "time": time.time()}
@@ -178,6 +187,18 @@ def log(step: int, **values: float) -> None:
         )  # fmt: skip
     if _tracker is not None:
         _tracker.log(step, {k: float(v) for k, v in values.items()})
+
+
+_warned_nonfinite = False
+
+
+def _warn_if_nonfinite(step: int, values: dict[str, float]) -> None:
+    """Say so (once) when a logged value is NaN or infinite; the summary warns too."""
+    global _warned_nonfinite
+    bad = [k for k, v in values.items() if not math.isfinite(float(v))]
+    if bad and not _warned_nonfinite:
+        _warned_nonfinite = True
+        print(f"ddppipe job.log: non-finite {', '.join(bad)} at step {step}", file=sys.stderr)
 
 
 def _progress(**changes: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -26,14 +27,16 @@ from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
-from ddppipe.runstate import attempts, preemption, state
+from ddppipe.runstate import attempts, failures, preemption, state
 from ddppipe.spec import run
-from ddppipe.training import checkpoint, efficiency, evaluate, files, optim, probes, rng
+from ddppipe.training import checkpoint, efficiency, evaluate, files, heartbeat, optim, probes, rng
 
 log = logging.getLogger(__name__)
 
-# Ranks agree on a pending stop signal every this many steps (one tiny all-reduce).
+# Ranks agree on a pending stop signal and on a non-finite loss every this many steps (one
+# tiny all-reduce).
 SIGNAL_CHECK_EVERY = 10
+ALL_FINITE = 2**62  # the first non-finite step's index when there was none
 
 
 def speed_up_cuda() -> None:
@@ -53,7 +56,7 @@ class Trainer:
         # MLflow's params.
         self.config = spec.as_dict()
         self.meter = efficiency.SlotMeter()
-        self.task = tasks.load(spec.task)
+        self.task = tasks.load(spec.task, step="train (ddppipe train)")
         args = self.config["task_args"]
         self.config_hash = spec.train_hash(manifest.check(paths.data_dir)["digest"])
         self.dtype, self.memory_format = evaluate.numerics(
@@ -63,6 +66,7 @@ class Trainer:
         if cuda:
             devices.check_gpu(ctx.device.index, self.recipe.precision)
             self.meter.watch_gpu(ctx.device)
+        heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
         with self.meter.phase("data"):
             train_set, test_set = self.task.call("datasets", paths.data_dir, args)
             workers = batches.loader_workers(
@@ -78,6 +82,7 @@ class Trainer:
         self.steps_per_epoch = sharding.steps_per_epoch(
             len(self.train_data), self.recipe.batch_size
         )
+        heartbeat.beat("start-up")
         torch.manual_seed(self.recipe.seed)  # identical initial weights on every rank
         model = self.task.call("model", args).to(ctx.device, memory_format=self.memory_format)
         self.model = model
@@ -112,6 +117,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self._final_eval: evaluate.Counts | None = None
+        # The index of the first step (0: the run's first) whose loss was NaN or infinite: a
+        # device-side flag, no host sync a step; the ranks agree on it with the stop flag.
+        self._first_nonfinite = torch.full((), ALL_FINITE, dtype=torch.int64, device=ctx.device)
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.tracker = self._tracker() if ctx.is_main else None
 
@@ -178,6 +186,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
+        heartbeat.beat("checkpoint")
         started = time.perf_counter()
         snapshot = self.snapshot()
 
@@ -198,6 +207,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest valid checkpoint of this config, if any (rank 0 decides)."""
+        heartbeat.beat("checkpoint")
         found: list[Any] = [None]
         if self.ctx.is_main:
             found[0] = self.store.latest(self.config_hash)
@@ -235,9 +245,24 @@ class Trainer:
 
     # -- loop ----------------------------------------------------------------------------
     def _stop_requested(self, guard: preemption.Guard) -> bool:
-        flag = torch.tensor([1 if guard.requested() else 0], device=self.ctx.device)
+        """Collective: whether any rank got the stop signal; raise NonFiniteLoss when any
+        rank's loss was non-finite since the last check (the earliest such step)."""
+        flag = torch.tensor([1 if guard.requested() else 0, 0], device=self.ctx.device)
+        flag[1] = -self._first_nonfinite  # MAX of the negated index: the earliest step
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        stop, first = flag.tolist()
+        self._raise_if_nonfinite(-first)
+        return bool(stop)
+
+    def _raise_if_nonfinite(self, first: int) -> None:
+        if first != ALL_FINITE:
+            raise failures.NonFiniteLoss(first + 1, first // self.steps_per_epoch + 1)
+
+    def _check_finite(self, step: int, loss: torch.Tensor) -> None:
+        """Note step ``step`` (this epoch's) as the first non-finite one if its loss is (and
+        none was before): on the device, no sync."""
+        at = torch.where(torch.isfinite(loss), ALL_FINITE, self.epoch * self.steps_per_epoch + step)
+        torch.minimum(self._first_nonfinite, at, out=self._first_nonfinite)
 
     def _forward_backward(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
         y = batch[1]
@@ -297,7 +322,10 @@ class Trainer:
                     bar.close()
                     self._account(clock, images, start, warm_at, warm_images, probe_s)
                     return None
+            failures.at_step(self.epoch * self.steps_per_epoch + step + 1, self.epoch + 1)
+            heartbeat.beat(heartbeat.STEP, self.epoch * self.steps_per_epoch + step)
             step_loss = self._train_step(local, global_count)
+            self._check_finite(step, step_loss)
             images += global_count
             self.meter.steps += 1
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
@@ -313,6 +341,9 @@ class Trainer:
         dist.all_reduce(loss_total)
         self._epoch_images = n - first * batch
         self._epoch_loss = float(loss_total) / self._epoch_images
+        if not math.isfinite(self._epoch_loss):  # every rank sees it: agree on the first step
+            dist.all_reduce(self._first_nonfinite, op=dist.ReduceOp.MIN)
+            self._raise_if_nonfinite(int(self._first_nonfinite))
         return seconds
 
     def _account(
@@ -329,6 +360,7 @@ class Trainer:
         return seconds
 
     def _evaluate(self) -> evaluate.Counts:
+        heartbeat.beat("evaluate")
         batches = self.test_data.shard(
             self.ctx.rank, self.ctx.world_size, self.recipe.eval_batch_size
         )
@@ -403,6 +435,7 @@ class Trainer:
 
     def _write_outputs(self) -> None:
         """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
+        heartbeat.beat("checkpoint")
         snapshot = self.snapshot()
 
         evaluation = {
@@ -423,7 +456,8 @@ def train(spec: run.RunSpec, paths: files.Paths, guard: preemption.Guard) -> Non
     ctx = distributed.setup(use=spec.device)
     try:
         Trainer(spec, paths, ctx).run(guard)
-    except BaseException:
+    except BaseException as e:
+        failures.record(e)  # first: its time orders it before the others' follow-on errors
         distributed.teardown(synchronize=False)  # the others may never get to a barrier
         raise
     distributed.teardown()

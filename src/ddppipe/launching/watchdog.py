@@ -1,0 +1,388 @@
+"""The progress watchdog of a slot: a rank without progress ends the slot as ``hung``.
+
+The launcher (on the job's first node) reads every rank's heartbeat
+(:mod:`ddppipe.training.heartbeat`) from the state folder once a second. A rank may go
+without progress for its phase's allowance (:func:`allowance`): a training step's is
+``launch.hang_timeout_s``, or with ``auto`` 10 times the slowest step seen in the slot and
+at least 2 minutes (10 minutes until the slot's first steps: torchtitan's two timeouts,
+NVIDIA's resiliency extension's timeouts from observed step times); start-up, data,
+evaluation and checkpoints have longer ones of their own. When a rank exceeds it, the
+watchdog has every rank write its Python stack (the heartbeat's signal: ``kill`` locally,
+``scancel --signal`` of the srun step on SLURM, which reaches every node), names the ranks
+that did not progress and the frame each is in, writes it all to the state folder's
+``hangs/attempt-N.txt`` and the log, and kills the ranks. The life cycle records the outcome
+``hung`` (ddppipe.launching.lifecycle): on SLURM the job continues from the last checkpoint in
+a new slot (ddppipe.cluster.continuation caps slots that hung without progress).
+
+A script's ranks are watched from their first ``job.should_stop()`` or ``job.log()`` call; a
+script that calls neither has no watchdog, and the log and attempt record say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddppipe.runstate import state
+from ddppipe.spec.run import RunSpec
+from ddppipe.training import heartbeat
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+# auto: a step may take this many times the slowest step seen in the slot, and at least
+# AUTO_FLOOR_S (a file system's or the network's hiccup is no hang); until the slot's steps
+# after each phase's first are seen (compilation, cuDNN's search, data loader start-up),
+# FIRST_STEPS_S.
+AUTO_FACTOR, AUTO_FLOOR_S, FIRST_STEPS_S = 10.0, 120.0, 600.0
+# The phases that legitimately take long, each never less than a step's allowance:
+# start-up (imports, the rendezvous, the process group, the model), data (the task's
+# datasets), evaluation, checkpoints (also loading one, and the final outputs).
+PHASE_ALLOWANCE_S = {"start-up": 600.0, "data": 900.0, "evaluate": 600.0, "checkpoint": 600.0}
+DUMP_WAIT_S = 5.0  # for every rank's stack to arrive
+KILL_WAIT_S = 15.0  # for the killed step's srun to exit
+NO_WATCHDOG_NOTE = (
+    "no hang watchdog: the script called neither job.should_stop() nor job.log(), through "
+    "which the watchdog sees its progress"
+)
+# A rank whose innermost frame is here waits for the others (a collective, DDP's gradient
+# all-reduce in the backward): it is not where a hang started.
+WAITING_IN = ("/torch/distributed/", "/torch/nn/parallel/distributed.py", "/torch/autograd/",
+              "/torch/_tensor.py")  # fmt: skip
+
+
+def step_allowance(setting: float | str, slowest_step_s: float | None) -> float:
+    """Seconds a training step may take (``launch.hang_timeout_s``: a number, or ``auto``
+    from ``slowest_step_s``, the slowest step seen in the slot, None before one)."""
+    if setting != "auto":
+        return float(setting)
+    if slowest_step_s is None:
+        return FIRST_STEPS_S
+    return max(AUTO_FLOOR_S, AUTO_FACTOR * slowest_step_s)
+
+
+def allowance(setting: float | str, phase: str, slowest_step_s: float | None) -> float:
+    """Seconds a rank in ``phase`` may go without progress."""
+    step = step_allowance(setting, slowest_step_s)
+    if phase == heartbeat.STEP:
+        return step
+    return max(step, PHASE_ALLOWANCE_S.get(phase, FIRST_STEPS_S))
+
+
+# -- stacks ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        """``function at path:line``, the path relative to the working directory inside it."""
+        path = os.path.relpath(self.file) if os.path.isabs(self.file) else self.file
+        return f"{self.function} at {self.file if path.startswith('..') else path}:{self.line}"
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def parse_stacks(text: str) -> dict[int, list[Frame]]:
+    """faulthandler's dump of every thread: each thread's frames, innermost first (a thread
+    dumped twice keeps its last dump)."""
+    threads: dict[int, list[Frame]] = {}
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        if match := _THREAD.match(line):
+            current = threads[int(match[1], 16)] = []
+        elif current is not None and (match := _FRAME.match(line)):
+            current.append(Frame(match[1], int(match[2]), match[3]))
+    return threads
+
+
+def waiting(frames: list[Frame]) -> bool:
+    """Is a rank with these frames (innermost first) waiting for the other ranks?"""
+    return bool(frames) and any(part in frames[0].file for part in WAITING_IN)
+
+
+def where(frames: list[Frame], user_file: str | None) -> Frame | None:
+    """The innermost frame in the user's file when there is one, else the innermost."""
+    if user_file:
+        mine = [f for f in frames if _same_file(f.file, user_file)]
+        if mine:
+            return mine[0]
+    return frames[0] if frames else None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+@dataclass
+class RankView:
+    """What the watchdog knows of one rank."""
+
+    rank: int
+    beat: heartbeat.Beat | None = None
+    changed_at: float = 0.0  # the launcher's time.monotonic() of its last progress
+    frames: list[Frame] = field(default_factory=list)
+
+    @property
+    def phase(self) -> str:
+        return self.beat.phase if self.beat else "start-up"
+
+    def describe(self, now: float) -> str:
+        host = self.beat.host if self.beat else "?"
+        step = f", step {self.beat.step}" if self.beat and self.beat.step is not None else ""
+        return f"rank {self.rank} ({host}): {self.phase}{step}, {now - self.changed_at:.0f} s idle"
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A slot that hung: the ranks that did not progress and where each was."""
+
+    ranks: list[int]
+    places: dict[int, str]  # rank -> "function at file:line" (the user's frame if any)
+    hosts: dict[int, str]
+    phase: str
+    idle_s: float
+    allowance_s: float
+    stacks: str  # the report's path
+
+    @property
+    def detail(self) -> str:
+        """One line for the attempt history and the summary."""
+        named = "; ".join(
+            f"rank {r} ({self.hosts.get(r, '?')}) in {self.places.get(r, 'an unknown frame')}"
+            for r in self.ranks
+        )
+        which = "launch.hang_timeout_s" if self.phase == heartbeat.STEP else f"{self.phase}'s"
+        return (
+            f"{named}: no progress in {self.phase} for {self.idle_s:.0f} s (allowed "
+            f"{self.allowance_s:.0f} s, {which}); every rank's stack: {self.stacks}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks, "places": {str(k): v for k, v in self.places.items()},
+                "detail": self.detail, "stacks": self.stacks}  # fmt: skip
+
+
+class Watchdog:
+    """Watches one slot's ranks from the launcher; see the module's docstring."""
+
+    def __init__(self, spec: RunSpec, state_dir: Path, attempt: int, job: str | None) -> None:
+        layout = state.of(state_dir)
+        self.folder, self.report = layout.watchdog, layout.hangs / f"attempt-{attempt}.txt"
+        self.setting, self.world_size = spec.launch.hang_timeout_s, spec.world_size
+        self.script, self.gpus, self.job = spec.kind == "script", spec.gpus, job
+        source = spec.task_source or {}
+        self.user_file = source.get("path") if source.get("path") else None
+        self.views = {r: RankView(r) for r in range(self.world_size)}
+        self.hang: Hang | None = None
+        self.armed_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def environment(self) -> dict[str, str]:
+        """An empty watchdog folder for the slot, and what its ranks need to know of it."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        env = {heartbeat.WATCHDOG_ENV: str(self.folder.resolve())}
+        if self.gpus:  # the NCCL flight recorder: kept, dumped on NCCL's timeout or on a hang
+            env.update({
+                "TORCH_NCCL_TRACE_BUFFER_SIZE": os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+                or "2000",  # (a user's own size wins)
+                "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(self.folder.resolve() / "nccl-trace-rank-"),
+                heartbeat.NCCL_TRACE_ENV: "1",
+            })  # fmt: skip
+        return env
+
+    def start(self, end: Callable[[list[heartbeat.Beat]], None],
+              local_pids: Callable[[], list[int]]) -> None:  # fmt: skip
+        """Watch in a thread; on a hang, dump the stacks and call ``end`` (kills the ranks).
+        ``local_pids``: the launcher's own children, signalled where no heartbeat names one."""
+        self._end, self._local_pids = end, local_pids
+        now = time.monotonic()
+        for view in self.views.values():
+            view.changed_at = now
+        self._thread = threading.Thread(target=self._run, name="ddppipe-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=DUMP_WAIT_S + KILL_WAIT_S + 10)
+        self._read(time.monotonic())  # the ranks' last beats (a short script's first call)
+
+    @property
+    def watched(self) -> bool:
+        """Did the watchdog watch this slot's ranks (a script: did it call the job API)?"""
+        return not self.script or self.armed_at is not None
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                late = self._check(time.monotonic())
+                if late is not None:
+                    self._handle(*late)
+                    return
+            except Exception:  # never let the watchdog take the slot down
+                log.exception("hang watchdog failed; the slot goes on unwatched")
+                return
+
+    def _read(self, now: float) -> None:
+        """Every rank's heartbeat: its progress since the last read, and the arming."""
+        for view in self.views.values():
+            beat = heartbeat.Beat.read(heartbeat.beat_file(self.folder, view.rank))
+            if beat is None:
+                continue
+            old = view.beat
+            if old is None or (beat.count, beat.pid) != (old.count, old.pid):
+                view.changed_at = now
+            view.beat = beat
+            if self.armed_at is None and beat.watched:
+                self.armed_at = now
+
+    def _check(self, now: float) -> tuple[list[RankView], float] | None:
+        """Read the heartbeats; the ranks past their allowance (and it) if any."""
+        self._read(now)
+        if not self.watched:
+            return None
+        late, allowed = [], 0.0
+        for view in self.views.values():
+            if view.phase == heartbeat.DONE:
+                continue
+            slowest = view.beat.slowest_step_s if view.beat else None
+            limit = allowance(self.setting, view.phase, slowest)
+            since = max(view.changed_at, self.armed_at or view.changed_at)
+            if now - since > limit:
+                late.append(view)
+                allowed = max(allowed, limit)
+        return (late, allowed) if late else None
+
+    # -- a hang ------------------------------------------------------------------------------
+
+    def _handle(self, late: list[RankView], allowed: float) -> None:
+        now = time.monotonic()
+        log.error(
+            "hang watchdog: no progress from %s (allowed %.0f s): recording every rank's stack",
+            ", ".join(v.describe(now) for v in late), allowed,
+        )  # fmt: skip
+        beats = [v.beat for v in self.views.values() if v.beat is not None]
+        self._dump(beats)
+        culprits = self._culprits(late)
+        self.report.parent.mkdir(parents=True, exist_ok=True)
+        text = self._report(now, allowed)
+        self.report.write_text(text)
+        self.hang = Hang(
+            ranks=[v.rank for v in culprits],
+            places={v.rank: str(f) for v in culprits if (f := where(v.frames, self.user_file))},
+            hosts={v.rank: v.beat.host for v in culprits if v.beat},
+            phase=late[0].phase, idle_s=now - min(v.changed_at for v in late),
+            allowance_s=allowed, stacks=str(self.report),
+        )  # fmt: skip
+        log.error("hang watchdog: the slot hung: %s\n%s", self.hang.detail, text)
+        self._end(beats)
+
+    def _dump(self, beats: list[heartbeat.Beat]) -> None:
+        """Every rank's stack into its stacks file: the heartbeat's signal to each rank."""
+        (self.folder / heartbeat.DUMP_REQUEST).touch()  # (the NCCL flight recorder's dump)
+        if self.job is None:
+            named = {b.pid for b in beats if b.host == socket.gethostname()}
+            pids = named if len(named) == self.world_size else named | set(self._local_pids())
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, heartbeat.DUMP_SIGNAL)
+        else:
+            for step in steps(self.job, beats):
+                scancel(step, heartbeat.DUMP_SIGNAL)
+        deadline = time.monotonic() + DUMP_WAIT_S
+        sizes: dict[int, int] = {}
+        alive = [v.rank for v in self.views.values() if v.phase != heartbeat.DONE]
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            now_sizes = {r: _size(heartbeat.stacks_file(self.folder, r)) for r in alive}
+            if all(now_sizes.values()) and now_sizes == sizes:
+                break  # every rank wrote, and nothing grew in the last 0.2 s
+            sizes = now_sizes
+        for view in self.views.values():
+            path = heartbeat.stacks_file(self.folder, view.rank)
+            try:
+                threads = parse_stacks(path.read_text(errors="replace"))
+            except OSError:
+                threads = {}
+            main = view.beat.thread if view.beat else None
+            view.frames = threads.get(main, []) if main in threads else next(
+                iter(threads.values()), []
+            )  # fmt: skip
+
+    def _culprits(self, late: list[RankView]) -> list[RankView]:
+        """The ranks that did not progress and are not waiting for the others: those whose
+        stack is outside a collective, else those a step behind, else every late rank."""
+        dumped = [v for v in self.views.values() if v.frames]
+        working = [v for v in dumped if not waiting(v.frames)]
+        if working and len(working) < len(self.views):
+            return working
+        reached = {v.rank: v.beat.step for v in self.views.values() if v.beat}
+        if None not in reached.values() and len(reached) == len(self.views):
+            least = min(reached.values())  # type: ignore[type-var]
+            if least != max(reached.values()):  # type: ignore[type-var]
+                return [self.views[r] for r, step in reached.items() if step == least]
+        return working or late
+
+    def _report(self, now: float, allowed: float) -> str:
+        """Every rank's state and main-thread stack (innermost last, as Python prints)."""
+        parts = [f"hang watchdog: a slot without progress (allowed {allowed:.0f} s)"]
+        for view in self.views.values():
+            pid = f", pid {view.beat.pid}" if view.beat else ""
+            parts.append(f"\n{view.describe(now)}{pid}")
+            if view.phase == heartbeat.DONE:
+                parts.append("  (its process had ended)")
+            elif not view.frames:
+                parts.append("  (no stack: the rank did not answer)")
+            for frame in reversed(view.frames):
+                parts.append(f'  File "{frame.file}", line {frame.line}, in {frame.function}')
+        return "\n".join(parts) + "\n"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def steps(job: str, beats: list[heartbeat.Beat]) -> list[str]:
+    """The srun steps of ``job`` the ranks run in (from their heartbeats, else squeue's)."""
+    named = sorted({b.slurm_step for b in beats if b.slurm_step})
+    if named:
+        return named
+    out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True,
+                         text=True, timeout=30, check=False).stdout  # fmt: skip
+    return [s for s in out.split() if re.fullmatch(rf"{job}\.\d+", s)]
+
+
+def scancel(step: str, sig: signal.Signals) -> None:
+    """``sig`` to every process of the SLURM step ``step`` (JOB.STEP), on every node."""
+    # By number: Slurm 22.05's scancel knows the names of a few signals only (not WINCH).
+    result = subprocess.run(["scancel", f"--signal={int(sig)}", step],
+                            capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    if result.returncode != 0:
+        log.warning("scancel --signal=%s %s failed: %s", sig.name, step, result.stderr.strip())

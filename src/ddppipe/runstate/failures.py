@@ -1,0 +1,242 @@
+"""Why a slot failed: each failing rank's record, the first of them, and failures that end a run.
+
+Every rank of a slot that dies of a Python exception leaves one record
+(``<state>/failures/restart<R>-rank<N>.json``, written by :func:`record`: the trainer's entry
+and ``python -m ddppipe.training.run_script`` for a user's script): its rank, node, time,
+exception type and message, traceback, the training step it was in, and the innermost frame
+in the user's own file (the task file or the script). The launcher reads them when the slot
+ends (:func:`first`): the **first** failure by time is the cause; the others (rank 0's gloo
+``Connection closed by peer``, a survivor's SIGTERM) follow from it. Under torchrun the same
+record also goes to ``TORCHELASTIC_ERROR_FILE`` in torch's format, so the agent's own error
+table shows the traceback.
+
+A failure ends the run for good (:func:`finalize`, ``<state>/final-failure.json``) when it is
+a non-finite loss, or when a slot fails with the same exception, frame and step as the slot
+before it: a retried job (SLURM's ``retries``) of the same config then refuses to train in
+seconds (:func:`refusal`) instead of training into the same crash again. A change of the
+config or of the task file (its SHA-256 is part of the config) lifts it.
+
+No torch here: the launcher reads records without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import sysconfig
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ddppipe.core import atomic
+from ddppipe.core.errors import UserError
+from ddppipe.runstate import preemption, state
+
+DIR_ENV = "DDPPIPE_FAILURE_DIR"  # where ranks write their records (the launcher sets it)
+USER_FILE_ENV = "DDPPIPE_USER_FILE"  # the task file or script whose frames name the cause
+TORCH_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun's agent for each worker
+NONFINITE = "NonFiniteLoss"
+TRACEBACK_LINES = 60  # the record keeps the innermost lines of a traceback
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss was NaN or infinite at ``step`` (the run's N-th optimizer step, 1 for
+    the first) of ``epoch`` (1 for the first), as every rank agreed."""
+
+    def __init__(self, step: int, epoch: int) -> None:
+        super().__init__(f"non-finite loss at step {step} (epoch {epoch})")
+        self.step, self.epoch = step, epoch
+
+
+class RepeatedFailure(RuntimeError, UserError):
+    """The run's last failure ends it for good (see :func:`refusal`)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One rank's failure."""
+
+    rank: int
+    host: str
+    time: float  # Unix time the exception reached the rank's entry
+    type: str  # the exception's class name
+    message: str
+    frame: str | None  # "path:line (in function)" of the innermost frame in the user's file
+    step: int | None  # the training step it was in (1 for the first), where known
+    epoch: int | None
+    restart: int  # torchrun's restart count of the worker group
+    traceback: str
+
+    @property
+    def nonfinite(self) -> bool:
+        return self.type == NONFINITE
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """What two failures share when they are the same crash."""
+        return self.type, self.message, self.frame, self.step
+
+    def cause(self) -> str:
+        """One line naming the failure: ``rank 1 on cn08: RuntimeError: boom at
+        tasks/x.py:31 (in forward), step 8 (epoch 1)``; a non-finite loss names its step."""
+        if self.nonfinite:
+            return self.message
+        where = f" at {self.frame}" if self.frame else ""
+        when = f", step {self.step} (epoch {self.epoch})" if self.step is not None else ""
+        return f"rank {self.rank} on {self.host}: {self.type}: {self.message}{where}{when}"
+
+
+# -- on the ranks -------------------------------------------------------------------------
+
+_step: tuple[int, int] | None = None
+_recorded = False
+
+
+def at_step(step: int, epoch: int) -> None:
+    """(A rank) The step it trains now (1 for the run's first) and its epoch (1 for the first):
+    named by a failure in it."""
+    global _step
+    _step = (step, epoch)
+
+
+def _library_paths() -> tuple[str, ...]:
+    import ddppipe
+
+    paths = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return (*sorted(paths), str(Path(ddppipe.__file__).parent))
+
+
+def user_frame(tb: TracebackType | None, user_file: str | None) -> str | None:
+    """The innermost frame of ``tb`` in ``user_file`` (``path:line (in function)``, the path
+    relative to the working directory when below it); failing that, the innermost frame
+    outside Python's and installed packages' files and ddppipe's; None if none is."""
+    frames = traceback.extract_tb(tb)
+    wanted = os.path.realpath(user_file) if user_file else None
+    mine = [f for f in frames if wanted and os.path.realpath(f.filename) == wanted]
+    if not mine:
+        libraries = _library_paths()
+        mine = [f for f in frames if not f.filename.startswith(libraries)
+                and not f.filename.startswith("<")]  # fmt: skip
+    if not mine:
+        return None
+    frame = mine[-1]
+    path = Path(os.path.realpath(frame.filename))
+    cwd = Path.cwd().resolve()
+    shown = path.relative_to(cwd) if path.is_relative_to(cwd) else path
+    return f"{shown}:{frame.lineno} (in {frame.name})"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:500] if lines else ""
+
+
+def record(error: BaseException) -> None:
+    """(A rank) Record ``error`` as this rank's failure, once per process; a no-op for exits
+    (SystemExit, KeyboardInterrupt) and a stop on a signal (no failure)."""
+    global _recorded
+    folder = os.environ.get(DIR_ENV)
+    if _recorded or isinstance(error, SystemExit | KeyboardInterrupt | preemption.Preempted):
+        return
+    _recorded = True
+    now = time.time()
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    text = "".join(lines).splitlines()[-TRACEBACK_LINES:]
+    step, epoch = _step if _step is not None else (None, None)
+    if isinstance(error, NonFiniteLoss):
+        step, epoch = error.step, error.epoch
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    failure = Failure(
+        rank=int(os.environ.get("RANK", "0")), host=socket.gethostname(), time=now,
+        type=type(error).__name__, message=_first_line(error),
+        frame=user_frame(error.__traceback__, os.environ.get(USER_FILE_ENV)),
+        step=step, epoch=epoch, restart=restart, traceback="\n".join(text),
+    )  # fmt: skip
+    try:
+        if folder:
+            path = Path(folder) / f"restart{restart}-rank{failure.rank}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_json(path, asdict(failure))
+        torch_file = os.environ.get(TORCH_ERROR_FILE_ENV)
+        if torch_file and not os.path.exists(torch_file):
+            atomic.write_json(torch_file, {"message": {
+                "message": f"{failure.type}: {failure.message}",
+                "extraInfo": {"py_callstack": failure.traceback, "timestamp": str(int(now))},
+            }})  # fmt: skip
+    except OSError as e:  # the rank's own error matters more than its record
+        print(f"ddppipe: could not record this rank's failure ({e})", file=sys.stderr)
+
+
+# -- in the launcher ----------------------------------------------------------------------
+
+
+def clear(state_dir: Path) -> Path:
+    """Remove the records of an earlier slot; the folder this slot's ranks write to."""
+    folder = state.of(state_dir).failures
+    if folder.is_dir():
+        for path in folder.glob("*.json"):
+            path.unlink(missing_ok=True)
+    return folder
+
+
+def read_all(folder: Path) -> list[Failure]:
+    """Every record in ``folder`` (unreadable ones skipped), oldest first."""
+    found = []
+    for path in Path(folder).glob("restart*-rank*.json"):
+        try:
+            found.append(Failure(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(found, key=lambda f: f.time)
+
+
+def first(folder: Path) -> Failure | None:
+    """The first failure of the worker group's last start (the others follow from it)."""
+    found = read_all(folder)
+    if not found:
+        return None
+    last = max(f.restart for f in found)
+    return next(f for f in found if f.restart == last)
+
+
+def first_of_restart(folder: Path, restart: int) -> Failure | None:
+    """The first failure of the worker group's start number ``restart`` (0: the first)."""
+    return next((f for f in read_all(folder) if f.restart == restart), None)
+
+
+def identity(config: dict[str, Any]) -> str:
+    """What a final failure belongs to: the SHA-256 of the run's resolved config (which holds
+    the task file's or script's SHA-256)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def finalize(state_dir: Path, failure: Failure, config_id: str, why: str) -> None:
+    """Record ``failure`` as the end of the run for config ``config_id`` (``why``: in words)."""
+    atomic.write_json(
+        state.of(state_dir).final_failure,
+        {"config": config_id, "why": why, "failure": asdict(failure)},
+    )
+
+
+def refusal(state_dir: Path, config_id: str) -> str | None:
+    """Why a slot of config ``config_id`` must not train (its final failure), or None; a
+    final failure of another config is removed."""
+    path = state.of(state_dir).final_failure
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if found.get("config") != config_id:
+        path.unlink(missing_ok=True)
+        return None
+    failure = Failure(**found["failure"])
+    return (
+        f"not training: {found['why']}: {failure.cause()}. Fix the task file, script or "
+        f"config (a change lifts this), or delete {path} to try the same again"
+    )

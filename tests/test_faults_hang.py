@@ -1,0 +1,335 @@
+"""A rank that hangs in the user's own code: the progress watchdog (launch.hang_timeout_s)
+ends the slot in seconds, names the rank and the user's frame, and records every rank's stack;
+on SLURM the job continues from the last checkpoint in a new slot."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from ddppipe.cluster import continuation
+from ddppipe.launching import watchdog
+from ddppipe.runstate.attempts import Attempt
+from ddppipe.spec import run
+from ddppipe.training import heartbeat
+from tests.slurm_cluster import SlurmCluster
+from tests.test_slurm import logs, on_cluster, snakemake_slurm
+from tests.tiny import default_config
+from tests.workflow_helpers import snakemake
+
+# A task file as a user writes it, whose model gets stuck once on rank 1: its 31st forward in
+# training mode (the 25th step: the all-reduce probe at step 10 runs 6 more forwards), in the
+# run's first slot only, as a deadlock in user code would.
+STUCK_TASK = '''\
+"""Two noisy blobs and a small MLP; rank 1's forward gets stuck once, in the first slot."""
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+STUCK_AT = 31  # forward calls in training mode
+
+
+def prepare(data_dir: Path, args: dict) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1200, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    torch.save({"x": x, "y": y}, data_dir / "blobs.pt")
+
+
+def datasets(data_dir: Path, args: dict) -> tuple[TensorDataset, TensorDataset]:
+    blobs = torch.load(data_dir / "blobs.pt")
+    x, y = blobs["x"], blobs["y"]
+    return TensorDataset(x[:1000], y[:1000]), TensorDataset(x[1000:], y[1000:])
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            first_slot = os.environ.get("DDPPIPE_ATTEMPT_NUMBER") == "1"
+            if self.calls == STUCK_AT and os.environ.get("RANK") == "1" and first_slot:
+                logging.getLogger("stuck").warning("rank 1 gets stuck")
+                time.sleep(3600)
+        return self.layers(x)
+
+
+def model(args: dict) -> nn.Module:
+    return Net()
+'''
+SLEEP_LINE = 1 + STUCK_TASK.splitlines().index("                time.sleep(3600)")
+TIMEOUT_S = 3
+
+
+def stuck_config(run: str) -> dict:
+    """tasks/stuck.py: 3 epochs of 20 steps (1,000 samples, batches of 50), a checkpoint
+    every epoch, the watchdog at 3 s."""
+    cfg = default_config()
+    cfg.update(run=run, task="tasks/stuck.py", task_args={})
+    cfg["train"].update(epochs=3, batch_size=50, eval_batch_size=200, checkpoint_every=1)
+    cfg["launch"]["hang_timeout_s"] = TIMEOUT_S
+    return cfg
+
+
+def with_stuck_task(workdir: Path) -> Path:
+    (workdir / "tasks").mkdir(parents=True, exist_ok=True)
+    (workdir / "tasks" / "stuck.py").write_text(STUCK_TASK)
+    return workdir / "tasks" / "stuck.py"
+
+
+def stuck_at(log: str) -> float:
+    """Unix time of the task's "rank 1 gets stuck" log line (ddppipe's log format)."""
+    stamp = re.search(r"^(\S+ \S+) \[rank 1\] WARNING stuck: rank 1 gets stuck", log, re.M)
+    assert stamp, log[-3000:]
+    return datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+# -- the allowance, and the stacks -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "phase", "slowest", "expected"),
+    [
+        ("auto", "train", None, 600.0),  # before the slot's steps: start-up's length
+        ("auto", "train", 0.05, 120.0),  # fast steps: the floor
+        ("auto", "train", 30.0, 300.0),  # slow steps: 10 times the slowest
+        ("auto", "evaluate", 0.05, 600.0),
+        ("auto", "data", 0.05, 900.0),
+        ("auto", "checkpoint", 90.0, 900.0),  # a phase gets no less than a step
+        (3, "train", None, 3.0),  # a number is a step's allowance from the start
+        (3, "start-up", None, 600.0),
+        (2000, "evaluate", 0.05, 2000.0),
+    ],
+)
+def test_allowance(
+    setting: float | str, phase: str, slowest: float | None, expected: float
+) -> None:
+    assert watchdog.allowance(setting, phase, slowest) == expected
+
+
+def test_a_stack_dump_names_the_main_threads_frames(tmp_path: Path) -> None:
+    """A real faulthandler dump of a process blocked in time.sleep in a helper thread's
+    presence: the main thread's frames, innermost first, the user's frame found."""
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import faulthandler, signal, sys, threading, time\n"
+        f"faulthandler.register(signal.{heartbeat.DUMP_SIGNAL.name}, file=open(sys.argv[1], 'w'),"
+        " all_threads=True)\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print(threading.main_thread().ident, flush=True)\n"
+        "def stuck():\n"
+        "    time.sleep(60)\n"
+        "stuck()\n"
+    )
+    dump = tmp_path / "dump.txt"
+    proc = subprocess.Popen([sys.executable, str(user), str(dump)], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        main = int(proc.stdout.readline())
+        time.sleep(0.2)
+        proc.send_signal(heartbeat.DUMP_SIGNAL)
+        deadline = time.monotonic() + 10
+        while "stuck" not in dump.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    threads = watchdog.parse_stacks(dump.read_text())
+    assert len(threads) == 2
+    frames = threads[main]
+    assert [(f.function, f.line) for f in frames] == [("stuck", 6), ("<module>", 7)]
+    assert watchdog.where(frames, str(user)) == watchdog.Frame(str(user), 6, "stuck")
+    assert not watchdog.waiting(frames)
+
+
+def slot(number: int, outcome: str, steps: int | None) -> Attempt:
+    """Slot ``number`` of job 7 that ended with ``outcome`` after checkpointing ``steps``
+    (None: before it resumed)."""
+    start = None if steps is None else 100
+    end = None if steps is None else 100 + steps
+    return Attempt(number, "7", number - 1, ["cn07"], 0.0, outcome=outcome, start_step=start,
+                   end_step=end)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "requeue"),
+    [
+        ([("hung", 20)], True),  # it checkpointed new steps: continue from them
+        ([("hung", 0)], True),  # no new step: once more, the hang may have been transient
+        ([("hung", None)], True),  # hung in start-up, before resuming
+        ([("hung", 20), ("hung", 0)], True),
+        ([("time limit", 0), ("hung", 0)], True),
+        ([("hung", 0), ("hung", None)], False),  # twice in a row without progress: fail
+        ([("hung", 0), ("hung", 0)], False),
+    ],
+)
+def test_a_hung_slot_continues_unless_two_in_a_row_made_no_progress(
+    outcomes: list[tuple[str, int | None]], requeue: bool
+) -> None:
+    history = [slot(n, outcome, steps) for n, (outcome, steps) in enumerate(outcomes, start=1)]
+    decision = continuation.decide(history, max_continuations=100)
+    assert decision.requeue == requeue
+    if not requeue:
+        n = len(history)
+        assert decision.reason.startswith(
+            f"slots {n - 1} and {n} hung without checkpointing a new step: not continuing"
+        )
+
+
+def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
+    """The ranks' environment of a GPU run: the recorder's buffer, its dump on NCCL's timeout
+    into the slot's watchdog folder; a CPU run's gets neither."""
+    cfg = default_config()
+    cfg["launch"]["device"] = "gpu"
+    gpu = watchdog.Watchdog(run.resolve(cfg, gpus=True), tmp_path / "state", 1, None)
+    folder = (tmp_path / "state" / "watchdog").resolve()
+    assert gpu.environment() == {
+        heartbeat.WATCHDOG_ENV: str(folder),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl-trace-rank-",
+        heartbeat.NCCL_TRACE_ENV: "1",
+    }
+    cpu = watchdog.Watchdog(run.resolve(default_config(), gpus=False), tmp_path / "state", 1, None)
+    assert cpu.environment() == {heartbeat.WATCHDOG_ENV: str(folder)}
+
+
+# -- a local run -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_hang_on_rank_1_ends_the_local_slot_naming_it(tmp_path: Path) -> None:
+    """Rank 1 blocks in its forward; snakemake fails within the timeout and a few seconds,
+    and its last lines name rank 1 and the line of the user's file it is stuck at."""
+    task = with_stuck_task(tmp_path)
+    started = time.monotonic()
+    result = snakemake(tmp_path, stuck_config("stuck"), "--cores", "2", check=False)
+    wall = time.monotonic() - started
+    text = result.stdout + result.stderr
+    assert result.returncode != 0, text
+    train_log = (tmp_path / "logs/stuck/train.log").read_text()
+    history = json.loads((tmp_path / "results/stuck/state/attempts.json").read_text())
+    assert [a["outcome"] for a in history] == ["hung"], history
+    fault_to_outcome = history[0]["end"] - stuck_at(train_log)
+    frame = f"forward at tasks/stuck.py:{SLEEP_LINE}"
+    assert history[0]["detail"].startswith(f"rank 1 ({history[0]['nodes'][0]}) in {frame}: ")
+    assert fault_to_outcome < TIMEOUT_S + 6, (fault_to_outcome, train_log[-3000:])
+    last = text.strip().splitlines()[-12:]
+    assert any("hung" in line and frame in line for line in last), "\n".join(last)
+    stacks = (tmp_path / "results/stuck/state/hangs/attempt-1.txt").read_text()
+    assert f'File "{task.resolve()}", line {SLEEP_LINE}, in forward' in stacks, stacks
+    assert "rank 0 (" in stacks and "torch/" in stacks.split("rank 1 (")[0], stacks
+    print(
+        f"(hang, local) fault to outcome {fault_to_outcome:.1f} s, snakemake {wall:.1f} s; "
+        "its last lines:", *last, sep="\n  ",
+    )  # fmt: skip
+
+
+# -- on SLURM ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_a_hang_on_slurm_continues_from_the_checkpoint(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Rank 1 (on cn08) blocks in the first slot: its stack comes from the other node, the job
+    requeues itself and the next slot resumes from the epoch-1 checkpoint and completes."""
+    task = with_stuck_task(tmp_path / "wd")
+    cfg = on_cluster(stuck_config("stuck"), slurm_cluster, nodes=2, procs=1)
+    started = time.monotonic()
+    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, "results/stuck/train/final.pt")
+    wall = time.monotonic() - started
+    assert result.returncode == 0, logs(tmp_path / "wd", result)
+    history = json.loads((tmp_path / "wd/results/stuck/train/attempts.json").read_text())
+    assert [a["outcome"] for a in history] == ["hung", "completed"], history
+    frame = f"forward at tasks/stuck.py:{SLEEP_LINE}"
+    hung, completed = history
+    assert hung["detail"].startswith(f"rank 1 ({hung['nodes'][1]}) in {frame}: "), hung
+    assert hung["job"] == completed["job"] and completed["restarts"] == 1, history
+    assert completed["resumed_from"] == "ckpt-e0001-s000000.pt", completed
+    train_log = (tmp_path / "wd/logs/stuck/train.log").read_text()
+    fault_to_outcome = hung["end"] - stuck_at(train_log)
+    assert fault_to_outcome < TIMEOUT_S + 8, (fault_to_outcome, train_log[-3000:])
+    stacks = (tmp_path / "wd/results/stuck/state/hangs/attempt-1.txt").read_text()
+    assert f'File "{task.resolve()}", line {SLEEP_LINE}, in forward' in stacks, stacks
+    summary = re.findall(r"^ +hung +(.*)$", result.stderr, re.M)  # the summary's line
+    assert summary == [f"slot 1: {hung['detail']}"], result.stderr[-3000:]
+    print(f"(hang, SLURM) fault to outcome {fault_to_outcome:.1f} s, the run {wall:.1f} s; "
+          "the summary:", summary[0])  # fmt: skip
+
+
+# -- a script ----------------------------------------------------------------------------------
+
+# A script as a user writes it: it logs a value every step; rank 1 stops answering at step 3
+# in the run's first slot. Rank 0 goes on to the end and exits (an exited rank is not late).
+STUCK_SCRIPT = """\
+import os
+import time
+
+from ddppipe import job
+
+for step in range(20):
+    job.log(step, value=float(step))
+    if step == 3 and os.environ["RANK"] == "1" and os.environ["DDPPIPE_ATTEMPT_NUMBER"] == "1":
+        time.sleep(3600)
+    time.sleep(0.05)
+"""
+SCRIPT_SLEEP_LINE = 1 + STUCK_SCRIPT.splitlines().index("        time.sleep(3600)")
+
+
+def launch_script(run_dir: Path, script: str) -> tuple[subprocess.CompletedProcess, list]:
+    """``ddppipe launch`` of ``script`` (its text, as run_dir/train.py) on 2 local ranks, the
+    watchdog at 3 s; its result and attempt history."""
+    from ddppipe.launching import resolve
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.py").write_text(script)
+    cfg = default_config()
+    cfg.update(run="script", script=str(run_dir / "train.py"), task_args={})
+    cfg["launch"]["hang_timeout_s"] = TIMEOUT_S
+    cfg["tracking"]["tensorboard"] = False
+    resolve.write_resolved(cfg, run_dir / "config.yaml")
+    result = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "launch", "--config=config.yaml", "--state=state",
+         "--outputs=outputs", "--metrics=metrics.jsonl"],
+        cwd=run_dir, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return result, json.loads((run_dir / "state" / "attempts.json").read_text())
+
+
+@pytest.mark.slow  # 6 s on 2 cores
+def test_a_script_that_hangs_between_its_job_calls(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result, history = launch_script(tmp_path / "run", STUCK_SCRIPT)
+    assert result.returncode == 1, result.stderr
+    assert [a["outcome"] for a in history] == ["hung"], result.stderr
+    frame = f"<module> at train.py:{SCRIPT_SLEEP_LINE}"
+    assert history[0]["detail"].startswith(f"rank 1 ({history[0]['nodes'][0]}) in {frame}: ")
+    print(f"(hang, script) launch {time.monotonic() - started:.1f} s: {history[0]['detail']}")
+
+
+def test_a_script_without_job_calls_is_said_to_be_unwatched(tmp_path: Path) -> None:
+    result, history = launch_script(tmp_path / "run", "print('trained')\n")
+    assert result.returncode == 0, result.stderr
+    assert [(a["outcome"], a["detail"]) for a in history] == [
+        ("completed", watchdog.NO_WATCHDOG_NOTE)
+    ]
+    assert watchdog.NO_WATCHDOG_NOTE in result.stderr

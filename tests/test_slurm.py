@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from ddppipe.cluster import slurm
-from tests.processes import guarded_workers, worker_pids
+from tests.processes import worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
 from tests.tiny import REAL_MNIST, REPO, TinyData, make_tiny, real_mnist_sha256, tiny_config
@@ -478,26 +478,6 @@ def test_time_limit_slots_on_two_nodes(
         return task_slot_config(slot_data, slurm_cluster, runtime)
 
     _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 2)
-
-
-def test_scancel_usr1_of_a_one_node_job_is_a_continuation(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    """USR1 to the job's steps mid-epoch: the training checkpoints, the job requeues itself
-    (same id), the next slot resumes mid-epoch; nothing dies of the signal; same weights."""
-    tiny: TinyData = make_tiny(tmp_path / "tiny", n_train=320)  # 20 steps an epoch
-    cfg = on_cluster(tiny_config(tiny, epochs=2, batch_size=16), slurm_cluster, nodes=1)
-    job, text, wall, reference_wall = _usr1_next_to_reference(
-        slurm_cluster, tmp_path, cfg, lambda wd: guarded_workers(wd, 2), "training workers", FINAL
-    )
-    wd, ref = tmp_path / "signalled", tmp_path / "reference"
-    print(f"(USR1, 1 node) wall time {wall:.1f}s, the reference alongside {reference_wall:.1f}s")
-    assert re.findall(r"submitted with SLURM jobid (\d+)[^\n]*rule_train", text) == [job], text
-    history = _history(wd)
-    assert [a["outcome"] for a in history] == ["stopped on SIGUSR1", "completed"], history
-    assert history[1]["resumed_from"].startswith("ckpt-e0000-s0000"), history
-    assert "User defined signal 1" not in text
-    _assert_same_weights(wd / FINAL, ref / FINAL)
 
 
 def test_killed_worker_resumes_from_last_checkpoint(

@@ -19,8 +19,6 @@ from ddppipe.launching import watchdog
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.spec import run
 from ddppipe.training import heartbeat
-from tests.slurm_cluster import SlurmCluster
-from tests.test_slurm import logs, on_cluster, snakemake_slurm
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
 
@@ -243,37 +241,7 @@ def test_a_hang_on_rank_1_ends_the_local_slot_naming_it(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
-# -- on SLURM ----------------------------------------------------------------------------------
-
-
-@pytest.mark.slurm
-def test_a_hang_on_slurm_continues_from_the_checkpoint(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    """Rank 1 (on cn08) blocks in the first slot: its stack comes from the other node, the job
-    requeues itself and the next slot resumes from the epoch-1 checkpoint and completes."""
-    task = with_stuck_task(tmp_path / "wd")
-    cfg = on_cluster(stuck_config("stuck"), slurm_cluster, nodes=2, procs=1)
-    started = time.monotonic()
-    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, "results/stuck/train/final.pt")
-    wall = time.monotonic() - started
-    assert result.returncode == 0, logs(tmp_path / "wd", result)
-    history = json.loads((tmp_path / "wd/results/stuck/train/attempts.json").read_text())
-    assert [a["outcome"] for a in history] == ["hung", "completed"], history
-    frame = f"forward at tasks/stuck.py:{SLEEP_LINE}"
-    hung, completed = history
-    assert hung["detail"].startswith(f"rank 1 ({hung['nodes'][1]}) in {frame}: "), hung
-    assert hung["job"] == completed["job"] and completed["restarts"] == 1, history
-    assert completed["resumed_from"] == "ckpt-e0001-s000000.pt", completed
-    train_log = (tmp_path / "wd/logs/stuck/train.log").read_text()
-    fault_to_outcome = hung["end"] - stuck_at(train_log)
-    assert fault_to_outcome < TIMEOUT_S + 8, (fault_to_outcome, train_log[-3000:])
-    stacks = (tmp_path / "wd/results/stuck/state/hangs/attempt-1.txt").read_text()
-    assert f'File "{task.resolve()}", line {SLEEP_LINE}, in forward' in stacks, stacks
-    summary = re.findall(r"^ +hung +(.*)$", result.stderr, re.M)  # the summary's line
-    assert summary == [f"slot 1: {hung['detail']}"], result.stderr[-3000:]
-    print(f"(hang, SLURM) fault to outcome {fault_to_outcome:.1f} s, the run {wall:.1f} s; "
-          "the summary:", summary[0])  # fmt: skip
+# (On SLURM: tests/test_faults_slurm.py, next to the crash run.)
 
 
 # -- a script ----------------------------------------------------------------------------------

@@ -20,12 +20,18 @@ from ddppipe.cluster import attach as ddp_attach
 from ddppipe.cluster import bad_nodes as ddp_bad_nodes
 from ddppipe.cluster import failed_node_names as ddp_failed_node_names
 from ddppipe.launching import launch as ddp_launch
-from ddppipe.spec import scaling as ddp_scaling
+from ddppipe.spec import runs as ddp_runs
+from ddppipe.spec import sweep as ddp_sweep
 from ddppipe.cluster import slurm as ddp_slurm
 from ddppipe.cluster import status_checks as ddp_status_checks
 from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
+try:
+    # Every run of this config: the base run, the scaling study's, the sweep's trials.
+    RUNS = ddp_runs.Runs(config)
+except ddp_config.ConfigError as e:
+    raise WorkflowError(str(e)) from None
 # What the run trains: a task (model + data, prepared by the data rule) or a torchrun script.
 KIND = ddp_layout.kind(config)
 # Every path of a run (ddppipe.spec.layout); RUN_LAYOUT's are patterns of the {run} wildcard.
@@ -88,8 +94,7 @@ def print_summary():
 
 def state_dirs():
     """The state folders of every run this workflow may train (the main run, the study's)."""
-    runs = [RUN, *ddp_scaling.run_names(config)]
-    return [str(ddp_layout.RunLayout(r).state) for r in runs]
+    return [str(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
 
 
 def check_cluster_policy():
@@ -232,3 +237,56 @@ def check_gpu_image():
 
 
 check_gpu_image()
+
+
+# -- a sweep (config sweep:, rules/sweep.smk) ------------------------------------------
+
+SWEEP = RUNS.sweep
+# The train rule's resource that holds a trial's slot: at most sweep.max_parallel trials train
+# (on SLURM: are queued or running) at once, and the next starts when one ends.
+SWEEP_SLOT = "ddppipe_sweep_trials"
+
+if SWEEP is not None:
+    try:
+        ddp_sweep.check_definition(SWEEP)  # one name, one sweep: never two in one table
+    except ddp_config.ConfigError as e:
+        raise WorkflowError(str(e)) from None
+    workflow.register_resource(SWEEP_SLOT, SWEEP.max_parallel)
+
+
+def keep_going_past_failed_trials():
+    """With a sweep in the config, --keep-going: a trial that fails does not stop the others
+    (its row in the table says why); the next call trains only what is missing or failed.
+    """
+    if SWEEP is not None and workflow.scheduler is not None:
+        workflow.scheduler.keepgoing = True
+
+
+def sweep_layout():
+    if SWEEP is None:
+        raise WorkflowError(
+            "no sweep in this config: set sweep.name and sweep.parameters, e.g. --config "
+            "'sweep={name: lr, parameters: {train.lr: [0.01, 0.1]}}' (docs/configuration.md, "
+            "Sweeps)"
+        )
+    return SWEEP.layout
+
+
+def sweep_trial_runs():
+    """The runs of the sweep's trials known now."""
+    return [t.run for t in RUNS.trials]
+
+
+def trial_slot(wildcards):
+    """1 for a sweep's trial (it holds one of max_parallel slots), 0 for any other run."""
+    return int(
+        SWEEP is not None
+        and wildcards.run.startswith(ddp_sweep.run_name(SWEEP.name, ""))
+    )
+
+
+def trial_files(path):
+    """``path`` (a function of a trial's RunLayout) of every trial known now."""
+    return lambda wildcards: [
+        str(path(ddp_layout.RunLayout(run))) for run in sweep_trial_runs()
+    ]

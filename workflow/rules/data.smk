@@ -17,13 +17,9 @@ rule write_config:
         RUN_LAYOUT.benchmark("write_config")
     localrule: True
     params:
-        config=lambda wc: json.dumps(ddp_scaling.config_for_run(config, wc.run)),
+        config=lambda wc: json.dumps(RUNS.config(wc.run)),
         source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training
-        gpus=lambda wc: (
-            "yes"
-            if trains_on_gpus(ddp_scaling.config_for_run(config, wc.run))
-            else "no"
-        ),
+        gpus=lambda wc: ("yes" if trains_on_gpus(RUNS.config(wc.run)) else "no"),
     # A shell command, not run: (Snakemake starts a run: job as a new snakemake process that
     # parses the workflow again, ~2.5 s); a broken task's error goes to the terminal too.
     # task_exec(): with container.mode apptainer, inside the image.

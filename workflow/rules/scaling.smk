@@ -2,7 +2,7 @@
 # same `train` rule as the base run (results/<scaling run>/config.yaml comes from write_config),
 # then one plot rule. Run it with `snakemake --cores all scaling`.
 
-SCALING_RUNS = ddp_scaling.run_names(config)
+SCALING_RUNS = RUNS.scaling_runs()
 SCALING = "results/scaling"
 
 

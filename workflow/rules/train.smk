@@ -24,9 +24,11 @@ rule train:
         RUN_LAYOUT.log("train"),
     benchmark:
         RUN_LAYOUT.benchmark("train")
-    threads: lambda wc: ddp_launch.job_threads(ddp_scaling.config_for_run(config, wc.run))
+    threads: lambda wc: ddp_launch.job_threads(RUNS.config(wc.run))
     resources:
-        **ddp_slurm.train_resources(config),  # ddppipe.cluster.slurm.Request, per run
+        **ddp_slurm.train_resources(RUNS),  # ddppipe.cluster.slurm.Request, per run
+        # a sweep's trial holds one of sweep.max_parallel slots (rules/sweep.smk)
+        ddppipe_sweep_trials=lambda wc: trial_slot(wc),
     params:
         data=lambda wc, input: (
             f"--data {os.path.dirname(input.data)}" if input.data else ""

@@ -331,6 +331,13 @@ COMMANDS: tuple[Command, ...] = (
         arg("--table-html", type=Path, required=True),
     ),
     command(
+        "sweep-trials",
+        "write a sweep's definition and trials (results/sweeps/<name>/sweep.json)",
+        "ddppipe.sweeps.commands:sweep_trials",
+        arg("--config-json", required=True, help="the workflow's config as JSON text"),
+        arg("--out", type=Path, required=True),
+    ),
+    command(
         "summary",
         "a run's summary: accuracy, targets, speed, attempts",
         "ddppipe.reports.commands:summary",

@@ -22,8 +22,8 @@ import hostlist
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
 from ddppipe.spec import run as ddp_run
-from ddppipe.spec import scaling
 from ddppipe.spec.run import RunSpec
+from ddppipe.spec.runs import Runs
 
 # Every resource Request.resources() may set (None where a request leaves it out).
 RESOURCE_KEYS = (
@@ -201,18 +201,18 @@ def step_rendezvous(env: dict[str, str] | os._Environ) -> str:
     return f"{first_host(nodelist)}:{job_port(int(job))}"
 
 
-def train_resources(cfg: dict[str, Any]) -> dict[str, Callable[[Any], Any]]:
+def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:
     """The train rule's resources, each a function of the job's ``run`` wildcard.
 
-    A scaling-study point asks for its own nodes and CPUs
-    (:func:`ddppipe.spec.scaling.config_for_run`). The base run's request is checked here, so a bad
+    A scaling-study point or a sweep's trial asks for its own nodes, CPUs, time, ...
+    (:meth:`ddppipe.spec.runs.Runs.config`). The base run's request is checked here, so a bad
     one fails when the Snakefile is read.
     """
 
     def request(run: str) -> dict[str, Any]:
-        return Request.from_spec(ddp_run.resolve(scaling.config_for_run(cfg, run))).resources()
+        return Request.from_spec(ddp_run.resolve(runs.config(run))).resources()
 
-    by_run = {cfg["run"]: request(cfg["run"])}
+    by_run = {runs.base["run"]: request(runs.base["run"])}
 
     def of_run(run: str) -> dict[str, Any]:
         if run not in by_run:

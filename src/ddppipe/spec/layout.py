@@ -22,6 +22,7 @@ from typing import Any, Literal
 RunKind = Literal["task", "script"]
 
 RESULTS = Path("results")
+SWEEPS = "sweeps"  # results/sweeps/<sweep>/: a sweep's table, figures and trials
 LOGS = Path("logs")
 BENCHMARKS = Path("benchmarks")
 
@@ -197,3 +198,49 @@ class RunLayout:
             self.export.provenance,
             self.summary,
         ]
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """``results/sweeps/<sweep>/``: the sweep's table, best trial, figures, its Optuna journal
+    and definition; each trial is the run ``sweeps/<sweep>/<trial>`` (its folder is here too)."""
+
+    name: str
+    results: Path = RESULTS
+
+    @property
+    def root(self) -> Path:
+        return Path(self.results) / SWEEPS / self.name
+
+    @property
+    def trials_csv(self) -> Path:
+        """One row per trial: outcome, values, metric, cost."""
+        return self.root / "trials.csv"
+
+    @property
+    def best(self) -> Path:
+        """The best trial by the metric, and by the metric per allocated hour."""
+        return self.root / "best.json"
+
+    @property
+    def figures(self) -> Path:
+        return self.root / "figures"
+
+    @property
+    def journal(self) -> Path:
+        """Optuna's journal (file storage, no database server): reports, pruning, suggestions."""
+        return self.root / "optuna.journal"
+
+    @property
+    def definition(self) -> Path:
+        """The sweep's keys and method when it first ran: a name is never reused for another."""
+        return self.root / "sweep.json"
+
+    @property
+    def rounds(self) -> Path:
+        """A model-based method's rounds of suggested trials (``<k>.json``)."""
+        return self.root / "rounds"
+
+    def trial(self, trial: str) -> RunLayout:
+        """The run layout of the trial named ``trial``."""
+        return RunLayout(f"{SWEEPS}/{self.name}/{trial}", self.results)

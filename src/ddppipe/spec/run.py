@@ -103,9 +103,53 @@ class Scaling:
     accuracy_targets: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class SweepSection:
+    """``sweep:`` as written (:mod:`ddppipe.spec.sweep` checks it and derives the trials)."""
+
+    name: str | None
+    parameters: Mapping[str, Any]
+    method: str
+    trials: int
+    seed: int
+    metric: str
+    direction: str
+    max_parallel: int
+    prune: str
+    prune_warmup_epochs: int
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """How a trial's training prunes itself at epoch ends (:mod:`ddppipe.sweeps.pruning`)."""
+
+    method: str  # median | halving
+    metric: str
+    direction: str  # maximize | minimize
+    warmup_epochs: int
+
+
+@dataclass(frozen=True)
+class Trial:
+    """``trial:``: the sweep a run is a trial of, its name and values, and its pruning."""
+
+    sweep: str
+    name: str
+    values: Mapping[str, Any]
+    prune: Pruning | None
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any] | None) -> Trial | None:
+        if value is None:
+            return None
+        prune = value.get("prune")
+        return cls(value["sweep"], value["name"], _frozen(value["values"]),
+                   Pruning(**prune) if prune else None)  # fmt: skip
+
+
 SECTIONS: dict[str, type] = {
     "train": Train, "launch": Launch, "slurm": Slurm, "container": Container,
-    "tracking": Tracking, "scaling": Scaling,
+    "tracking": Tracking, "scaling": Scaling, "sweep": SweepSection,
 }  # fmt: skip
 
 
@@ -139,6 +183,8 @@ class RunSpec:
     container: Container
     tracking: Tracking
     scaling: Scaling
+    sweep: SweepSection
+    trial: Trial | None  # the sweep this run is a trial of; None: not a trial
     _config: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
 
     @classmethod
@@ -149,7 +195,7 @@ class RunSpec:
             run=cfg["run"], task=cfg["task"], task_args=_frozen(cfg["task_args"]),
             script=cfg["script"], script_args=tuple(cfg["script_args"]),
             task_source=_frozen(cfg["task_source"]), device=cfg["resolved"]["device"],
-            _config=_frozen(cfg), **sections,
+            trial=Trial.of(cfg["trial"]), _config=_frozen(cfg), **sections,
         )  # fmt: skip
 
     @property

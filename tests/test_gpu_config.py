@@ -29,7 +29,10 @@ def test_scaling_points_request_one_gpu_per_process(tmp_path: Path) -> None:
     cfg["launch"].update(device="gpu", nproc_per_node=4)
     cfg["scaling"].update(nodes=[1, 2], procs_per_node=[1, 2, 4], cpus_per_proc=[1])
     out = snakemake(tmp_path, cfg, "-n", "--profile", str(REPO / "profiles/slurm"), "scaling")
-    pattern = r"wildcards: run=(scaling-n(\d)-p(\d)-c1)\n\s+resources: ([^\n]+)"
+    pattern = (
+        r"wildcards: run=(sweeps/scaling/nnodes=(\d),nproc_per_node=(\d),cpus_per_proc=1)\n"
+        r"\s+resources: ([^\n]+)"
+    )
     jobs = re.findall(pattern, out.stdout)
     train = [job for job in jobs if "slurm_extra=" in job[3]]  # the train rule's request
     assert len(train) == 6, out.stdout

@@ -88,11 +88,14 @@ def test_the_targets_of_rule_all(kind: layout.RunKind, expected: list[str]) -> N
 
 
 def test_of_root_reads_the_run_name_and_results_folder() -> None:
-    run = RunLayout.of_root("/data/results/scaling-n1-p2-c1")
-    assert run.run == "scaling-n1-p2-c1"
+    run = RunLayout.of_root("/data/results/digits")
+    assert run.run == "digits"
     assert str(run.results) == "/data/results"
-    assert str(run.train.metrics) == "/data/results/scaling-n1-p2-c1/train/metrics.jsonl"
+    assert str(run.train.metrics) == "/data/results/digits/train/metrics.jsonl"
     assert RunLayout.of_root(Path("results/mnist")) == RunLayout("mnist")
+    trial = RunLayout.of_root("/data/results/sweeps/lr/lr=0.01")  # a sweep's trial
+    assert (trial.run, str(trial.results)) == ("sweeps/lr/lr=0.01", "/data/results")
+    assert str(trial.log("train")) == "logs/sweeps/lr/lr=0.01/train.log"
 
 
 def test_the_state_folder_files_under_the_layouts_state_root() -> None:

@@ -112,7 +112,7 @@ def test_every_documented_command_runs(shared_build: Build) -> None:
     checkout, other_task = shared_build.checkout, shared_build.other_task
     assert (checkout / "report.html").is_file()
     assert (checkout / "results/mnist/train/attempts.html").is_file()
-    assert (checkout / "results/scaling/time_to_accuracy.csv").is_file()
+    assert (checkout / "results/sweeps/scaling/time_to_accuracy.csv").is_file()
     for run_name in ("digits", "tinycnn"):  # the commands that switch task
         assert (other_task / "results" / run_name / "export/model.pt").is_file(), run_name
 

@@ -1,4 +1,5 @@
-"""The scaling study: grid and per-run configs, its numbers, its DAG, and a real tiny study."""
+"""The scaling study, a grid sweep over the launch keys: its trials and their configs, its
+numbers, its DAG, and a real tiny study."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ from bench.screenshot import chromium, open_report
 from ddppipe.core import jsonl
 from ddppipe.reports import scaling_results
 from ddppipe.reports.scaling_results import RunResult
-from ddppipe.spec import config, scaling
-from ddppipe.spec.scaling import Point
+from ddppipe.spec import config
+from ddppipe.spec.runs import Runs
 from tests.conftest import run_cli
 from tests.documented_build import Build
 from tests.tiny import default_config
 from tests.workflow_helpers import job_counts, snakemake
+
+STUDY = "results/sweeps/scaling"  # the study's figures and table; its trials in folders below
+
+
+def trial(nodes: int, procs: int, cpus: int) -> str:
+    """The run of the study's trial with these launch settings, as a user finds it on disk."""
+    return f"sweeps/scaling/nnodes={nodes},nproc_per_node={procs},cpus_per_proc={cpus}"
 
 
 def study_config(**scaling_section: Any) -> dict[str, Any]:
@@ -38,31 +46,23 @@ def study_config(**scaling_section: Any) -> dict[str, Any]:
     return cfg
 
 
-# -- grid and per-run configs --------------------------------------------------------------
-def test_grid_is_the_product_of_the_three_lists_sorted() -> None:
-    cfg = study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_proc=[4])
-    assert scaling.run_names(cfg) == [
-        "scaling-n1-p1-c4",
-        "scaling-n1-p2-c4",
-        "scaling-n2-p1-c4",
-        "scaling-n2-p2-c4",
-    ]
-    assert [p.world_size for p in scaling.grid(cfg)] == [1, 2, 2, 4]
+# -- the study's trials and their configs --------------------------------------------------
+def test_trials_are_the_grid_of_the_three_lists_sorted() -> None:
+    runs = Runs(study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_proc=[4]))
+    assert runs.scaling_runs() == [trial(1, 1, 4), trial(1, 2, 4), trial(2, 1, 4), trial(2, 2, 4)]
+    assert runs.names() == ["mnist", *runs.scaling_runs()]
+    assert [config.world_size(config.resolve(runs.config(r))) for r in runs.scaling_runs()] == [
+        1, 2, 2, 4
+    ]  # fmt: skip
 
 
-def test_run_name_round_trip() -> None:
-    point = Point(nodes=2, procs_per_node=4, cpus_per_proc=8)
-    assert Point.from_run(point.run) == point
-    assert Point.from_run("mnist") is None
-    assert Point.from_run("scaling-n1-p2") is None
-
-
-def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
+def test_trial_config_sets_launch_and_epochs_and_names_the_trial() -> None:
     cfg = study_config(cpus_per_proc=[1, 4])
     cfg["slurm"] = {"mem_mb": 4000}
-    assert scaling.config_for_run(cfg, "scaling-n1-p2-c4")["slurm"] == {"mem_mb": 4000}
-    run_cfg = scaling.config_for_run(cfg, "scaling-n1-p2-c1")
-    assert run_cfg["run"] == "scaling-n1-p2-c1"
+    runs = Runs(cfg)
+    assert runs.config(trial(1, 2, 4))["slurm"] == {"mem_mb": 4000}
+    run_cfg = runs.config(trial(1, 2, 1))
+    assert run_cfg["run"] == "sweeps/scaling/nnodes=1,nproc_per_node=2,cpus_per_proc=1"
     assert run_cfg["launch"] == {
         **cfg["launch"],
         "nnodes": 1,
@@ -71,16 +71,22 @@ def test_grid_point_config_overrides_launch_and_epochs_only() -> None:
     }
     assert run_cfg["train"] == {**cfg["train"], "epochs": 3}
     assert run_cfg["task_args"] == cfg["task_args"]
-    assert "scaling" not in run_cfg
+    assert run_cfg["trial"] == {  # as any sweep's trial: its provenance names the study
+        "sweep": "scaling",
+        "name": "nnodes=1,nproc_per_node=2,cpus_per_proc=1",
+        "values": {"launch.nnodes": 1, "launch.nproc_per_node": 2, "launch.cpus_per_proc": 1},
+        "prune": None,
+    }
+    assert "scaling" not in run_cfg and "sweep" not in run_cfg
     assert cfg["scaling"]["epochs"] == 3 and cfg["run"] == "mnist"  # the base is untouched
     resolved = config.resolve(run_cfg)
     assert config.world_size(resolved) == 2 and resolved["train"]["epochs"] == 3
 
 
-def test_every_point_trains_the_same_recipe() -> None:
-    """Same global batch and hashed recipe at every point: only the layout changes."""
-    cfg = study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2])
-    resolved = [config.resolve(scaling.config_for_run(cfg, run)) for run in scaling.run_names(cfg)]
+def test_every_trial_trains_the_same_recipe() -> None:
+    """Same global batch and hashed recipe in every trial: only the layout changes."""
+    runs = Runs(study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2]))
+    resolved = [config.resolve(runs.config(run)) for run in runs.scaling_runs()]
     assert len({config.train_hash(r, "0123456789abcdef") for r in resolved}) == 1
     assert {(r["launch"]["nproc_per_node"], r["launch"]["cpus_per_proc"]) for r in resolved} == {
         (1, 1),
@@ -93,19 +99,45 @@ def test_every_point_trains_the_same_recipe() -> None:
 def test_null_study_epochs_keep_the_train_epochs() -> None:
     cfg = study_config(epochs=None)
     cfg["train"]["epochs"] = 5
-    assert scaling.config_for_run(cfg, "scaling-n1-p1-c1")["train"]["epochs"] == 5
+    assert Runs(cfg).config(trial(1, 1, 1))["train"]["epochs"] == 5
 
 
 def test_base_run_config_is_the_config_without_the_study() -> None:
     cfg = study_config()
-    base = scaling.config_for_run(cfg, "mnist")
-    assert base == {k: v for k, v in cfg.items() if k != "scaling"}
+    assert Runs(cfg).config("mnist") == {k: v for k, v in cfg.items() if k != "scaling"}
 
 
-@pytest.mark.parametrize("run", ["scaling-n1-p4-c1", "other", "scaling-n1-p2"])
+@pytest.mark.parametrize(
+    "run", [trial(1, 4, 1), "other", "scaling-n1-p2-c1", "sweeps/scaling/nnodes=1"]
+)
 def test_unknown_run_is_a_clear_error(run: str) -> None:
-    with pytest.raises(config.ConfigError, match=f"unknown run '{run}'.*scaling-n1-p2-c1"):
-        scaling.config_for_run(study_config(), run)
+    with pytest.raises(config.ConfigError, match=f"unknown run '{re.escape(run)}'.*mnist"):
+        Runs(study_config()).config(run)
+
+
+def test_a_sweep_beside_the_study_keeps_its_own_trials() -> None:
+    """The user's sweep and the study: two sweeps, each its own folder, no run in both."""
+    cfg = study_config()
+    cfg["sweep"] = config.validate(default_config())["sweep"] | {
+        "name": "lr", "parameters": {"train.lr": [0.01, 0.1]}
+    }  # fmt: skip
+    runs = Runs(cfg)
+    assert runs.names() == [
+        "mnist", trial(1, 1, 1), trial(1, 2, 1), "sweeps/lr/lr=0.01", "sweeps/lr/lr=0.1"
+    ]  # fmt: skip
+    assert runs.config(trial(1, 2, 1))["train"]["lr"] == cfg["train"]["lr"]
+    assert runs.config("sweeps/lr/lr=0.1")["launch"] == cfg["launch"]
+
+
+def test_a_sweep_named_scaling_is_a_clear_error() -> None:
+    cfg = study_config()
+    cfg["sweep"] = config.validate(default_config())["sweep"] | {
+        "name": "scaling", "parameters": {"train.lr": [0.01, 0.1]}
+    }  # fmt: skip
+    with pytest.raises(
+        config.ConfigError, match=r"sweep.name: 'scaling' is the scaling study's sweep .* another"
+    ):
+        Runs(cfg)
 
 
 def test_schema_fills_the_study_defaults() -> None:
@@ -132,17 +164,27 @@ def history(accuracies: list[float], images_per_s: float, seconds: float = 10.0)
     ]
 
 
+def result(nodes: int, procs: int, cpus: int, history: list[dict]) -> RunResult:
+    name = f"nnodes={nodes},nproc_per_node={procs},cpus_per_proc={cpus}"
+    return RunResult(name, nodes, procs, cpus, history)
+
+
+def test_result_of_a_trials_config() -> None:
+    cfg = Runs(study_config(cpus_per_proc=[3])).config(trial(1, 2, 3))
+    assert RunResult.of(config.resolve(cfg), []) == result(1, 2, 3, [])
+
+
 def test_time_to_accuracy_counts_epochs_until_the_target() -> None:
-    r = RunResult(Point(1, 1, 1), history([0.97, 0.985, 0.991], 100.0))
+    r = result(1, 1, 1, history([0.97, 0.985, 0.991], 100.0))
     assert r.time_to_accuracy(0.98) == 20.0
     assert r.time_to_accuracy(0.99) == 30.0
     assert r.time_to_accuracy(0.995) is None
 
 
 def test_efficiency_is_relative_to_one_process_with_the_same_cpus() -> None:
-    one = RunResult(Point(1, 1, 1), history([0.9], 100.0))
-    two = RunResult(Point(1, 2, 1), history([0.9], 150.0))
-    lonely = RunResult(Point(1, 2, 2), history([0.9], 300.0))
+    one = result(1, 1, 1, history([0.9], 100.0))
+    two = result(1, 2, 1, history([0.9], 150.0))
+    lonely = result(1, 2, 2, history([0.9], 300.0))
     results = [one, two, lonely]
     assert scaling_results.efficiency(one, results) == 1.0
     assert scaling_results.efficiency(two, results) == 0.75
@@ -151,37 +193,40 @@ def test_efficiency_is_relative_to_one_process_with_the_same_cpus() -> None:
 
 def test_table_csv_and_html(tmp_path: Path) -> None:
     results = [
-        RunResult(Point(1, 1, 1), history([0.97, 0.99], 100.0)),
-        RunResult(Point(1, 2, 1), history([0.96, 0.98], 180.0, seconds=6.0)),
+        result(1, 1, 1, history([0.97, 0.99], 100.0)),
+        result(1, 2, 1, history([0.96, 0.98], 180.0, seconds=6.0)),
     ]
     rows = scaling_results.table(results, [0.98, 0.99])
     scaling_results.write_csv(rows, tmp_path / "t.csv")
     scaling_results.write_html(rows, tmp_path / "t.html")
     read = list(csv.DictReader((tmp_path / "t.csv").open()))
-    assert [r["run"] for r in read] == ["scaling-n1-p1-c1", "scaling-n1-p2-c1"]
+    assert [r["trial"] for r in read] == [
+        "nnodes=1,nproc_per_node=1,cpus_per_proc=1",
+        "nnodes=1,nproc_per_node=2,cpus_per_proc=1",
+    ]
     assert read[1]["scaling_efficiency"] == "0.9"
     assert (read[0]["seconds_to_98pct"], read[0]["seconds_to_99pct"]) == ("20.0", "20.0")
     assert (read[1]["seconds_to_98pct"], read[1]["seconds_to_99pct"]) == ("12.0", "")
     page = (tmp_path / "t.html").read_text()
     assert "time to 99 % test accuracy (s)" in page and "not reached" in page
-    assert "scaling-n1-p2-c1" in page
+    assert "nnodes=1,nproc_per_node=2,cpus_per_proc=1" in page
 
 
 # -- the workflow --------------------------------------------------------------------------
-def test_dry_run_has_one_training_per_point_and_one_plot(tmp_path: Path) -> None:
+def test_dry_run_has_one_training_per_trial_and_one_plot(tmp_path: Path) -> None:
     cfg = study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2])
     counts = job_counts(tmp_path, cfg, "scaling")
     assert counts["train"] == 4
     assert counts["plot_scaling"] == 1
-    assert counts["export"] == 4  # each point's provenance
+    assert counts["export"] == 4  # each trial's provenance
     assert counts["summarize"] == 4  # and summary (the report's first screen)
-    assert counts["write_config"] == 4  # the 4 points; the dataset needs no run's config
+    assert counts["write_config"] == 4  # the 4 trials; the dataset needs no run's config
     assert counts["scaling"] == 1
     assert "evaluate" not in counts
 
 
-def test_each_point_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
-    """The train jobs' SLURM resources and local threads (processes x CPUs) follow the point."""
+def test_each_trial_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
+    """The train jobs' SLURM resources and local threads (processes x CPUs) follow the trial."""
     cfg = study_config(nodes=[1, 2], procs_per_node=[1, 2], cpus_per_proc=[3])
     out = snakemake(tmp_path, cfg, "-n", "--cores", "8", "scaling").stdout
     jobs = {}
@@ -195,19 +240,19 @@ def test_each_point_requests_its_own_nodes_and_cpus(tmp_path: Path) -> None:
                 "threads": str(cpus)}  # fmt: skip
 
     assert jobs == {
-        "scaling-n1-p1-c3": job(1, 3),
-        "scaling-n1-p2-c3": job(1, 6),
-        "scaling-n2-p1-c3": job(2, 3),
-        "scaling-n2-p2-c3": job(2, 6),
+        trial(1, 1, 3): job(1, 3),
+        trial(1, 2, 3): job(1, 6),
+        trial(2, 1, 3): job(2, 3),
+        trial(2, 2, 3): job(2, 6),
     }
 
 
 def test_unknown_run_target_fails_in_the_dry_run(tmp_path: Path) -> None:
     result = snakemake(
-        tmp_path, study_config(), "-n", "results/scaling-n1-p8-c1/config.yaml", check=False
+        tmp_path, study_config(), "-n", f"results/{trial(1, 8, 1)}/config.yaml", check=False
     )
     assert result.returncode != 0
-    assert "unknown run 'scaling-n1-p8-c1'" in result.stdout + result.stderr
+    assert f"unknown run '{trial(1, 8, 1)}'" in result.stdout + result.stderr
 
 
 def _data_uri_payload(page: str, path: Path) -> bool:
@@ -225,14 +270,18 @@ def tiny_study(shared_build: Build) -> tuple[Path, dict]:
 @pytest.mark.slow
 def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
     workdir, _ = tiny_study
-    out = workdir / "results" / "scaling"
+    out = workdir / STUDY
     for name in ["learning_curves.png", "throughput.png"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     rows = list(csv.DictReader((out / "time_to_accuracy.csv").open()))
     assert [(r["world_size"], r["epochs"]) for r in rows] == [("1", "2"), ("2", "2")]
     assert rows[0]["scaling_efficiency"] == "1.0"
     assert float(rows[1]["images_per_s"]) > 0
-    for run, world in [("scaling-n1-p1-c1", 1), ("scaling-n1-p2-c1", 2)]:
+    assert [r["trial"] for r in rows] == [
+        "nnodes=1,nproc_per_node=1,cpus_per_proc=1",
+        "nnodes=1,nproc_per_node=2,cpus_per_proc=1",
+    ]
+    for run, world in [(trial(1, 1, 1), 1), (trial(1, 2, 1), 2)]:
         run_cfg = yaml.safe_load((workdir / "results" / run / "config.yaml").read_text())
         assert run_cfg["launch"]["cpus_per_proc"] == 1
         provenance = json.loads(
@@ -241,7 +290,7 @@ def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
         assert provenance["training"]["world_size"] == world
     history = [
         json.loads(x)
-        for x in (workdir / "results" / "scaling-n1-p2-c1" / "train" / "metrics.jsonl")
+        for x in (workdir / "results" / trial(1, 2, 1) / "train" / "metrics.jsonl")
         .read_text()
         .splitlines()
     ]
@@ -254,16 +303,16 @@ def test_report_embeds_plots_metrics_and_provenance(tiny_study: tuple[Path, dict
     page = (workdir / "report.html").read_text()
     results = workdir / "results"
     embedded = [
-        results / "scaling" / "learning_curves.png",
-        results / "scaling" / "throughput.png",
-        results / "scaling" / "time_to_accuracy.csv",
-        results / "scaling" / "time_to_accuracy.html",
+        workdir / STUDY / "learning_curves.png",
+        workdir / STUDY / "throughput.png",
+        workdir / STUDY / "time_to_accuracy.csv",
+        workdir / STUDY / "time_to_accuracy.html",
         results / cfg["run"] / "train" / "training_curves.png",
         results / cfg["run"] / "eval" / "confusion_matrix.png",
         results / cfg["run"] / "eval" / "metrics.json",
         results / cfg["run"] / "export" / "provenance.json",
-        results / "scaling-n1-p1-c1" / "export" / "provenance.json",
-        results / "scaling-n1-p2-c1" / "export" / "provenance.json",
+        results / trial(1, 1, 1) / "export" / "provenance.json",
+        results / trial(1, 2, 1) / "export" / "provenance.json",
     ]
     for path in embedded:
         assert path.name in page, path
@@ -308,7 +357,7 @@ def test_report_opens_offline_on_the_runs_summary(
         assert _png_size(tmp_path / "first.png") == (1400, 900)
         sections = driver.find_elements(By.CSS_SELECTOR, ".ddppipe-summary")
         assert [s.get_attribute("data-run") for s in sections] == [
-            run, "scaling-n1-p1-c1", "scaling-n1-p2-c1"
+            run, trial(1, 1, 1), trial(1, 2, 1)
         ]  # fmt: skip
         main = sections[0]
         assert main.is_displayed()
@@ -333,8 +382,8 @@ def test_report_opens_offline_on_the_runs_summary(
         for category, path in [
             ("Training", f"results/{run}/train/training_curves.png"),
             ("Evaluation", f"results/{run}/eval/confusion_matrix.png"),
-            ("Scaling study", "results/scaling/learning_curves.png"),
-            ("Scaling study", "results/scaling/throughput.png"),
+            ("Scaling study", f"{STUDY}/learning_curves.png"),
+            ("Scaling study", f"{STUDY}/throughput.png"),
         ]:
             assert _show_figure(driver, category, path) == _png_size(Path(path)), path
         loaded = driver.execute_script(

@@ -90,6 +90,17 @@ def print_summary():
     root = ddp_layout.RunLayout(RUN).root
     if root.is_dir():
         logger.info(ddp_summary.text(root))
+    print_sweep()
+
+
+def print_sweep():
+    """With a sweep: its table and best trial written from what exists (a failed trial's row
+    says why, even when rule sweep_table could not run), and its top trials printed."""
+    if SWEEP is None:
+        return
+    from ddppipe.sweeps import results as ddp_sweep_results
+
+    logger.info(ddp_sweep_results.after_call(SWEEP, ddp_layout.RESULTS))
 
 
 def state_dirs():
@@ -249,9 +260,12 @@ SWEEP_SLOT = "ddppipe_sweep_trials"
 if SWEEP is not None:
     try:
         ddp_sweep.check_definition(SWEEP)  # one name, one sweep: never two in one table
+        ddp_sweep.check_metric(SWEEP, None if KIND == "script" else SOURCE.path)
     except ddp_config.ConfigError as e:
         raise WorkflowError(str(e)) from None
     workflow.register_resource(SWEEP_SLOT, SWEEP.max_parallel)
+    if SWEEP.method == "tpe":
+        logger.info(ddp_sweep.rounds_note(SWEEP))
 
 
 def keep_going_past_failed_trials():
@@ -273,8 +287,37 @@ def sweep_layout():
 
 
 def sweep_trial_runs():
-    """The runs of the sweep's trials known now."""
+    """The runs of the sweep's trials: a model-based sweep's once all its rounds are suggested
+    (before that, the next round's checkpoint: Snakemake asks again once it has run)."""
+    if SWEEP is not None and SWEEP.method == "tpe":
+        return rounds_trial_runs(len(ddp_sweep.round_sizes(SWEEP)))
     return [t.run for t in RUNS.trials]
+
+
+def rounds_trial_runs(upto):
+    """The runs of the trials of a model-based sweep's rounds before round ``upto``; raise
+    Snakemake's IncompleteCheckpointException for the first round not suggested yet."""
+    for k in range(upto):
+        checkpoints.sweep_round.get(sweep=SWEEP.name, round=str(k))
+    RUNS.refresh()
+    return [t.run for t in ddp_sweep.trials(SWEEP, upto=upto)]
+
+
+def finished_rounds(wildcards):
+    """Round k's input: the evaluations of the trials of every round before it."""
+    return [
+        str(ddp_layout.RunLayout(run).eval.metrics)
+        for run in rounds_trial_runs(int(wildcards.round))
+    ]
+
+
+def all_rounds(wildcards):
+    """A model-based sweep's round files, once every round is suggested; none otherwise."""
+    if SWEEP is None or SWEEP.method != "tpe":
+        return []
+    sizes = ddp_sweep.round_sizes(SWEEP)
+    rounds_trial_runs(len(sizes))
+    return [str(ddp_sweep.round_file(SWEEP, k)) for k in range(len(sizes))]
 
 
 def trial_slot(wildcards):

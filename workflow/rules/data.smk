@@ -1,8 +1,8 @@
 rule write_config:
     """The run's validated config with its preset filled in: what every later step reads.
 
-    The base run gets the config as given; a scaling-study run (scaling-n<N>-p<P>-c<C>) gets
-    it with that grid point's launch settings (ddppipe.spec.scaling). A run that trains on GPUs
+    The base run gets the config as given; a sweep's trial (the scaling study's too) gets it
+    with the trial's values (ddppipe.spec.runs). A run that trains on GPUs
     gets its preset's GPU recipe (ddppipe.spec.presets): a change of device re-runs it.
     A task's task_args and model() are checked where it trains: with container.mode apptainer
     inside the run's image (a script is only hashed, on the host).
@@ -16,6 +16,7 @@ rule write_config:
     benchmark:
         RUN_LAYOUT.benchmark("write_config")
     localrule: True
+    threads: 0  # no core of its own: the next trial's config is written beside a training
     params:
         config=lambda wc: json.dumps(RUNS.config(wc.run)),
         source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training

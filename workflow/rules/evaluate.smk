@@ -22,6 +22,7 @@ if KIND == "script":
         benchmark:
             RUN_LAYOUT.benchmark("evaluate")
         localrule: True
+        threads: 0  # no core of its own: a little Python beside a training
         shell:
             "ddppipe evaluate-logged --metrics {input} --out {output.metrics}"
             " --plot {output.plot} 2> {log}"
@@ -55,6 +56,7 @@ else:
         benchmark:
             RUN_LAYOUT.benchmark("evaluate")
         localrule: True
+        threads: 0  # no core of its own: a little Python beside a training
         shell:
             "ddppipe plot-evaluation --evaluation {input} --metrics {output.metrics}"
             " --plot {output.plot} 2> {log}"
@@ -74,6 +76,7 @@ rule plot_training:
     log:
         RUN_LAYOUT.log("plot_training"),
     localrule: True
+    threads: 0  # no core of its own: a little Python beside a training
     shell:
         "ddppipe plot-training --metrics {input} --out {output} 2> {log}"
 
@@ -92,6 +95,7 @@ rule attempt_history:
     log:
         RUN_LAYOUT.log("attempt_history"),
     localrule: True
+    threads: 0  # no core of its own: a little Python beside a training
     shell:
         "ddppipe attempts --history {input} --run {wildcards.run} --html {output} 2> {log}"
 
@@ -126,6 +130,7 @@ rule export:
     benchmark:
         RUN_LAYOUT.benchmark("export")
     localrule: True  # copies and hashes files: no compute node to wait for
+    threads: 0  # no core of its own: a little Python beside a training
     params:
         data=lambda wc, input: (
             f"--data {os.path.dirname(input.data)}" if input.data else ""
@@ -158,5 +163,6 @@ rule summarize:
     log:
         RUN_LAYOUT.log("summarize"),
     localrule: True
+    threads: 0  # no core of its own: a little Python beside a training
     shell:
         "ddppipe summary {wildcards.run} --html {output} 2> {log}"

@@ -1,13 +1,14 @@
-# The scaling study: one training run per grid point of config["scaling"], each trained by the
-# same `train` rule as the base run (results/<scaling run>/config.yaml comes from write_config),
-# then one plot rule. Run it with `snakemake --cores all scaling`.
+# The scaling study (config scaling:, ddppipe.spec.scaling): a grid sweep named `scaling` over
+# launch.nnodes, launch.nproc_per_node and launch.cpus_per_proc; each trial an ordinary run
+# sweeps/scaling/<trial> trained by the same rules as the base run, then one plot rule.
+# Run it with `snakemake --cores all scaling`.
 
 SCALING_RUNS = RUNS.scaling_runs()
-SCALING = "results/scaling"
+SCALING = str(RUNS.scaling.layout.root)  # results/sweeps/scaling
 
 
 rule scaling:
-    """Target: the study's figures and time-to-accuracy table, each run's provenance and summary."""
+    """Target: the study's figures and time-to-accuracy table, each trial's provenance and summary."""
     input:
         f"{SCALING}/learning_curves.png",
         f"{SCALING}/throughput.png",
@@ -18,7 +19,7 @@ rule scaling:
 
 
 rule plot_scaling:
-    """Learning curves per grid point, throughput and scaling efficiency, time to accuracy."""
+    """Learning curves per trial, throughput and scaling efficiency, time to accuracy."""
     input:
         metrics=expand(RUN_LAYOUT.train.metrics, run=SCALING_RUNS),
         configs=expand(RUN_LAYOUT.config, run=SCALING_RUNS),
@@ -44,7 +45,7 @@ rule plot_scaling:
             category="Scaling study",
         ),
     log:
-        "logs/scaling/plot_scaling.log",
+        f"logs/sweeps/{RUNS.scaling.name}/plot_scaling.log",
     localrule: True
     params:
         targets=config["scaling"]["accuracy_targets"],

@@ -9,6 +9,7 @@ rule sweep:
         lambda wc: [
             sweep_layout().trials_csv,
             sweep_layout().best,
+            sweep_layout().overview,
             *[
                 str(target)
                 for run in sweep_trial_runs()
@@ -19,6 +20,8 @@ rule sweep:
 
 rule sweep_trials:
     """The sweep's definition and its trials (name, run, values): what the table lists."""
+    input:
+        rounds=all_rounds,  # a model-based sweep: once every round is suggested
     output:
         "results/sweeps/{sweep}/sweep.json",
     log:
@@ -57,4 +60,59 @@ rule sweep_table:
     localrule: True
     shell:
         "ddppipe sweep-table --sweep {input.sweep} --csv {output.table}"
-        " --best {output.best} 2> {log}"
+        " --best {output.best} > {log} 2>&1"
+
+
+rule plot_sweep:
+    """The metric against each parameter, every trial's learning curve, a parallel-coordinates
+    view, and the report's first screen (the top trials and these figures)."""
+    input:
+        sweep="results/sweeps/{sweep}/sweep.json",
+        table="results/sweeps/{sweep}/trials.csv",
+    output:
+        metric=report(
+            "results/sweeps/{sweep}/figures/metric_vs_parameters.png",
+            caption="../report/sweep_metric.rst",
+            category="Sweep",
+        ),
+        curves=report(
+            "results/sweeps/{sweep}/figures/learning_curves.png",
+            caption="../report/sweep_curves.rst",
+            category="Sweep",
+        ),
+        parallel=report(
+            "results/sweeps/{sweep}/figures/parallel_coordinates.png",
+            caption="../report/sweep_parallel.rst",
+            category="Sweep",
+        ),
+        overview=report(
+            "results/sweeps/{sweep}/figures/overview.html",
+            caption="../report/sweep_overview.rst",
+            category="Sweep",
+        ),
+    log:
+        "logs/sweeps/{sweep}/plot_sweep.log",
+    localrule: True
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output.overview),
+    shell:
+        "ddppipe plot-sweep --sweep {input.sweep} --out-dir {params.out_dir} 2> {log}"
+
+
+checkpoint sweep_round:
+    """A model-based sweep's round: its trials, suggested by Optuna's TPE sampler from the
+    finished trials of the rounds before it (ddppipe.sweeps.rounds)."""
+    input:
+        finished_rounds,
+    output:
+        "results/sweeps/{sweep}/rounds/{round}.json",
+    log:
+        "logs/sweeps/{sweep}/sweep_round_{round}.log",
+    wildcard_constraints:
+        round=r"\d+",
+    localrule: True
+    params:
+        config=json.dumps(config),
+    shell:
+        "ddppipe sweep-round --config-json {params.config:q} --round {wildcards.round}"
+        " --out {output} 2> {log}"

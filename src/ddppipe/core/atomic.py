@@ -16,11 +16,13 @@ _TEMP = re.compile(r"\.(.+)\.[a-z0-9_]+\.tmp")
 
 
 @contextmanager
-def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(dest: str | os.PathLike[str], durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on success it replaces ``dest`` atomically.
 
     On any exception the temporary file is removed and ``dest`` is left untouched; an OSError
-    with an errno but no file name (a failed write) gets ``dest``'s.
+    with an errno but no file name (a failed write) gets ``dest``'s. Not ``durable``: no fsync
+    (readers still see the old file or the new one; a power loss may lose both): for files
+    written again from others at will, many at a time.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -30,10 +32,12 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
+        if durable:
+            _fsync_dir(dest.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno is not None and e.filename is None:
@@ -64,9 +68,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(dest: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``dest`` atomically."""
-    with atomic_path(dest) as tmp:
+def write_bytes(dest: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``dest`` atomically (``durable``: see :func:`atomic_path`)."""
+    with atomic_path(dest, durable) as tmp:
         tmp.write_bytes(data)
 
 

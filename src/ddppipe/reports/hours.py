@@ -97,3 +97,27 @@ def redone(attempt: dict[str, Any]) -> int:
 def hours(units: int, seconds: float) -> float:
     """``units`` CPUs or GPUs held for ``seconds``, in CPU- or GPU-hours."""
     return units * seconds / 3600
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a run's measured slots held and trained, in GPU- (else CPU-) hours, and how long
+    they queued: the summary's allocation line in numbers (a sweep's table compares them)."""
+
+    unit: str  # GPU | CPU
+    units: int  # held by each slot
+    held_h: float
+    training_h: float
+    queue_s: float
+
+    @classmethod
+    def of(cls, spec: RunSpec | None, attempts: list[dict[str, Any]]) -> Cost | None:
+        """The cost of the slots in ``attempts`` (None before one recorded its figures)."""
+        slots = measured(attempts)
+        if not slots:
+            return None
+        held = Allocation.of(spec, slots[-1]["job"] == "local")
+        total = Slots.of(slots)
+        unit, units = held.unit
+        return cls(unit, units, hours(units, total.wall_s),
+                   hours(units, total.phases["train_s"]), total.queue_s)  # fmt: skip

@@ -22,13 +22,23 @@ def what(about: About) -> str:
     return f"{about.kind} {about.trains}{digest}"
 
 
+def first_reaching(history: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first epoch's record whose test accuracy reached ``target``; None: not reached."""
+    return next((m for m in history if m.get("test_accuracy", 0) >= target), None)
+
+
+def images_per_s(history: list[dict[str, Any]]) -> float:
+    """The run's speed: the median of its epochs' training images/s (all ranks together)."""
+    return statistics.median(m["images_per_s"] for m in history)
+
+
 def targets(
     history: list[dict[str, Any]], wanted: tuple[float, ...], origin: tuple[float, str] | None
 ) -> str:
     """The first epoch that reached each target accuracy, and when after ``origin``."""
     parts = []
     for target in wanted:
-        reached = next((m for m in history if m.get("test_accuracy", 0) >= target), None)
+        reached = first_reaching(history, target)
         if reached is None:
             parts.append(f"{percent(target)}: not reached")
             continue
@@ -36,6 +46,18 @@ def targets(
         if origin:
             parts[-1] += f", {duration(reached['time'] - origin[0])} after the {origin[1]}"
     return "; ".join(parts)
+
+
+def pruned(about: About, evaluation: dict[str, Any]) -> list[Line]:
+    """A sweep's trial that pruned itself: the epoch it stopped at, and by which rule."""
+    epoch = evaluation.get("pruned_at_epoch")
+    if epoch is None:
+        return []
+    trial = about.spec.trial if about.spec is not None else None
+    rule = ""
+    if trial is not None and trial.prune is not None:
+        rule = f" ({trial.prune.method} rule of sweep {trial.sweep} on {trial.prune.metric})"
+    return [("outcome", f"pruned at epoch {epoch}{rule}")]
 
 
 def nonfinite(history: list[dict[str, Any]]) -> list[Line]:
@@ -76,7 +98,7 @@ def lines(
     else:
         tested = {k: v for k, v in final.items() if k.startswith("test_")}
         found.append(("test", ", ".join(f"{k} {v:.4g}" for k, v in tested.items())))
-    speed = statistics.median(m["images_per_s"] for m in history)
+    speed = images_per_s(history)
     found.append((
         "speed",
         f"{speed:,.0f} images/s (median of {len(history)} epoch(s), "

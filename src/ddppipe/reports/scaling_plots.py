@@ -1,4 +1,4 @@
-"""Figures of the scaling study: learning curves per grid point, throughput and efficiency."""
+"""Figures of the scaling study: learning curves per trial, throughput and efficiency."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from ddppipe.reports.scaling_results import RunResult, efficiency
 
 
 def label(result: RunResult) -> str:
-    p = result.point
-    cpus = "CPU" if p.cpus_per_proc == 1 else "CPUs"
+    r = result
+    cpus = "CPU" if r.cpus_per_proc == 1 else "CPUs"
     return (
-        f"{p.nodes} node{'s' if p.nodes > 1 else ''} x {p.procs_per_node} proc, "
-        f"{p.cpus_per_proc} {cpus}/proc (world {p.world_size})"
+        f"{r.nodes} node{'s' if r.nodes > 1 else ''} x {r.procs_per_node} proc, "
+        f"{r.cpus_per_proc} {cpus}/proc (world {r.world_size})"
     )
 
 
 def learning_curves(results: Sequence[RunResult], path: Path) -> None:
-    """Test loss and test accuracy against epoch, one line per grid point."""
+    """Test loss and test accuracy against epoch, one line per trial."""
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
     markers = "osD^v<>phX*"
     for i, r in enumerate(results):
@@ -40,25 +40,23 @@ def learning_curves(results: Sequence[RunResult], path: Path) -> None:
         ax.set_xticks(range(1, last_epoch + 1))
         ax.grid(alpha=0.3)
     ax_acc.legend(fontsize=8, loc="lower right")
-    fig.suptitle("Scaling study: test metrics per epoch (same global batch at every point)")
+    fig.suptitle("Scaling study: test metrics per epoch (same global batch in every trial)")
     save(fig, path)
 
 
 def throughput(results: Sequence[RunResult], path: Path) -> None:
     """Training images/s and scaling efficiency against world size, one line per CPUs/process."""
     fig, (ax_ips, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for cpus in sorted({r.point.cpus_per_proc for r in results}):
-        group = sorted(
-            (r for r in results if r.point.cpus_per_proc == cpus), key=lambda r: r.point.world_size
-        )
-        sizes = [r.point.world_size for r in group]
+    for cpus in sorted({r.cpus_per_proc for r in results}):
+        group = sorted((r for r in results if r.cpus_per_proc == cpus), key=lambda r: r.world_size)
+        sizes = [r.world_size for r in group]
         name = f"{cpus} CPU{'s' if cpus > 1 else ''} per process"
         ax_ips.plot(sizes, [r.images_per_s for r in group], "o-", label=name)
-        effs = [(r.point.world_size, efficiency(r, results)) for r in group]
+        effs = [(r.world_size, efficiency(r, results)) for r in group]
         effs = [(w, e) for w, e in effs if e is not None]
         if effs:
             ax_eff.plot([w for w, _ in effs], [e for _, e in effs], "o-", label=name)
-    sizes = sorted({r.point.world_size for r in results})
+    sizes = sorted({r.world_size for r in results})
     ax_eff.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="ideal (linear)")
     ax_ips.set_ylabel("training throughput (images/s, all ranks)")
     ax_eff.set_ylabel("scaling efficiency\nimages/s / (world size x images/s at world size 1)")

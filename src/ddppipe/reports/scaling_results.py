@@ -1,4 +1,4 @@
-"""The scaling study's numbers: throughput, scaling efficiency and time to accuracy per point."""
+"""The scaling study's numbers: throughput, scaling efficiency and time to accuracy per trial."""
 
 from __future__ import annotations
 
@@ -14,15 +14,33 @@ from typing import Any
 import yaml
 
 from ddppipe.core import atomic, jsonl
-from ddppipe.spec.scaling import Point
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """One grid point's per-epoch training history."""
+    """One trial of the study: its launch settings and per-epoch training history."""
 
-    point: Point
+    trial: str  # the trial's name, e.g. nnodes=1,nproc_per_node=2,cpus_per_proc=1
+    nodes: int
+    procs_per_node: int
+    cpus_per_proc: int
     history: list[dict[str, Any]]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        return self.nodes, self.procs_per_node, self.cpus_per_proc
+
+    @classmethod
+    def of(cls, cfg: dict[str, Any], history: list[dict[str, Any]]) -> RunResult:
+        """The result of the trial whose resolved config is ``cfg``."""
+        launch = cfg["launch"]
+        trial = (cfg.get("trial") or {}).get("name") or cfg["run"]
+        return cls(trial, launch["nnodes"], launch["nproc_per_node"],
+                   launch["cpus_per_proc"] or 0, history)  # fmt: skip
 
     @property
     def images_per_s(self) -> float:
@@ -51,20 +69,16 @@ def load(metrics: Sequence[Path], configs: Sequence[Path]) -> list[RunResult]:
     results = []
     for metrics_path, config_path in zip(metrics, configs, strict=True):
         cfg = yaml.safe_load(Path(config_path).read_text())
-        results.append(RunResult(Point.from_config(cfg), read_history(metrics_path)))
-    return sorted(results, key=lambda r: r.point)
+        results.append(RunResult.of(cfg, read_history(metrics_path)))
+    return sorted(results, key=lambda r: r.order)
 
 
 def efficiency(result: RunResult, results: Sequence[RunResult]) -> float | None:
     """images/s / (world size x images/s of the one-process run with the same CPUs per task)."""
-    single = [
-        r
-        for r in results
-        if r.point.world_size == 1 and r.point.cpus_per_proc == result.point.cpus_per_proc
-    ]
+    single = [r for r in results if r.world_size == 1 and r.cpus_per_proc == result.cpus_per_proc]
     if not single:
         return None
-    return result.images_per_s / (result.point.world_size * single[0].images_per_s)
+    return result.images_per_s / (result.world_size * single[0].images_per_s)
 
 
 def target_column(target: float) -> str:
@@ -72,17 +86,17 @@ def target_column(target: float) -> str:
 
 
 def table(results: Sequence[RunResult], targets: Sequence[float]) -> list[dict[str, Any]]:
-    """One row per grid point: its layout, throughput, efficiency and times to accuracy."""
+    """One row per trial: its layout, throughput, efficiency and times to accuracy."""
     rows = []
     for r in results:
         last = r.history[-1]
         eff = efficiency(r, results)
         row: dict[str, Any] = {
-            "run": r.point.run,
-            "nodes": r.point.nodes,
-            "procs_per_node": r.point.procs_per_node,
-            "cpus_per_proc": r.point.cpus_per_proc,
-            "world_size": r.point.world_size,
+            "trial": r.trial,
+            "nodes": r.nodes,
+            "procs_per_node": r.procs_per_node,
+            "cpus_per_proc": r.cpus_per_proc,
+            "world_size": r.world_size,
             "epochs": last["epoch"],
             "images_per_s": round(r.images_per_s, 1),
             "scaling_efficiency": None if eff is None else round(eff, 3),
@@ -106,7 +120,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 HEADERS = {
-    "run": "run",
+    "trial": "trial",
     "nodes": "nodes",
     "procs_per_node": "processes / node",
     "cpus_per_proc": "CPUs / process",

@@ -38,6 +38,7 @@ def build(run_dir: Path) -> Summary:
     records = slurm_accounting.records(files.jobs)
     origin = slurm_accounting.origin(attempts, records)
     summary.lines.extend(result_lines.lines(about, files.history, origin))
+    summary.lines.extend(result_lines.pruned(about, files.evaluation))
     if attempts:
         summary.lines.append(slot_lines.endings(attempts))
         summary.lines.extend(slot_lines.efficiency(about.spec, attempts))

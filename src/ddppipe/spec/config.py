@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -46,9 +47,17 @@ class ConfigError(ValueError, UserError):
     """The configuration is invalid; the message says which key and why."""
 
 
-def schema() -> dict[str, Any]:
+@functools.cache
+def _schema_text() -> str:
+    """The schema as JSON text, parsed from its YAML once per process (the workflow validates
+    every run's config: a 1,000-trial sweep parsed the YAML thousands of times)."""
     text = resources.files("ddppipe.spec").joinpath("config.schema.yaml").read_text()
-    return yaml.safe_load(text)
+    return json.dumps(yaml.safe_load(text))
+
+
+def schema() -> dict[str, Any]:
+    """The config schema (a fresh copy: callers may change it)."""
+    return json.loads(_schema_text())
 
 
 def _fill_defaults(validator_class: type) -> type:
@@ -63,6 +72,12 @@ def _fill_defaults(validator_class: type) -> type:
         yield from validate_properties(validator, properties, instance, schema_)
 
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+@functools.cache
+def _defaults_validator() -> type:
+    """The validator class that fills defaults, made once (not for every config checked)."""
+    return _fill_defaults(jsonschema.Draft202012Validator)
 
 
 _NULL_WORDS = frozenset({"null", "~"})  # YAML's spellings of null
@@ -107,11 +122,20 @@ def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
     A text that spells no wanted type is left as it is, for the schema to report.
     """
     if isinstance(value, dict):
+        for alternative in node.get("anyOf", []):  # the object alternative with these keys
+            if alternative.get("type") == "object" and set(alternative.get("required", ())) <= set(
+                value
+            ):
+                node = alternative
+                break
         props, patterns = node.get("properties", {}), node.get("patternProperties", {})
+        extra = node.get("additionalProperties")
         for key, sub in value.items():
             child = props.get(key) or next(
                 (s for pattern, s in patterns.items() if re.search(pattern, str(key))), None
             )
+            if child is None and isinstance(extra, dict):
+                child = extra
             if child is not None:
                 value[key] = coerce(sub, child, f"{where}.{key}" if where else str(key))
         return value
@@ -174,7 +198,7 @@ def _described(error: jsonschema.ValidationError, schema_: dict[str, Any]) -> st
 def _checked(value: Any, schema_: dict[str, Any], where: str) -> tuple[Any, list[str]]:
     """``value`` coerced and filled with ``schema_``'s defaults, and a line per error."""
     value = coerce(value, schema_, where)
-    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema_)
+    validator = _defaults_validator()(schema_)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     lines = []
     for e in errors:

@@ -137,10 +137,19 @@ class RunLayout:
 
     @classmethod
     def of_root(cls, root: str | Path) -> RunLayout:
-        """The layout of the run whose results folder is ``root`` (``<results>/<run>``); its
-        logs and benchmarks in the default folders."""
+        """The layout of the run whose results folder is ``root`` (``<results>/<run>``, a
+        sweep's trial ``<results>/sweeps/<sweep>/<trial>``); its logs and benchmarks in the
+        default folders."""
         root = Path(root)
+        if root.parent.parent.name == SWEEPS:
+            return cls(f"{SWEEPS}/{root.parent.name}/{root.name}", root.parents[2])
         return cls(root.name, root.parent)
+
+    @classmethod
+    def of_run_root(cls, run: str, root: str | Path) -> RunLayout:
+        """The layout of the run ``run`` whose results folder is ``root`` (``<results>/<run>``,
+        ``run`` of one or more parts, e.g. a trial's ``sweeps/<sweep>/<trial>``)."""
+        return cls(run, Path(root).parents[len(Path(run).parts) - 1])
 
     @property
     def root(self) -> Path:
@@ -227,6 +236,26 @@ class SweepLayout:
         return self.root / "figures"
 
     @property
+    def metric_vs_parameters(self) -> Path:
+        """The metric against each parameter, one panel a parameter."""
+        return self.figures / "metric_vs_parameters.png"
+
+    @property
+    def learning_curves(self) -> Path:
+        """Every trial's metric per epoch, on one plot."""
+        return self.figures / "learning_curves.png"
+
+    @property
+    def parallel_coordinates(self) -> Path:
+        """Every trial as a line through its values and its metric."""
+        return self.figures / "parallel_coordinates.png"
+
+    @property
+    def overview(self) -> Path:
+        """The top trials and the figures as an HTML fragment: the report's first screen."""
+        return self.figures / "overview.html"
+
+    @property
     def journal(self) -> Path:
         """Optuna's journal (file storage, no database server): reports, pruning, suggestions."""
         return self.root / "optuna.journal"
@@ -235,6 +264,11 @@ class SweepLayout:
     def definition(self) -> Path:
         """The sweep's keys and method when it first ran: a name is never reused for another."""
         return self.root / "sweep.json"
+
+    @property
+    def mlflow_lock(self) -> Path:
+        """Held while a trial finds or creates the sweep's MLflow parent run."""
+        return self.root / ".mlflow-parent.lock"
 
     @property
     def rounds(self) -> Path:

@@ -121,7 +121,7 @@ class SweepSection:
 
 @dataclass(frozen=True)
 class Pruning:
-    """How a trial's training prunes itself at epoch ends (:mod:`ddppipe.sweeps.pruning`)."""
+    """How a trial's training prunes itself at epoch ends (:mod:`ddppipe.training.pruning`)."""
 
     method: str  # median | halving
     metric: str

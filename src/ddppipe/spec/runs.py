@@ -21,6 +21,8 @@ class Runs:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.base = cfg
         self.sweep = sweeps.from_config(cfg)
+        self.scaling = scaling.study(cfg)  # the scaling study: a grid sweep of its own
+        self._scaling = {t.run: t for t in sweeps.trials(self.scaling)}
         self._trials: dict[str, sweeps.Trial] = {}
         self.refresh()
 
@@ -35,7 +37,8 @@ class Runs:
         return list(self._trials.values())
 
     def scaling_runs(self) -> list[str]:
-        return scaling.run_names(self.base)
+        """The scaling study's trials (``sweeps/scaling/<trial>``)."""
+        return list(self._scaling)
 
     def names(self) -> list[str]:
         """Every run: the base run, the scaling study's, the sweep's known trials."""
@@ -43,14 +46,17 @@ class Runs:
 
     def config(self, run: str) -> dict[str, Any]:
         """The config of run ``run`` (a copy); raise ConfigError for a name it does not define."""
-        if run == self.base["run"] or scaling.Point.from_run(run) is not None:
-            out = scaling.config_for_run(self.base, run)
-            out.pop("sweep", None)  # a run that is no trial: its config names no sweep
+        if run == self.base["run"]:
+            out = copy.deepcopy(self.base)
+            out.pop("scaling", None)  # a run that is no trial: its config names no study
+            out.pop("sweep", None)
             return out
+        if run in self._scaling:
+            return scaling.apply(self.base, self.scaling, self._scaling[run])
         if run not in self._trials and self.sweep is not None and self.sweep.method == "tpe":
             self.refresh()  # a round suggested since
         trial = self._trials.get(run)
         if trial is None or self.sweep is None:
             known = ", ".join(self.names()[:5]) + (", ..." if len(self.names()) > 5 else "")
             raise ConfigError(f"unknown run {run!r}: this config defines the runs {known}")
-        return sweeps.apply(copy.deepcopy(self.base), self.sweep, trial)
+        return sweeps.apply(self.base, self.sweep, trial)  # a copy

@@ -1,90 +1,66 @@
-"""The scaling study's grid: one training run per (nodes, processes per node, CPUs per process).
+"""The scaling study: a grid sweep named ``scaling`` over the launch keys.
 
-Each grid point is a run named ``scaling-n<nodes>-p<procs per node>-c<cpus per task>``; its
-config is the base config with the point's launch settings (``launch.nnodes``,
-``launch.nproc_per_node``, ``launch.cpus_per_proc``) and the study's epoch count.
-The global batch stays the base config's, so every point trains the same recipe and only the
-way the work is spread changes.
+The ``scaling:`` section's lists (``nodes``, ``procs_per_node``, ``cpus_per_proc``) are the
+axes of a grid over ``launch.nnodes``, ``launch.nproc_per_node`` and ``launch.cpus_per_proc``.
+Every combination is a trial of the sweep ``scaling`` (:mod:`ddppipe.spec.sweep`), an ordinary
+run ``sweeps/scaling/<trial>`` named after its values
+(``sweeps/scaling/nnodes=1,nproc_per_node=2,cpus_per_proc=1``), its config made by
+:func:`ddppipe.spec.sweep.apply` from the base config with the study's ``epochs``. The global
+batch stays the base config's, so every trial trains the same recipe and only the way the
+work is spread changes. The study is not the ``sweep:`` section's sweep: it has a name of its
+own, which a ``sweep:`` may not take.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import re
-from dataclasses import dataclass
+import math
 from typing import Any
 
-from ddppipe.spec.config import ConfigError
+from ddppipe.spec import sweep as sweeps
+from ddppipe.spec.config import ConfigError, schema
 
-_RUN = re.compile(r"^scaling-n(\d+)-p(\d+)-c(\d+)$")
-
-
-@dataclass(frozen=True, order=True)
-class Point:
-    """One grid point of the study."""
-
-    nodes: int
-    procs_per_node: int
-    cpus_per_proc: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.procs_per_node
-
-    @property
-    def run(self) -> str:
-        return f"scaling-n{self.nodes}-p{self.procs_per_node}-c{self.cpus_per_proc}"
-
-    @classmethod
-    def from_run(cls, run: str) -> Point | None:
-        """The point a run name stands for, or None when it is not a scaling run name."""
-        match = _RUN.match(run)
-        return cls(*(int(g) for g in match.groups())) if match else None
-
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> Point:
-        """The point a (resolved) run config describes."""
-        launch = cfg["launch"]
-        return cls(launch["nnodes"], launch["nproc_per_node"], launch["cpus_per_proc"] or 0)
+NAME = "scaling"  # the study's sweep: results/sweeps/scaling/, trials sweeps/scaling/<trial>
+# Each list of the scaling: section and the launch key it is an axis of.
+AXES = {
+    "nodes": "launch.nnodes",
+    "procs_per_node": "launch.nproc_per_node",
+    "cpus_per_proc": "launch.cpus_per_proc",
+}
 
 
-def grid(cfg: dict[str, Any]) -> list[Point]:
-    """Every point of the config's ``scaling`` section, sorted by nodes, processes, CPUs."""
-    study = cfg["scaling"]
-    axes = (study["nodes"], study["procs_per_node"], study["cpus_per_proc"])
-    return sorted({Point(*values) for values in itertools.product(*axes)})
+def study(cfg: dict[str, Any]) -> sweeps.Sweep:
+    """The config's scaling study as a grid sweep, each axis's values in ascending order.
 
-
-def run_names(cfg: dict[str, Any]) -> list[str]:
-    return [point.run for point in grid(cfg)]
-
-
-def apply(cfg: dict[str, Any], point: Point) -> dict[str, Any]:
-    """A copy of ``cfg`` (without its ``scaling`` section) set up to train at ``point``."""
-    out = copy.deepcopy(cfg)
-    study = out.pop("scaling", None) or {}
-    out["run"] = point.run
-    out["launch"]["nnodes"] = point.nodes
-    out["launch"]["nproc_per_node"] = point.procs_per_node
-    out["launch"]["cpus_per_proc"] = point.cpus_per_proc  # GPUs (launch.device) follow processes
-    if study.get("epochs") is not None:
-        out["train"]["epochs"] = study["epochs"]
-    return out
-
-
-def config_for_run(cfg: dict[str, Any], run: str) -> dict[str, Any]:
-    """The config of run ``run``: the base run's own, or a scaling grid point's.
-
-    Raise ConfigError for any other name, so that a typo cannot train a mislabeled run.
+    Raise ConfigError when the ``sweep:`` section takes the study's name: two sweeps never
+    share a name (a folder, a table).
     """
-    if run == cfg["run"]:
-        out = copy.deepcopy(cfg)
-        out.pop("scaling", None)
-        return out
-    point = Point.from_run(run)
-    points = grid(cfg)
-    if point is None or point not in points:
-        known = ", ".join([cfg["run"], *(p.run for p in points)])
-        raise ConfigError(f"unknown run {run!r}: this config defines the runs {known}")
-    return apply(cfg, point)
+    if (cfg.get("sweep") or {}).get("name") == NAME:
+        raise ConfigError(
+            f"sweep.name: {NAME!r} is the scaling study's sweep (results/sweeps/{NAME}/, "
+            f"`snakemake {NAME}`, defined by the scaling: section); give your sweep another name"
+        )
+    section = cfg["scaling"]
+    parameters = tuple(
+        sweeps.Parameter(key, values=tuple(sorted(section[axis]))) for axis, key in AXES.items()
+    )
+    defaults = {
+        k: v.get("default") for k, v in schema()["properties"]["sweep"]["properties"].items()
+    }
+    size = math.prod(len(p.values or ()) for p in parameters)
+    return sweeps.Sweep(
+        name=NAME, parameters=parameters, method="grid", trials=size, seed=defaults["seed"],
+        metric=defaults["metric"], direction=defaults["direction"],
+        max_parallel=size,  # no slot limit of its own: Snakemake's --cores (or SLURM) decide
+        prune="none", prune_warmup_epochs=0,
+    )  # fmt: skip
+
+
+def apply(cfg: dict[str, Any], study_sweep: sweeps.Sweep, trial: sweeps.Trial) -> dict[str, Any]:
+    """The config of the study's ``trial``: the trial's launch settings and the study's
+    ``epochs`` (``null``: the base config's) over the base config, as any sweep's trial."""
+    base = copy.deepcopy(cfg)
+    epochs = base["scaling"]["epochs"]
+    if epochs is not None:
+        base["train"]["epochs"] = epochs
+    return sweeps.apply(base, study_sweep, trial)

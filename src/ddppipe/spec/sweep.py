@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ddppipe.spec import layout
-from ddppipe.spec.config import ConfigError, schema, validate
+from ddppipe.spec.config import ConfigError, coerce, schema, validate
 
 SAMPLED = ("random", "tpe")  # methods that draw values from ranges and choices
 # Keys a trial cannot change: what names the run, what is prepared once for every trial (the
@@ -43,6 +45,8 @@ FIXED = {
 SIGNIFICANT_DIGITS = 4  # of a sampled float: what the trial's name shows is its value
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 MAX_NAME = 120  # characters of a trial's name before it is shortened with a hash
+# The user attribute that names a trial's ddppipe trial in the sweep's Optuna study (journal).
+OPTUNA_TRIAL_ATTR = "ddppipe_trial"
 
 
 @dataclass(frozen=True)
@@ -179,9 +183,33 @@ def _check_value(cfg: dict[str, Any], key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{where}: {value!r} is not a valid {key}: {why}") from None
 
 
+_RANGE = {"type": "object", "properties": {"low": {"type": "number"}, "high": {"type": "number"},
+                                          "log": {"type": "boolean"}}}  # fmt: skip
+
+
+def _typed(key: str, spec: Any) -> Any:
+    """``spec`` with text values turned into the key's type: ``--config 'sweep={...}'``
+    values arrive as text (Snakemake parses nested values with YAML's BaseLoader)."""
+    node = _schema_node(key) or {}
+
+    def typed(value: Any) -> Any:
+        if key.startswith("task_args.") and isinstance(value, str):
+            return yaml.safe_load(value)  # a task's own argument: as YAML would read it
+        return coerce(value, node)
+
+    if isinstance(spec, list):
+        return [typed(v) for v in spec]
+    if isinstance(spec, dict) and isinstance(spec.get("choices"), list):
+        return {"choices": [typed(v) for v in spec["choices"]]}
+    if isinstance(spec, dict):
+        return coerce(dict(spec), _RANGE)
+    return spec
+
+
 def _parameter(cfg: dict[str, Any], key: str, spec: Any, method: str) -> Parameter:
     where = f"sweep.parameters.{key}"
     _check_key(key)
+    spec = _typed(key, spec)
     if isinstance(spec, list):
         if not spec:
             raise ConfigError(f"{where}: an empty list gives 0 trials; list at least one value")
@@ -244,7 +272,7 @@ def from_config(cfg: dict[str, Any]) -> Sweep | None:
 # -- names -------------------------------------------------------------------------------
 
 
-def _labels(keys: tuple[str, ...]) -> dict[str, str]:
+def labels_of(keys: tuple[str, ...]) -> dict[str, str]:
     """Each key's label in a trial's name: its last part, or the whole path where two keys
     share their last part."""
     last = [k.split(".")[-1] for k in keys]
@@ -274,7 +302,7 @@ def trial_name(values: Mapping[str, Any], labels: Mapping[str, str]) -> str:
 
 
 def _named(sweep: Sweep, points: list[dict[str, Any]]) -> list[Trial]:
-    labels = _labels(sweep.keys)
+    labels = labels_of(sweep.keys)
     names = [trial_name(p, labels) for p in points]
     clashes = {n for n in names if names.count(n) > 1}  # values that differ only in characters
     return [
@@ -343,25 +371,50 @@ def _random(sweep: Sweep) -> list[dict[str, Any]]:
     return points
 
 
-def suggested(sweep: Sweep, rounds: Path | None = None) -> list[dict[str, Any]]:
-    """The trials a model-based sweep's rounds have suggested so far, in order."""
-    folder = rounds or sweep.layout.rounds
-    points: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        points.extend(t["values"] for t in json.loads(path.read_text())["trials"])
-    return points
+def round_sizes(sweep: Sweep) -> list[int]:
+    """A model-based sweep's rounds: ``trials`` in rounds of ``max_parallel`` (the last one
+    smaller), each suggested from the trials of the rounds before it."""
+    full, rest = divmod(sweep.trials, sweep.max_parallel)
+    return [sweep.max_parallel] * full + ([rest] if rest else [])
 
 
-def trials(sweep: Sweep) -> list[Trial]:
+def round_file(sweep: Sweep, k: int, rounds: Path | None = None) -> Path:
+    """Round ``k``'s file: the trials it suggested (``{"round", "trials": [{"name",
+    "values", "number"}]}``, ``number``: the Optuna trial's)."""
+    return (rounds or sweep.layout.rounds) / f"{k}.json"
+
+
+def round_entries(
+    sweep: Sweep, rounds: Path | None = None, upto: int | None = None
+) -> list[dict[str, Any]]:
+    """The trials (``name``, ``values``, ``number``) a model-based sweep's rounds (those before
+    round ``upto``; all without it) have suggested so far, in order; a round not suggested yet
+    ends the list."""
+    entries: list[dict[str, Any]] = []
+    for k in range(len(round_sizes(sweep)) if upto is None else upto):
+        path = round_file(sweep, k, rounds)
+        if not path.is_file():
+            break
+        entries.extend(json.loads(path.read_text())["trials"])
+    return entries
+
+
+def suggested(
+    sweep: Sweep, rounds: Path | None = None, upto: int | None = None
+) -> list[dict[str, Any]]:
+    """The values of the trials a model-based sweep's rounds have suggested so far."""
+    return [e["values"] for e in round_entries(sweep, rounds, upto)]
+
+
+def trials(sweep: Sweep, upto: int | None = None, rounds: Path | None = None) -> list[Trial]:
     """The sweep's trials known now: every grid point, the random draws, or the trials a
-    model-based method's finished rounds suggested."""
+    model-based method's rounds suggested (those of rounds before ``upto``; all without it),
+    under the names their rounds gave them."""
     if sweep.method == "grid":
-        points = list(_grid(sweep))
-    elif sweep.method == "random":
-        points = _random(sweep)
-    else:
-        points = suggested(sweep)
-    return _named(sweep, points)
+        return _named(sweep, list(_grid(sweep)))
+    if sweep.method == "random":
+        return _named(sweep, _random(sweep))
+    return [Trial(sweep.name, e["name"], e["values"]) for e in round_entries(sweep, rounds, upto)]
 
 
 def apply(cfg: dict[str, Any], sweep: Sweep, trial: Trial) -> dict[str, Any]:
@@ -395,3 +448,56 @@ def check_definition(sweep: Sweep, recorded: Path | None = None) -> None:
             f"{sweep.name} away to start it again (grid values and trials may grow; keys, "
             "method, seed and ranges may not)"
         )
+
+
+DEFAULT_METRICS = ("accuracy", "loss")  # a classification task's evaluation without metrics()
+
+
+def _task_metrics(task_file: Path) -> tuple[str, ...] | None:
+    """The metric names a task file's evaluation writes, read from its source (not imported:
+    no torch): the default ones without ``metrics()``, else the string keys of the dicts its
+    ``metrics()`` returns and ``loss``; None where its source does not spell them."""
+    import ast
+
+    tree = ast.parse(task_file.read_text(), str(task_file))
+    hook = next((n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                 and n.name == "metrics"), None)  # fmt: skip
+    if hook is None:
+        return DEFAULT_METRICS
+    names: set[str] = set()
+    for node in ast.walk(hook):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Dict):
+            keys = node.value.keys
+            if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in keys):
+                return None
+            names.update(k.value for k in keys)  # type: ignore[union-attr]
+        elif isinstance(node, ast.Return):
+            return None  # a dict built elsewhere: known once the evaluation ran
+    return tuple(sorted(names | {"loss"})) if names else None
+
+
+def check_metric(sweep: Sweep, task_file: str | Path | None) -> None:
+    """Refuse a ``sweep.metric`` the task's evaluation does not write (``task_file``: the
+    task's source; None for a script, whose logged names are known once it ran)."""
+    if task_file is None:
+        return
+    known = _task_metrics(Path(task_file))
+    if known is not None and sweep.metric not in known:
+        raise ConfigError(
+            f"sweep.metric: {sweep.metric!r} is not a metric of the task's evaluation "
+            f"({task_file}); it writes {', '.join(known)}. Set sweep.metric to one of them, or "
+            "return it from the task's metrics(output, target)"
+        )
+
+
+def rounds_note(sweep: Sweep) -> str:
+    """What a model-based sweep's rounds are and how far they got, for the terminal (a dry
+    run shows only the jobs of the rounds suggested so far)."""
+    sizes = round_sizes(sweep)
+    done = sum(1 for k in range(len(sizes)) if round_file(sweep, k).is_file())
+    return (
+        f"sweep {sweep.name}: {sweep.method}, {sweep.trials} trials in {len(sizes)} rounds of "
+        f"up to {sweep.max_parallel} (sweep.max_parallel), each suggested from the trials of "
+        f"the rounds before it; {done} of {len(sizes)} rounds suggested so far"
+        + ("" if done == len(sizes) else ": the jobs of later rounds appear as they are suggested")
+    )

@@ -1,4 +1,5 @@
-"""The sweep subcommands."""
+"""The sweep subcommands: its trials (``sweep-trials``), its table and best trial
+(``sweep-table``) and its figures (``plot-sweep``). None imports torch."""
 
 from __future__ import annotations
 
@@ -14,19 +15,44 @@ from ddppipe.spec.config import ConfigError, validate
 def sweep_trials(config_json: str, out: Path) -> int:
     """``ddppipe sweep-trials``: the sweep's definition and its trials known now, as JSON (what
     the table lists), derived from the config as the workflow derived them."""
+    from ddppipe.sweeps import table
+
     found = sweep.from_config(validate(json_config(config_json)))
     if found is None:
         raise ConfigError("sweep-trials: the config has no sweep (sweep.name is null)")
-    doc = {
-        "name": found.name,
-        "definition": found.definition(),
-        "metric": found.metric,
-        "direction": found.direction,
-        "max_parallel": found.max_parallel,
-        "prune": found.prune,
-        "trials": [
-            {"name": t.name, "run": t.run, "values": dict(t.values)} for t in sweep.trials(found)
-        ],
-    }
-    atomic.write_text(out, json.dumps(doc, indent=1) + "\n")
+    atomic.write_text(out, json.dumps(table.document(found), indent=1) + "\n")
+    return 0
+
+
+def sweep_table(sweep_path: Path, csv: Path, best: Path) -> int:
+    """``ddppipe sweep-table``: one row per trial (``--csv``), the best trial (``--best``) and
+    the trials in TensorBoard's HParams view; prints the top trials."""
+    from ddppipe.sweeps import results, table
+
+    found = table.load(sweep_path)
+    results.save(found, csv, best)
+    print(table.text(found))
+    return 0
+
+
+def plot_sweep(sweep_path: Path, out_dir: Path) -> int:
+    """``ddppipe plot-sweep``: the metric against each parameter, every trial's learning curve,
+    a parallel-coordinates view, and the report's first screen (``overview.html``)."""
+    from ddppipe.sweeps import figures, table
+
+    figures.write(table.load(sweep_path), out_dir)
+    return 0
+
+
+def sweep_round(config_json: str, round: int, out: Path) -> int:
+    """``ddppipe sweep-round``: a model-based sweep's round ``round``: tell the study the
+    finished trials of the rounds before it, ask its sampler for this round's trials."""
+    from ddppipe.sweeps import rounds
+
+    found = sweep.from_config(validate(json_config(config_json)))
+    if found is None or found.method != "tpe":
+        raise ConfigError("sweep-round: the config has no sweep of method tpe")
+    doc = rounds.write_round(found, round, out)
+    names = ", ".join(t["name"] for t in doc["trials"])
+    print(f"sweep {found.name}: round {round} suggests {names}")
     return 0

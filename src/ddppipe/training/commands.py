@@ -32,6 +32,9 @@ def export(
         publish.copy_file(result, out)
         final = json.loads(record.read_text())
         found = ddp_provenance.record(final, data, image, history)
+    if spec.trial is not None:  # a sweep's trial: which sweep, which values
+        found["sweep"] = {"name": spec.trial.sweep, "trial": spec.trial.name,
+                          "values": dict(spec.trial.values)}  # fmt: skip
     atomic.write_json(provenance, found)
     return 0
 

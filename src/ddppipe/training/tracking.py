@@ -31,6 +31,12 @@ stale. :class:`Tracker` (rank 0 only) keeps one continuous history over any numb
   background thread, so a slow or dead server never stalls training. (MLflow 3 sends usage
   telemetry unless ``MLFLOW_DISABLE_TELEMETRY=true`` or ``DO_NOT_TRACK=true``.)
 
+A sweep's trial (its spec's ``trial``) is an MLflow child run: its run carries the tag
+``mlflow.parentRunId`` of one parent run for the sweep (run name ``sweep <name>``, tags
+``ddppipe.sweep`` and ``ddppipe.role: sweep``), which the first trial to create its run creates
+and every other finds by those tags, under a file lock in the sweep's folder so that trials
+starting at once agree on one parent.
+
 Tracking never stops training: the first error of a backend is logged as a warning and that
 backend is then off for the rest of the process. ``tensorboard`` and ``mlflow`` are imported on
 first use only.
@@ -39,6 +45,7 @@ first use only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import queue
@@ -46,11 +53,14 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
 from ddppipe.runstate import state
+from ddppipe.spec import layout
+from ddppipe.spec.run import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +82,27 @@ _MAX_PARAM = 6000
 _MAX_TAG = 8000
 _METRICS_PER_BATCH = 1000
 _PARAMS_TAGS_PER_BATCH = 100
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the UI nests the run under that run
+SWEEP_TAG = "ddppipe.sweep"  # the sweep's name, on its parent run and on every trial's run
+ROLE_TAG = "ddppipe.role"  # "sweep" on a sweep's parent run
+
+
+@dataclass(frozen=True)
+class SweepParent:
+    """The sweep a trial's MLflow run is a child of, and the lock trials find its parent
+    run under."""
+
+    sweep: str
+    lock: Path
+
+    @classmethod
+    def of(cls, spec: RunSpec, state_dir: Path) -> SweepParent | None:
+        """The parent of the run ``spec`` whose state folder is ``state_dir``; None: not a
+        trial."""
+        if spec.trial is None:
+            return None
+        results = layout.RunLayout.of_run_root(spec.run, Path(state_dir).parent).results
+        return cls(spec.trial.sweep, layout.SweepLayout(spec.trial.sweep, results).mlflow_lock)
 
 
 class Tracker:
@@ -86,13 +117,15 @@ class Tracker:
         run_name: str = "run",
         params: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
+        parent: SweepParent | None = None,
     ) -> None:
         """Track into TensorBoard files in ``log_dir`` (None: no TensorBoard) and, with
         ``mlflow_uri``, into MLflow.
 
         ``state_dir`` is the run's state folder (it holds the MLflow run id). ``params`` are
         logged to MLflow once, when the run is created (nested dicts become dotted keys);
-        ``tags`` are set by every slot.
+        ``tags`` are set by every slot. ``parent``: a trial's sweep (its MLflow run a child
+        of the sweep's parent run).
         """
         self.log_dir = Path(log_dir) if log_dir is not None else Path()
         self.state_dir = Path(state_dir)
@@ -103,7 +136,7 @@ class Tracker:
         self._mlflow: _MlflowWorker | None = None
         if mlflow_uri is not None:
             self._mlflow = _MlflowWorker(
-                mlflow_uri, self.state_dir, run_name, dict(params or {}), dict(tags or {})
+                mlflow_uri, self.state_dir, run_name, dict(params or {}), dict(tags or {}), parent
             )
             self._mlflow.start()
 
@@ -171,9 +204,11 @@ class _MlflowWorker(threading.Thread):
     """Owns the MLflow client: opens (or creates) the run, then sends queued points in batches."""
 
     def __init__(
-        self, uri: str, state_dir: Path, run_name: str, params: dict[str, Any], tags: dict[str, str]
-    ) -> None:
+        self, uri: str, state_dir: Path, run_name: str, params: dict[str, Any],
+        tags: dict[str, str], parent: SweepParent | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(name="ddppipe-mlflow", daemon=True)
+        self.parent = parent
         self.uri = uri
         self.state_dir = state_dir
         self.run_name = run_name
@@ -268,7 +303,11 @@ class _MlflowWorker(threading.Thread):
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-        run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
+        nested = {}
+        if self.parent is not None:
+            nested = {PARENT_TAG: self._parent_run(client, experiment_id),
+                      SWEEP_TAG: self.parent.sweep}  # fmt: skip
+        run_id = client.create_run(experiment_id, run_name=self.run_name, tags=nested).info.run_id
         params = [Param(_key(k), _truncate(v, _MAX_PARAM)) for k, v in flatten(self.params).items()]
         for i in range(0, len(params), _PARAMS_TAGS_PER_BATCH):
             batch = params[i : i + _PARAMS_TAGS_PER_BATCH]
@@ -276,6 +315,35 @@ class _MlflowWorker(threading.Thread):
         atomic.write_text(id_file, run_id + "\n")
         self.run_id = run_id
         return run_id
+
+    def _parent_run(self, client: Any, experiment_id: str) -> str:
+        """The id of the sweep's parent run, found by its tags or created (then finished:
+        it holds no points of its own), under the sweep's lock."""
+        assert self.parent is not None
+        sweep = self.parent.sweep
+        with _locked(self.parent.lock):
+            found = client.search_runs(
+                [experiment_id], max_results=1,
+                filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}' and tags.`{ROLE_TAG}` = 'sweep'",
+            )  # fmt: skip
+            if found:
+                return str(found[0].info.run_id)
+            run = client.create_run(experiment_id, run_name=f"sweep {sweep}",
+                                    tags={SWEEP_TAG: sweep, ROLE_TAG: "sweep"})  # fmt: skip
+            client.set_terminated(run.info.run_id, "FINISHED")
+            return str(run.info.run_id)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold ``path``'s flock (blocking) for the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def flatten(params: Mapping[str, Any], parent: str = "") -> dict[str, str]:

@@ -29,7 +29,17 @@ from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
 from ddppipe.runstate import attempts, failures, preemption, state
 from ddppipe.spec import run
-from ddppipe.training import checkpoint, efficiency, evaluate, files, heartbeat, optim, probes, rng
+from ddppipe.training import (
+    checkpoint,
+    efficiency,
+    evaluate,
+    files,
+    heartbeat,
+    optim,
+    probes,
+    pruning,
+    rng,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +132,11 @@ class Trainer:
         self._first_nonfinite = torch.full((), ALL_FINITE, dtype=torch.int64, device=ctx.device)
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.tracker = self._tracker() if ctx.is_main else None
+        # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
+        trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
+        self.prunes = trial is not None
+        self.pruner = pruning.TrialPruner(trial) if trial is not None and ctx.is_main else None
+        self.pruned_at: int | None = None  # the epoch whose end pruned the run
 
     def _tracker(self) -> Any:
         """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
@@ -141,6 +156,7 @@ class Trainer:
         return tracking.Tracker(
             tensorboard, folder.root, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
             params=self.config, tags=tags,
+            parent=tracking.SweepParent.of(self.spec, folder.root),  # a trial: a child run
         )  # fmt: skip
 
     def _record_efficiency(self) -> None:
@@ -409,17 +425,38 @@ class Trainer:
                                images_per_s=record["images_per_s"])  # fmt: skip
                 self._track(self.epoch * self.steps_per_epoch, tracked, "epoch")
             last = self.epoch == self.recipe.epochs
-            stop = not last and self._stop_requested(guard)
-            if last or stop or self.epoch % self.recipe.checkpoint_every == 0:
+            pruned = self._prune(decide=not last)
+            stop = not last and not pruned and self._stop_requested(guard)
+            if last or stop or pruned or self.epoch % self.recipe.checkpoint_every == 0:
                 path = self.save_checkpoint()
             if stop:
                 self._stop(guard, path)
+            if pruned:  # ends as a completed run: this epoch's evaluation is the final one
+                self.pruned_at = self.epoch
+                break
         if self._final_eval is None:  # resumed after the last epoch's checkpoint
             self._final_eval = self._evaluate()
         self._record_efficiency()
         self._write_outputs()  # a signal now is noted and changes nothing: the run completes
         if self.tracker is not None:
             self.tracker.close()
+
+    def _prune(self, decide: bool) -> bool:
+        """Collective for a trial that prunes (else False at once): rank 0 reports the epoch's
+        metric to the sweep's study and, with ``decide``, asks whether to stop here; every rank
+        gets its answer (or raises PruningError with rank 0's message)."""
+        if not self.prunes:
+            return False
+        answer: list[Any] = [False]
+        if self.pruner is not None:
+            try:
+                answer[0] = self.pruner.report(self.history[-1], decide)
+            except Exception as e:  # the others must not wait for a decision that never comes
+                answer[0] = f"{type(e).__name__}: {e}"
+        dist.broadcast_object_list(answer, src=0)
+        if isinstance(answer[0], str):
+            raise pruning.PruningError(f"rank 0 could not report to the sweep's study: {answer[0]}")
+        return bool(answer[0])
 
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
@@ -444,10 +481,15 @@ class Trainer:
             "epochs": self.epoch,
             "config_hash": self.config_hash,
         }
+        if self.pruned_at is not None:
+            evaluation["pruned_at_epoch"] = self.pruned_at
 
-        checkpoint.rank0_writes(
-            lambda: files.write_outputs(self.paths, snapshot, self.history, evaluation)
-        )
+        def write() -> None:
+            files.write_outputs(self.paths, snapshot, self.history, evaluation)
+            if self.pruner is not None:  # after the outputs: the study counts a finished trial
+                self.pruner.finish(self.history[-1], pruned=self.pruned_at is not None)
+
+        checkpoint.rank0_writes(write)
 
 
 def train(spec: run.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:

@@ -1,0 +1,24 @@
+"""A sweep's results in one call: its table, best trial and TensorBoard HParams view, written
+from what its trials left so far (rule sweep_table, and the end of every snakemake call)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddppipe.spec.sweep import Sweep
+from ddppipe.sweeps import hparams, table
+
+
+def save(found: table.Table, csv: Path | None = None, best: Path | None = None) -> None:
+    """Write the table (default: the sweep's trials.csv), the best trial (best.json) and the
+    trials' HParams sessions."""
+    table.write(found, csv or found.layout.trials_csv, best or found.layout.best)
+    hparams.write(found)
+
+
+def after_call(sweep: Sweep, results: Path) -> str:
+    """The sweep's results written from what exists under ``results`` (a failed trial's row
+    says why, pending ones are listed), and its top trials as text to print."""
+    found = table.collect(table.document(sweep), results)
+    save(found)
+    return table.text(found)

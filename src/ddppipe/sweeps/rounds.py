@@ -1,0 +1,152 @@
+"""A model-based sweep's rounds: Optuna's TPE sampler suggests each round from the finished ones.
+
+``sweep.trials`` are suggested in rounds of ``sweep.max_parallel`` (the last one smaller);
+round ``k`` (the workflow's checkpoint ``sweep_round``) runs once every trial of the rounds
+before it has been evaluated. It opens the sweep's Optuna study (the journal file
+``results/sweeps/<sweep>/optuna.journal``: no database server, safe on shared filesystems),
+tells it the final metric of each finished trial it does not know yet (the training's pruning
+may have told it already that a trial completed or was pruned: a finished Optuna trial is never
+told twice), asks the sampler for the round's trials and writes ``rounds/<k>.json``.
+
+Asking is idempotent: each Optuna trial records its ddppipe trial and round (user
+attributes), so writing round ``k`` again (its checkpoint re-run) gives the same trials.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ddppipe.core import atomic
+from ddppipe.spec import layout as run_layout
+from ddppipe.spec import sweep as sweeps
+from ddppipe.spec.config import ConfigError
+
+ROUND_ATTR = "ddppipe_round"  # the round that suggested an Optuna trial
+DUPLICATE_ATTR = "ddppipe_duplicate_of"  # a draw whose trial exists already: not trained
+ASKS_PER_TRIAL = 20  # draws before a small space is taken as exhausted
+
+
+def open_study(sweep: sweeps.Sweep, journal: Path | None = None, sampler: Any = None) -> Any:
+    """The sweep's Optuna study (created on first use) in its journal file."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path = journal or sweep.layout.journal
+    path.parent.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    return optuna.create_study(storage=storage, study_name=sweep.name, sampler=sampler,
+                               direction=sweep.direction, load_if_exists=True)  # fmt: skip
+
+
+def final_metric(sweep: sweeps.Sweep, evaluation: Path) -> float:
+    """The metric of a trial's final evaluation (``eval/metrics.json``: ``test_<metric>``)."""
+    found = json.loads(evaluation.read_text())
+    key = f"test_{sweep.metric}"
+    if not isinstance(found.get(key), int | float):
+        names = sorted(k.removeprefix("test_") for k in found if k.startswith("test_"))
+        raise ConfigError(
+            f"sweep {sweep.name}: sweep.metric {sweep.metric!r} is not in {evaluation} "
+            f"(no {key}); its metrics: {', '.join(names)}. Set sweep.metric to one of them"
+        )
+    return float(found[key])
+
+
+def _by_trial(study: Any) -> dict[str, list[Any]]:
+    """The study's Optuna trials of each ddppipe trial (by its name)."""
+    out: dict[str, list[Any]] = {}
+    for t in study.get_trials(deepcopy=False):
+        name = t.user_attrs.get(sweeps.OPTUNA_TRIAL_ATTR)
+        if name is not None:
+            out.setdefault(name, []).append(t)
+    return out
+
+
+def tell_finished(sweep: sweeps.Sweep, study: Any, finished: list[sweeps.Trial],
+                  results: Path = run_layout.RESULTS) -> int:  # fmt: skip
+    """Tell the study the final metric of each finished trial it has not been told of yet;
+    the number told."""
+    from optuna.trial import TrialState
+
+    told, known = 0, _by_trial(study)
+    for trial in finished:
+        mine = known.get(trial.name, [])
+        if any(t.state.is_finished() for t in mine):
+            continue  # told already (here, or by the training's pruning)
+        running = [t for t in mine if t.state == TrialState.RUNNING]
+        if not running:
+            continue  # not a trial this study suggested
+        evaluation = run_layout.RunLayout(trial.run, results).eval.metrics
+        study.tell(running[0].number, final_metric(sweep, evaluation))
+        told += 1
+    return told
+
+
+def _asked(study: Any, k: int) -> list[Any]:
+    """The Optuna trials round ``k`` suggested (not its duplicates), in order."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get(ROUND_ATTR) == k and DUPLICATE_ATTR not in t.user_attrs
+    ]
+
+
+def suggest(sweep: sweeps.Sweep, study: Any, k: int, size: int,
+            taken: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """Round ``k``'s ``size`` trials (name, values, Optuna number), each distinct from ``taken``
+    (the trials of the rounds before it) and from one another; the ones it asked before first."""
+    from optuna.trial import TrialState
+
+    labels = sweeps.labels_of(sweep.keys)
+    seen = {sweeps.trial_name(v, labels) for v in taken}
+    out = []
+    for t in _asked(study, k):
+        values = sweeps.from_sampled(sweep, t.params)
+        seen.add(sweeps.trial_name(values, labels))
+        out.append({"name": t.user_attrs[sweeps.OPTUNA_TRIAL_ATTR], "values": values,
+                    "number": t.number})  # fmt: skip
+    dists = sweeps.distributions(sweep)
+    for _ in range(size * ASKS_PER_TRIAL):
+        if len(out) >= size:
+            break
+        asked = study.ask(dists)
+        values = sweeps.from_sampled(sweep, asked.params)
+        name = sweeps.trial_name(values, labels)
+        asked.set_user_attr(ROUND_ATTR, k)
+        if name in seen:  # the sampler drew a trial that exists: not trained twice
+            asked.set_user_attr(DUPLICATE_ATTR, name)
+            study.tell(asked.number, state=TrialState.FAIL)
+            continue
+        asked.set_user_attr(sweeps.OPTUNA_TRIAL_ATTR, name)
+        seen.add(name)
+        out.append({"name": name, "values": values, "number": asked.number})
+    return out[:size]
+
+
+def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layout.RESULTS,
+                journal: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Round ``k``: tell the study the trials of the rounds before it, ask for its trials,
+    write its file (atomically); its document."""
+    import optuna
+
+    sizes = sweeps.round_sizes(sweep)
+    if not 0 <= k < len(sizes):
+        raise ConfigError(
+            f"sweep {sweep.name}: no round {k}; {sweep.trials} trials in rounds of "
+            f"{sweep.max_parallel} make rounds 0-{len(sizes) - 1}"
+        )
+    rounds = out.parent
+    if k > 0 and not sweeps.round_file(sweep, k - 1, rounds).is_file():
+        raise ConfigError(f"sweep {sweep.name}: round {k - 1} has not been suggested yet")
+    finished = sweeps.trials(sweep, upto=k, rounds=rounds)
+    # A seed per round: the sampler's first (random) draws differ from one round to the next.
+    study = open_study(sweep, journal, optuna.samplers.TPESampler(seed=sweep.seed + k))
+    tell_finished(sweep, study, finished, results)
+    before = [dict(t.values) for t in finished]
+    picked = suggest(sweep, study, k, sizes[k], before)
+    doc = {"round": k, "trials": picked}
+    atomic.write_text(out, json.dumps(doc, indent=1) + "\n")
+    return doc

@@ -10,9 +10,7 @@ Only one cluster can run per machine, so a session-wide :class:`SlurmSlot`
 owns it: ``slurm_cluster`` is the session's plain cluster, shaped unlike a default
 one on purpose: nodes ``cn07``, ``cn08`` (the hostlist ``cn[07-08]``), a default
 partition ``short`` and a non-default one ``train`` that the workflow tests train
-in; ``slurm_accounting_cluster`` is a cluster with slurmdbd + MariaDB instead, of four
-nodes ``node1`` to ``node4`` (nodes are network namespaces: cheap), so that the runs of
-tests/test_slurm.py on it go side by side.
+in; ``slurm_accounting_cluster`` is a cluster with slurmdbd + MariaDB instead.
 Each starts on first use and keeps running (its jobs, job ids and sacct records
 too) until a test needs the other one or a cluster of its own
 (``SlurmSlot.suspended``); the next test that needs it starts it again, from fresh
@@ -39,7 +37,6 @@ import pytest
 from tests.slurm_cluster import PREEMPT_GRACE_S, SBIN_PATH, URGENT_PARTITION, SlurmCluster
 
 SESSION_NODES = ("cn07", "cn08")  # the hostlist cn[07-08]
-ACCOUNTING_NODES = ("node1", "node2", "node3", "node4")
 TRAIN_PARTITION = "train"  # not the default partition
 _PREEMPTIBLE = (
     f"MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={PREEMPT_GRACE_S}"
@@ -87,10 +84,8 @@ class SlurmSlot:
         return self._use("slurm", nodes=SESSION_NODES, partitions=SESSION_PARTITIONS)
 
     def accounting_cluster(self) -> SlurmCluster:
-        """The cluster with slurmdbd (node1 to node4, partition ``debug``), running."""
-        return self._use(
-            "slurm-acct", accounting=True, nodes=ACCOUNTING_NODES, settings=ACCOUNTING_SETTINGS
-        )
+        """The cluster with slurmdbd (default shape: node1, node2, partition ``debug``), running."""
+        return self._use("slurm-acct", accounting=True, settings=ACCOUNTING_SETTINGS)
 
     def _use(self, name: str, **shape: Any) -> SlurmCluster:
         """The session's cluster ``name``, started (the other one stopped) unless it runs."""
@@ -159,6 +154,6 @@ def slurm_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
 
 @pytest.fixture
 def slurm_accounting_cluster(slurm_slot: SlurmSlot) -> SlurmCluster:
-    """The session's cluster with slurmdbd, so ``sacct`` works (node1 to node4; 2 CPUs each),
+    """The session's cluster with slurmdbd, so ``sacct`` works (node1, node2; 2 CPUs each),
     running; see ``ACCOUNTING_SETTINGS``."""
     return slurm_slot.accounting_cluster()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import yaml
 from ddppipe.cluster import slurm
 from tests.processes import worker_pids
 from tests.slurm_cluster import SlurmCluster
-from tests.slurm_fixtures import TRAIN_PARTITION, SlurmSlot
+from tests.slurm_fixtures import TRAIN_PARTITION
 from tests.tiny import REAL_MNIST, REPO, TinyData, make_tiny, real_mnist_sha256, tiny_config
 from tests.workflow_helpers import stamps
 
@@ -263,9 +262,6 @@ def _result(proc: subprocess.Popen, text: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, "", text)
 
 
-_STARTED: list[subprocess.Popen] = []  # every run _start_snakemake started, for clean-ups
-
-
 def _start_snakemake(
     cluster: SlurmCluster, workdir: Path, cfg: dict[str, Any], *args: str
 ) -> tuple[subprocess.Popen, Path]:
@@ -280,7 +276,6 @@ def _start_snakemake(
              "--configfile", str(workdir / "config.yaml"), "--profile", PROFILE, *args],
             cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-    _STARTED.append(proc)
     return proc, out
 
 
@@ -418,7 +413,7 @@ def _usr1_next_to_reference(
     started = time.monotonic()
     with _reference_run(cluster, ref, cfg, *targets) as reference_run:
         proc, out = _start_snakemake(cluster, wd, cfg, *targets)
-        _poll(lambda: ready(wd), proc, 600, what, out)
+        _poll(lambda: ready(wd), proc, 240, what, out)
         job, _ = _poll(lambda: _running_job(cluster, wd), proc, 30, "running job", out)
         cluster.run(["scancel", "--signal=USR1", job])
         text = _finish(proc, out)
@@ -427,72 +422,32 @@ def _usr1_next_to_reference(
         return job, text, wall, reference_run()
 
 
-@dataclasses.dataclass
-class Slots:
-    """A training over several time limits and its uninterrupted reference, both finished."""
-
-    cluster: SlurmCluster
-    cfg: dict[str, Any]
-    workdir: Path
-    reference: Path
-    result: subprocess.CompletedProcess
-    trained: float  # seconds from the start to the trained model
-    wall: float  # to the end of the snakemake call
-    reference_wall: float  # the reference's, from its start
-
-
-def _slots_reference(
-    cluster: SlurmCluster, tmp_path: Path, make_config: Callable[[int], dict], *args: str
-) -> float:
-    """The uninterrupted run of :func:`_run_time_limit_slots` (``make_config(10)``: one long
-    slot), alone, in ``tmp_path/reference``: its wall time."""
-    started = time.monotonic()
-    reference = with_task_file(tmp_path / "reference")
-    proc, out = _start_snakemake(cluster, reference, make_config(10), FINAL, *args)
-    result = _result(proc, _finish(proc, out, timeout=600))
-    assert result.returncode == 0, logs(reference, result)
-    return time.monotonic() - started
-
-
-def _run_time_limit_slots(
-    cluster: SlurmCluster, tmp_path: Path, make_config: Callable[[int], dict], *args: str,
-    reference_wall: float | None = None,
-) -> Slots:  # fmt: skip
-    """The slots of ``make_config(SLOT_MINUTES)`` in ``tmp_path/slots``, then its reference
-    (``make_config(10)``: one long slot, same cluster) in ``tmp_path/reference``, unless
-    :func:`_slots_reference` made it already (it took ``reference_wall``)."""
+def _time_limit_slots(
+    cluster: SlurmCluster, tmp_path: Path, make_config: Callable[[int], dict], steps: int,
+    least_slots: int, *args: str,
+) -> None:  # fmt: skip
+    """A training longer than several time limits completes in one snakemake call: the same
+    job requeues itself, no retry is used, and the weights are bitwise an uninterrupted run's.
+    ``make_config(runtime)``: the run's config; ``steps``: its optimizer steps in all."""
     cfg = make_config(SLOT_MINUTES)
+    nodes = cfg["launch"]["nnodes"]
     wd, reference = with_task_file(tmp_path / "slots"), with_task_file(tmp_path / "reference")
     started = time.monotonic()
     proc, out = _start_snakemake(cluster, wd, cfg, FINAL, *args)
     _poll(lambda: (wd / FINAL).exists(), proc, 840, "the trained model", out)
     trained = time.monotonic() - started
-    if reference_wall is not None:
-        result = _result(proc, _finish(proc, out))
-        wall = time.monotonic() - started
-        assert result.returncode == 0, logs(wd, result)
-        return Slots(cluster, cfg, wd, reference, result, trained, wall, reference_wall)
-    # The uninterrupted run once the slots are done: next to a slot, it would slow the slot's
-    # start-up past the time-limit warning.
+    # The uninterrupted run (one long slot, same cluster) once the slots are done: next to a
+    # slot, it would slow the slot's start-up past the time-limit warning.
     with _reference_run(cluster, reference, make_config(10), FINAL) as reference_run:
         result = _result(proc, _finish(proc, out))
         wall = time.monotonic() - started
         assert result.returncode == 0, logs(wd, result)
         reference_wall = reference_run()
-    return Slots(cluster, cfg, wd, reference, result, trained, wall, reference_wall)
-
-
-def _check_time_limit_slots(slots: Slots, steps: int, least_slots: int) -> None:
-    """A training longer than several time limits completed in one snakemake call: the same
-    job requeued itself, no retry was used, and the weights are bitwise the reference's.
-    ``steps``: its optimizer steps in all."""
-    cluster, cfg, wd, result = slots.cluster, slots.cfg, slots.workdir, slots.result
-    nodes = cfg["launch"]["nnodes"]
     history = _history(wd)
     table = (wd / "logs/tiny/train.log").read_text().split("training complete; attempts:")[-1]
     print(
-        f"({nodes} node(s), {cfg['task']}) {len(history)} slots, trained in {slots.trained:.0f}s, "
-        f"{slots.wall:.0f}s wall; the reference {slots.reference_wall:.0f}s:{table}"
+        f"({nodes} node(s), {cfg['task']}) {len(history)} slots, trained in {trained:.0f}s, "
+        f"{wall:.0f}s wall; the reference from then on {reference_wall:.0f}s:{table}"
     )
     # every slot's log survives, and each slot's preflight ran the training's shape
     preflights = re.findall(r"all-reduce ok \(gloo on cpu\); bus bandwidth world \(2 ranks\)",
@@ -510,149 +465,67 @@ def _check_time_limit_slots(slots: Slots, steps: int, least_slots: int) -> None:
         found = f"{len(history)} job record(s) (1 job(s), {len(history) - 1} requeue(s))"
         assert found in result.stderr, result.stderr[-3000:]
     assert all(len(a["nodes"]) == nodes and set(a["nodes"]) <= set(cluster.nodes) for a in history)
-    assert [a["outcome"] for a in _history(slots.reference)] == ["completed"]
-    _assert_same_weights(wd / FINAL, slots.reference / FINAL)
+    assert [a["outcome"] for a in _history(reference)] == ["completed"]
+    _assert_same_weights(wd / FINAL, reference / FINAL)
 
 
-# -- side by side: the runs below wait on SLURM (requeues, a retry, a signal) far more than
-# they compute, and none of them races SLURM's clock, so a fixture starts them together (the
-# jobs the cluster has no room for queue) and a thread drives each (its signal or kill at its
-# moment); each test checks its own. The time-limit slots run alone afterwards: next to other
-# runs, a slot's start-up (snakemake in the job, the launcher, the preflight) can outlast the
-# time-limit warning (seen: every slot of the two-node run failed so next to three runs).
+def test_time_limit_slots_on_two_nodes(
+    slurm_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
+) -> None:
+    """The example task file (paced) on cn[07-08], in the partition `train` (not the default),
+    across at least 2 time limits."""
+
+    def make_config(runtime: int) -> dict:
+        return task_slot_config(slot_data, slurm_cluster, runtime)
+
+    _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 2)
 
 
-def _in_thread(drive: Callable[[], T]) -> Callable[[], T]:
-    """``drive()`` started in a thread; the function returned waits for its value (or raises
-    what it raised: a failed ``_poll`` fails the test that waits)."""
-    done: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            done["value"] = drive()
-        except BaseException as error:  # pytest.fail's Failed too
-            done["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-
-    def wait() -> T:
-        thread.join(timeout=900)
-        assert not thread.is_alive(), "the run still runs after 900 s"
-        if "error" in done:
-            raise done["error"]
-        return done["value"]
-
-    return wait
-
-
-@contextlib.contextmanager
-def _side_by_side(drives: dict[str, Callable[[], Any]]) -> Iterator[dict[str, Any]]:
-    """Each of ``drives`` started in a thread: for each name, a function that waits for its
-    value; ``settle()`` waits for all of them (their errors are for their own tests). On exit,
-    the runs still going are stopped."""
-    first = len(_STARTED)
-    runs: dict[str, Any] = {name: _in_thread(drive) for name, drive in drives.items()}
-    waits = list(runs.values())
-
-    def settle() -> None:
-        for wait in waits:
-            with contextlib.suppress(Exception, pytest.fail.Exception):
-                wait()
-
-    try:
-        yield {**runs, "settle": settle}
-    finally:
-        for proc in _STARTED[first:]:
-            if proc.poll() is None:
-                _stop(proc)
-
-
-@dataclasses.dataclass
-class Killed:
-    """The run whose worker was killed: its working directory, output, wall time."""
-
-    workdir: Path
-    text: str
-    returncode: int
-    wall: float
-
-
-def _kill_a_worker(cluster: SlurmCluster, root: Path) -> Killed:
-    """SIGKILL to one rank's worker once the epoch-1 checkpoint is written (in epoch 2)."""
-    tiny = make_tiny(root / "tiny", n_train=320)
+def test_killed_worker_resumes_from_last_checkpoint(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """(e) SIGKILL of one rank's worker in epoch 2: the job fails; the retry resumes at 1."""
+    tiny = make_tiny(tmp_path / "tiny", n_train=320)
     cfg = tiny_config(tiny, epochs=3, batch_size=16, checkpoint_every=1)
-    cfg = on_cluster(cfg, cluster, nodes=2, procs=1)
+    cfg = two_nodes(cfg, slurm_cluster)
     started = time.monotonic()
-    wd = root / "killed"
-    proc, out = _start_snakemake(cluster, wd, cfg, FINAL)
+    wd = tmp_path / "killed"
+    proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
     checkpoints = wd / "results/tiny/state/checkpoints"
-    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 400,
+    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
           "epoch 1 checkpoint", out)  # fmt: skip
     victims = _poll(lambda: worker_pids(wd), proc, 30, "training workers", out)
     os.kill(victims[-1], signal.SIGKILL)
-    text = _finish(proc, out, timeout=600)
-    return Killed(wd, text, proc.returncode, time.monotonic() - started)
-
-
-SCRIPT = REPO / "examples" / "scripts" / "train_ddp.py"
-
-
-def _script_usr1(cluster: SlurmCluster, root: Path) -> tuple[Path, str, str, float, float]:
-    """The example script's USR1 continuation next to its reference (see
-    :func:`_usr1_next_to_reference`): ``root`` and what that function returns."""
-    cfg = on_cluster(tiny_config(make_tiny(root / "tiny")), cluster, nodes=2, procs=1)
-    cfg.update(run="script", script=str(SCRIPT), script_args=["--epochs", "4"])
-
-    def logged_steps(wd: Path) -> bool:
-        live = wd / "results/script/state/metrics.jsonl"
-        return live.exists() and len(live.read_text().splitlines()) >= 5
-
-    return root, *_usr1_next_to_reference(cluster, root, cfg, logged_steps, "logged steps")
-
-
-def _two_node_slot_config(slot_data: TinyData, cluster: SlurmCluster) -> Callable[[int], dict]:
-    return lambda runtime: task_slot_config(slot_data, cluster, runtime)
-
-
-@pytest.fixture(scope="module")
-def waiting_runs(
-    slurm_slot: SlurmSlot, slot_data: TinyData, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    """On the session's cluster, side by side (each job one CPU of each node: two at a time):
-    the killed worker, the two-node slots' reference, the script's USR1 run and its reference."""
-    cluster = slurm_slot.cluster()
-    root = tmp_path_factory.mktemp("waiting")
-    make_config = _two_node_slot_config(slot_data, cluster)
-    with _side_by_side({
-        "killed": lambda: _kill_a_worker(cluster, root / "killed"),
-        "reference": lambda: _slots_reference(cluster, root / "slots", make_config),
-        "script": lambda: _script_usr1(cluster, root / "script"),
-    }) as runs:  # fmt: skip
-        yield {**runs, "cluster": cluster, "root": root}
-
-
-def test_killed_worker_resumes_from_last_checkpoint(waiting_runs: dict[str, Any]) -> None:
-    """(e) SIGKILL of one rank's worker in epoch 2 (one rank a node): the job fails; the retry
-    resumes at 1."""
-    run: Killed = waiting_runs["killed"]()
-    print(f"(e) wall time with a killed worker {run.wall:.1f}s (side by side)")
-    assert run.returncode == 0, run.text
-    train_log = (run.workdir / "logs/tiny/train.log").read_text(errors="replace")
+    text = _finish(proc, out)
+    print(f"(e) wall time with a killed worker {time.monotonic() - started:.1f}s")
+    assert proc.returncode == 0, text
+    train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
     print("(e) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
     epochs = [int(e) for e in re.findall(r"resumed at epoch (\d+)", train_log)]
     assert epochs and min(epochs) >= 1, (
         f"expected a resume at epoch >= 1 after the kill, got {epochs}:\n{train_log[-3000:]}"
     )
-    assert (run.workdir / FINAL).exists()
+    assert (wd / FINAL).exists()
 
 
-def test_script_continues_after_usr1_on_two_nodes(waiting_runs: dict[str, Any]) -> None:
+def test_script_continues_after_usr1_on_two_nodes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     """The example torchrun script (job API) on cn[07-08]: USR1 to the job's steps mid-run,
     it saves and exits job.STOP, the job requeues itself and the next slot resumes it; the
     weights equal an uninterrupted run's bitwise; evaluate/export summarize what it logged."""
-    root, job, _, wall, reference_wall = waiting_runs["script"]()
-    wd, ref = root / "signalled", root / "reference"
+    script = REPO / "examples" / "scripts" / "train_ddp.py"
+    cfg = on_cluster(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, nodes=2, procs=1)
+    cfg.update(run="script", script=str(script), script_args=["--epochs", "4"])
+
+    def logged_steps(wd: Path) -> bool:
+        live = wd / "results/script/state/metrics.jsonl"
+        return live.exists() and len(live.read_text().splitlines()) >= 5
+
+    job, _, wall, reference_wall = _usr1_next_to_reference(
+        slurm_cluster, tmp_path, cfg, logged_steps, "logged steps"
+    )
+    wd, ref = tmp_path / "signalled", tmp_path / "reference"
     print(f"(script, USR1) wall time {wall:.1f}s, the reference alongside {reference_wall:.1f}s")
     history = _history(wd, "script")
     assert [a["outcome"] for a in history] == ["stopped on SIGUSR1", "completed"], history
@@ -666,113 +539,28 @@ def test_script_continues_after_usr1_on_two_nodes(waiting_runs: dict[str, Any]) 
         == json.loads((ref / "results/script/eval/metrics.json").read_text())["step"]
     )
     record = provenance(wd, "script")
-    assert record["script"]["path"] == str(SCRIPT) and record["script"]["args"] == ["--epochs", "4"]
+    assert record["script"]["path"] == str(script) and record["script"]["args"] == ["--epochs", "4"]
     assert "model.pt" in record["outputs_sha256"]
 
 
-def test_time_limit_slots_on_two_nodes(waiting_runs: dict[str, Any], slot_data: TinyData) -> None:
-    """The example task file (paced) on cn[07-08], in the partition `train` (not the default),
-    across at least 2 time limits."""
-    waiting_runs["settle"]()  # the slots run alone (their reference is made)
-    reference_wall = waiting_runs["reference"]()
-    cluster, root = waiting_runs["cluster"], waiting_runs["root"]
-    slots = _run_time_limit_slots(
-        cluster, root / "slots", _two_node_slot_config(slot_data, cluster),
-        reference_wall=reference_wall,
-    )  # fmt: skip
-    _check_time_limit_slots(slots, TASK_EPOCHS * TASK_STEPS, 2)
+# -- on the accounting cluster: the session's clusters switch only when a test needs the
+# other one (tests/slurm_fixtures.py), so these run together, the node failure last.
 
 
-# -- on the accounting cluster (node1 to node4): the sacct status run (2 nodes), the one-node
-# slots' reference and the node failure (1 node, then another) run side by side, started by
-# the :func:`accounting_runs` fixture (nothing in them races SLURM's clock); then the one-node
-# slots alone (each slot's start-up has to beat its time-limit warning).
-
-
-def _sacct_status_run(
-    cluster: SlurmCluster, root: Path
-) -> tuple[Path, subprocess.CompletedProcess, float]:
-    """The profile with `slurm-status-command: sacct`: its working directory, output, wall time."""
-    cfg = two_nodes(tiny_config(make_tiny(root / "tiny")), cluster)
-    started = time.monotonic()
-    proc, out = _start_snakemake(
-        cluster, root / "wd", cfg, FINAL, "--slurm-status-command", "sacct"
-    )
-    result = _result(proc, _finish(proc, out, timeout=600))
-    return root / "wd", result, time.monotonic() - started
-
-
-# 120 steps an epoch: the node goes down after the first, with 5 (4 to 14 s) still to train;
-# the resumed slot ends about 60 s after the submission, before the plugin's status check at
-# 68 s (the next one is at 110 s).
-NODE_DOWN_EPOCHS = 6
-
-
-@dataclasses.dataclass
-class NodeDown:
-    """The run whose node went down: where, which node, the job, its output, its wall time."""
-
-    workdir: Path
-    node: str
-    job: str
-    result: subprocess.CompletedProcess
-    wall: float
-
-
-def _node_down(cluster: SlurmCluster, root: Path) -> NodeDown:
-    """The training job's node drained, then DOWN, once the epoch-1 checkpoint is written."""
-    tiny = make_tiny(root / "tiny", n_train=1920)
-    cfg = tiny_config(tiny, epochs=NODE_DOWN_EPOCHS, batch_size=16, checkpoint_every=1)
-    on_cluster(cfg, cluster, nodes=1)
-    started = time.monotonic()
-    wd = root / "node-down"
-    proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
-    checkpoints = wd / "results/tiny/state/checkpoints"
-    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 600,
-          "epoch 1 checkpoint", out)  # fmt: skip
-    job, node = _poll(lambda: _running_job(cluster, wd), proc, 30, "running job", out)
-    # Drained first: the test cluster returns DOWN nodes to service at once (ReturnToService=2),
-    # and a drained one stays out of scheduling, as a failed node would.
-    try:
-        for state in ("DRAIN", "DOWN"):
-            cluster.run(["scontrol", "update", f"NodeName={node}", f"State={state}",
-                         "Reason=test"])  # fmt: skip
-        text = _finish(proc, out, timeout=600)
-    finally:  # back in service for the next run on this cluster
-        cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
-    return NodeDown(wd, node, job, _result(proc, text), time.monotonic() - started)
-
-
-def _one_node_slot_config(slot_data: TinyData, cluster: SlurmCluster) -> Callable[[int], dict]:
-    return lambda runtime: slot_config(slot_data, cluster, 1, runtime)
-
-
-@pytest.fixture(scope="module")
-def accounting_runs(
-    slurm_slot: SlurmSlot, slot_data: TinyData, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    """On the accounting cluster, side by side: the sacct status run, the one-node slots'
-    reference and the node failure."""
-    cluster = slurm_slot.accounting_cluster()
-    root = tmp_path_factory.mktemp("accounting")
-    make_config = _one_node_slot_config(slot_data, cluster)
-    with _side_by_side({
-        "sacct": lambda: _sacct_status_run(cluster, root / "sacct"),
-        "reference": lambda: _slots_reference(cluster, root / "slots", make_config),
-        "node_down": lambda: _node_down(cluster, root / "node-down"),
-    }) as runs:  # fmt: skip
-        yield {**runs, "cluster": cluster, "root": root}
-
-
-def test_sacct_status_mode_with_accounting(accounting_runs: dict[str, Any]) -> None:
+def test_sacct_status_mode_with_accounting(
+    slurm_accounting_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     """The profile with `slurm-status-command: sacct` on a cluster with slurmdbd.
 
     Without slurmdbd this mode never sees the job finish (so the profile uses squeue).
     """
-    cluster = accounting_runs["cluster"]
-    wd, result, wall = accounting_runs["sacct"]()
-    print(f"(sacct) wall time {wall:.1f}s (side by side)")
-    assert result.returncode == 0, logs(wd, result)
+    cluster = slurm_accounting_cluster
+    cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), cluster)
+    started = time.monotonic()
+    result = snakemake_slurm(cluster, tmp_path / "wd", cfg, FINAL,
+                             "--slurm-status-command", "sacct", timeout=400)  # fmt: skip
+    print(f"(sacct) wall time {time.monotonic() - started:.1f}s")
+    assert result.returncode == 0, logs(tmp_path / "wd", result)
     job = train_job_ids(result)[0]
     out = cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State,NNodes"]).stdout
     assert f"{job}|COMPLETED|2" in out.split(), out
@@ -797,29 +585,50 @@ def test_sacct_status_mode_with_accounting(accounting_runs: dict[str, Any]) -> N
 
 
 def test_time_limit_slots_on_one_node_with_sacct(
-    accounting_runs: dict[str, Any], slot_data: TinyData
+    slurm_accounting_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
 ) -> None:
-    """On one node in the default partition, the plugin polling sacct (requeued states)."""
-    accounting_runs["settle"]()  # the slots run alone (their reference is made)
-    reference_wall = accounting_runs["reference"]()
-    cluster, root = accounting_runs["cluster"], accounting_runs["root"]
-    slots = _run_time_limit_slots(
-        cluster, root / "slots", _one_node_slot_config(slot_data, cluster),
-        "--slurm-status-command", "sacct", reference_wall=reference_wall,
+    """On node1/node2 in the default partition, the plugin polling sacct (requeued states)."""
+    cluster = slurm_accounting_cluster
+    _time_limit_slots(
+        cluster, tmp_path, lambda runtime: slot_config(slot_data, cluster, 1, runtime),
+        SLOT_EPOCHS[1] * SLOT_STEPS, 2, "--slurm-status-command", "sacct",
     )  # fmt: skip
-    _check_time_limit_slots(slots, SLOT_EPOCHS[1] * SLOT_STEPS, 2)
+
+
+# 120 steps an epoch: the node goes down after the first, with 5 (4 to 14 s) still to train;
+# the resumed slot ends about 60 s after the submission, before the plugin's status check at
+# 68 s (the next one is at 110 s).
+NODE_DOWN_EPOCHS = 6
 
 
 def test_node_failure_requeues_and_resumes_on_the_other_node(
-    accounting_runs: dict[str, Any],
+    slurm_accounting_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """(f) The training job's node goes DOWN mid-run: SLURM stops the job (the ranks
-    checkpoint on its SIGTERM) and requeues it (same job id) on another node, where it
+    checkpoint on its SIGTERM) and requeues it (same job id) on the other node, where it
     resumes; the plugin waits for it and submits no second job that would train alongside."""
-    run: NodeDown = accounting_runs["node_down"]()
-    wd, node, job, text = run.workdir, run.node, run.job, run.result.stderr
-    print(f"(f) wall time with {node} down: {run.wall:.1f}s (job {job}; side by side)")
-    assert run.result.returncode == 0, text
+    cluster = slurm_accounting_cluster
+    tiny = make_tiny(tmp_path / "tiny", n_train=1920)
+    cfg = tiny_config(tiny, epochs=NODE_DOWN_EPOCHS, batch_size=16, checkpoint_every=1)
+    on_cluster(cfg, cluster, nodes=1)
+    started = time.monotonic()
+    wd = tmp_path / "node-down"
+    proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
+    checkpoints = wd / "results/tiny/state/checkpoints"
+    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
+          "epoch 1 checkpoint", out)  # fmt: skip
+    job, node = _poll(lambda: _running_job(cluster, wd), proc, 30, "running job", out)
+    # Drained first: the test cluster returns DOWN nodes to service at once (ReturnToService=2),
+    # and a drained one stays out of scheduling, as a failed node would.
+    try:
+        for state in ("DRAIN", "DOWN"):
+            cluster.run(["scontrol", "update", f"NodeName={node}", f"State={state}",
+                         "Reason=test"])  # fmt: skip
+        text = _finish(proc, out, timeout=400)
+    finally:  # back in service for the next test on this cluster
+        cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+    print(f"(f) wall time with {node} down: {time.monotonic() - started:.1f}s (job {job})")
+    assert proc.returncode == 0, text
     assert re.findall(r"submitted with SLURM jobid (\d+)[^\n]*rule_train", text) == [job], text
     train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
     print("(f) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
@@ -827,9 +636,9 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(
     assert epochs and 1 <= min(epochs) < NODE_DOWN_EPOCHS, (
         f"no resume mid-run:\n{train_log[-3000:]}"
     )
+    other = (set(cluster.nodes) - {node}).pop()
     hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
-    (other,) = set(hosts)  # the resumed training's node
-    assert other != node and other in accounting_runs["cluster"].nodes, hosts
+    assert set(hosts) == {other}, f"the resumed training ran on {hosts}, not on {other}"
     # srun may exit 0 on a node failure; the slot on the failed node never counts as complete.
     # (Or "requeued by SLURM", "ended by SLURM" when SLURM's kill of the job reaches the
     # scontrol asking for the node's state.)

@@ -6,6 +6,7 @@ sweep, shared by the assertions (module fixtures)."""
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import re
 import shutil
@@ -120,6 +121,26 @@ def test_a_rerun_that_adds_a_value_trains_only_its_trials_and_the_failed(grid: d
         "sweeps/grid/activation=nope,hidden=8",
         "sweeps/grid/activation=relu,hidden=8",
     ]
+
+
+def test_each_trial_is_a_run_that_names_its_sweep(grid: dict, workdir: Path) -> None:
+    """A trial's provenance names its sweep and values; the table, written at the end of the
+    failed call, says why the failed trial failed; the rules that hold no core (threads: 0)
+    print no thread-count warning."""
+    trial = workdir / "results/sweeps/grid/activation=relu,hidden=8"
+    provenance = json.loads((trial / "export/provenance.json").read_text())
+    assert provenance["sweep"] == {
+        "name": "grid", "trial": "activation=relu,hidden=8",
+        "values": {"task_args.activation": "relu", "task_args.hidden": 8},
+    }  # fmt: skip
+    with open(workdir / "results/sweeps/grid/trials.csv", newline="") as f:
+        outcomes = {row["trial"]: row["outcome"] for row in csv.DictReader(f)}
+    assert outcomes["activation=relu,hidden=8"] == "completed", outcomes
+    assert outcomes["activation=nope,hidden=8"].startswith(
+        "failed: crashed (exit 1): rank 0 on "
+    ) and "ValueError: activation 'nope'" in outcomes["activation=nope,hidden=8"]
+    output = grid["first"].stderr + grid["again"].stderr
+    assert "Invalid value for environment variable" not in output
 
 
 # -- random and TPE ---------------------------------------------------------------------

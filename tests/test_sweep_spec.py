@@ -244,3 +244,50 @@ def test_a_round_names_a_metric_the_evaluation_lacks(tmp_path: Path) -> None:
         ConfigError, match=r"sweep.metric 'f1' is not in .* its metrics: accuracy, loss"
     ):
         rounds.write_round(found, 1, folder / "1.json", tmp_path, journal)
+
+
+COUNTING_TASK = '''
+"""A user's task that counts how often its model is built."""
+from pathlib import Path
+
+import torch
+
+COUNT = Path(__file__).with_name("models_built")
+
+
+def prepare(data_dir, args):
+    pass
+
+
+def datasets(data_dir, args):
+    raise NotImplementedError
+
+
+def model(args):
+    COUNT.write_text(str(int(COUNT.read_text()) + 1 if COUNT.exists() else 1))
+    return torch.nn.Linear(2, args.get("width", 2))
+'''
+
+
+def test_trials_sharing_task_args_check_the_task_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_config keeps a passed check of task_args and model(): the trials of an lr sweep
+    build the model once; other task_args, or an edited task file, are checked again."""
+    from ddppipe.launching import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "counting.py").write_text(COUNTING_TASK)
+    cfg = copy.deepcopy(BASE)
+    cfg.update(task="counting.py", task_args={"width": 3})
+    for lr in (0.01, 0.1, 0.01):
+        cfg["train"]["lr"] = lr
+        resolve.write_resolved(cfg, tmp_path / f"lr{lr}.yaml", gpus=False)
+    assert (tmp_path / "models_built").read_text() == "1"
+    assert (tmp_path / "lr0.01.yaml").read_text().count("width: 3") == 1
+    cfg["task_args"] = {"width": 4}
+    resolve.write_resolved(cfg, tmp_path / "w4.yaml", gpus=False)
+    assert (tmp_path / "models_built").read_text() == "2"
+    (tmp_path / "counting.py").write_text(COUNTING_TASK + "\n# edited\n")
+    resolve.write_resolved(cfg, tmp_path / "w4.yaml", gpus=False)
+    assert (tmp_path / "models_built").read_text() == "3"

@@ -277,11 +277,11 @@ def keep_going_past_failed_trials():
 
 
 def sweep_layout():
+    """The config's sweep's folder; a clear error when the config has no sweep."""
     if SWEEP is None:
         raise WorkflowError(
             "no sweep in this config: set sweep.name and sweep.parameters, e.g. --config "
-            "'sweep={name: lr, parameters: {train.lr: [0.01, 0.1]}}' (docs/configuration.md, "
-            "Sweeps)"
+            "'sweep={name: lr, parameters: {train.lr: [0.01, 0.1]}}' (docs/sweeps.md)"
         )
     return SWEEP.layout
 

@@ -22,6 +22,20 @@ def _setup_logging() -> None:
     )
 
 
+# The thread counts Snakemake exports to a rule's command (its `threads:`).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+
+
+def _one_thread_for_threads_0() -> None:
+    """A rule declared with ``threads: 0`` (it holds no core: a little Python beside a
+    training) gets these variables as 0, which libgomp rejects with a warning when torch
+    loads: such a command runs one thread."""
+    for name in THREAD_VARIABLES:
+        if os.environ.get(name) == "0":
+            os.environ[name] = "1"
+
+
 def _add(p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, one: Arg) -> None:
     p.add_argument(*one.names, **one.options)
 
@@ -64,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch.run_agent(argv[1:])
     args = parser().parse_args(argv)
+    _one_thread_for_threads_0()
     _setup_logging()
     try:
         return _call(next(c for c in COMMANDS if c.name == args.command), args)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from ddppipe import tasks
+from ddppipe import __version__, tasks
+from ddppipe.core import atomic, hashing
 from ddppipe.spec import config, layout
 
 log = logging.getLogger(__name__)
@@ -26,9 +30,38 @@ def write_resolved(
     if layout.kind(resolved) == "script":
         resolved["task_source"] = tasks.locate_script(resolved["script"]).as_dict()
     else:
-        task = tasks.load(resolved["task"], step="write_config (ddppipe resolve-config)")
-        resolved["task_args"] = tasks.validate_args(task, resolved["task_args"])
-        resolved["task_source"] = task.source.as_dict()
-        log.info("%s", tasks.check_model(task, resolved["task_args"]))
+        resolved.update(checked_task(resolved["task"], resolved["task_args"]))
     config.write(resolved, path)
     return resolved
+
+
+def _check_key(source: tasks.Source, args: dict[str, Any]) -> str:
+    """What a task's check depends on: its file, its arguments, this Python and image."""
+    image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+    stat = os.stat(image) if image and os.path.exists(image) else None
+    keyed = {"source": source.as_dict(), "task_args": args, "python": sys.executable,
+             "ddppipe": __version__, "image": image,
+             "image_stat": stat and [stat.st_size, stat.st_mtime_ns]}  # fmt: skip
+    return hashing.sha256(json.dumps(keyed, sort_keys=True, default=str).encode())[:24]
+
+
+def checked_task(ref: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The task's ``task_args`` checked against its ARGS_SCHEMA, its ``task_source``, and its
+    model built once (a broken task fails here, on the submitting side); raise TaskError.
+
+    A check that passed is kept (layout.TASK_CHECKS, by the task's file, arguments, Python
+    and image), so the trials of a sweep that share their task_args import the task and
+    torch once, not once each.
+    """
+    source = tasks.locate(ref)
+    kept = layout.TASK_CHECKS / f"{_check_key(source, args)}.json"
+    if kept.is_file():
+        found = json.loads(kept.read_text())
+        log.info("%s (checked before: %s)", found.pop("model"), kept)
+        return found
+    task = tasks.load(ref, step="write_config (ddppipe resolve-config)")
+    found = {"task_args": tasks.validate_args(task, args), "task_source": task.source.as_dict()}
+    line = tasks.check_model(task, found["task_args"])
+    log.info("%s", line)
+    atomic.write_text(kept, json.dumps({**found, "model": line}))  # in order: the same config
+    return found

@@ -10,6 +10,7 @@ from typing import Any
 
 from ddppipe.reports.run_files import About
 from ddppipe.reports.wording import duration, percent
+from ddppipe.training.pruning import PRUNED_AT
 
 Line = tuple[str, str]
 
@@ -50,7 +51,7 @@ def targets(
 
 def pruned(about: About, evaluation: dict[str, Any]) -> list[Line]:
     """A sweep's trial that pruned itself: the epoch it stopped at, and by which rule."""
-    epoch = evaluation.get("pruned_at_epoch")
+    epoch = evaluation.get(PRUNED_AT)
     if epoch is None:
         return []
     trial = about.spec.trial if about.spec is not None else None

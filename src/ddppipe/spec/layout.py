@@ -25,6 +25,9 @@ RESULTS = Path("results")
 SWEEPS = "sweeps"  # results/sweeps/<sweep>/: a sweep's table, figures and trials
 LOGS = Path("logs")
 BENCHMARKS = Path("benchmarks")
+# Tasks whose task_args and model() passed write_config's check, by what the check depends on
+# (ddppipe.launching.resolve): a sweep's trials with the same task_args check it once.
+TASK_CHECKS = Path("resources/task-checks")
 
 
 def kind(cfg: Mapping[str, Any]) -> RunKind:

@@ -25,11 +25,10 @@ from ddppipe.reports import result_lines, run_files, slurm_accounting
 from ddppipe.reports.hours import Cost
 from ddppipe.spec import layout
 from ddppipe.spec.sweep import Sweep, trials
-from ddppipe.training.pruning import history_key
+from ddppipe.training.pruning import PRUNED_AT, history_key
 
 COMPLETED, PRUNED, FAILED, RUNNING, PENDING = "completed", "pruned", "failed", "running", "pending"
 OUTCOMES = (COMPLETED, PRUNED, FAILED, RUNNING, PENDING)  # the counts, in this order
-PRUNED_AT = "pruned_at_epoch"  # the key a pruned trial's evaluation holds (training.pruning)
 TOP = 5  # trials printed after a snakemake call
 
 

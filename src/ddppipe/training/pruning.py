@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 # Successive halving keeps the best half of the trials at each rung (min_resource epochs, then
 # twice as many, ...): "halving"; Optuna's default of 4 keeps a quarter.
 HALVING_FACTOR = 2
+# The key of a pruned trial's train/evaluation.json (and eval/metrics.json): the epoch it
+# stopped at.
+PRUNED_AT = "pruned_at_epoch"
 
 
 class PruningError(RuntimeError):

@@ -482,7 +482,7 @@ class Trainer:
             "config_hash": self.config_hash,
         }
         if self.pruned_at is not None:
-            evaluation["pruned_at_epoch"] = self.pruned_at
+            evaluation[pruning.PRUNED_AT] = self.pruned_at
 
         def write() -> None:
             files.write_outputs(self.paths, snapshot, self.history, evaluation)

@@ -136,9 +136,10 @@ def test_each_trial_is_a_run_that_names_its_sweep(grid: dict, workdir: Path) -> 
     with open(workdir / "results/sweeps/grid/trials.csv", newline="") as f:
         outcomes = {row["trial"]: row["outcome"] for row in csv.DictReader(f)}
     assert outcomes["activation=relu,hidden=8"] == "completed", outcomes
-    assert outcomes["activation=nope,hidden=8"].startswith(
-        "failed: crashed (exit 1): rank 0 on "
-    ) and "ValueError: activation 'nope'" in outcomes["activation=nope,hidden=8"]
+    assert (
+        outcomes["activation=nope,hidden=8"].startswith("failed: crashed (exit 1): rank 0 on ")
+        and "ValueError: activation 'nope'" in outcomes["activation=nope,hidden=8"]
+    )
     output = grid["first"].stderr + grid["again"].stderr
     assert "Invalid value for environment variable" not in output
 

@@ -32,13 +32,18 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+import overhead  # noqa: E402  (the single run's bench: its MNIST mirror and config)
+
 SWEEP = "overhead"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mirror", type=Path, default=SHARED_MNIST, help="folder of the *.gz files")
+    ap.add_argument(
+        "--mirror", type=Path, default=overhead.SHARED_MNIST, help="folder of the *.gz files"
+    )
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--cores", default="2", help="snakemake --cores (the issue's figure: 2)")
     ap.add_argument("--quick", action="store_true", help="tiny generated data, 2 trials")
@@ -46,28 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def sha256sums(mirror: Path) -> dict[str, str]:
-    sums = {}
-    for line in (mirror / "SHA256SUMS").read_text().splitlines():
-        digest, name = line.split()
-        sums[name.removesuffix(".gz")] = digest
-    return sums
-
-
 def config_for(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    """bench/overhead.py's one-epoch config (real MNIST from the mirror, or tiny data), as
+    the base of a sweep of ``args.trials`` seeds (the same work each)."""
+    cfg = overhead.config_for(argparse.Namespace(**vars(args), epochs=1), work)
     cfg["run"] = "base"
-    cfg["train"]["epochs"] = 1
-    if args.quick:
-        sys.path.insert(0, str(REPO))
-        from tests.tiny import make_tiny
-
-        tiny = make_tiny(work / "tiny")
-        cfg["task_args"] = {"mirrors": [tiny.mirror_url], "sha256": tiny.sha256}
-        cfg["train"]["batch_size"] = 32
-    else:
-        cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
-                            "sha256": sha256sums(args.mirror)}  # fmt: skip
     cfg["sweep"] = {"name": SWEEP, "parameters": {"train.seed": list(range(args.trials))}}
     return cfg
 

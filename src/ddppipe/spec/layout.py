@@ -148,12 +148,6 @@ class RunLayout:
             return cls(f"{SWEEPS}/{root.parent.name}/{root.name}", root.parents[2])
         return cls(root.name, root.parent)
 
-    @classmethod
-    def of_run_root(cls, run: str, root: str | Path) -> RunLayout:
-        """The layout of the run ``run`` whose results folder is ``root`` (``<results>/<run>``,
-        ``run`` of one or more parts, e.g. a trial's ``sweeps/<sweep>/<trial>``)."""
-        return cls(run, Path(root).parents[len(Path(run).parts) - 1])
-
     @property
     def root(self) -> Path:
         """``results/<run>``."""

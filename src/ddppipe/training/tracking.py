@@ -101,7 +101,7 @@ class SweepParent:
         trial."""
         if spec.trial is None:
             return None
-        results = layout.RunLayout.of_run_root(spec.run, Path(state_dir).parent).results
+        results = layout.RunLayout.of_root(Path(state_dir).parent).results
         return cls(spec.trial.sweep, layout.SweepLayout(spec.trial.sweep, results).mlflow_lock)
 
 

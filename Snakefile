@@ -40,6 +40,7 @@ onstart:
     keep_failed_node_names()  # SLURM executor: submissions go on after a node failure
     attach_to_live_jobs()  # SLURM executor: a restarted head waits for the running training
     exclude_bad_nodes()  # SLURM executor: nodes that failed the preflight, not in the next slot
+    name_early_failures()  # SLURM executor: a job failing before training named, not retried twice
     keep_going_past_failed_trials()  # a sweep: a failed trial does not stop the others
 
 

@@ -392,11 +392,13 @@ def test_task_with_an_image_only_package_trains_in_the_image(task_image_run: Tas
     ranks = rf"apptainer exec (\S+ )*{re.escape(derived)} python -m ddppipe train"
     assert re.search(ranks, train_log), train_log[-3000:]
     # prepare() used humanize (intcomma) inside the image
-    assert "blobsdep: 2,048 points, " in (w / "logs/prepare_data.log").read_text()
+    assert "blobsdep: 2,048 points, " in (w / "logs/prepare_data/blobsdep.log").read_text()
     metrics = json.loads((w / "results/blobs/eval/metrics.json").read_text())
     assert metrics["test_count"] == 512 and metrics["test_accuracy"] >= 0.99
     for rule in HOST_RULES:
-        log = w / ("logs/data_config.log" if rule == "data_config" else f"logs/blobs/{rule}.log")
+        log = w / (
+            "logs/data_config/blobsdep.log" if rule == "data_config" else f"logs/blobs/{rule}.log"
+        )
         text = log.read_text()
         assert "| ddppipe.cli.main" in text, rule  # the import profile is there
         assert not re.search(r"\|\s+torch$", text, re.M), f"{rule} imported torch"
@@ -484,7 +486,7 @@ def test_task_with_an_image_only_package_on_slurm(
     where = where_rules_ran(result.stdout + result.stderr, task_image_run.derived)
     assert where["prepare_data"] == where["write_config"] == "image", where
     assert "build_task_image" not in where  # built by the local run
-    prepared = (w / "logs/prepare_data.log").read_text()
+    prepared = (w / "logs/prepare_data/blobsdep.log").read_text()
     assert "blobsdep: 2,048 points, " in prepared and "ModuleNotFoundError" not in prepared
     record = json.loads((w / "results/blobs-slurm/export/provenance.json").read_text())
     assert record["training"]["world_size"] == 2

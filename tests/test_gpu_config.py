@@ -30,7 +30,7 @@ def test_scaling_points_request_one_gpu_per_process(tmp_path: Path) -> None:
     cfg["scaling"].update(nodes=[1, 2], procs_per_node=[1, 2, 4], cpus_per_proc=[1])
     out = snakemake(tmp_path, cfg, "-n", "--profile", str(REPO / "profiles/slurm"), "scaling")
     pattern = (
-        r"wildcards: run=(sweeps/scaling/nnodes=(\d),nproc_per_node=(\d),cpus_per_proc=1)\n"
+        r"wildcards: run=(sweeps/scaling/nnodes=(\d)\+nproc_per_node=(\d)\+cpus_per_proc=1)\n"
         r"\s+resources: ([^\n]+)"
     )
     jobs = re.findall(pattern, out.stdout)

@@ -31,7 +31,7 @@ STUDY = "results/sweeps/scaling"  # the study's figures and table; its trials in
 
 def trial(nodes: int, procs: int, cpus: int) -> str:
     """The run of the study's trial with these launch settings, as a user finds it on disk."""
-    return f"sweeps/scaling/nnodes={nodes},nproc_per_node={procs},cpus_per_proc={cpus}"
+    return f"sweeps/scaling/nnodes={nodes}+nproc_per_node={procs}+cpus_per_proc={cpus}"
 
 
 def study_config(**scaling_section: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def test_trial_config_sets_launch_and_epochs_and_names_the_trial() -> None:
     runs = Runs(cfg)
     assert runs.config(trial(1, 2, 4))["slurm"] == {"mem_mb": 4000}
     run_cfg = runs.config(trial(1, 2, 1))
-    assert run_cfg["run"] == "sweeps/scaling/nnodes=1,nproc_per_node=2,cpus_per_proc=1"
+    assert run_cfg["run"] == "sweeps/scaling/nnodes=1+nproc_per_node=2+cpus_per_proc=1"
     assert run_cfg["launch"] == {
         **cfg["launch"],
         "nnodes": 1,
@@ -73,7 +73,7 @@ def test_trial_config_sets_launch_and_epochs_and_names_the_trial() -> None:
     assert run_cfg["task_args"] == cfg["task_args"]
     assert run_cfg["trial"] == {  # as any sweep's trial: its provenance names the study
         "sweep": "scaling",
-        "name": "nnodes=1,nproc_per_node=2,cpus_per_proc=1",
+        "name": "nnodes=1+nproc_per_node=2+cpus_per_proc=1",
         "values": {"launch.nnodes": 1, "launch.nproc_per_node": 2, "launch.cpus_per_proc": 1},
         "prune": None,
     }
@@ -165,7 +165,7 @@ def history(accuracies: list[float], images_per_s: float, seconds: float = 10.0)
 
 
 def result(nodes: int, procs: int, cpus: int, history: list[dict]) -> RunResult:
-    name = f"nnodes={nodes},nproc_per_node={procs},cpus_per_proc={cpus}"
+    name = f"nnodes={nodes}+nproc_per_node={procs}+cpus_per_proc={cpus}"
     return RunResult(name, nodes, procs, cpus, history)
 
 
@@ -201,15 +201,15 @@ def test_table_csv_and_html(tmp_path: Path) -> None:
     scaling_results.write_html(rows, tmp_path / "t.html")
     read = list(csv.DictReader((tmp_path / "t.csv").open()))
     assert [r["trial"] for r in read] == [
-        "nnodes=1,nproc_per_node=1,cpus_per_proc=1",
-        "nnodes=1,nproc_per_node=2,cpus_per_proc=1",
+        "nnodes=1+nproc_per_node=1+cpus_per_proc=1",
+        "nnodes=1+nproc_per_node=2+cpus_per_proc=1",
     ]
     assert read[1]["scaling_efficiency"] == "0.9"
     assert (read[0]["seconds_to_98pct"], read[0]["seconds_to_99pct"]) == ("20.0", "20.0")
     assert (read[1]["seconds_to_98pct"], read[1]["seconds_to_99pct"]) == ("12.0", "")
     page = (tmp_path / "t.html").read_text()
     assert "time to 99 % test accuracy (s)" in page and "not reached" in page
-    assert "nnodes=1,nproc_per_node=2,cpus_per_proc=1" in page
+    assert "nnodes=1+nproc_per_node=2+cpus_per_proc=1" in page
 
 
 # -- the workflow --------------------------------------------------------------------------
@@ -278,8 +278,8 @@ def test_tiny_study_outputs(tiny_study: tuple[Path, dict]) -> None:
     assert rows[0]["scaling_efficiency"] == "1.0"
     assert float(rows[1]["images_per_s"]) > 0
     assert [r["trial"] for r in rows] == [
-        "nnodes=1,nproc_per_node=1,cpus_per_proc=1",
-        "nnodes=1,nproc_per_node=2,cpus_per_proc=1",
+        "nnodes=1+nproc_per_node=1+cpus_per_proc=1",
+        "nnodes=1+nproc_per_node=2+cpus_per_proc=1",
     ]
     for run, world in [(trial(1, 1, 1), 1), (trial(1, 2, 1), 2)]:
         run_cfg = yaml.safe_load((workdir / "results" / run / "config.yaml").read_text())

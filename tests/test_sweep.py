@@ -96,10 +96,10 @@ def grid(workdir: Path) -> dict[str, subprocess.CompletedProcess]:
 
 def test_grid_trials_are_named_after_their_values(grid: dict, workdir: Path) -> None:
     assert trial_folders(workdir, "grid") == {
-        "activation=nope,hidden=4", "activation=relu,hidden=4",
-        "activation=nope,hidden=8", "activation=relu,hidden=8",
+        "activation=nope+hidden=4", "activation=relu+hidden=4",
+        "activation=nope+hidden=8", "activation=relu+hidden=8",
     }  # fmt: skip
-    config = (workdir / "results/sweeps/grid/activation=relu,hidden=8/config.yaml").read_text()
+    config = (workdir / "results/sweeps/grid/activation=relu+hidden=8/config.yaml").read_text()
     assert "hidden: 8" in config and "activation: relu" in config
 
 
@@ -107,19 +107,19 @@ def test_a_failing_trial_fails_and_the_others_complete(grid: dict, workdir: Path
     first = grid["first"]
     assert first.returncode != 0
     assert jobs(first, "train") == [
-        "sweeps/grid/activation=nope,hidden=4", "sweeps/grid/activation=relu,hidden=4",
+        "sweeps/grid/activation=nope+hidden=4", "sweeps/grid/activation=relu+hidden=4",
     ]  # fmt: skip
-    assert evaluated(workdir, "grid") == {"activation=relu,hidden=4", "activation=relu,hidden=8"}
-    log = workdir / "logs/sweeps/grid/activation=nope,hidden=4/train.log"
+    assert evaluated(workdir, "grid") == {"activation=relu+hidden=4", "activation=relu+hidden=8"}
+    log = workdir / "logs/sweeps/grid/activation=nope+hidden=4/train.log"
     assert "activation 'nope': torch.nn.functional has no such function" in log.read_text()
 
 
 def test_a_rerun_that_adds_a_value_trains_only_its_trials_and_the_failed(grid: dict) -> None:
-    # activation=relu,hidden=4 completed: it is not trained again; the failed one is retried.
+    # activation=relu+hidden=4 completed: it is not trained again; the failed one is retried.
     assert jobs(grid["again"], "train") == [
-        "sweeps/grid/activation=nope,hidden=4",
-        "sweeps/grid/activation=nope,hidden=8",
-        "sweeps/grid/activation=relu,hidden=8",
+        "sweeps/grid/activation=nope+hidden=4",
+        "sweeps/grid/activation=nope+hidden=8",
+        "sweeps/grid/activation=relu+hidden=8",
     ]
 
 
@@ -127,18 +127,18 @@ def test_each_trial_is_a_run_that_names_its_sweep(grid: dict, workdir: Path) -> 
     """A trial's provenance names its sweep and values; the table, written at the end of the
     failed call, says why the failed trial failed; the rules that hold no core (threads: 0)
     print no thread-count warning."""
-    trial = workdir / "results/sweeps/grid/activation=relu,hidden=8"
+    trial = workdir / "results/sweeps/grid/activation=relu+hidden=8"
     provenance = json.loads((trial / "export/provenance.json").read_text())
     assert provenance["sweep"] == {
-        "name": "grid", "trial": "activation=relu,hidden=8",
+        "name": "grid", "trial": "activation=relu+hidden=8",
         "values": {"task_args.activation": "relu", "task_args.hidden": 8},
     }  # fmt: skip
     with open(workdir / "results/sweeps/grid/trials.csv", newline="") as f:
         outcomes = {row["trial"]: row["outcome"] for row in csv.DictReader(f)}
-    assert outcomes["activation=relu,hidden=8"] == "completed", outcomes
+    assert outcomes["activation=relu+hidden=8"] == "completed", outcomes
     assert (
-        outcomes["activation=nope,hidden=8"].startswith("failed: crashed (exit 1): rank 0 on ")
-        and "ValueError: activation 'nope'" in outcomes["activation=nope,hidden=8"]
+        outcomes["activation=nope+hidden=8"].startswith("failed: crashed (exit 1): rank 0 on ")
+        and "ValueError: activation 'nope'" in outcomes["activation=nope+hidden=8"]
     )
     output = grid["first"].stderr + grid["again"].stderr
     assert "Invalid value for environment variable" not in output

@@ -1,18 +1,27 @@
-"""A sweep on the session's SLURM cluster (cn07, cn08; training partition ``train``), with
-``max_parallel`` and pruning: ``snakemake --profile profiles/slurm sweep`` of the digits task.
+"""Sweeps on the session's SLURM cluster (cn07, cn08; training partition ``train``, not the
+default), three ``snakemake --profile profiles/slurm`` calls side by side:
 
-One good learning rate and two that cannot learn, ``max_parallel: 2`` of them at once while
-the cluster has room for four one-CPU jobs: squeue never shows more than two training jobs.
-The sweep's journal holds one trial finished before (as its training records it, with known
-accuracies), so which trial is pruned does not hang on which job SLURM ends first: each
-hopeless trial is below the median at epoch 1 and is pruned there (its job ends), the good one
-is above it at every epoch and completes.
+- ``sweep`` over two keys (trial names ``lr=0.05+batch_size=64``, which the plugin hands to the
+  job's own Snakemake intact), with ``max_parallel`` and pruning, of the digits task. One good
+  learning rate and two that cannot learn, ``max_parallel: 2`` of them at once while the
+  cluster has room for four one-CPU jobs: squeue never shows more than two of its training
+  jobs. The sweep's journal holds one trial finished before (as its training records it, with
+  known accuracies), so which trial is pruned does not hang on which job SLURM ends first:
+  each hopeless trial is below the median at epoch 1 and is pruned there (its job ends), the
+  good one is above it at every epoch and completes.
+- ``scaling``, the scaling study (docs/training.md), on one node and on both.
+- ``sweep`` of a task file that the nodes do not see (its folder hidden on them by a bind
+  mount in their mount namespaces): every job fails in its own Snakemake before training;
+  the failure is named in the table, the trial's summary and the call's last lines, and the
+  second identical failure is not retried (2 jobs, not the profile's 1 + 2 retries).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -29,24 +38,52 @@ from ddppipe.spec.run import Pruning, Trial
 from ddppipe.training import pruning
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
-from tests.test_slurm import _finish, _start_snakemake, on_cluster, train_job_ids
-from tests.tiny import default_config
+from tests.test_slurm import _finish, _start_snakemake, logs, on_cluster, train_job_ids
+from tests.tiny import REPO, default_config
 
 pytestmark = pytest.mark.slurm
 
 SWEEP, GOOD, BAD = "lr", 0.05, (1e-5, 2e-5)
-EPOCHS, MAX_PARALLEL = 3, 2
+EPOCHS, MAX_PARALLEL, BATCH = 3, 2, 64
 FINISHED = {1: 0.5, 2: 0.6, 3: 0.7}  # a trial finished before: its accuracy at each epoch
+HIDDEN_TASK = (
+    "tasks/digits_copy.py"  # the early-failure sweep's task: its folder hidden on the nodes
+)
+
+
+def digits_config(cluster: SlurmCluster) -> dict[str, Any]:
+    """The digits task, short epochs on one CPU of one node."""
+    cfg = default_config()
+    cfg.update(task="ddppipe.tasks.digits", task_args={"width": 8})
+    cfg["train"].update(epochs=EPOCHS, batch_size=BATCH)
+    return on_cluster(cfg, cluster, nodes=1, procs=1)
 
 
 def sweep_config(cluster: SlurmCluster, lrs: list[float]) -> dict[str, Any]:
-    """The digits task, 3 short epochs on one CPU of one node; a grid of learning rates."""
-    cfg = default_config()
-    cfg.update(task="ddppipe.tasks.digits", task_args={"width": 8})
-    cfg["train"].update(epochs=EPOCHS, batch_size=64)
-    cfg["sweep"] = {"name": SWEEP, "parameters": {"train.lr": lrs}, "prune": "median",
-                    "max_parallel": MAX_PARALLEL}  # fmt: skip
-    return on_cluster(cfg, cluster, nodes=1, procs=1)
+    """A grid of learning rates and one batch size (two keys)."""
+    cfg = digits_config(cluster)
+    cfg["sweep"] = {"name": SWEEP, "parameters": {"train.lr": lrs, "train.batch_size": [BATCH]},
+                    "prune": "median", "max_parallel": MAX_PARALLEL}  # fmt: skip
+    return cfg
+
+
+def scaling_config(cluster: SlurmCluster) -> dict[str, Any]:
+    """The scaling study of one epoch: one process on one node, and on both nodes."""
+    cfg = digits_config(cluster)
+    cfg["scaling"].update(nodes=[1, 2], procs_per_node=[1], cpus_per_proc=[1], epochs=1)
+    return cfg
+
+
+def hidden_task_config(cluster: SlurmCluster) -> dict[str, Any]:
+    """A two-key sweep of one trial of a task file that only the submitting machine sees."""
+    cfg = digits_config(cluster)
+    cfg["task"] = HIDDEN_TASK
+    cfg["train"]["epochs"] = 1
+    cfg["sweep"] = {
+        "name": "hidden",
+        "parameters": {"train.lr": [GOOD], "train.batch_size": [BATCH]},
+    }
+    return cfg
 
 
 @dataclass
@@ -83,29 +120,70 @@ class Queue:
         return text, proc.returncode
 
 
+@contextlib.contextmanager
+def hidden_on_nodes(cluster: SlurmCluster, folder: Path) -> Iterator[None]:
+    """``folder`` empty as the nodes see it (an empty folder bind-mounted over it in their
+    mount namespaces): a file the submitting machine has and the nodes do not."""
+    empty = folder.parent / ".empty"
+    empty.mkdir()
+    for node in cluster.nodes:
+        cluster.run(["mount", "--bind", str(empty), str(folder)], node=node)
+    try:
+        yield
+    finally:
+        for node in cluster.nodes:
+            cluster.run(["umount", str(folder)], node=node, check=False)
+
+
 @pytest.fixture(scope="module")
-def sweep(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """The sweep's one call, after a trial that finished before."""
+def calls(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The three calls side by side: the sweep (after a trial that finished before), the
+    scaling study and the sweep of a task the nodes do not see."""
     cluster = slurm_slot.cluster()
-    workdir = tmp_path_factory.mktemp("sweep-slurm") / "wd"
+    root = tmp_path_factory.mktemp("sweep-slurm")
+    workdir, scaling_dir, hidden_dir = root / "wd", root / "scaling", root / "hidden"
     prune = Pruning(method="median", metric="accuracy", direction="maximize", warmup_epochs=1)
     finished = pruning.TrialPruner(
-        Trial(SWEEP, "lr=0.001", {"train.lr": 0.001}, prune),
+        Trial(SWEEP, "finished", {"train.lr": 0.001, "train.batch_size": BATCH}, prune),
         workdir / layout.SweepLayout(SWEEP).journal,
     )  # fmt: skip
     for epoch, accuracy in FINISHED.items():
         finished.report({"epoch": epoch, "test_accuracy": accuracy}, decide=False)
     finished.finish({"epoch": EPOCHS, "test_accuracy": FINISHED[EPOCHS]}, pruned=False)
+    task = hidden_dir / HIDDEN_TASK
+    task.parent.mkdir(parents=True)
+    shutil.copy(REPO / "src/ddppipe/tasks/digits.py", task)
     started = time.monotonic()
-    queue = Queue(cluster, workdir)
-    text, rc = queue.call(sweep_config(cluster, [GOOD, *BAD]))
+    with hidden_on_nodes(cluster, task.parent):
+        queue = Queue(cluster, workdir)
+        scaling, scaling_out = _start_snakemake(cluster, scaling_dir, scaling_config(cluster),
+                                                "scaling")  # fmt: skip
+        hidden, hidden_out = _start_snakemake(cluster, hidden_dir, hidden_task_config(cluster),
+                                              "sweep")  # fmt: skip
+        text, rc = queue.call(sweep_config(cluster, [GOOD, *BAD]))
+        scaling_text = _finish(scaling, scaling_out, timeout=240)
+        hidden_text = _finish(hidden, hidden_out, timeout=240)
+    print(f"(sweeps on SLURM, side by side) {time.monotonic() - started:.0f}s")
     assert rc == 0, text[-6000:]
-    print(f"(sweep on SLURM) snakemake {time.monotonic() - started:.0f}s")
-    yield {"workdir": workdir, "queue": queue, "text": text}
+    result = subprocess.CompletedProcess([], scaling.returncode, "", scaling_text)
+    assert scaling.returncode == 0, logs(scaling_dir, result)
+    yield {"workdir": workdir, "queue": queue, "text": text, "scaling": scaling_dir,
+           "scaling_text": scaling_text, "hidden": hidden_dir, "hidden_text": hidden_text,
+           "hidden_rc": hidden.returncode}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sweep(calls: dict) -> dict:
+    return calls
+
+
+def trial_name(lr: float) -> str:
+    """The trial's name: its keys in the config's order (the test writes it with sorted keys)."""
+    return f"batch_size={BATCH}+lr={lr!r}"
 
 
 def trial_dir(workdir: Path, lr: float) -> Path:
-    return workdir / "results" / "sweeps" / SWEEP / f"lr={lr!r}"
+    return workdir / "results" / "sweeps" / SWEEP / trial_name(lr)
 
 
 def evaluation(workdir: Path, lr: float) -> dict[str, Any]:
@@ -144,14 +222,55 @@ def test_the_table_lists_each_trial_with_its_outcome(sweep: dict) -> None:
     with (wd / "results" / "sweeps" / SWEEP / "trials.csv").open() as f:
         rows = {row["trial"]: row for row in csv.DictReader(f)}
     assert {name: row["outcome"] for name, row in rows.items()} == {
-        f"lr={GOOD!r}": "completed", **{f"lr={lr!r}": "pruned at epoch 1" for lr in BAD}
+        trial_name(GOOD): "completed", **{trial_name(lr): "pruned at epoch 1" for lr in BAD}
     }  # fmt: skip
     for lr in (GOOD, *BAD):
-        row = rows[f"lr={lr!r}"]
-        assert float(row["train.lr"]) == lr
+        row = rows[trial_name(lr)]
+        assert float(row["train.lr"]) == lr and int(row["train.batch_size"]) == BATCH
         accuracy = evaluation(wd, lr)["test_accuracy"]
         assert float(row["accuracy"]) == pytest.approx(accuracy, abs=1e-6)  # 6 digits
     best = json.loads((wd / "results" / "sweeps" / SWEEP / "best.json").read_text())
     assert best["trials"] == {"completed": 1, "pruned": len(BAD), "failed": 0, "running": 0,
                               "pending": 0}  # fmt: skip
-    assert best["best"]["trial"] == f"lr={GOOD!r}", best
+    assert best["best"]["trial"] == trial_name(GOOD), best
+
+
+def test_the_scaling_study_trains_each_trial_on_its_nodes(sweep: dict) -> None:
+    study = sweep["scaling"] / "results" / "sweeps" / "scaling"
+    with (study / "time_to_accuracy.csv").open() as f:
+        rows = {row["trial"]: row for row in csv.DictReader(f)}
+    one, two = (
+        "nnodes=1+nproc_per_node=1+cpus_per_proc=1",
+        "nnodes=2+nproc_per_node=1+cpus_per_proc=1",
+    )
+    assert set(rows) == {one, two}, rows
+    for name, nodes in ((one, 1), (two, 2)):
+        history = json.loads((study / name / "train" / "attempts.json").read_text())
+        assert len(history) == 1 and history[0]["outcome"] == "completed", history
+        assert history[0]["job"] != "local" and len(set(history[0]["nodes"])) == nodes, history
+        assert set(history[0]["nodes"]) <= {"cn07", "cn08"}, history
+        assert float(rows[name]["final_test_accuracy"]) > 0.2, rows[name]  # chance: 0.1
+
+
+HIDDEN_TRIAL = f"batch_size={BATCH}+lr={GOOD!r}"
+
+
+def test_a_job_failing_before_training_is_named_and_not_retried(sweep: dict) -> None:
+    wd, text = sweep["hidden"], sweep["hidden_text"]
+    assert sweep["hidden_rc"] != 0, text[-4000:]
+    jobs = train_job_ids(subprocess.CompletedProcess([], 0, "", text))
+    assert len(jobs) == 2, (jobs, text[-6000:])  # the profile's retries would make it 3
+    cause = f"WorkflowError: task '{HIDDEN_TASK}': no such file"
+    assert f"the same error as SLURM job {jobs[0]}: not retried" in text, text[-6000:]
+    with (wd / "results" / "sweeps" / "hidden" / "trials.csv").open() as f:
+        rows = {row["trial"]: row for row in csv.DictReader(f)}
+    outcome = rows[HIDDEN_TRIAL]["outcome"]
+    assert outcome.startswith(f"failed: before training (SLURM job {jobs[1]}): {cause}"), outcome
+    # the trial's summary, and the last lines of the call (the sweep's table)
+    run = wd / "results" / "sweeps" / "hidden" / HIDDEN_TRIAL
+    key, value = summary.text(run).splitlines()[-1].split(None, 1)
+    assert key == "failed", (key, value)
+    assert value.startswith(f"before training (SLURM job {jobs[1]}): {cause}"), value
+    tail = text.strip().splitlines()[-8:]  # Snakemake's own last lines after the table
+    assert any(f"failed: {HIDDEN_TRIAL}: before training" in line and cause in line
+               for line in tail), tail  # fmt: skip

@@ -36,8 +36,8 @@ def names(**section: Any) -> list[str]:
 
 def test_a_grid_is_every_combination_named_after_its_values() -> None:
     assert names(name="s", parameters={"train.lr": [0.01, 0.1], "train.batch_size": [64, 256]}) == [
-        "lr=0.01,batch_size=64", "lr=0.01,batch_size=256",
-        "lr=0.1,batch_size=64", "lr=0.1,batch_size=256",
+        "lr=0.01+batch_size=64", "lr=0.01+batch_size=256",
+        "lr=0.1+batch_size=64", "lr=0.1+batch_size=256",
     ]  # fmt: skip
 
 
@@ -47,14 +47,14 @@ def test_values_of_every_type_make_readable_names() -> None:
         "task_args.layers": [[64, 32]],
     })  # fmt: skip
     assert found == [
-        "precision=bf16,channels_last=true,lr=1.0,layers=64_32",
-        "precision=bf16,channels_last=true,lr=0.0001,layers=64_32",
+        "precision=bf16+channels_last=true+lr=1.0+layers=64_32",
+        "precision=bf16+channels_last=true+lr=0.0001+layers=64_32",
     ]
 
 
 def test_keys_sharing_their_last_part_are_labelled_by_their_whole_path() -> None:
     assert names(name="s", parameters={"train.seed": [1], "task_args.seed": [2]}) == [
-        "train.seed=1,task_args.seed=2"
+        "train.seed=1+task_args.seed=2"
     ]
 
 
@@ -67,6 +67,36 @@ def test_values_that_differ_only_in_characters_get_a_hash() -> None:
 def test_a_long_name_is_shortened_with_a_hash() -> None:
     (name,) = names(name="s", parameters={"task_args.text": ["x" * 300]})
     assert len(name) == sweeps.MAX_NAME and name.startswith("text=xxx")
+
+
+def test_names_survive_the_slurm_plugins_wildcards_and_a_shell() -> None:
+    """The plugin hands a job's wildcards to the job's own Snakemake as ``rule:name=value,...``
+    (its encoder, Snakemake's parser); the name is also a path and a word of a shell."""
+    import shlex
+
+    from snakemake.target_jobs import parse_target_jobs_cli_args
+    from snakemake_interface_executor_plugins.utils import TargetSpec, encode_target_jobs_cli_args
+
+    found = sweeps.trials(parse(name="s", parameters={
+        "train.lr": [1e-5], "train.batch_size": [64], "task_args.arch": ["a,b c;d"],
+        "task_args.layers": [[64, 32]],
+    }))  # fmt: skip
+    (trial,) = found
+    assert trial.name == "lr=1e-05+batch_size=64+arch=a_b_c_d+layers=64_32", trial.name
+    encoded = encode_target_jobs_cli_args([TargetSpec("train", {"run": trial.run})])
+    assert parse_target_jobs_cli_args(encoded)[0].wildcards_dict == {"run": trial.run}
+    assert shlex.quote(trial.run) == trial.run
+    assert validate({**copy.deepcopy(BASE), "run": trial.run})["run"] == trial.run
+
+
+def test_a_run_name_with_a_comma_is_refused() -> None:
+    with pytest.raises(ConfigError, match="run: 'a,b' does not match"):
+        validate({**copy.deepcopy(BASE), "run": "a,b"})
+
+
+def test_names_recorded_before_read_as_todays() -> None:
+    assert sweeps.current_name("lr=0.01,batch_size=256") == "lr=0.01+batch_size=256"
+    assert sweeps.current_name("lr=0.01") == "lr=0.01"
 
 
 def test_random_draws_are_seeded_and_more_trials_keep_the_first_ones() -> None:
@@ -95,12 +125,12 @@ def test_a_trials_config_is_the_base_with_its_values_named_after_it() -> None:
     assert found is not None
     (trial,) = sweeps.trials(found)
     out = sweeps.apply(cfg, found, trial)
-    assert out["run"] == "sweeps/s/lr=0.5,width=8"
+    assert out["run"] == "sweeps/s/lr=0.5+width=8"
     assert out["train"]["lr"] == 0.5 and out["task_args"] == {"width": 8}
     assert out["train"]["epochs"] == cfg["train"]["epochs"]
     assert "sweep" not in out and "sweep" in cfg  # the base config is left as it was
     assert out["trial"] == {
-        "sweep": "s", "name": "lr=0.5,width=8", "values": {"train.lr": 0.5, "task_args.width": 8},
+        "sweep": "s", "name": "lr=0.5+width=8", "values": {"train.lr": 0.5, "task_args.width": 8},
         "prune": {"method": "median", "metric": "accuracy", "direction": "maximize",
                   "warmup_epochs": 1},
     }  # fmt: skip
@@ -137,7 +167,7 @@ def test_tpe_rounds_and_the_trials_their_files_name(tmp_path: Path) -> None:
          "dotted path"),
         ({"parameters": {"train": [{}]}}, "sweep.parameters.train: not a config key"),
         ({"parameters": {"task": ["x"]}},
-         "sweep.parameters.task: task cannot vary across trials: the task's data is prepared once"),
+         "sweep.parameters.task: task cannot vary across trials: a sweep trains one task"),
         ({"parameters": {"train.batch_size": [64, 0]}},
          "sweep.parameters.train.batch_size[1]: 0 is not a valid train.batch_size"),
         ({"parameters": {"train.lr": []}},

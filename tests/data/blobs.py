@@ -3,7 +3,8 @@ a user would; tests/test_sweep.py sweeps it).
 
 ``task_args``: ``hidden`` (16), the width of the hidden layer; ``activation`` ("relu"), the
 name of a function of ``torch.nn.functional`` applied after it, looked up when the model runs
-(a name it lacks fails at the first step); ``samples`` (512) and ``seed`` (0) of the data.
+(a name it lacks fails at the first step); ``samples`` (512) and ``seed`` (0) of the data,
+which ``prepare`` reads (``PREPARE_ARGS``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 from ddppipe.data import Tensors
 
 CENTRES = ((2.0, 2.0), (-2.0, 2.0), (-2.0, -2.0), (2.0, -2.0))
+PREPARE_ARGS = ("samples", "seed")  # the task_args prepare() reads
 
 ARGS_SCHEMA = {
     "type": "object",

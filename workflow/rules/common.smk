@@ -19,9 +19,13 @@ from ddppipe.parallel import devices as ddp_devices
 from ddppipe.cluster import attach as ddp_attach
 from ddppipe.cluster import bad_nodes as ddp_bad_nodes
 from ddppipe.cluster import failed_node_names as ddp_failed_node_names
+from ddppipe.cluster import early_failures as ddp_early_failures
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.spec import runs as ddp_runs
 from ddppipe.spec import sweep as ddp_sweep
+from ddppipe.spec import data_sets as ddp_data_sets
+from ddppipe.tasks import prepare_args as ddp_prepare_args
+from ddppipe.sweeps import legacy_names as ddp_legacy_names
 from ddppipe.cluster import slurm as ddp_slurm
 from ddppipe.cluster import status_checks as ddp_status_checks
 from ddppipe import tasks as ddp_tasks
@@ -32,6 +36,11 @@ try:
     RUNS = ddp_runs.Runs(config)
 except ddp_config.ConfigError as e:
     raise WorkflowError(str(e)) from None
+# Trials on disk under their names from before "+" joined their keys: renamed once.
+for line in ddp_legacy_names.rename(
+    [s.name for s in (RUNS.sweep, RUNS.scaling) if s is not None]
+):
+    logger.info(f"ddppipe: {line}")
 # What the run trains: a task (model + data, prepared by the data rule) or a torchrun script.
 KIND = ddp_layout.kind(config)
 # Every path of a run (ddppipe.spec.layout); RUN_LAYOUT's are patterns of the {run} wildcard.
@@ -44,8 +53,36 @@ try:
     )
 except ddp_tasks.TaskError as e:
     raise WorkflowError(str(e)) from None
-DATA = f"resources/{SOURCE.name}"  # the task's prepared data: depends on no run
-DATA_MANIFEST = f"{DATA}/manifest.json"
+
+
+def prepare_reads():
+    """The task_args the task's prepare() reads (its PREPARE_ARGS; None: all of them)."""
+    if KIND == "script":
+        return None
+    try:
+        return ddp_prepare_args.read(SOURCE.path)
+    except ddp_prepare_args.PrepareArgsError as e:
+        raise WorkflowError(str(e)) from None
+
+
+# The task's prepared data, resources/<data>/: one folder per distinct set of the values its
+# prepare() reads (the base config's: resources/<task>), depending on no run.
+DATA_SETS = ddp_data_sets.DataSets(SOURCE.name, config["task_args"], prepare_reads())
+
+
+def run_data(run):
+    """The prepared data folder the run ``run`` trains on (ddppipe.spec.data_sets)."""
+    return f"resources/{DATA_SETS.name(RUNS.config(run)['task_args'])}"
+
+
+def data_settings(wildcards):
+    """What the data folder resources/{data} is prepared with (task and task_args), as JSON."""
+    for run in RUNS.names():
+        cfg = RUNS.config(run)
+        if DATA_SETS.name(cfg["task_args"]) == wildcards.data:
+            cfg["task_args"] = DATA_SETS.task_args(cfg["task_args"])
+            return json.dumps(ddp_config.data_settings(cfg))
+    raise WorkflowError(f"no run of this config trains on resources/{wildcards.data}")
 
 
 def data_folder(wildcards, input):
@@ -64,8 +101,8 @@ def result_output(path):
 
 
 def data_input():
-    """The data manifest as a training input; a script finds its own data."""
-    return task_only(DATA_MANIFEST)
+    """The run's data manifest as an input; a script finds its own data."""
+    return task_only(lambda wildcards: f"{run_data(wildcards.run)}/manifest.json")
 
 
 def all_outputs():
@@ -151,6 +188,14 @@ def exclude_bad_nodes():
     preflight (ddppipe.cluster.bad_nodes)."""
     if on_slurm():
         ddp_bad_nodes.install(workflow.executor_plugin.executor, training_state)
+
+
+def name_early_failures():
+    """SLURM executor: a training job that fails before its launcher starts is named (its
+    log's error) in the summary and the sweep's table, and an identical second failure is not
+    retried (ddppipe.cluster.early_failures)."""
+    if on_slurm():
+        ddp_early_failures.install(workflow.executor_plugin.executor, training_state)
 
 
 def wake_status_checks():

@@ -33,12 +33,14 @@ rule write_config:
 rule data_config:
     """What the task's data depends on (task and task_args), and on nothing of any run."""
     output:
-        f"{DATA}.yaml",
+        "resources/{data}.yaml",
     log:
-        "logs/data_config.log",
+        "logs/data_config/{data}.log",
+    wildcard_constraints:
+        data=r"[^/]+",
     localrule: True
     params:
-        settings=json.dumps(ddp_config.data_settings(config)),
+        settings=data_settings,
     shell:
         "ddppipe data-settings --json {params.settings:q} --out {output} 2> {log}"
 
@@ -46,18 +48,22 @@ rule data_config:
 rule prepare_data:
     """The task's prepare(): download, verify, convert, once; then the manifest of its files.
 
-    Runs on the submitting machine (localrule), which may be the only one with internet; with
-    container.mode apptainer inside the image the run trains in (the task's packages are there).
+    Once per distinct set of the task_args values prepare() reads (ddppipe.spec.data_sets):
+    a sweep of test_fraction prepares each trial's split. Runs on the submitting machine
+    (localrule), which may be the only one with internet; with container.mode apptainer
+    inside the image the run trains in (the task's packages are there).
     """
     input:
-        settings=f"{DATA}.yaml",
+        settings="resources/{data}.yaml",
         image=task_only(image_input()),
     output:
-        DATA_MANIFEST,
+        "resources/{data}/manifest.json",
     log:
-        "logs/prepare_data.log",
+        "logs/prepare_data/{data}.log",
     benchmark:
-        "benchmarks/prepare_data.tsv"
+        "benchmarks/prepare_data/{data}.tsv"
+    wildcard_constraints:
+        data=r"[^/]+",
     localrule: True
     params:
         data=lambda wildcards, output: os.path.dirname(output[0]),

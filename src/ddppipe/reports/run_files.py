@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ddppipe.core import jsonl
-from ddppipe.runstate import state
+from ddppipe.runstate import early_failures, state
 from ddppipe.spec import config, layout
 from ddppipe.spec.run import RunSpec
 
@@ -44,6 +44,8 @@ class RunFiles:
     history: list[dict[str, Any]]  # metrics: one record per epoch (a script's job.log calls)
     attempts: list[dict[str, Any]]  # one record per job slot
     evaluation: dict[str, Any]  # a task's final evaluation (train/evaluation.json); {}: none yet
+    # the job that failed before its launcher started, when no slot started since
+    early_failure: early_failures.EarlyFailure | None = None
 
     @property
     def jobs(self) -> list[str]:
@@ -111,10 +113,12 @@ def load(run_dir: Path) -> RunFiles:
     metrics_path = _first(run.train.metrics, live.metrics)
     attempts_path = _first(run.train.attempts, live.attempts)
     evaluation = run.train.evaluation
+    attempts = json.loads(attempts_path.read_text()) if attempts_path else []
     return RunFiles(
         layout=run,
         about=about(cfg),
         history=jsonl.read(metrics_path) if metrics_path else [],
-        attempts=json.loads(attempts_path.read_text()) if attempts_path else [],
+        attempts=attempts,
         evaluation=json.loads(evaluation.read_text()) if evaluation.exists() else {},
+        early_failure=early_failures.latest(early_failures.load(run.state), attempts),
     )

@@ -20,7 +20,7 @@ from ddppipe.core import atomic, jsonl
 class RunResult:
     """One trial of the study: its launch settings and per-epoch training history."""
 
-    trial: str  # the trial's name, e.g. nnodes=1,nproc_per_node=2,cpus_per_proc=1
+    trial: str  # the trial's name, e.g. nnodes=1+nproc_per_node=2+cpus_per_proc=1
     nodes: int
     procs_per_node: int
     cpus_per_proc: int

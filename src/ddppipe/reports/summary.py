@@ -53,6 +53,8 @@ def build(run_dir: Path) -> Summary:
     if attempts:  # last: the line a failed snakemake call ends with
         summary.lines.extend(slot_lines.hangs(attempts))
         summary.lines.extend(slot_lines.failure(attempts))
+    if files.early_failure is not None:
+        summary.lines.append(("failed", files.early_failure.text()))
     return summary
 
 

@@ -71,6 +71,12 @@ class StateDir:
         return self.root / "final-failure.json"
 
     @property
+    def early_failures(self) -> Path:
+        """The run's jobs that failed before the launcher started, with the errors their logs
+        name (ddppipe.runstate.early_failures)."""
+        return self.root / "early-failures.json"
+
+    @property
     def lock(self) -> Path:
         return self.root / ".lock"
 

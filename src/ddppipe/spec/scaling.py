@@ -4,7 +4,7 @@ The ``scaling:`` section's lists (``nodes``, ``procs_per_node``, ``cpus_per_proc
 axes of a grid over ``launch.nnodes``, ``launch.nproc_per_node`` and ``launch.cpus_per_proc``.
 Every combination is a trial of the sweep ``scaling`` (:mod:`ddppipe.spec.sweep`), an ordinary
 run ``sweeps/scaling/<trial>`` named after its values
-(``sweeps/scaling/nnodes=1,nproc_per_node=2,cpus_per_proc=1``), its config made by
+(``sweeps/scaling/nnodes=1+nproc_per_node=2+cpus_per_proc=1``), its config made by
 :func:`ddppipe.spec.sweep.apply` from the base config with the study's ``epochs``. The global
 batch stays the base config's, so every trial trains the same recipe and only the way the
 work is spread changes. The study is not the ``sweep:`` section's sweep: it has a name of its

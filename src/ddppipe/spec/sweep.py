@@ -4,8 +4,12 @@ The ``sweep:`` section names the sweep, the keys that vary (``parameters``: a co
 its dotted path mapped to a list of values, a grid axis, or to a range or choices for sampled
 search) and how trials are chosen (``method``). Each trial is an ordinary run named
 ``sweeps/<sweep>/<trial>``, its config the base config with the trial's values; the trial's
-name is derived from its values (``lr=0.01,batch_size=256``), so a person finds it on disk and
-adding a value adds only the trials that have it.
+name is derived from its values (``lr=0.01+batch_size=256``), so a person finds it on disk and
+adding a value adds only the trials that have it. A name survives every layer it passes: no
+comma (the SLURM plugin hands a job's wildcards to the Snakemake inside the job as
+``name=value,name=value``), no space, no character a shell, squeue, TensorBoard or MLflow
+reads specially; names written before with ``,`` between the keys are renamed once
+(:mod:`ddppipe.sweeps.legacy_names`).
 
 Grid and random trials are known when the workflow is parsed (random: Optuna's seeded
 sampler, so the same sweep suggests the same trials and more ``trials`` only adds trials);
@@ -31,11 +35,11 @@ from ddppipe.spec import layout
 from ddppipe.spec.config import ConfigError, coerce, schema, validate
 
 SAMPLED = ("random", "tpe")  # methods that draw values from ranges and choices
-# Keys a trial cannot change: what names the run, what is prepared once for every trial (the
-# task's data, the image) and the studies themselves.
+# Keys a trial cannot change: what names the run, what every trial shares (the task, the
+# image) and the studies themselves.
 FIXED = {
     "run": "it names the run; each trial is named after its values",
-    "task": "the task's data is prepared once for every trial; sweep task_args instead",
+    "task": "a sweep trains one task (its data rules, its checks); sweep task_args instead",
     "script": "a sweep runs one script; sweep its script_args or task_args instead",
     "container": "every trial trains in the same image",
     "sweep": "a sweep cannot sweep itself",
@@ -43,7 +47,9 @@ FIXED = {
     "scaling": "the scaling study is a sweep of its own (`snakemake scaling`)",
 }
 SIGNIFICANT_DIGITS = 4  # of a sampled float: what the trial's name shows is its value
-_SAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]+")  # a value's characters kept in a name (others: _)
+SEPARATOR = "+"  # between the keys of a trial's name
+LEGACY_SEPARATOR = ","  # what names had between their keys before: the plugin cuts it
 MAX_NAME = 120  # characters of a trial's name before it is shortened with a hash
 # The user attribute that names a trial's ddppipe trial in the sweep's Optuna study (journal).
 OPTUNA_TRIAL_ATTR = "ddppipe_trial"
@@ -294,11 +300,28 @@ def _digest(values: Mapping[str, Any]) -> str:
 
 
 def trial_name(values: Mapping[str, Any], labels: Mapping[str, str]) -> str:
-    """``lr=0.01,batch_size=256``: each key's label and value, in the parameters' order."""
-    name = ",".join(f"{labels[k]}={_text(v)}" for k, v in values.items())
+    """``lr=0.01+batch_size=256``: each key's label and value, in the parameters' order."""
+    name = SEPARATOR.join(f"{labels[k]}={_text(v)}" for k, v in values.items())
     if len(name) > MAX_NAME:
         name = f"{name[: MAX_NAME - 9]}-{_digest(values)}"
     return name
+
+
+def value_name(values: Mapping[str, Any]) -> str:
+    """A name for ``values`` (config keys by their dotted paths), as a trial's; with their
+    digest where a value's text is not the value itself (characters replaced, a list)."""
+    name = trial_name(values, labels_of(tuple(values)))
+    lossy = any(
+        not isinstance(v, int | float | str) or (isinstance(v, str) and (not v or _SAFE.search(v)))
+        for v in values.values()
+    )
+    return f"{name}-{_digest(values)}" if lossy and not name.endswith(_digest(values)) else name
+
+
+def current_name(name: str) -> str:
+    """A trial's name as ddppipe writes it now: one recorded before (an Optuna journal's, a
+    round file's, a folder's) had ``,`` between its keys, the only place a comma could be."""
+    return name.replace(LEGACY_SEPARATOR, SEPARATOR)
 
 
 def _named(sweep: Sweep, points: list[dict[str, Any]]) -> list[Trial]:
@@ -414,7 +437,10 @@ def trials(sweep: Sweep, upto: int | None = None, rounds: Path | None = None) ->
         return _named(sweep, list(_grid(sweep)))
     if sweep.method == "random":
         return _named(sweep, _random(sweep))
-    return [Trial(sweep.name, e["name"], e["values"]) for e in round_entries(sweep, rounds, upto)]
+    return [
+        Trial(sweep.name, current_name(e["name"]), e["values"])
+        for e in round_entries(sweep, rounds, upto)
+    ]
 
 
 def apply(cfg: dict[str, Any], sweep: Sweep, trial: Trial) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def _by_trial(study: Any) -> dict[str, list[Any]]:
     for t in study.get_trials(deepcopy=False):
         name = t.user_attrs.get(sweeps.OPTUNA_TRIAL_ATTR)
         if name is not None:
-            out.setdefault(name, []).append(t)
+            out.setdefault(sweeps.current_name(name), []).append(t)
     return out
 
 
@@ -106,8 +106,8 @@ def suggest(sweep: sweeps.Sweep, study: Any, k: int, size: int,
     for t in _asked(study, k):
         values = sweeps.from_sampled(sweep, t.params)
         seen.add(sweeps.trial_name(values, labels))
-        out.append({"name": t.user_attrs[sweeps.OPTUNA_TRIAL_ATTR], "values": values,
-                    "number": t.number})  # fmt: skip
+        name = sweeps.current_name(t.user_attrs[sweeps.OPTUNA_TRIAL_ATTR])
+        out.append({"name": name, "values": values, "number": t.number})
     dists = sweeps.distributions(sweep)
     for _ in range(size * ASKS_PER_TRIAL):
         if len(out) >= size:

@@ -132,6 +132,8 @@ def _ending(
         if evaluation.get(PRUNED_AT) is not None:
             return PRUNED, str(evaluation[PRUNED_AT])
         return COMPLETED, ""
+    if files.early_failure is not None:  # its last job died before training
+        return FAILED, files.early_failure.text()
     attempts = files.attempts
     if not attempts:
         log = run.log("write_config")

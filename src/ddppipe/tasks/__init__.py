@@ -12,9 +12,11 @@ functions are the contract (``args`` is the config's ``task_args`` mapping)::
 Optional: ``loss(output, target) -> Tensor`` (the batch mean; default cross-entropy with
 ``train.label_smoothing``), ``metrics(output, target) -> dict[str, Tensor]`` (sums over the
 batch's samples, all-reduced and divided by the test-set size; default: loss, accuracy and
-the confusion matrix), ``optimizer(params, args) -> Optimizer`` (default: ``train.optimizer``)
-and ``ARGS_SCHEMA`` (a JSON schema of ``task_args``; validated, coerced from ``--config``
-text and filled with its defaults before anything runs).
+the confusion matrix), ``optimizer(params, args) -> Optimizer`` (default: ``train.optimizer``),
+``ARGS_SCHEMA`` (a JSON schema of ``task_args``; validated, coerced from ``--config``
+text and filled with its defaults before anything runs) and ``PREPARE_ARGS`` (the names of
+the ``task_args`` that ``prepare`` reads: runs that differ in them get data prepared for
+their own values, :mod:`ddppipe.tasks.prepare_args`).
 
 ``datasets`` returns map-style torch Datasets of ``(input, target)`` (read through a
 sharded, resumable sampler and DataLoader workers), or :class:`ddppipe.data.Tensors` for
@@ -243,8 +245,13 @@ def _file_source(ref: str, cwd: Path | None, what: str, hint: str) -> Source:
 def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` coerced, checked against the task's ARGS_SCHEMA and filled with its defaults."""
     from ddppipe.spec import config
+    from ddppipe.tasks import prepare_args
 
     schema = task.args_schema
+    try:
+        prepare_args.check(task.module, schema)
+    except prepare_args.PrepareArgsError as e:
+        raise TaskError(f"task {task.source.ref}: {e}") from None
     if schema is None:
         return dict(args)
     try:

@@ -33,6 +33,7 @@ from ddppipe.tasks.model import Dropout, flatten
 from ddppipe.tasks.split import stratified
 
 FILE = "digits.pt"
+PREPARE_ARGS = ("test_fraction", "split_seed")  # what the split, and so the file, depends on
 FORMAT = 1
 # Mean and standard deviation of the pixels (scaled to [0, 1]) of all 1,797 images.
 MEAN, STD = 0.3053, 0.3760

@@ -44,6 +44,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.tasks.split import stratified
 
 INDEX = "index.json"
+PREPARE_ARGS = ("root", "test_fraction", "split_seed")  # what the index depends on
 FORMAT = 1
 SPLITS = ("train", "test")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.spec import layout, run
-from ddppipe.spec.sweep import OPTUNA_TRIAL_ATTR
+from ddppipe.spec.sweep import OPTUNA_TRIAL_ATTR, current_name
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class TrialPruner:
         study = self.study
         running = [
             t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            if t.user_attrs.get(OPTUNA_TRIAL_ATTR) == self.trial.name
+            if self._mine(t)
         ]  # fmt: skip
         if running:
             frozen = running[-1]
@@ -137,8 +137,11 @@ class TrialPruner:
         if self._optuna_trial is not None:
             return False
         done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        return any(t.user_attrs.get(OPTUNA_TRIAL_ATTR) == self.trial.name
-                   for t in self.study.get_trials(deepcopy=False, states=done))  # fmt: skip
+        return any(self._mine(t) for t in self.study.get_trials(deepcopy=False, states=done))
+
+    def _mine(self, frozen: Any) -> bool:
+        """Whether the study's trial ``frozen`` is this trial's (its name as written now)."""
+        return current_name(frozen.user_attrs.get(OPTUNA_TRIAL_ATTR, "")) == self.trial.name
 
     def report(self, record: Mapping[str, Any], decide: bool = True) -> bool:
         """Report the epoch ``record["epoch"]``'s metric; whether the trial should stop here

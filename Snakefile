@@ -1,7 +1,7 @@
 # ddppipe: download MNIST -> DDP training with torchrun -> evaluation -> export -> report.
 from snakemake.utils import min_version, validate
 
-from ddppipe.spec.config import validate as ddp_validate
+from ddppipe.settings.config import validate as ddp_validate
 
 min_version("9.0")
 
@@ -36,11 +36,7 @@ include: "workflow/rules/sweep.smk"
 
 onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
-    wake_status_checks()  # SLURM executor: a job's end noticed in seconds
-    keep_failed_node_names()  # SLURM executor: submissions go on after a node failure
-    attach_to_live_jobs()  # SLURM executor: a restarted head waits for the running training
-    exclude_bad_nodes()  # SLURM executor: nodes that failed the preflight, not in the next slot
-    name_early_failures()  # SLURM executor: a job failing before training named, not retried twice
+    extend_slurm_executor()  # SLURM executor: ddppipe's extension (ddppipe.slurm.executor)
     keep_going_past_failed_trials()  # a sweep: a failed trial does not stop the others
 
 

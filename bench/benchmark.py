@@ -40,7 +40,7 @@ import torch
 from ddppipe.core import hashing, system
 from ddppipe.data import idx, manifest, mnist
 from ddppipe.launching import launch
-from ddppipe.spec import config
+from ddppipe.settings import config
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSIC = Path(__file__).resolve().parent / "classic_ddp_mnist.py"

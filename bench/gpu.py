@@ -29,7 +29,7 @@ import yaml
 from ddppipe.launching import resolve
 from ddppipe.parallel import software
 from ddppipe.runstate import attempts
-from ddppipe.spec import config
+from ddppipe.settings import config
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)

@@ -29,7 +29,7 @@ from ddppipe import tasks
 from ddppipe.core import system
 from ddppipe.data import batches
 from ddppipe.parallel import cpu_binding
-from ddppipe.spec import config
+from ddppipe.settings import config
 from ddppipe.training import evaluate
 
 REPO = Path(__file__).resolve().parents[1]

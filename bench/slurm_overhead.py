@@ -83,9 +83,9 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
 
 def slurm_times(cluster: SlurmCluster, job: str) -> dict[str, float]:
     """SubmitTime, StartTime, EndTime of the job (slurmctld keeps it for MinJobAge)."""
-    from ddppipe.cluster import slurm
+    from ddppipe.slurm import scontrol
 
-    record = slurm.parse_record(cluster.run(["scontrol", "-o", "show", "job", job]).stdout)
+    record = scontrol.parse_record(cluster.run(["scontrol", "-o", "show", "job", job]).stdout)
     return {key: time.mktime(time.strptime(record[key], "%Y-%m-%dT%H:%M:%S"))
             for key in ("SubmitTime", "StartTime", "EndTime")}  # fmt: skip
 

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from ddppipe.reports import hours, run_files
-from ddppipe.spec import layout
+from ddppipe.settings import layout
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from ddppipe.spec import config, layout, sweep
+from ddppipe.settings import config, layout, sweep
 
 DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 START = 1_795_000_000.0  # the simulated trials' first slot's start (Unix time)

@@ -1,4 +1,4 @@
-"""sacct's output parsed into per-(job, requeue) records (ddppipe.cluster.accounting)."""
+"""sacct's output parsed into per-(job, requeue) records (ddppipe.slurm.accounting)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.cluster import accounting, slurm
+from ddppipe.slurm import accounting, scontrol
 
 # Captured from the accounting test cluster (tests/slurm_cluster.py, Slurm 22.05 with
 # jobacct_gather/linux sampling every second: JobAcctGatherFrequency=1) by `sacct -j 1,2,3
@@ -68,7 +68,7 @@ def test_cpu_times(text: str, seconds: float | None) -> None:
 
 
 def test_unknown_times_and_foreign_lines() -> None:
-    assert slurm.timestamp("Unknown") is None and slurm.timestamp("None") is None
+    assert scontrol.timestamp("Unknown") is None and scontrol.timestamp("None") is None
     assert accounting.parse("sacct: error: something\n\n1|COMPLETED\n") == []
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ddppipe.cluster import slurm
 from ddppipe.launching import launch
-from ddppipe.spec import config
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import config
+from ddppipe.settings import run_spec as run_spec
+from ddppipe.slurm import request as slurm_request
 from tests.conftest import run_cli
 from tests.tiny import default_config
 
@@ -24,7 +24,8 @@ def setting(section: str, **values: Any) -> Callable[[dict], None]:
 
 CASES = [
     ("signal during start-up", setting("slurm", runtime=1, signal_seconds=60),
-     slurm.SlurmRequestError, "slurm.signal_seconds (60) must be shorter than slurm.runtime"),
+     slurm_request.SlurmRequestError,
+     "slurm.signal_seconds (60) must be shorter than slurm.runtime"),
     ("GPUs in the old key", setting("slurm", gpus_per_node=4), config.ConfigError,
      "slurm.gpus_per_node: this key is now launch.device"),
     ("backend in the old key", setting("launch", backend="nccl"), config.ConfigError,
@@ -42,7 +43,7 @@ CASES = [
     ("unknown cluster check", setting("slurm", cluster_check="ignore"), config.ConfigError,
      "slurm.cluster_check"),
     ("too little memory for GPUs", lambda c: (c["launch"].update(nproc_per_node=4, device="gpu"),
-     c["slurm"].update(mem_mb=8000)), slurm.SlurmRequestError,
+     c["slurm"].update(mem_mb=8000)), slurm_request.SlurmRequestError,
      "slurm.mem_mb (8000) is too little for 4 GPU processes per node: each needs at least 4000"),
 ]  # fmt: skip
 
@@ -54,12 +55,12 @@ def test_bad_value_is_rejected_with_its_key(
     cfg = default_config()
     change(cfg)
     with pytest.raises(error) as e:
-        slurm.Request.from_spec(run_spec.resolve(cfg))
+        slurm_request.Request.from_spec(run_spec.resolve(cfg))
     assert message in str(e.value)
 
 
 def test_rendezvous_host_outside_the_allocation() -> None:
-    with pytest.raises(slurm.SlurmRequestError, match="is none of this job's nodes"):
+    with pytest.raises(slurm_request.SlurmRequestError, match="is none of this job's nodes"):
         launch.check_rendezvous_host("127.0.0.2", ["127.0.0.1"])
     launch.check_rendezvous_host("localhost", ["127.0.0.1"])  # another name of a node: fine
     launch.check_rendezvous_host(None, ["127.0.0.1"])

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddppipe.cluster import cluster_policy, slurm
-from ddppipe.cluster.cluster_policy import Cluster
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import run_spec as run_spec
+from ddppipe.slurm import cluster_policy
+from ddppipe.slurm import request as slurm_request
+from ddppipe.slurm.cluster_policy import Cluster
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
 from tests.test_slurm import FINAL, on_cluster, snakemake_slurm
@@ -28,7 +29,7 @@ GOOD_PARTITION = {"PartitionName": "gpu", "PreemptMode": "REQUEUE", "GraceTime":
 def findings(conf: dict | None = None, part: dict | None = None, status: str = "squeue",
              requeue: bool = True, checkpoint_s: float | None = 5.0) -> list[str]:  # fmt: skip
     cluster = Cluster({**GOOD_CONFIG, **(conf or {})}, {**GOOD_PARTITION, **(part or {})})
-    request = slurm.Request.from_spec(run_spec.resolve(default_config()))
+    request = slurm_request.Request.from_spec(run_spec.resolve(default_config()))
     return [str(f) for f in cluster_policy.check(cluster, request, status, requeue, checkpoint_s)]
 
 

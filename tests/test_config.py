@@ -1,6 +1,6 @@
 import pytest
 
-from ddppipe.spec import config
+from ddppipe.settings import config
 from tests.tiny import default_config
 
 

@@ -36,7 +36,7 @@ from ddppipe.apptainer import (
 )
 from ddppipe.core import hashing
 from ddppipe.parallel import software
-from ddppipe.spec import config
+from ddppipe.settings import config
 from tests.slurm_cluster import SlurmCluster
 from tests.test_slurm import logs, on_cluster, snakemake_slurm
 from tests.tiny import REPO, TinyData, default_config, tiny_config

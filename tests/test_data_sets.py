@@ -1,4 +1,4 @@
-"""Which prepared data a run trains on (ddppipe.spec.data_sets) and what a task says its
+"""Which prepared data a run trains on (ddppipe.settings.data_sets) and what a task says its
 prepare() reads (ddppipe.tasks.prepare_args). Quick: no workflow, no torch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.spec.data_sets import DataSets
+from ddppipe.settings.data_sets import DataSets
 from ddppipe.tasks import prepare_args
 
 DIGITS = DataSets("digits", {"width": 8}, ("test_fraction", "split_seed"))

@@ -13,7 +13,7 @@ import torch
 
 from ddppipe.apptainer import running
 from ddppipe.parallel import devices, distributed, environments
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import run_spec as run_spec
 from tests.tiny import default_config
 
 

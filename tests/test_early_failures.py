@@ -1,4 +1,4 @@
-"""A training job that fails before its launcher starts (ddppipe.cluster.early_failures,
+"""A training job that fails before its launcher starts (ddppipe.slurm.executor.early_failures,
 ddppipe.runstate.early_failures): the error read from what the job's own Snakemake printed,
 and the crash rule before training. On SLURM end to end: tests/test_sweep_slurm.py."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddppipe.cluster.early_failures import error_of_log
 from ddppipe.runstate import early_failures
 from ddppipe.runstate.early_failures import EarlyFailure
+from ddppipe.slurm.executor.early_failures import error_of_log
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
 

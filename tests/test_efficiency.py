@@ -48,7 +48,7 @@ def test_a_well_used_allocation_has_no_flag() -> None:
 
 
 def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
-    from ddppipe.cluster import continuation
+    from ddppipe.slurm import continuation
 
     job = {"SubmitTime": "2026-11-23T10:00:00", "EligibleTime": "2026-11-23T10:02:00",
            "StartTime": "2026-11-23T10:02:45"}  # fmt: skip

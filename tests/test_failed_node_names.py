@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from snakemake_executor_plugin_slurm import Executor
 
-from ddppipe.cluster import failed_node_names
+from ddppipe.slurm.executor import failed_node_names
 
 
 def test_placeholders_are_no_node_names() -> None:

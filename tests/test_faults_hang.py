@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.cluster import continuation
 from ddppipe.launching import watchdog
 from ddppipe.runstate.attempts import Attempt
-from ddppipe.spec import run
+from ddppipe.settings import run_spec
+from ddppipe.slurm import continuation
 from ddppipe.training import heartbeat
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
@@ -197,7 +197,7 @@ def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
     into the slot's watchdog folder; a CPU run's gets neither."""
     cfg = default_config()
     cfg["launch"]["device"] = "gpu"
-    gpu = watchdog.Watchdog(run.resolve(cfg, gpus=True), tmp_path / "state", 1, None)
+    gpu = watchdog.Watchdog(run_spec.resolve(cfg, gpus=True), tmp_path / "state", 1, None)
     folder = (tmp_path / "state" / "watchdog").resolve()
     assert gpu.environment() == {
         heartbeat.WATCHDOG_ENV: str(folder),
@@ -206,7 +206,9 @@ def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl-trace-rank-",
         heartbeat.NCCL_TRACE_ENV: "1",
     }
-    cpu = watchdog.Watchdog(run.resolve(default_config(), gpus=False), tmp_path / "state", 1, None)
+    cpu = watchdog.Watchdog(
+        run_spec.resolve(default_config(), gpus=False), tmp_path / "state", 1, None
+    )
     assert cpu.environment() == {heartbeat.WATCHDOG_ENV: str(folder)}
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from snakemake.jobs import Wildcards
 from snakemake_executor_plugin_slurm.utils import get_job_wildcards
 
-from ddppipe.cluster import attach, bad_nodes, head
 from ddppipe.launching import preflight
+from ddppipe.slurm import head
+from ddppipe.slurm.executor import attach, bad_nodes
 
 
 class _Job:

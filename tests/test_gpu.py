@@ -19,7 +19,7 @@ import torch
 from ddppipe.launching import resolve
 from ddppipe.parallel import cpu_binding
 from ddppipe.runstate import attempts
-from ddppipe.spec import config
+from ddppipe.settings import config
 from ddppipe.training import efficiency
 from tests.conftest import requires_gpu, run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config

@@ -6,22 +6,22 @@ import sys
 
 import pytest
 
-from ddppipe.cluster import slurm
 from ddppipe.launching import launch
-from ddppipe.spec import config
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import config
+from ddppipe.settings import run_spec as run_spec
+from ddppipe.slurm import request as slurm_request
 from tests.tiny import default_config
 
 
 def test_threads_are_configured_or_the_cpus_shared_out() -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=2, cpus_per_proc=None)
-    request = slurm.Request.from_spec(run_spec.resolve(cfg))
+    request = slurm_request.Request.from_spec(run_spec.resolve(cfg))
     assert request.threads(16) == 8
     assert request.threads(1) == 1  # never zero threads
     assert request.cpus_per_node == 2  # SLURM asks for 1 CPU per process when unset
     cfg["launch"]["cpus_per_proc"] = 3
-    request = slurm.Request.from_spec(run_spec.resolve(cfg))
+    request = slurm_request.Request.from_spec(run_spec.resolve(cfg))
     assert (request.threads(16), request.cpus_per_node) == (3, 6)
 
 
@@ -65,7 +65,7 @@ def test_several_nodes_outside_slurm_is_a_clear_error() -> None:
 def test_a_job_of_another_size_is_refused() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
-    with pytest.raises(slurm.SlurmRequestError, match="has 1 node"):
+    with pytest.raises(slurm_request.SlurmRequestError, match="has 1 node"):
         launch.plan(run_spec.resolve(cfg), ["train"], env={"SLURM_JOB_ID": "7"}, hosts=["a01"])
 
 

@@ -1,4 +1,4 @@
-"""A run's layout and kind (ddppipe.spec.layout): every path of a run, spelled out."""
+"""A run's layout and kind (ddppipe.settings.layout): every path of a run, spelled out."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ddppipe.runstate import state
-from ddppipe.spec import layout
-from ddppipe.spec.layout import RunLayout
+from ddppipe.settings import layout
+from ddppipe.settings.layout import RunLayout
 
 
 def test_the_paths_of_a_named_run() -> None:

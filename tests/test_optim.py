@@ -7,15 +7,15 @@ import dataclasses
 
 import torch
 
-from ddppipe.spec import run
+from ddppipe.settings import run_spec
 from ddppipe.training import optim, rng
 from tests.tiny import default_config
 
 CPU = torch.device("cpu")
 
 
-def recipe(**changes: object) -> run.Train:
-    return dataclasses.replace(run.resolve(default_config(), gpus=False).train, **changes)
+def recipe(**changes: object) -> run_spec.Train:
+    return dataclasses.replace(run_spec.resolve(default_config(), gpus=False).train, **changes)
 
 
 def test_sgd_is_nesterov_with_fused_kernels() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from ddppipe.launching import resolve
 from ddppipe.parallel import devices
-from ddppipe.spec import config, presets
+from ddppipe.settings import config, presets
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, default_config, tiny_config
 

@@ -1,5 +1,5 @@
-"""The run spec (ddppipe.spec.run): the resolved config as frozen dataclasses, validated once
-per process of a slot."""
+"""The run spec (ddppipe.settings.run_spec): the resolved config as frozen dataclasses,
+validated once per process of a slot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.spec import config, run
+from ddppipe.settings import config, run_spec
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, default_config, tiny_config
 
@@ -17,18 +17,22 @@ from tests.tiny import REPO, TinyData, default_config, tiny_config
 def test_every_schema_key_has_its_typed_field() -> None:
     """The spec's sections and the schema cannot drift apart: a key added to one only fails."""
     properties = config.schema()["properties"]
-    for name, section in run.SECTIONS.items():
+    for name, section in run_spec.SECTIONS.items():
         fields = {f.name for f in dataclasses.fields(section)}
         assert fields == set(properties[name]["properties"]), name
-    top = {f.name for f in dataclasses.fields(run.RunSpec)} - set(run.SECTIONS) - {"_config"}
+    top = (
+        {f.name for f in dataclasses.fields(run_spec.RunSpec)}
+        - set(run_spec.SECTIONS)
+        - {"_config"}
+    )
     assert set(properties["resolved"]["properties"]) == {"device"}  # resolved.device: .device
-    assert top == set(properties) - set(run.SECTIONS) - {"resolved"} | {"device"}
+    assert top == set(properties) - set(run_spec.SECTIONS) - {"resolved"} | {"device"}
 
 
 def test_a_spec_is_frozen_and_answers_what_was_decided() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=2, nproc_per_node=4, device="gpu")
-    spec = run.resolve(cfg)
+    spec = run_spec.resolve(cfg)
     assert (spec.device, spec.gpus, spec.world_size, spec.kind) == ("gpu", True, 8, "task")
     assert spec.train.preset == "gpu" and spec.train.batch_size == 256  # the GPU recipe
     assert spec.slurm.runtime == 30 and spec.container.mode == "none"  # schema defaults
@@ -42,8 +46,8 @@ def test_a_spec_is_frozen_and_answers_what_was_decided() -> None:
 
 def test_auto_is_decided_where_the_run_is_resolved() -> None:
     cfg = default_config()  # launch.device: auto
-    assert run.resolve(cfg, gpus=False).device == "cpu"
-    gpu = run.resolve(cfg, gpus=True)
+    assert run_spec.resolve(cfg, gpus=False).device == "cpu"
+    gpu = run_spec.resolve(cfg, gpus=True)
     assert (gpu.device, gpu.launch.device, gpu.train.preset) == ("gpu", "auto", "gpu")
 
 

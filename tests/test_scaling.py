@@ -19,8 +19,8 @@ from bench.screenshot import chromium, open_report
 from ddppipe.core import jsonl
 from ddppipe.reports import scaling_results
 from ddppipe.reports.scaling_results import RunResult
-from ddppipe.spec import config
-from ddppipe.spec.runs import Runs
+from ddppipe.settings import config
+from ddppipe.settings.runs import Runs
 from tests.conftest import run_cli
 from tests.documented_build import Build
 from tests.tiny import default_config

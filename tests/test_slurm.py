@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from ddppipe.cluster import slurm
+from ddppipe.slurm import scontrol
 from tests.processes import worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
@@ -146,7 +146,8 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
         r"utilisation +\d+% of the peak \([\d,]+ GFLOP/s bf16 GEMM peak, measured", summary
     )
     assert re.search(r"communication +\d+% of a step waits for the all-reduce", summary)
-    # The job's end noticed within seconds of the slot's end (ddppipe.cluster.status_checks), not at
+    # The job's end noticed within seconds of the slot's end
+    # (ddppipe.slurm.executor.status_checks), not at
     # the plugin's next check: 36, 68, 110 s ... after the submission (33 s late, measured).
     slot_end = (tmp_path / "wd/results/mnist2n/state/slot-ended").stat().st_mtime
     (noticed,) = stamps(result.stderr, r"Finished jobid: \d+ \(Rule: train\)")
@@ -176,7 +177,7 @@ def test_gpus_requested_but_unusable_fail_in_seconds(
     record = slurm_cluster.run(["scontrol", "-o", "show", "job", job], check=False).stdout
     # slurmctld keeps finished jobs for MinJobAge (300 s) in the test cluster
     assert "NumNodes=2" in record and "gpu:2" in record, record
-    h, m, sec = (int(x) for x in slurm.parse_record(record)["RunTime"].split(":")[-3:])
+    h, m, sec = (int(x) for x in scontrol.parse_record(record)["RunTime"].split(":")[-3:])
     print(f"GPU job refused after {h * 3600 + m * 60 + sec} s of run time")
     assert h * 3600 + m * 60 + sec < 60, record
 

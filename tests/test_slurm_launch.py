@@ -6,9 +6,10 @@ import os
 import sys
 from pathlib import Path
 
-from ddppipe.cluster import continuation, slurm
 from ddppipe.launching import launch
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import run_spec as run_spec
+from ddppipe.slurm import continuation, scontrol
+from ddppipe.slurm import request as slurm_request
 from tests.tiny import default_config
 
 
@@ -33,7 +34,7 @@ def test_srun_torchrun_command() -> None:
 def test_rendezvous_host_override() -> None:
     cfg = default_config()
     cfg["slurm"]["rendezvous_host"] = "ib-node1"
-    args = slurm.Request.from_spec(run_spec.resolve(cfg)).torchrun_args("7")
+    args = slurm_request.Request.from_spec(run_spec.resolve(cfg)).torchrun_args("7")
     assert "--rdzv-endpoint=ib-node1:15007" in args
 
 
@@ -43,15 +44,15 @@ def test_rendezvous_from_the_steps_nodes() -> None:
         "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu-a[01-04]",
         "SLURM_STEP_NODELIST": "gpu-a[03-04]",
     }  # fmt: skip
-    assert slurm.step_rendezvous(env) == "gpu-a03:15007"
-    assert slurm.step_rendezvous({**env, "SLURM_STEP_NODELIST": ""}) == "gpu-a01:15007"
+    assert slurm_request.step_rendezvous(env) == "gpu-a03:15007"
+    assert slurm_request.step_rendezvous({**env, "SLURM_STEP_NODELIST": ""}) == "gpu-a01:15007"
 
 
 def test_scontrol_records_and_hostlists() -> None:
     line = "JobId=7 JobName=x JobState=RUNNING Reason=None NodeList=cn[07-08] TRES=cpu=2,mem=1G"
-    record = slurm.parse_record(line)
+    record = scontrol.parse_record(line)
     assert record["JobState"] == "RUNNING" and record["TRES"] == "cpu=2,mem=1G"
-    assert slurm.parse_nodelist(line) == ["cn07", "cn08"]
+    assert scontrol.parse_nodelist(line) == ["cn07", "cn08"]
 
 
 def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
@@ -66,7 +67,7 @@ def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
     )
     plan = launch.Plan(
         [sys.executable, "-c", marker, marks], dict(os.environ), "7", ["cn07", "cn08"],
-        slurm.Request.from_spec(run_spec.resolve(cfg)),
+        slurm_request.Request.from_spec(run_spec.resolve(cfg)),
     )  # fmt: skip
     return launch.supervise(plan, plan.env, tmp_path / "state")
 

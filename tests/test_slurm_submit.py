@@ -10,9 +10,10 @@ import yaml
 from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-from ddppipe.cluster import slurm
-from ddppipe.spec import config
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import config
+from ddppipe.settings import run_spec as run_spec
+from ddppipe.slurm import request as slurm_request
+from ddppipe.slurm import scontrol
 from tests.tiny import REPO, default_config
 
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
@@ -37,7 +38,7 @@ def sbatch_line(cfg: dict[str, Any]) -> str:
     res = Resources(
         {
             **PROFILE["default-resources"],
-            **slurm.Request.from_spec(run_spec.resolve(cfg)).resources(),
+            **slurm_request.Request.from_spec(run_spec.resolve(cfg)).resources(),
         }
     )
     job = SimpleNamespace(resources=res, threads=cfg["launch"]["nproc_per_node"])
@@ -62,7 +63,7 @@ def test_two_nodes_with_gpus() -> None:
     cfg["launch"]["device"] = "gpu"  # one GPU per process: 2 a node
     cfg["slurm"].update(partition="debug", qos="hi", constraint="a100",
                         account="proj")  # fmt: skip
-    res = slurm.Request.from_spec(run_spec.resolve(cfg)).resources()
+    res = slurm_request.Request.from_spec(run_spec.resolve(cfg)).resources()
     assert res["mpi"] == 0  # the jobstep runs the rule in the batch step (see Request)
     assert res["slurm_partition"] == "debug" and res["slurm_account"] == "proj"
     assert sbatch_line(cfg) == (
@@ -78,7 +79,7 @@ def test_two_nodes_with_gpus() -> None:
     [
         (
             {"launch": {"device": "gpu", "nproc_per_node": 4}, "slurm": {"mem_mb": 8000}},
-            slurm.SlurmRequestError,
+            slurm_request.SlurmRequestError,
             "too little for 4 GPU processes",
         ),
         (
@@ -93,9 +94,9 @@ def test_bad_requests_fail_before_submitting(change: dict, error: type, message:
     for section, values in change.items():
         cfg[section].update(values)
     with pytest.raises(error, match=message):
-        slurm.Request.from_spec(run_spec.resolve(cfg))
+        slurm_request.Request.from_spec(run_spec.resolve(cfg))
 
 
 def test_parse_nodelist() -> None:
     line = "JobId=7 JobName=x NodeList=node[1-2] BatchHost=node1"
-    assert slurm.parse_nodelist(line) == ["node1", "node2"]
+    assert scontrol.parse_nodelist(line) == ["node1", "node2"]

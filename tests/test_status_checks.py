@@ -1,4 +1,4 @@
-"""The SLURM plugin's status checks woken by a slot's end (ddppipe.cluster.status_checks)."""
+"""The SLURM plugin's status checks woken by a slot's end (ddppipe.slurm.executor.status_checks)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import snakemake_executor_plugin_slurm
 import snakemake_executor_plugin_slurm_jobstep
 
-from ddppipe.cluster import status_checks
 from ddppipe.launching import lifecycle
+from ddppipe.slurm.executor import status_checks
 
 
 def test_a_slot_end_cuts_the_sleep_short(tmp_path: Path) -> None:

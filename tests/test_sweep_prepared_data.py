@@ -1,5 +1,5 @@
 """Sweeps of keys that a task's prepare() reads, locally: each trial trains on data prepared
-for its own values (ddppipe.spec.data_sets); and trials trained under the names of before
+for its own values (ddppipe.settings.data_sets); and trials trained under the names of before
 (keys joined by ``,``) are renamed once and not trained again (ddppipe.sweeps.legacy_names).
 
 Two sweeps side by side, each of two keys: the digits task's ``test_fraction`` (it declares

@@ -23,9 +23,9 @@ from ddppipe import tasks
 from ddppipe.data import manifest
 from ddppipe.launching import resolve
 from ddppipe.reports import summary
-from ddppipe.spec import config, layout
-from ddppipe.spec.run import Pruning, Trial
-from ddppipe.spec.runs import Runs
+from ddppipe.settings import config, layout
+from ddppipe.settings.run_spec import Pruning, Trial
+from ddppipe.settings.runs import Runs
 from ddppipe.training import pruning
 from tests.tiny import default_config
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from bench import sweep_table as trials
-from ddppipe.spec import layout, sweep
+from ddppipe.settings import layout, sweep
 from ddppipe.sweeps import table as sweep_table
 from tests.tiny import REPO
 from tests.workflow_helpers import snakemake
@@ -321,7 +321,7 @@ def test_mlflow_trials_are_children_of_one_parent_run(
     on one parent run for the sweep; a local sqlite:/// store."""
     from mlflow.tracking import MlflowClient
 
-    from ddppipe.spec.run import RunSpec
+    from ddppipe.settings.run_spec import RunSpec
     from ddppipe.training import tracking
 
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)

@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 from ddppipe.reports import summary
-from ddppipe.spec import layout
-from ddppipe.spec.run import Pruning, Trial
+from ddppipe.settings import layout
+from ddppipe.settings.run_spec import Pruning, Trial
 from ddppipe.training import pruning
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot

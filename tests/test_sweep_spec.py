@@ -1,4 +1,4 @@
-"""The sweep: section (ddppipe.spec.sweep): trial names, random draws, a trial's config, rounds
+"""The sweep: section (ddppipe.settings.sweep): trial names, random draws, a trial's config, rounds
 and the errors of bad input. Quick: no workflow, no training."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ddppipe.spec import sweep as sweeps
-from ddppipe.spec.config import ConfigError, validate
-from ddppipe.spec.runs import Runs
+from ddppipe.settings import sweep as sweeps
+from ddppipe.settings.config import ConfigError, validate
+from ddppipe.settings.runs import Runs
 from tests.tiny import REPO, default_config
 
 BASE = validate(default_config())

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from ddppipe.runstate import preemption, state
-from ddppipe.spec import config
+from ddppipe.settings import config
 from ddppipe.training import checkpoint
 from tests.conftest import run_cli
 from tests.processes import guarded_workers, worker_pids

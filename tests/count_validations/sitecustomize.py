@@ -1,5 +1,5 @@
 """Loaded by every Python process of a test that puts this folder on PYTHONPATH: each call of
-``ddppipe.spec.config.validate`` appends a line (the process's command line) to a file named
+``ddppipe.settings.config.validate`` appends a line (the process's command line) to a file named
 by its pid in $DDPPIPE_TEST_VALIDATIONS. Lines, not a count at exit: the ranks leave with
 ``os._exit``."""
 
@@ -8,7 +8,7 @@ import sys
 
 
 def _count_validations(folder: str) -> None:
-    from ddppipe.spec import config
+    from ddppipe.settings import config
 
     validate = config.validate
 

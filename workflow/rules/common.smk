@@ -7,27 +7,23 @@ import shlex
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from ddppipe.cluster import cluster_policy as ddp_cluster_policy
-from ddppipe.spec import config as ddp_config
-from ddppipe.spec import layout as ddp_layout
+from ddppipe.slurm import cluster_policy as ddp_cluster_policy
+from ddppipe.slurm import executor as ddp_executor
+from ddppipe.settings import config as ddp_config
+from ddppipe.settings import layout as ddp_layout
 from ddppipe.apptainer import gpu_check as ddp_gpu_check
 from ddppipe.apptainer import identity as ddp_identity
 from ddppipe.apptainer import requirements as ddp_requirements
 from ddppipe.apptainer import running as ddp_running
 from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
-from ddppipe.cluster import attach as ddp_attach
-from ddppipe.cluster import bad_nodes as ddp_bad_nodes
-from ddppipe.cluster import failed_node_names as ddp_failed_node_names
-from ddppipe.cluster import early_failures as ddp_early_failures
 from ddppipe.launching import launch as ddp_launch
-from ddppipe.spec import runs as ddp_runs
-from ddppipe.spec import sweep as ddp_sweep
-from ddppipe.spec import data_sets as ddp_data_sets
+from ddppipe.settings import runs as ddp_runs
+from ddppipe.settings import sweep as ddp_sweep
+from ddppipe.settings import data_sets as ddp_data_sets
 from ddppipe.tasks import prepare_args as ddp_prepare_args
 from ddppipe.sweeps import legacy_names as ddp_legacy_names
-from ddppipe.cluster import slurm as ddp_slurm
-from ddppipe.cluster import status_checks as ddp_status_checks
+from ddppipe.slurm import request as ddp_slurm_request
 from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
@@ -43,7 +39,7 @@ for line in ddp_legacy_names.rename(
     logger.info(f"ddppipe: {line}")
 # What the run trains: a task (model + data, prepared by the data rule) or a torchrun script.
 KIND = ddp_layout.kind(config)
-# Every path of a run (ddppipe.spec.layout); RUN_LAYOUT's are patterns of the {run} wildcard.
+# Every path of a run (ddppipe.settings.layout); RUN_LAYOUT's are patterns of the {run} wildcard.
 RUN_LAYOUT = ddp_layout.RunLayout("{run}")
 try:
     SOURCE = (
@@ -71,7 +67,7 @@ DATA_SETS = ddp_data_sets.DataSets(SOURCE.name, config["task_args"], prepare_rea
 
 
 def run_data(run):
-    """The prepared data folder the run ``run`` trains on (ddppipe.spec.data_sets)."""
+    """The prepared data folder the run ``run`` trains on (ddppipe.settings.data_sets)."""
     return f"resources/{DATA_SETS.name(RUNS.config(run)['task_args'])}"
 
 
@@ -116,7 +112,7 @@ def on_slurm():
 
 
 def trains_on_gpus(run_config):
-    """Whether a run trains on GPUs: its recipe depends on it (ddppipe.spec.presets)."""
+    """Whether a run trains on GPUs: its recipe depends on it (ddppipe.settings.presets)."""
     return ddp_devices.trains_on_gpus(run_config, on_slurm())
 
 
@@ -147,7 +143,7 @@ def state_dirs():
 
 def check_cluster_policy():
     """Before the SLURM executor submits anything: fail (or warn) on cluster settings that
-    would hang the workflow or lose work (ddppipe.cluster.cluster_policy)."""
+    would hang the workflow or lose work (ddppipe.slurm.cluster_policy)."""
     if not on_slurm():
         return
     settings = workflow.executor_settings
@@ -161,21 +157,6 @@ def check_cluster_policy():
         logger.warning(f"ddppipe cluster check: {finding}")
 
 
-def keep_failed_node_names():
-    """SLURM executor: a node failure never breaks the later submissions (the plugin would
-    exclude "None assigned"; ddppipe.cluster.failed_node_names)."""
-    if on_slurm():
-        ddp_failed_node_names.install(workflow.executor_plugin.executor)
-
-
-def attach_to_live_jobs():
-    """SLURM executor: a snakemake started again waits for the run's training job that an
-    earlier one submitted and that still queues or runs, instead of submitting a second
-    (ddppipe.cluster.attach)."""
-    if on_slurm():
-        ddp_attach.install(workflow.executor_plugin.executor)
-
-
 def training_state(job):
     """The state folder of a train job's run (None for another rule's job)."""
     if job.name != "train":
@@ -183,26 +164,18 @@ def training_state(job):
     return ddp_layout.RunLayout(job.wildcards_dict["run"]).state
 
 
-def exclude_bad_nodes():
-    """SLURM executor: a training job's submission excludes the nodes that failed its run's
-    preflight (ddppipe.cluster.bad_nodes)."""
-    if on_slurm():
-        ddp_bad_nodes.install(workflow.executor_plugin.executor, training_state)
-
-
-def name_early_failures():
-    """SLURM executor: a training job that fails before its launcher starts is named (its
-    log's error) in the summary and the sweep's table, and an identical second failure is not
-    retried (ddppipe.cluster.early_failures)."""
-    if on_slurm():
-        ddp_early_failures.install(workflow.executor_plugin.executor, training_state)
-
-
-def wake_status_checks():
-    """SLURM executor: a training job's end noticed within seconds of its slot's end, not at
-    the plugin's next status check (ddppipe.cluster.status_checks)."""
-    if on_slurm():
-        ddp_status_checks.install(workflow.executor_plugin.executor, state_dirs())
+def extend_slurm_executor():
+    """SLURM executor: ddppipe's extension (ddppipe.slurm.executor): submissions go on after
+    a node failure; a job's end noticed in seconds; nodes that failed the preflight not in the
+    next slot; a restarted head waits for the running training; a job failing before training
+    named and not retried twice. Refused, with the reason, on another plugin version."""
+    if not on_slurm():
+        return
+    extension = ddp_executor.Extension(training_state, state_dirs())
+    try:
+        extension.install(workflow.executor_plugin.executor)
+    except ddp_executor.PluginVersionError as e:
+        raise WorkflowError(str(e)) from None
 
 
 # -- the Apptainer image (rule build_image, container.mode) --------------------------------

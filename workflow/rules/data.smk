@@ -2,8 +2,8 @@ rule write_config:
     """The run's validated config with its preset filled in: what every later step reads.
 
     The base run gets the config as given; a sweep's trial (the scaling study's too) gets it
-    with the trial's values (ddppipe.spec.runs). A run that trains on GPUs
-    gets its preset's GPU recipe (ddppipe.spec.presets): a change of device re-runs it.
+    with the trial's values (ddppipe.settings.runs). A run that trains on GPUs
+    gets its preset's GPU recipe (ddppipe.settings.presets): a change of device re-runs it.
     A task's task_args and model() are checked where it trains: with container.mode apptainer
     inside the run's image (a script is only hashed, on the host).
     """
@@ -48,7 +48,7 @@ rule data_config:
 rule prepare_data:
     """The task's prepare(): download, verify, convert, once; then the manifest of its files.
 
-    Once per distinct set of the task_args values prepare() reads (ddppipe.spec.data_sets):
+    Once per distinct set of the task_args values prepare() reads (ddppipe.settings.data_sets):
     a sweep of test_fraction prepares each trial's split. Runs on the submitting machine
     (localrule), which may be the only one with internet; with container.mode apptainer
     inside the image the run trains in (the task's packages are there).

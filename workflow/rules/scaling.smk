@@ -1,4 +1,4 @@
-# The scaling study (config scaling:, ddppipe.spec.scaling): a grid sweep named `scaling` over
+# The scaling study (config scaling:, ddppipe.settings.scaling): a grid sweep named `scaling` over
 # launch.nnodes, launch.nproc_per_node and launch.cpus_per_proc; each trial an ordinary run
 # sweeps/scaling/<trial> trained by the same rules as the base run, then one plot rule.
 # Run it with `snakemake --cores all scaling`.

@@ -1,4 +1,4 @@
-# A sweep (config sweep:, ddppipe.spec.sweep): one run per trial, named sweeps/<sweep>/<trial>
+# A sweep (config sweep:, ddppipe.settings.sweep): one run per trial, named sweeps/<sweep>/<trial>
 # and trained by the same rules as the base run, then ranked in one table with its figures.
 # Run it with `snakemake --cores all sweep` (on SLURM: --profile profiles/slurm sweep).
 

@@ -26,7 +26,7 @@ rule train:
         RUN_LAYOUT.benchmark("train")
     threads: lambda wc: ddp_launch.job_threads(RUNS.config(wc.run))
     resources:
-        **ddp_slurm.train_resources(RUNS),  # ddppipe.cluster.slurm.Request, per run
+        **ddp_slurm_request.train_resources(RUNS),  # ddppipe.slurm.request.Request, per run
         # a sweep's trial holds one of sweep.max_parallel slots (rules/sweep.smk)
         ddppipe_sweep_trials=lambda wc: trial_slot(wc),
     params:

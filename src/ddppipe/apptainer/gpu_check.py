@@ -47,7 +47,7 @@ def cpu_only(recipe: Path, info: Path) -> str | None:
 
 def check_gpu_image(cfg: dict[str, Any], recipe: str | Path, image: str | Path) -> None:
     """Raise ContainerError when a GPU run would train in an image without CUDA."""
-    from ddppipe.spec.config import gpus_requested
+    from ddppipe.settings.config import gpus_requested
 
     if not enabled(cfg) or not gpus_requested(cfg):
         return

@@ -15,7 +15,7 @@ from ddppipe.core import hashing
 @functools.cache
 def _requirement_pattern() -> re.Pattern[str]:
     """A pinned requirement (``name==version``): the schema's pattern, the one definition."""
-    from ddppipe.spec import config
+    from ddppipe.settings import config
 
     node = config.schema()["properties"]["container"]["properties"]["requirements"]
     return re.compile(node["items"]["pattern"])

@@ -19,11 +19,11 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
 
     heartbeat.start()  # from now on the launcher's hang watchdog sees this rank's progress
     try:
-        from ddppipe.spec import run
+        from ddppipe.settings import run_spec
         from ddppipe.training import files, train
 
         paths = files.Paths(data, state, checkpoint, metrics)
-        train.train(run.load(config_path), paths, guard)
+        train.train(run_spec.load(config_path), paths, guard)
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)
         code = 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE

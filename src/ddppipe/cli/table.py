@@ -82,7 +82,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "data-settings",
         "write what a task's data depends on (data rule)",
-        "ddppipe.spec.commands:data_settings",
+        "ddppipe.settings.commands:data_settings",
         arg(
             "--json",
             dest="json_text",
@@ -170,7 +170,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "submit",
         "submit the snakemake head as a SLURM job (runs `snakemake ARGS` there, requeues)",
-        "ddppipe.cluster.commands:submit",
+        "ddppipe.slurm.commands:submit",
         arg("--time", default="1-00:00:00", help="the head job's time limit (sbatch --time)"),
         arg("--partition", help="the head job's partition (default: the cluster's)"),
         arg("--account", help="the head job's account"),
@@ -179,7 +179,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "head",
         "(in the head job) snakemake --unlock, then snakemake; requeue near the time limit",
-        "ddppipe.cluster.commands:head",
+        "ddppipe.slurm.commands:head",
         arg("args", nargs=argparse.REMAINDER, help="-- and the snakemake arguments"),
     ),
     command(

@@ -20,7 +20,7 @@ def resolve_config(
 
     from ddppipe.launching import resolve
     from ddppipe.parallel import devices
-    from ddppipe.spec import commands, config
+    from ddppipe.settings import commands, config
 
     if json_text is not None:
         cfg = config.validate(commands.json_config(json_text))
@@ -61,9 +61,9 @@ def _launch(
 ) -> int:  # fmt: skip
     from ddppipe.launching import launch, lifecycle
     from ddppipe.runstate import publish
-    from ddppipe.spec import config, run
+    from ddppipe.settings import config, run_spec
 
-    spec = run.load(config_path)
+    spec = run_spec.load(config_path)
     if spec.kind == "script":
         if outputs is None:
             raise config.ConfigError("ddppipe launch: a script run needs --outputs")
@@ -85,10 +85,10 @@ def preflight(config_path: Path) -> int:
     import yaml
 
     from ddppipe.launching import launch, preflight
-    from ddppipe.spec import config, run
+    from ddppipe.settings import config, run_spec
 
     with open(config_path) as f:
-        spec = run.resolve(yaml.safe_load(f))  # a run's config, resolved or not, as on SLURM
+        spec = run_spec.resolve(yaml.safe_load(f))  # a run's config, resolved or not, as on SLURM
     plan = launch.plan(spec, ["train"])
     if plan.job is None:
         raise config.ConfigError("ddppipe preflight checks a SLURM job's nodes: run it in one")

@@ -25,12 +25,13 @@ from types import FrameType
 from typing import Any
 
 from ddppipe.apptainer import running
-from ddppipe.cluster import slurm
 from ddppipe.core import system
 from ddppipe.launching import watchdog, workers
 from ddppipe.runstate import finished_nodes, preemption
-from ddppipe.spec import config, run
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings import config, run_spec
+from ddppipe.settings.run_spec import RunSpec
+from ddppipe.slurm import request as slurm_request
+from ddppipe.slurm import scontrol
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,9 @@ def job_threads(cfg: dict[str, Any]) -> int:
 
     The train rule's ``threads``, so Snakemake does not run two trainings on the same cores.
     """
-    return slurm.Request.from_spec(run.resolve(cfg)).node_threads(system.available_cpus())
+    return slurm_request.Request.from_spec(run_spec.resolve(cfg)).node_threads(
+        system.available_cpus()
+    )
 
 
 def thread_environment(threads: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -62,7 +65,7 @@ class Plan:
     env: dict[str, str]
     job: str | None  # the SLURM job, None for a local run
     hosts: list[str]
-    request: slurm.Request
+    request: slurm_request.Request
 
     @property
     def workers(self) -> int:
@@ -76,7 +79,7 @@ def plan(
     env: Mapping[str, str] | None = None,
     hosts: list[str] | None = None,
     max_restarts: int | None = None,
-    join_timeout_s: int = slurm.RDZV_JOIN_TIMEOUT_S,
+    join_timeout_s: int = slurm_request.RDZV_JOIN_TIMEOUT_S,
     program: list[str] | None = None,
 ) -> Plan:
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
@@ -87,8 +90,8 @@ def plan(
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
-    request = slurm.Request.from_spec(spec)
-    job = slurm.job_id(env)
+    request = slurm_request.Request.from_spec(spec)
+    job = scontrol.job_id(env)
     cfg = spec.as_dict()
     agent = ["-m", "ddppipe", "agent"]
     if job is None:
@@ -100,9 +103,9 @@ def plan(
         command = [*running.python_command(cfg, spec.gpus or None), *program]
         env = thread_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
-    hosts = hosts or slurm.job_nodes(job)
+    hosts = hosts or scontrol.job_nodes(job)
     if len(hosts) < request.nodes:
-        raise slurm.SlurmRequestError(
+        raise slurm_request.SlurmRequestError(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
             f"{request.nodes}: run it in a job of that many nodes (the SLURM profile asks for them)"
         )
@@ -132,7 +135,7 @@ def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
     except OSError:
         return
     if not any(wanted & addrs for addrs in nodes.values()):
-        raise slurm.SlurmRequestError(
+        raise slurm_request.SlurmRequestError(
             f"slurm.rendezvous_host {host!r} ({', '.join(sorted(wanted))}) is none of this "
             f"job's nodes ({', '.join(hosts)}): torchrun would wait for it until its join "
             "timeout. Set it to a name of the job's first node (e.g. its InfiniBand name) or "
@@ -290,7 +293,10 @@ def run_agent(torchrun_argv: list[str]) -> int:
     if "--rdzv-backend=c10d" in torchrun_argv and not any(
         a.startswith("--rdzv-endpoint") for a in torchrun_argv
     ):  # the step's first node: a step may run on a subset of its job's nodes
-        torchrun_argv = [f"--rdzv-endpoint={slurm.step_rendezvous(os.environ)}", *torchrun_argv]
+        torchrun_argv = [
+            f"--rdzv-endpoint={slurm_request.step_rendezvous(os.environ)}",
+            *torchrun_argv,
+        ]
     try:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:

@@ -27,12 +27,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddppipe.cluster import bad_nodes, continuation, slurm
 from ddppipe.core import atomic
 from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.runstate import attempts, failures, preemption, state_lock
 from ddppipe.runstate import state as ddp_state  # fmt: skip
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings.run_spec import RunSpec
+from ddppipe.slurm import continuation, scontrol
+from ddppipe.slurm.executor import bad_nodes
 from ddppipe.training import efficiency
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def slot_log(state: Path, copy: Path) -> Iterator[None]:
 
 def mark_slot_end(state: Path) -> None:
     """Record that this slot's launcher ends (any outcome): the submitting Snakemake checks
-    SLURM at once (ddppipe.cluster.status_checks). Best effort: without it, the plugin's next
+    SLURM at once (ddppipe.slurm.executor.status_checks). Best effort: without it, the plugin's next
     check."""
     marker = ddp_state.of(state).slot_ended
     with contextlib.suppress(OSError):  # never hides the slot's own outcome or error
@@ -189,7 +190,7 @@ def _exclude_bad_nodes(
     spec: RunSpec, plan: launch.Plan, state: Path, error: preflight.PreflightError
 ) -> None:
     """A preflight failure of some nodes of the slot: record them for the next slot's
-    submission and in the attempt history (ddppipe.cluster.bad_nodes)."""
+    submission and in the attempt history (ddppipe.slurm.executor.bad_nodes)."""
     decision = bad_nodes.decide(
         error.nodes, plan.hosts, bad_nodes.load(state), spec.slurm.max_excluded_nodes
     )
@@ -207,7 +208,9 @@ def _ending(plan: launch.Plan) -> bool:
     """Is SLURM ending the slot's job (continuation.ending)? Yes when scontrol cannot say: its
     kill of the job reaches every process of the job, scontrol's too."""
     try:
-        return continuation.ending(slurm.job_record(str(plan.job)), slurm.node_states(plan.hosts))
+        return continuation.ending(
+            scontrol.job_record(str(plan.job)), scontrol.node_states(plan.hosts)
+        )
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("scontrol failed (%s): taking the job for ending", e)
         return True
@@ -215,7 +218,7 @@ def _ending(plan: launch.Plan) -> bool:
 
 def _job_record(job: str) -> dict[str, str]:
     try:
-        return slurm.job_record(job)
+        return scontrol.job_record(job)
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("scontrol show job %s failed (%s)", job, e)
         return {}
@@ -228,7 +231,7 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
     nodes: dict[str, str] = {}
     if job:
         try:
-            nodes = slurm.node_states(plan.hosts)
+            nodes = scontrol.node_states(plan.hosts)
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("scontrol show node failed (%s)", e)
     outcome = continuation.classify(
@@ -256,7 +259,7 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
     decision = continuation.decide(history, request.max_continuations)
     if decision.requeue:
         try:
-            slurm.requeue(job)
+            scontrol.requeue(job)
         except (OSError, subprocess.CalledProcessError) as e:
             stderr = getattr(e, "stderr", "") or e
             log.error(

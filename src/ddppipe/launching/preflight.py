@@ -27,7 +27,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, step_nodelist
 from ddppipe.launching import launch
 from ddppipe.parallel import devices
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training import efficiency, peak
 
 STEP_TIMEOUT_S = 90

@@ -11,7 +11,7 @@ from typing import Any
 
 from ddppipe import __version__, tasks
 from ddppipe.core import atomic, hashing
-from ddppipe.spec import config, layout
+from ddppipe.settings import config, layout
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def write_resolved(
     cfg: dict[str, Any], path: str | Path, gpus: bool | None = None
 ) -> dict[str, Any]:
-    """Resolve ``cfg`` (``gpus``: see :func:`ddppipe.spec.config.resolve`) and write it, with
+    """Resolve ``cfg`` (``gpus``: see :func:`ddppipe.settings.config.resolve`) and write it, with
     the task's checked ``task_args`` and its source.
 
     The task (or script) is located, its ``task_args`` validated against its ARGS_SCHEMA, its

@@ -12,7 +12,7 @@ watchdog has every rank write its Python stack (the heartbeat's signal: ``kill``
 that did not progress and the frame each is in, writes it all to the state folder's
 ``hangs/attempt-N.txt`` and the log, and kills the ranks. The life cycle records the outcome
 ``hung`` (ddppipe.launching.lifecycle): on SLURM the job continues from the last checkpoint in
-a new slot (ddppipe.cluster.continuation caps slots that hung without progress).
+a new slot (ddppipe.slurm.continuation caps slots that hung without progress).
 
 A script's ranks are watched from their first ``job.should_stop()`` or ``job.log()`` call; a
 script that calls neither has no watchdog, and the log and attempt record say so.
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.runstate import state
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training import heartbeat
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ class DeviceError(RuntimeError, UserError):
 
 def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | None = None) -> bool:
     """Whether the run will train on GPUs, one per process: decided once, where it is submitted,
-    and recorded in its spec (:mod:`ddppipe.spec.run`; its recipe depends on it too:
-    :mod:`ddppipe.spec.presets`).
+    and recorded in its spec (:mod:`ddppipe.settings.run_spec`; its recipe depends on it too:
+    :mod:`ddppipe.settings.presets`).
 
     ``launch.device`` ``gpu`` or ``cpu`` says it. ``auto``: CPUs in a SLURM job (``slurm``: the
     SLURM executor runs the training; or this process runs in a job): GPUs the ranks might

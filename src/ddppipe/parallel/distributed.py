@@ -41,7 +41,8 @@ def choose_backend(cuda: bool) -> str:
 def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
     """Detect the launcher, pick device and backend, and join the process group.
 
-    ``use``: the run spec's device (:mod:`ddppipe.spec.run`), or ``auto`` (a GPU if there is one).
+    ``use``: the run spec's device (:mod:`ddppipe.settings.run_spec`), or ``auto`` (a GPU if
+    there is one).
     With ``gpu`` a rank that cannot use a GPU fails here, naming its node and what it sees,
     instead of training on the CPU.
     """

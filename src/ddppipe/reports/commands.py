@@ -17,10 +17,10 @@ def evaluate(
     """``ddppipe evaluate``: evaluate a checkpoint on the test set; its metrics JSON and plot."""
     from ddppipe.core import atomic
     from ddppipe.reports import plots
-    from ddppipe.spec import run
+    from ddppipe.settings import run_spec
     from ddppipe.training import evaluate
 
-    spec = run.load(config_path)
+    spec = run_spec.load(config_path)
     batch_size = batch_size or spec.train.eval_batch_size
     result = evaluate.evaluate_checkpoint(checkpoint, spec, data, batch_size)
     atomic.write_json(metrics, result)

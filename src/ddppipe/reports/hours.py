@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddppipe.cluster import slurm
 from ddppipe.core import system
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings.run_spec import RunSpec
+from ddppipe.slurm import request as slurm_request
 
 PHASES = ("startup_s", "data_s", "train_s", "evaluate_s", "checkpoint_s")  # a slot's timed parts
 
@@ -38,8 +38,10 @@ class Allocation:
             "precision": spec.train.precision,
         }
         try:
-            request = slurm.Request.from_spec(spec)
-        except slurm.SlurmRequestError:  # no request SLURM would take: nothing to compare with
+            request = slurm_request.Request.from_spec(spec)
+        except (
+            slurm_request.SlurmRequestError
+        ):  # no request SLURM would take: nothing to compare with
             return cls(**held)
         if local:
             return cls(cpus=request.node_threads(system.available_cpus()), **held)

@@ -1,4 +1,4 @@
-"""The run's files the summary reads: its config (as a :class:`~ddppipe.spec.run.RunSpec`
+"""The run's files the summary reads: its config (as a :class:`~ddppipe.settings.run_spec.RunSpec`
 where it is one), its metrics and its attempt history, from the state folder while it trains
 and from ``train/`` once it completed. Only files: no torch, no SLURM.
 """
@@ -16,8 +16,8 @@ import yaml
 
 from ddppipe.core import jsonl
 from ddppipe.runstate import early_failures, state
-from ddppipe.spec import config, layout
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings import config, layout
+from ddppipe.settings.run_spec import RunSpec
 
 # libyaml's safe loader where PyYAML has it: 10x faster (a sweep's table reads 1,000 configs)
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -10,7 +10,7 @@ from typing import Any
 from ddppipe.reports import utilisation, waste
 from ddppipe.reports.hours import Allocation, Slots, hours, measured
 from ddppipe.reports.wording import duration
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings.run_spec import RunSpec
 
 Line = tuple[str, str]
 

@@ -1,5 +1,5 @@
 """SLURM's accounting of a run's jobs in the summary: asked once (``sacct``, on the submitting
-machine, :mod:`ddppipe.cluster.accounting`), set beside the ranks' own figures, and the time
+machine, :mod:`ddppipe.slurm.accounting`), set beside the ranks' own figures, and the time
 the run's times count from (its first submission).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ddppipe.cluster import accounting
 from ddppipe.reports.wording import duration
+from ddppipe.slurm import accounting
 
 
 def records(jobs: list[str]) -> list[accounting.Record] | None:

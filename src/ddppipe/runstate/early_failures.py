@@ -5,7 +5,7 @@ that Snakemake parses the workflow again, checks the rule's inputs and then runs
 ``ddppipe launch``. When it fails before the launcher opened an attempt (a config error, a
 file the node does not see, an import error, the command missing on the node), no attempt
 names it; the submitting Snakemake records the error it found in the job's log here
-(``<state>/early-failures.json``, :mod:`ddppipe.cluster.early_failures`), so that the run's
+(``<state>/early-failures.json``, :mod:`ddppipe.slurm.executor.early_failures`), so that the run's
 summary and the sweep's table name it, and a second identical failure is not retried.
 """
 

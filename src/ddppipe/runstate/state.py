@@ -1,5 +1,5 @@
 """The files in a run's state folder (``results/<run>/state``, whose root
-:class:`ddppipe.spec.layout.RunLayout` gives): the one place that knows them.
+:class:`ddppipe.settings.layout.RunLayout` gives): the one place that knows them.
 
 The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
 holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddppipe.spec import layout
+from ddppipe.settings import layout
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class StateDir:
     @property
     def slot_ended(self) -> Path:
         """Touched when a slot's launcher ends: wakes the submitting Snakemake's status checks
-        (ddppipe.cluster.status_checks)."""
+        (ddppipe.slurm.executor.status_checks)."""
         return self.root / "slot-ended"
 
     @property

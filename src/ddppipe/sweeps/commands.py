@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from ddppipe.core import atomic
-from ddppipe.spec import sweep
-from ddppipe.spec.commands import json_config
-from ddppipe.spec.config import ConfigError, validate
+from ddppipe.settings import sweep
+from ddppipe.settings.commands import json_config
+from ddppipe.settings.config import ConfigError, validate
 
 
 def sweep_trials(config_json: str, out: Path) -> int:

@@ -2,14 +2,14 @@
 
 Until 2026-11 a trial's name joined its keys with ``,`` (``lr=0.01,batch_size=256``); the SLURM
 plugin cuts a job's wildcards at commas, so such trials could not train on SLURM, and names
-now join keys with ``+`` (:data:`ddppipe.spec.sweep.SEPARATOR`). A comma was only ever that
+now join keys with ``+`` (:data:`ddppipe.settings.sweep.SEPARATOR`). A comma was only ever that
 separator (a value's own commas became ``_``), so the old name of ``a+b`` is ``a,b``, and
 :func:`rename` moves an old trial's folders (``results/``, ``logs/``, ``benchmarks/``) to its
 name of today, with its config's ``run`` and ``trial.name``, the sweep's ``sweep.json`` and a
 model-based sweep's round files. Each file keeps its modification time, so Snakemake sees the
 same finished outputs and trains nothing again; the Optuna journal keeps the old names, read as
 today's
-(:func:`ddppipe.spec.sweep.current_name`).
+(:func:`ddppipe.settings.sweep.current_name`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 
 from ddppipe.core import atomic
-from ddppipe.spec import layout
-from ddppipe.spec import sweep as sweeps
+from ddppipe.settings import layout
+from ddppipe.settings import sweep as sweeps
 
 
 def _keep_mtime(path: Path, text: str) -> None:

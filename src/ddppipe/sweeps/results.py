@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddppipe.spec.sweep import Sweep
+from ddppipe.settings.sweep import Sweep
 from ddppipe.sweeps import hparams, table
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
-from ddppipe.spec import layout as run_layout
-from ddppipe.spec import sweep as sweeps
-from ddppipe.spec.config import ConfigError
+from ddppipe.settings import layout as run_layout
+from ddppipe.settings import sweep as sweeps
+from ddppipe.settings.config import ConfigError
 
 ROUND_ATTR = "ddppipe_round"  # the round that suggested an Optuna trial
 DUPLICATE_ATTR = "ddppipe_duplicate_of"  # a draw whose trial exists already: not trained

@@ -23,8 +23,8 @@ from typing import Any
 from ddppipe.core import atomic
 from ddppipe.reports import result_lines, run_files, slurm_accounting
 from ddppipe.reports.hours import Cost
-from ddppipe.spec import layout
-from ddppipe.spec.sweep import Sweep, trials
+from ddppipe.settings import layout
+from ddppipe.settings.sweep import Sweep, trials
 from ddppipe.training.pruning import PRUNED_AT, history_key
 
 COMPLETED, PRUNED, FAILED, RUNNING, PENDING = "completed", "pruned", "failed", "running", "pending"

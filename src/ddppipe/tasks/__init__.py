@@ -244,7 +244,7 @@ def _file_source(ref: str, cwd: Path | None, what: str, hint: str) -> Source:
 
 def validate_args(task: Task, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` coerced, checked against the task's ARGS_SCHEMA and filled with its defaults."""
-    from ddppipe.spec import config
+    from ddppipe.settings import config
     from ddppipe.tasks import prepare_args
 
     schema = task.args_schema

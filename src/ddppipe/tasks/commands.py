@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ddppipe import tasks
 from ddppipe.data import manifest
-from ddppipe.spec import config
+from ddppipe.settings import config
 
 
 def prepare(settings: Path, dest: Path) -> int:

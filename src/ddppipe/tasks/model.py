@@ -54,7 +54,7 @@ def flatten(x: torch.Tensor) -> torch.Tensor:
 class Net(nn.Module):
     """The seeds' CNN; ``batchnorm``: its variant with BatchNorm after each convolution (after
     the max-pool for the second) and no dropout, which trains to 99 % in one epoch (the ``gpu``
-    preset, :mod:`ddppipe.spec.presets`)."""
+    preset, :mod:`ddppipe.settings.presets`)."""
 
     def __init__(self, batchnorm: bool = False) -> None:
         super().__init__()

@@ -6,7 +6,7 @@ A task may declare them, a literal tuple of names at the top of its file::
 
 so that runs (a sweep's trials) whose values of these differ each get their own prepared data,
 and runs that differ only in other arguments (``width``, ``lr``) share one preparation
-(:mod:`ddppipe.spec.data_sets`). Without it every argument counts: correct, at the price of a
+(:mod:`ddppipe.settings.data_sets`). Without it every argument counts: correct, at the price of a
 preparation for each distinct ``task_args``. Read from the source (no import, no torch), so
 the workflow knows it when it is parsed; :func:`check` holds the imported task to it.
 """

@@ -17,10 +17,10 @@ def export(
     write its provenance record."""
     from ddppipe.core import atomic
     from ddppipe.runstate import publish
-    from ddppipe.spec import config, run
+    from ddppipe.settings import config, run_spec
     from ddppipe.training import provenance as ddp_provenance
 
-    spec = run.load(config_path)
+    spec = run_spec.load(config_path)
     image = json.loads(Path(image_info).read_text()) if image_info else None
     history = json.loads(attempts.read_text()) if attempts else None
     if spec.kind == "script":

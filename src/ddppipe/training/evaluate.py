@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddppipe.core import system
-from ddppipe.spec import run
+from ddppipe.settings import run_spec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MetricsFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
@@ -179,7 +179,7 @@ def counts(
 
 
 def evaluate_checkpoint(
-    checkpoint: Path, spec: run.RunSpec, data_dir: Path, batch_size: int
+    checkpoint: Path, spec: run_spec.RunSpec, data_dir: Path, batch_size: int
 ) -> dict[str, Any]:
     """Evaluate a final checkpoint's model on the task's test set, in this process.
 

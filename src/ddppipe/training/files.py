@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic, jsonl
-from ddppipe.spec import layout
+from ddppipe.settings import layout
 from ddppipe.training import checkpoint
 
 
 @dataclass
 class Paths:
-    """What a task's training reads and writes: the run's layout (:mod:`ddppipe.spec.layout`)
+    """What a task's training reads and writes: the run's layout (:mod:`ddppipe.settings.layout`)
     as the launcher passes it on (``ddppipe train --data --state --checkpoint --metrics``)."""
 
     data_dir: Path

@@ -44,7 +44,7 @@ ENV = {
     "end_time": "DDPPIPE_END_TIME",  # Unix time the job's time limit ends ('' without one)
     "stop_at": preemption.STOP_AT_ENV,  # Unix time should_stop() turns true ('' without one)
     "stop_signal": preemption.STOP_SIGNAL_ENV,  # the time-limit warning's signal: SIGUSR1
-    "use": "DDPPIPE_DEVICE_USE",  # gpu (required) | cpu: the run spec's device (ddppipe.spec.run)
+    "use": "DDPPIPE_DEVICE_USE",  # gpu (required) | cpu: the run spec's device
 }
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ddppipe.spec import run
+from ddppipe.settings import run_spec
 
 
 def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
@@ -22,7 +22,9 @@ def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
     return {}
 
 
-def make_optimizer(params: Any, train: run.Train, device: torch.device) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Any, train: run_spec.Train, device: torch.device
+) -> torch.optim.Optimizer:
     """The recipe's optimizer (``train.optimizer``), for tasks without ``optimizer()``."""
     name, lr, wd = train.optimizer, train.lr, train.weight_decay
     kernels = optimizer_kernels(name, device)
@@ -38,7 +40,7 @@ def make_optimizer(params: Any, train: run.Train, device: torch.device) -> torch
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer, train: run.Train, steps_per_epoch: int
+    optimizer: torch.optim.Optimizer, train: run_spec.Train, steps_per_epoch: int
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """A scheduler stepped once per optimizer step."""
     name = train.schedule

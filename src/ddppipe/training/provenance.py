@@ -8,7 +8,7 @@ from typing import Any
 from ddppipe.core import system
 from ddppipe.data import manifest
 from ddppipe.parallel import software
-from ddppipe.spec import run
+from ddppipe.settings import run_spec
 
 
 def data_checksums(data_dir: Path) -> dict[str, str]:
@@ -56,7 +56,7 @@ SNAKEMAKE_MARK = ".snakemake_timestamp"  # Snakemake's file in a directory() out
 
 
 def script_record(
-    spec: run.RunSpec,
+    spec: run_spec.RunSpec,
     outputs: Path,
     image: dict[str, Any] | None = None,
     attempts: list[dict[str, Any]] | None = None,

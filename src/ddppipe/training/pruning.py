@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddppipe.spec import layout, run
-from ddppipe.spec.sweep import OPTUNA_TRIAL_ATTR, current_name
+from ddppipe.settings import layout, run_spec
+from ddppipe.settings.sweep import OPTUNA_TRIAL_ATTR, current_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def metric_value(record: Mapping[str, Any], metric: str) -> float:
     return float(record[key])
 
 
-def make_pruner(prune: run.Pruning) -> Any:
+def make_pruner(prune: run_spec.Pruning) -> Any:
     """The Optuna pruner of ``prune.method``: a trial trains at least ``warmup_epochs`` epochs
     (and one) before a decision."""
     import optuna
@@ -71,7 +71,7 @@ def make_pruner(prune: run.Pruning) -> Any:
     raise ValueError(f"trial.prune.method {prune.method!r}: median or halving")
 
 
-def open_study(journal: Path, sweep: str, prune: run.Pruning) -> Any:
+def open_study(journal: Path, sweep: str, prune: run_spec.Pruning) -> Any:
     """The sweep's study in ``journal`` (created by the first trial that gets here)."""
     import optuna
 
@@ -89,7 +89,7 @@ def open_study(journal: Path, sweep: str, prune: run.Pruning) -> Any:
 class TrialPruner:
     """(Rank 0) A sweep trial's Optuna trial: its reports, the pruner's decisions, its end."""
 
-    def __init__(self, trial: run.Trial, journal: Path | None = None) -> None:
+    def __init__(self, trial: run_spec.Trial, journal: Path | None = None) -> None:
         if trial.prune is None:
             raise ValueError(f"trial {trial.name}: pruning is off")
         self.trial, self.prune = trial, trial.prune

@@ -59,8 +59,8 @@ from typing import Any
 
 from ddppipe.core import atomic
 from ddppipe.runstate import state
-from ddppipe.spec import layout
-from ddppipe.spec.run import RunSpec
+from ddppipe.settings import layout
+from ddppipe.settings.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 

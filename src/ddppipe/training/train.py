@@ -28,7 +28,7 @@ from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
 from ddppipe.runstate import attempts, failures, preemption, state
-from ddppipe.spec import run
+from ddppipe.settings import run_spec
 from ddppipe.training import (
     checkpoint,
     efficiency,
@@ -59,7 +59,9 @@ def speed_up_cuda() -> None:
 class Trainer:
     """One rank's training run."""
 
-    def __init__(self, spec: run.RunSpec, paths: files.Paths, ctx: distributed.Context) -> None:
+    def __init__(
+        self, spec: run_spec.RunSpec, paths: files.Paths, ctx: distributed.Context
+    ) -> None:
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
         # The config as written, in plain dicts: the task's args, the checkpoint's meta and
@@ -492,7 +494,7 @@ class Trainer:
         checkpoint.rank0_writes(write)
 
 
-def train(spec: run.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:
+def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
     ctx = distributed.setup(use=spec.device)

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from ddppipe.cluster import slurm
+from ddppipe.slurm import scontrol
 
 FIELDS = ("JobID", "State", "Submit", "Start", "End", "TotalCPU", "MaxRSS", "ReqMem",
           "AllocCPUS", "NNodes")  # fmt: skip
@@ -83,7 +83,7 @@ def parse(text: str) -> list[Record]:
     records: list[Record] = []
     for row, peak in slots:
         requeue = sum(1 for r in records if r.job == row["JobID"])
-        submit, start, end = (slurm.timestamp(row[key]) for key in ("Submit", "Start", "End"))
+        submit, start, end = (scontrol.timestamp(row[key]) for key in ("Submit", "Start", "End"))
         records.append(Record(
             row["JobID"], requeue, row["State"], submit, start, end, cpu_seconds(row["TotalCPU"]),
             peak, size_mb(row["ReqMem"]), int(row["NNodes"] or 0), int(row["AllocCPUS"] or 0),

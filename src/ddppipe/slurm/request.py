@@ -1,4 +1,4 @@
-"""The SLURM side of a training run: one request object, and what SLURM says about a job.
+"""The SLURM request of a training run: one object, derived from the run spec.
 
 :class:`Request` is derived once from a run spec. Both the train rule's Snakemake resources
 (the plugin's sbatch line) and the srun step and torchrun arguments of the job come from it,
@@ -10,20 +10,16 @@ so a task holds the CPUs (and GPUs) of all of them.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import hostlist
-
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
-from ddppipe.spec import run as ddp_run
-from ddppipe.spec.run import RunSpec
-from ddppipe.spec.runs import Runs
+from ddppipe.settings import run_spec as ddp_run
+from ddppipe.settings.run_spec import RunSpec
+from ddppipe.settings.runs import Runs
+from ddppipe.slurm.scontrol import job_id
 
 # Every resource Request.resources() may set (None where a request leaves it out).
 RESOURCE_KEYS = (
@@ -205,7 +201,7 @@ def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:
     """The train rule's resources, each a function of the job's ``run`` wildcard.
 
     A scaling-study point or a sweep's trial asks for its own nodes, CPUs, time, ...
-    (:meth:`ddppipe.spec.runs.Runs.config`). The base run's request is checked here, so a bad
+    (:meth:`ddppipe.settings.runs.Runs.config`). The base run's request is checked here, so a bad
     one fails when the Snakefile is read.
     """
 
@@ -220,62 +216,3 @@ def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:
         return by_run[run]
 
     return {key: lambda wildcards, key=key: of_run(wildcards.run).get(key) for key in RESOURCE_KEYS}
-
-
-# -- what SLURM says ------------------------------------------------------------------------
-
-
-def job_id(env: dict[str, str] | None = None) -> str | None:
-    """The SLURM job this process runs in, if any (inside an allocation or not)."""
-    env = os.environ if env is None else env
-    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-
-
-def _scontrol(*args: str, run: Any = subprocess.run) -> str:
-    return run(
-        ["scontrol", "-o", *args], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-
-
-def timestamp(text: str) -> float | None:
-    """Unix time of a SLURM time (scontrol's and sacct's local ``2026-11-23T12:42:45``);
-    None for Unknown, None or an empty field."""
-    try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def parse_record(line: str) -> dict[str, str]:
-    """``Key=Value`` fields of one ``scontrol -o show`` line (values without spaces)."""
-    return dict(m.groups() for m in re.finditer(r"(\w[\w:/]*)=(\S*)", line))
-
-
-def job_record(job: str, run: Any = subprocess.run) -> dict[str, str]:
-    """The job's ``scontrol -o show job`` fields (JobState, NodeList, EndTime, ...)."""
-    return parse_record(_scontrol("show", "job", str(job), run=run))
-
-
-def job_nodes(job: str, run: Any = subprocess.run) -> list[str]:
-    """Hosts of a SLURM job, in order, from ``scontrol show job`` (the job's NodeList)."""
-    return parse_nodelist(_scontrol("show", "job", str(job), run=run))
-
-
-def parse_nodelist(scontrol_output: str) -> list[str]:
-    """Expanded ``NodeList=`` of one ``scontrol -o show job`` line."""
-    value = parse_record(scontrol_output).get("NodeList", "")
-    if value and value != "(null)":
-        return hostlist.expand_hostlist(value)
-    raise SlurmRequestError(f"no NodeList in scontrol output: {scontrol_output.strip()[:200]!r}")
-
-
-def node_states(nodes: list[str], run: Any = subprocess.run) -> dict[str, str]:
-    """Each node's ``State`` (e.g. ``MIXED``, ``DOWN+DRAIN``) from ``scontrol show node``."""
-    text = _scontrol("show", "node", hostlist.collect_hostlist(nodes), run=run)
-    records = (parse_record(line) for line in text.splitlines() if line.strip())
-    return {r["NodeName"]: r.get("State", "") for r in records if "NodeName" in r}
-
-
-def requeue(job: str, run: Any = subprocess.run) -> None:
-    """``scontrol requeue JOB``: the job goes back to the queue, same id, a fresh time slot."""
-    run(["scontrol", "requeue", str(job)], capture_output=True, text=True, check=True, timeout=60)

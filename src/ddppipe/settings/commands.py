@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddppipe.spec import config
+from ddppipe.settings import config
 
 
 def json_config(text: str) -> dict:

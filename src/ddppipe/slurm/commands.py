@@ -1,11 +1,11 @@
 """``ddppipe submit`` and ``ddppipe head``: the submitting snakemake as a SLURM job
-(ddppipe.cluster.head)."""
+(ddppipe.slurm.head)."""
 
 from __future__ import annotations
 
 import sys
 
-from ddppipe.cluster import head as ddp_head
+from ddppipe.slurm import head as ddp_head
 
 
 def submit(time: str, partition: str | None, account: str | None, args: list[str]) -> int:

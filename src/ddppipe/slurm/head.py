@@ -4,7 +4,7 @@
 directory, a 1-CPU batch job (:data:`JOB_NAME`, log ``logs/head/<job id>.log``) that runs
 ``ddppipe head -- SNAKEMAKE_ARGS``: ``snakemake ARGS --unlock`` (a head that died left its
 lock) and then ``snakemake ARGS``, which attaches to the run's training job if one still
-queues or runs (ddppipe.cluster.attach). :data:`WARNING_S` before the head job's time limit
+queues or runs (ddppipe.slurm.executor.attach). :data:`WARNING_S` before the head job's time limit
 SLURM sends it SIGUSR1: it stops its snakemake (the training job goes on) and requeues itself
 (same job id); its next start attaches the same way. ``submit`` refuses while a head job of
 the same directory is queued or running: two heads on one directory would unlock each other.
@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddppipe.cluster import slurm
 from ddppipe.core.errors import UserError
+from ddppipe.slurm import scontrol
 
 JOB_NAME = "ddppipe-head"
 WARNING_S = 120  # SIGUSR1 to the head job this long before its time limit (SLURM: +0-60 s)
@@ -93,7 +93,7 @@ def run_head(args: Sequence[str]) -> int:
     if unlocked.returncode != 0:
         return unlocked.returncode
     proc = subprocess.Popen(snakemake, env=env)
-    job = slurm.job_id()
+    job = scontrol.job_id()
 
     def time_limit_near(signum: int, frame: FrameType | None) -> None:
         print(

@@ -17,7 +17,7 @@ import yaml
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
-from ddppipe.spec import layout, presets
+from ddppipe.settings import layout, presets
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class ConfigError(ValueError, UserError):
 def _schema_text() -> str:
     """The schema as JSON text, parsed from its YAML once per process (the workflow validates
     every run's config: a 1,000-trial sweep parsed the YAML thousands of times)."""
-    text = resources.files("ddppipe.spec").joinpath("config.schema.yaml").read_text()
+    text = resources.files("ddppipe.settings").joinpath("config.schema.yaml").read_text()
     return json.dumps(yaml.safe_load(text))
 
 
@@ -271,7 +271,7 @@ def resolve(cfg: dict[str, Any], gpus: bool | None = None) -> dict[str, Any]:
 
     ``gpus``: whether the run trains on GPUs (:func:`ddppipe.parallel.devices.trains_on_gpus`),
     which picks the preset's GPU version; None: when it asks for them (``launch.device: gpu``).
-    The typed form of the result: :class:`ddppipe.spec.run.RunSpec`.
+    The typed form of the result: :class:`ddppipe.settings.run_spec.RunSpec`.
     """
     cfg = validate(json.loads(json.dumps(cfg)))
     ws = world_size(cfg)

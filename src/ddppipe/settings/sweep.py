@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from ddppipe.spec import layout
-from ddppipe.spec.config import ConfigError, coerce, schema, validate
+from ddppipe.settings import layout
+from ddppipe.settings.config import ConfigError, coerce, schema, validate
 
 SAMPLED = ("random", "tpe")  # methods that draw values from ranges and choices
 # Keys a trial cannot change: what names the run, what every trial shares (the task, the

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.cluster import slurm
+from ddppipe.slurm import scontrol
 
 log = logging.getLogger(__name__)
 RULES = ("train",)  # the rules whose job outlives a head worth waiting for
@@ -101,8 +101,8 @@ def take_over(
     """Rename the job to ``run_id`` (what the plugin's status checks ask for); its log file
     (the job's StdOut) if scontrol names one. StaleJobError when one of ``inputs`` changed
     after the job's submission."""
-    record = slurm.job_record(job_id, run=run)
-    submitted = slurm.timestamp(record.get("SubmitTime", ""))
+    record = scontrol.job_record(job_id, run=run)
+    submitted = scontrol.timestamp(record.get("SubmitTime", ""))
     limit = (submitted or float("inf")) + CLOCK_SLACK_S
     newer = [str(p) for p in inputs if Path(p).stat().st_mtime > limit]
     if newer:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddppipe.spec import sweep as sweeps
+from ddppipe.settings import sweep as sweeps
 
 
 @dataclass(frozen=True)

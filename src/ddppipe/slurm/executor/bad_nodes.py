@@ -5,7 +5,7 @@ shared filesystem, its GPUs are unusable, ...) while the allocation's other node
 node, not a bad run: the launcher records it in the run's state folder
 (``excluded-nodes.json``) and in the attempt history, and fails the slot; the submitting
 Snakemake's retry of the training job (the profile's ``retries``) passes every node recorded
-there to ``sbatch --exclude`` (ddppipe.cluster.attach wraps the plugin's submission), so the
+there to ``sbatch --exclude`` (ddppipe.slurm.executor.attach wraps the plugin's submission), so the
 next slot runs on other nodes. A running job's ``ExcNodeList`` cannot be changed (SLURM
 accepts it for pending jobs only) and a job that requeues itself lands on the same nodes
 again, so the next slot is a new submission. At most ``slurm.max_excluded_nodes`` nodes are

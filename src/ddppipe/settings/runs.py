@@ -10,9 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddppipe.spec import scaling
-from ddppipe.spec import sweep as sweeps
-from ddppipe.spec.config import ConfigError
+from ddppipe.settings import scaling
+from ddppipe.settings import sweep as sweeps
+from ddppipe.settings.config import ConfigError
 
 
 class Runs:

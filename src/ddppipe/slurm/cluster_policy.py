@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.cluster import slurm
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import attempts
-from ddppipe.spec import run as run_spec
+from ddppipe.settings import run_spec as run_spec
+from ddppipe.slurm import request as slurm_request
 
 # The SLURM plugin polls job states as rarely as every 180 s (its back-off cap).
 PLUGIN_MAX_POLL_S = 180
@@ -72,7 +72,7 @@ def read(partition: str | None, run: Any = subprocess.run) -> Cluster:
 
     config = parse_config(scontrol("show", "config"))
     lines = scontrol("-o", "show", "partition").splitlines()
-    records = [r for r in map(slurm.parse_record, lines) if "PartitionName" in r]
+    records = [r for r in map(scontrol.parse_record, lines) if "PartitionName" in r]
     if partition:
         chosen = [r for r in records if r["PartitionName"] == partition]
     else:
@@ -88,7 +88,7 @@ def read(partition: str | None, run: Any = subprocess.run) -> Cluster:
 
 def check(
     cluster: Cluster,
-    request: slurm.Request,
+    request: slurm_request.Request,
     status_command: str,
     requeue: bool,
     checkpoint_seconds: float | None,
@@ -165,7 +165,7 @@ def check_cluster(
 
     ``state_dirs``: the state folders of the runs to train, for their measured checkpoint time.
     """
-    request = slurm.Request.from_spec(run_spec.resolve(cfg))
+    request = slurm_request.Request.from_spec(run_spec.resolve(cfg))
     measured = [attempts.measured_checkpoint_seconds(d) for d in state_dirs]
     checkpoint_seconds = max((m for m in measured if m), default=None)
     cluster = read(request.partition, run)

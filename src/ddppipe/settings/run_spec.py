@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from ddppipe.spec import config, layout
+from ddppipe.settings import config, layout
 
 Device = Literal["cpu", "gpu"]
 
@@ -105,7 +105,7 @@ class Scaling:
 
 @dataclass(frozen=True)
 class SweepSection:
-    """``sweep:`` as written (:mod:`ddppipe.spec.sweep` checks it and derives the trials)."""
+    """``sweep:`` as written (:mod:`ddppipe.settings.sweep` checks it and derives the trials)."""
 
     name: str | None
     parameters: Mapping[str, Any]
@@ -229,7 +229,7 @@ def _plain(value: Any) -> Any:
 
 def resolve(cfg: Mapping[str, Any], gpus: bool | None = None) -> RunSpec:
     """The spec of a user's config: validated, its preset applied, its device decided
-    (:func:`ddppipe.spec.config.resolve`; ``gpus``: whether it trains on GPUs, which
+    (:func:`ddppipe.settings.config.resolve`; ``gpus``: whether it trains on GPUs, which
     :func:`ddppipe.parallel.devices.trains_on_gpus` answers where the run is submitted; None:
     when it asks for them, as on SLURM).
     """

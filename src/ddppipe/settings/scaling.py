@@ -2,10 +2,10 @@
 
 The ``scaling:`` section's lists (``nodes``, ``procs_per_node``, ``cpus_per_proc``) are the
 axes of a grid over ``launch.nnodes``, ``launch.nproc_per_node`` and ``launch.cpus_per_proc``.
-Every combination is a trial of the sweep ``scaling`` (:mod:`ddppipe.spec.sweep`), an ordinary
+Every combination is a trial of the sweep ``scaling`` (:mod:`ddppipe.settings.sweep`), an ordinary
 run ``sweeps/scaling/<trial>`` named after its values
 (``sweeps/scaling/nnodes=1+nproc_per_node=2+cpus_per_proc=1``), its config made by
-:func:`ddppipe.spec.sweep.apply` from the base config with the study's ``epochs``. The global
+:func:`ddppipe.settings.sweep.apply` from the base config with the study's ``epochs``. The global
 batch stays the base config's, so every trial trains the same recipe and only the way the
 work is spread changes. The study is not the ``sweep:`` section's sweep: it has a name of its
 own, which a ``sweep:`` may not take.
@@ -17,8 +17,8 @@ import copy
 import math
 from typing import Any
 
-from ddppipe.spec import sweep as sweeps
-from ddppipe.spec.config import ConfigError, schema
+from ddppipe.settings import sweep as sweeps
+from ddppipe.settings.config import ConfigError, schema
 
 NAME = "scaling"  # the study's sweep: results/sweeps/scaling/, trials sweeps/scaling/<trial>
 # Each list of the scaling: section and the launch key it is an axis of.

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ddppipe.cluster import slurm
 from ddppipe.runstate.attempts import Attempt
+from ddppipe.slurm import scontrol
 
 # The warning arrives signal_seconds before the end; the stop then takes some seconds more.
 TIME_LIMIT_SLACK_S = 30
@@ -47,7 +47,7 @@ def _nodes_in(nodes: dict[str, str], states: tuple[str, ...]) -> list[str]:
 
 def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
     """Seconds until the job's EndTime (scontrol's local time), None when it has none."""
-    end = slurm.timestamp(job.get("EndTime", ""))
+    end = scontrol.timestamp(job.get("EndTime", ""))
     if end is None:
         return None
     return end - (time.time() if now is None else now)
@@ -55,7 +55,7 @@ def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
 
 def submitted(job: dict[str, str]) -> float | None:
     """Unix time of the job's SubmitTime (for a requeued job: its requeue); None if unknown."""
-    return slurm.timestamp(job.get("SubmitTime", ""))
+    return scontrol.timestamp(job.get("SubmitTime", ""))
 
 
 def queue_seconds(job: dict[str, str]) -> float:
@@ -63,9 +63,9 @@ def queue_seconds(job: dict[str, str]) -> float:
 
     A requeued job is eligible again from its requeue (EligibleTime); 0 when SLURM did not say.
     """
-    start = slurm.timestamp(job.get("StartTime", ""))
+    start = scontrol.timestamp(job.get("StartTime", ""))
     since = [t for key in ("SubmitTime", "EligibleTime")
-             if (t := slurm.timestamp(job.get(key, ""))) is not None]  # fmt: skip
+             if (t := scontrol.timestamp(job.get(key, ""))) is not None]  # fmt: skip
     return max(0.0, start - max(since)) if start is not None and since else 0.0
 
 

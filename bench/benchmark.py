@@ -38,7 +38,7 @@ import kernel_bound
 import torch
 
 from ddppipe.core import hashing, system
-from ddppipe.data import idx, manifest, mnist
+from ddppipe.data import idx, manifest, mnist_files
 from ddppipe.launching import launch
 from ddppipe.settings import config
 
@@ -85,8 +85,8 @@ def write_tiny(folder: Path, n_train: int = 256, n_test: int = 128) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     for images_name, labels_name, n in (
-        (mnist.TRAIN_IMAGES, mnist.TRAIN_LABELS, n_train),
-        (mnist.TEST_IMAGES, mnist.TEST_LABELS, n_test),
+        (mnist_files.TRAIN_IMAGES, mnist_files.TRAIN_LABELS, n_train),
+        (mnist_files.TEST_IMAGES, mnist_files.TEST_LABELS, n_test),
     ):
         labels = torch.randint(0, 10, (n,), generator=g, dtype=torch.uint8)
         noise = torch.randint(0, 40, (n, 28, 28), generator=g)
@@ -99,7 +99,7 @@ def torchvision_root(data: Path, root: Path) -> Path:
     """A folder laid out as torchvision's MNIST expects (``MNIST/raw/<files>``), via links."""
     raw = root / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    for name in mnist.FILES:
+    for name in mnist_files.FILES:
         (raw / name).symlink_to((data / name).resolve())
     return root
 
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick:
             data = work / "tiny"
             write_tiny(data)
-            sha = {name: hashing.file_sha256(data / name) for name in mnist.FILES}
+            sha = {name: hashing.file_sha256(data / name) for name in mnist_files.FILES}
             manifest.write(data, {"ref": "ddppipe.tasks.mnist"}, {"sha256": sha})
         elif not (data / manifest.NAME).is_file():
             print(
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        sha = {name: hashing.file_sha256(data / name) for name in mnist.FILES}
+        sha = {name: hashing.file_sha256(data / name) for name in mnist_files.FILES}
         epochs = {"epochs": 1} if args.quick else {}
         speed = {"precision": "bf16", "channels_last": True}
         batch = BATCH_PER_RANK * args.nproc

@@ -137,9 +137,9 @@ def simulated(root: Path, n: int) -> Path:
         run = layout.RunLayout(trial.run, results)
         write_config(run, resolved, found, trial)
         completed(run, [0.5, 0.8, 0.9 + (i % 97) / 1000])
-    from ddppipe.sweeps import table
+    from ddppipe.sweeps import trials
 
-    doc = table.document(found)
+    doc = trials.document(found)
     doc["trials"] = doc["trials"][:n]
     path = found.layout.trials_csv.parent
     target = results / path.relative_to(layout.RESULTS) / "sweep.json"
@@ -151,19 +151,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=1000)
     args = parser.parse_args()
-    from ddppipe.sweeps import hparams, table
+    from ddppipe.sweeps import hparams, table, trials
 
     with tempfile.TemporaryDirectory() as tmp:
         sweep_json = simulated(Path(tmp), args.trials)
         start = time.perf_counter()
-        found = table.load(sweep_json)
+        found = trials.load(sweep_json)
         table.write(found, found.layout.trials_csv, found.layout.best)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
         written = hparams.write(found)
         hparams_s = time.perf_counter() - start
         start = time.perf_counter()
-        again = hparams.write(table.load(sweep_json))
+        again = hparams.write(trials.load(sweep_json))
         again_s = time.perf_counter() - start
         rows = len(found.layout.trials_csv.read_text().splitlines()) - 1
     print(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ddppipe.core import hashing
-from ddppipe.data import download, mnist
+from ddppipe.data import download, mnist_files
 from tests.tiny import TinyData
 
 # A server that is never cut off would hang the old read-it-all code: fail instead.
@@ -76,7 +76,7 @@ def gzip_bomb(header: bytes, mib: int) -> Iterator[bytes]:
 
 def data_config(tiny: TinyData, mirrors: list[str], **extra: Any) -> dict[str, Any]:
     """The ``data`` config section for ``tiny``, capped at the tiny files' real sizes."""
-    sizes = {n: (tiny.data_dir / n).stat().st_size for n in mnist.FILES}
+    sizes = {n: (tiny.data_dir / n).stat().st_size for n in mnist_files.FILES}
     return {"mirrors": mirrors, "sha256": tiny.sha256, "max_bytes": sizes, **extra}
 
 
@@ -108,20 +108,20 @@ def test_http_fail_over_to_the_next_mirror(
     for p in paths:
         assert p.read_bytes() == (tiny.data_dir / p.name).read_bytes()
     assert "404" in caplog.text and "trying the next mirror" in caplog.text
-    assert mnist.load(tmp_path / "out").train.images.shape == (256, 28, 28)
+    assert mnist_files.load(tmp_path / "out").train.images.shape == (256, 28, 28)
 
 
 def test_file_url_and_unreachable_host(tiny: TinyData, tmp_path: Path) -> None:
     dead = "http://127.0.0.1:9/"  # discard port: connection refused
     download.download_all(data_config(tiny, [dead, tiny.mirror_url]), tmp_path / "out")
-    assert_only_complete_files(tmp_path / "out", list(mnist.FILES))
+    assert_only_complete_files(tmp_path / "out", list(mnist_files.FILES))
 
 
 def test_corrupted_file_is_a_clear_error_and_leaves_nothing(
     tiny: TinyData, http_mirror, tmp_path: Path
 ) -> None:
     mirror = copy_mirror(tiny, tmp_path / "mirror")
-    name = mnist.TRAIN_LABELS
+    name = mnist_files.TRAIN_LABELS
     content = bytearray(gzip.decompress((mirror / f"{name}.gz").read_bytes()))
     content[-1] ^= 0xFF
     (mirror / f"{name}.gz").write_bytes(gzip.compress(bytes(content)))
@@ -138,7 +138,7 @@ def test_corrupted_file_is_a_clear_error_and_leaves_nothing(
 
 def test_truncated_gzip_is_named(tiny: TinyData, tmp_path: Path) -> None:
     mirror = copy_mirror(tiny, tmp_path / "mirror")
-    name = mnist.TEST_IMAGES
+    name = mnist_files.TEST_IMAGES
     archive = (mirror / f"{name}.gz").read_bytes()
     (mirror / f"{name}.gz").write_bytes(archive[: len(archive) // 2])
     with pytest.raises(download.DownloadError, match=f"{name}: corrupt or truncated gzip"):
@@ -151,10 +151,10 @@ def test_truncated_gzip_is_named(tiny: TinyData, tmp_path: Path) -> None:
 def test_wrong_idx_layout_with_matching_checksum_is_rejected(tmp_path: Path) -> None:
     # A mirror whose checksum list matches a file that is not IDX at all.
     content = b"not an idx file at all"
-    (tmp_path / f"{mnist.TEST_LABELS}.gz").write_bytes(gzip.compress(content))
+    (tmp_path / f"{mnist_files.TEST_LABELS}.gz").write_bytes(gzip.compress(content))
     with pytest.raises(download.DownloadError, match="wrong IDX magic"):
         download.download_file(
-            mnist.TEST_LABELS,
+            mnist_files.TEST_LABELS,
             hashing.sha256(content),
             [tmp_path.as_uri()],
             tmp_path / "out",
@@ -165,11 +165,11 @@ def test_wrong_idx_layout_with_matching_checksum_is_rejected(tmp_path: Path) -> 
 def test_verified_file_is_kept(tiny: TinyData, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    shutil.copy(tiny.data_dir / mnist.TRAIN_LABELS, out)
+    shutil.copy(tiny.data_dir / mnist_files.TRAIN_LABELS, out)
     # No mirror would work; the file is kept because its checksum is right.
     download.download_file(
-        mnist.TRAIN_LABELS,
-        tiny.sha256[mnist.TRAIN_LABELS],
+        mnist_files.TRAIN_LABELS,
+        tiny.sha256[mnist_files.TRAIN_LABELS],
         ["http://127.0.0.1:9/"],
         out,
         download.Limits(60_008, timeout_s=1),
@@ -178,7 +178,7 @@ def test_verified_file_is_kept(tiny: TinyData, tmp_path: Path) -> None:
 
 def test_sha256_list_must_name_the_four_files(tiny: TinyData, tmp_path: Path) -> None:
     sums = dict(tiny.sha256)
-    del sums[mnist.TEST_LABELS]
+    del sums[mnist_files.TEST_LABELS]
     with pytest.raises(download.DownloadError, match="missing: \\['t10k-labels-idx1-ubyte'\\]"):
         download.download_all({"mirrors": [tiny.mirror_url], "sha256": sums}, tmp_path)
 
@@ -244,9 +244,9 @@ def test_gzip_bomb_is_capped_in_small_memory(tiny: TinyData, serve, tmp_path: Pa
         f"{growth_mib:.1f} MiB above the baseline of {report['baseline_kib'] / 1024:.0f} MiB; "
         f"attempt and interpreter start-up {elapsed:.1f} s"
     )
-    cap = download.MAX_BYTES[mnist.TRAIN_IMAGES]
+    cap = download.MAX_BYTES[mnist_files.TRAIN_IMAGES]
     assert (
-        f"{url}{mnist.TRAIN_IMAGES}.gz: decompressed size exceeds the cap of {cap:,} bytes "
+        f"{url}{mnist_files.TRAIN_IMAGES}.gz: decompressed size exceeds the cap of {cap:,} bytes "
         "(task_args.max_bytes)" in report["error"]
     )
     assert growth_mib < 100
@@ -270,11 +270,11 @@ def test_endless_body_stops_at_the_compressed_cap(
     out = tmp_path / "out"
     data = data_config(tiny, [url, http_mirror(tiny.mirror)], timeout_s=5)
     download.download_all(data, out)
-    assert_only_complete_files(out, list(mnist.FILES))
-    labels_cap = download.Limits(data["max_bytes"][mnist.TEST_LABELS]).max_compressed
+    assert_only_complete_files(out, list(mnist_files.FILES))
+    labels_cap = download.Limits(data["max_bytes"][mnist_files.TEST_LABELS]).max_compressed
     assert (
-        f"{url}{mnist.TEST_LABELS}.gz: compressed size exceeds the cap of {labels_cap:,} bytes"
-        in caplog.text
+        f"{url}{mnist_files.TEST_LABELS}.gz: compressed size exceeds the cap of "
+        f"{labels_cap:,} bytes" in caplog.text
     )
 
 
@@ -287,7 +287,7 @@ def test_content_length_above_the_cap_fails_before_reading(
         stop.wait(30)  # sends no body: a client that reads would wait for timeout_s
 
     url = serve(huge)
-    name = mnist.TEST_LABELS
+    name = mnist_files.TEST_LABELS
     limits = download.Limits(10_008, deadline_s=30, timeout_s=30)
     t0 = time.monotonic()
     with pytest.raises(download.DownloadError) as e:
@@ -303,7 +303,7 @@ def test_content_length_above_the_cap_fails_before_reading(
 def test_slow_drip_is_abandoned_at_the_deadline(
     tiny: TinyData, serve, http_mirror, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    name = mnist.TEST_LABELS
+    name = mnist_files.TEST_LABELS
     archive = (tiny.mirror / f"{name}.gz").read_bytes()
     sent = []
 
@@ -331,7 +331,7 @@ def test_slow_drip_is_abandoned_at_the_deadline(
         caplog.text
     )
     assert (out / name).read_bytes() == (tiny.data_dir / name).read_bytes()
-    assert_only_complete_files(out, list(mnist.FILES))
+    assert_only_complete_files(out, list(mnist_files.FILES))
 
 
 def test_body_shorter_than_its_content_length_fails_over(
@@ -345,10 +345,10 @@ def test_body_shorter_than_its_content_length_fails_over(
     url = serve(short)
     out = tmp_path / "out"
     download.download_all(data_config(tiny, [url, http_mirror(tiny.mirror)], timeout_s=5), out)
-    assert_only_complete_files(out, list(mnist.FILES))
-    n = (tiny.mirror / f"{mnist.TEST_LABELS}.gz").stat().st_size
+    assert_only_complete_files(out, list(mnist_files.FILES))
+    n = (tiny.mirror / f"{mnist_files.TEST_LABELS}.gz").stat().st_size
     assert (
-        f"{url}{mnist.TEST_LABELS}.gz: truncated body: got {n // 2:,} of the {n:,} bytes "
+        f"{url}{mnist_files.TEST_LABELS}.gz: truncated body: got {n // 2:,} of the {n:,} bytes "
         "of its Content-Length" in caplog.text
     )
 
@@ -358,7 +358,7 @@ def test_idx_length_must_match_its_header(
     tiny: TinyData, http_mirror, tmp_path: Path, extra: int
 ) -> None:
     # Content whose SHA-256 is listed but whose length differs from what its header announces.
-    name = mnist.TEST_LABELS
+    name = mnist_files.TEST_LABELS
     good = (tiny.data_dir / name).read_bytes()
     content = good + b"\x00" if extra > 0 else good[:-1]
     mirror = tmp_path / "mirror"
@@ -386,25 +386,25 @@ def test_http_500_then_success_and_all_failures_named(
 
     def bomb(h: http.server.BaseHTTPRequestHandler, stop: threading.Event) -> None:
         send_head(h)
-        header = (tiny.data_dir / mnist.TRAIN_IMAGES).read_bytes()[:16]
+        header = (tiny.data_dir / mnist_files.TRAIN_IMAGES).read_bytes()[:16]
         for chunk in gzip_bomb(header, 64):
             h.wfile.write(chunk)
 
     failing, bombing = serve(error), serve(bomb)
     out = tmp_path / "out"
     download.download_all(data_config(tiny, [failing, http_mirror(tiny.mirror)]), out)
-    assert_only_complete_files(out, list(mnist.FILES))
-    assert f"{failing}{mnist.TRAIN_IMAGES}.gz: HTTP Error 500" in caplog.text
+    assert_only_complete_files(out, list(mnist_files.FILES))
+    assert f"{failing}{mnist_files.TRAIN_IMAGES}.gz: HTTP Error 500" in caplog.text
 
     with pytest.raises(download.DownloadError) as e:
         download.download_all(data_config(tiny, [failing, bombing]), tmp_path / "out2")
     text = str(e.value)
-    cap = (tiny.data_dir / mnist.TRAIN_IMAGES).stat().st_size
-    assert f"could not download {mnist.TRAIN_IMAGES} from any of 2 mirror(s)" in text
-    assert f"{failing}{mnist.TRAIN_IMAGES}.gz: HTTP Error 500" in text
+    cap = (tiny.data_dir / mnist_files.TRAIN_IMAGES).stat().st_size
+    assert f"could not download {mnist_files.TRAIN_IMAGES} from any of 2 mirror(s)" in text
+    assert f"{failing}{mnist_files.TRAIN_IMAGES}.gz: HTTP Error 500" in text
     assert (
-        f"{bombing}{mnist.TRAIN_IMAGES}.gz: decompressed size exceeds the cap of {cap:,} bytes "
-        "(task_args.max_bytes)" in text
+        f"{bombing}{mnist_files.TRAIN_IMAGES}.gz: decompressed size exceeds the cap of "
+        f"{cap:,} bytes (task_args.max_bytes)" in text
     )
     assert "raise task_args.max_bytes or task_args.deadline_s" in text
     assert_only_complete_files(tmp_path / "out2", [])

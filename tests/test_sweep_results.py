@@ -23,7 +23,7 @@ import pytest
 
 from bench import sweep_table as trials
 from ddppipe.settings import layout, sweep
-from ddppipe.sweeps import table as sweep_table
+from ddppipe.sweeps import trials as sweep_trials
 from tests.tiny import REPO
 from tests.workflow_helpers import snakemake
 
@@ -71,7 +71,7 @@ def build(root: Path, ends: dict[str, Any]) -> Path:
         else:
             trials.crashed(run, end[1], CAUSE)
     path = root / "results" / "sweeps" / "lr" / "sweep.json"
-    trials.write_json(path, sweep_table.document(found))
+    trials.write_json(path, sweep_trials.document(found))
     return path
 
 
@@ -180,7 +180,7 @@ def test_minimize_ranks_lowest_first(made: tuple[Path, str]) -> None:
     root, _ = made
     doc = json.loads((root / "results/sweeps/lr/sweep.json").read_text())
     doc.update(metric="loss", direction="minimize")
-    found = sweep_table.collect(doc, root / "results")
+    found = sweep_trials.collect(doc, root / "results")
     assert [(t.name, t.final) for t in found.trials[:3]] == [
         ("lr=0.03", pytest.approx(0.01)), ("lr=0.01", pytest.approx(0.015)),
         ("lr=0.1", pytest.approx(0.7)),
@@ -247,7 +247,7 @@ def test_rewritten_unchanged_keeps_the_hparams_files(
     before = sorted(p.name for p in copy.rglob("events.out.tfevents.*"))
     from ddppipe.sweeps import results
 
-    results.save(sweep_table.load(copy / "results/sweeps/lr/sweep.json"))
+    results.save(sweep_trials.load(copy / "results/sweeps/lr/sweep.json"))
     assert sorted(p.name for p in copy.rglob("events.out.tfevents.*")) == before
     assert len(before) == 6  # the experiment, every trial but the pending one
 
@@ -297,10 +297,10 @@ def test_report_opens_on_the_sweep(tmp_path: Path) -> None:
         trials.completed(run, ends[trial.name])
         _report_files(run)
     sweep_json = tmp_path / "results/sweeps/lr/sweep.json"
-    trials.write_json(sweep_json, sweep_table.document(found))
+    trials.write_json(sweep_json, sweep_trials.document(found))
     from ddppipe.sweeps import figures, results
 
-    made = sweep_table.load(sweep_json)
+    made = sweep_trials.load(sweep_json)
     results.save(made)
     figures.write(made)
     snakemake(tmp_path, cfg, "--report", "report.html", "sweep")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from ddppipe.data import idx, manifest, mnist
+from ddppipe.data import idx, manifest, mnist_files
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_MNIST = REPO.parent / "shared" / "data" / "mnist"
@@ -46,10 +46,10 @@ def make_tiny(root: Path, n_train: int = 256, n_test: int = 128) -> TinyData:
     train_x, train_y = make_split(n_train, 1)
     test_x, test_y = make_split(n_test, 2)
     tensors = {
-        mnist.TRAIN_IMAGES: train_x,
-        mnist.TRAIN_LABELS: train_y,
-        mnist.TEST_IMAGES: test_x,
-        mnist.TEST_LABELS: test_y,
+        mnist_files.TRAIN_IMAGES: train_x,
+        mnist_files.TRAIN_LABELS: train_y,
+        mnist_files.TEST_IMAGES: test_x,
+        mnist_files.TEST_LABELS: test_y,
     }
     sha = {}
     for name, tensor in tensors.items():

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ddppipe import __version__
-from ddppipe.cli.table import COMMANDS, Arg, Command, OneOf
+from ddppipe.cli.subcommands import COMMANDS, Arg, Command, OneOf
 from ddppipe.core.errors import UserError
 
 
@@ -41,7 +41,7 @@ def _add(p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, one: Arg
 
 
 def parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand in :data:`ddppipe.cli.table.COMMANDS`."""
+    """The argument parser of every subcommand in :data:`ddppipe.cli.subcommands.COMMANDS`."""
     ap = argparse.ArgumentParser(prog="ddppipe", description=__doc__)
     ap.add_argument("--version", action="version", version=f"ddppipe {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -24,16 +24,16 @@ from typing import Any, BinaryIO
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.core.hashing import file_sha256
-from ddppipe.data import idx, mnist
+from ddppipe.data import idx, mnist_files
 
 log = logging.getLogger(__name__)
 
 # Decompressed sizes of the MNIST files: the default caps (config key task_args.max_bytes).
 MAX_BYTES = {
-    mnist.TRAIN_IMAGES: 47_040_016,
-    mnist.TRAIN_LABELS: 60_008,
-    mnist.TEST_IMAGES: 7_840_016,
-    mnist.TEST_LABELS: 10_008,
+    mnist_files.TRAIN_IMAGES: 47_040_016,
+    mnist_files.TRAIN_LABELS: 60_008,
+    mnist_files.TEST_IMAGES: 7_840_016,
+    mnist_files.TEST_LABELS: 10_008,
 }
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_DEADLINE_S = 600.0
@@ -131,7 +131,7 @@ class _Inflater:
 
     def _check_header(self) -> idx.IdxHeader:
         header = idx.read_header(self.head, self.name)
-        ndim = mnist.expected_ndim(self.name)
+        ndim = mnist_files.expected_ndim(self.name)
         if len(header.dims) != ndim:
             raise idx.IdxError(
                 f"{self.name}: wrong IDX magic: expected 0x0000080{ndim}, "
@@ -253,14 +253,18 @@ def download_all(data: Mapping[str, Any], dest_dir: Path) -> list[Path]:
     """Download the MNIST files as the validated config section ``data`` describes."""
     sha256s: Mapping[str, str] = data["sha256"]
     caps = {**MAX_BYTES, **data.get("max_bytes", {})}
-    unknown = sorted((set(sha256s) | set(caps)) - set(mnist.FILES))
-    missing = sorted(set(mnist.FILES) - set(sha256s))
+    unknown = sorted((set(sha256s) | set(caps)) - set(mnist_files.FILES))
+    missing = sorted(set(mnist_files.FILES) - set(sha256s))
     if unknown or missing:
         raise DownloadError(
-            f"task_args.sha256 must list exactly {', '.join(mnist.FILES)} (and task_args.max_bytes "
-            f"only these); unknown: {unknown or 'none'}, missing: {missing or 'none'}"
+            f"task_args.sha256 must list exactly {', '.join(mnist_files.FILES)} (and "
+            f"task_args.max_bytes only these); unknown: {unknown or 'none'}, "
+            f"missing: {missing or 'none'}"
         )
     deadline_s = data.get("deadline_s", DEFAULT_DEADLINE_S)
     timeout_s = data.get("timeout_s", DEFAULT_TIMEOUT_S)
-    limits = {n: Limits(caps[n], deadline_s, timeout_s) for n in mnist.FILES}
-    return [download_file(n, sha256s[n], data["mirrors"], dest_dir, limits[n]) for n in mnist.FILES]
+    limits = {n: Limits(caps[n], deadline_s, timeout_s) for n in mnist_files.FILES}
+    return [
+        download_file(n, sha256s[n], data["mirrors"], dest_dir, limits[n])
+        for n in mnist_files.FILES
+    ]

@@ -15,21 +15,21 @@ from ddppipe.settings.config import ConfigError, validate
 def sweep_trials(config_json: str, out: Path) -> int:
     """``ddppipe sweep-trials``: the sweep's definition and its trials known now, as JSON (what
     the table lists), derived from the config as the workflow derived them."""
-    from ddppipe.sweeps import table
+    from ddppipe.sweeps import trials
 
     found = sweep.from_config(validate(json_config(config_json)))
     if found is None:
         raise ConfigError("sweep-trials: the config has no sweep (sweep.name is null)")
-    atomic.write_text(out, json.dumps(table.document(found), indent=1) + "\n")
+    atomic.write_text(out, json.dumps(trials.document(found), indent=1) + "\n")
     return 0
 
 
 def sweep_table(sweep_path: Path, csv: Path, best: Path) -> int:
     """``ddppipe sweep-table``: one row per trial (``--csv``), the best trial (``--best``) and
     the trials in TensorBoard's HParams view; prints the top trials."""
-    from ddppipe.sweeps import results, table
+    from ddppipe.sweeps import results, table, trials
 
-    found = table.load(sweep_path)
+    found = trials.load(sweep_path)
     results.save(found, csv, best)
     print(table.text(found))
     return 0
@@ -38,9 +38,9 @@ def sweep_table(sweep_path: Path, csv: Path, best: Path) -> int:
 def plot_sweep(sweep_path: Path, out_dir: Path) -> int:
     """``ddppipe plot-sweep``: the metric against each parameter, every trial's learning curve,
     a parallel-coordinates view, and the report's first screen (``overview.html``)."""
-    from ddppipe.sweeps import figures, table
+    from ddppipe.sweeps import figures, trials
 
-    figures.write(table.load(sweep_path), out_dir)
+    figures.write(trials.load(sweep_path), out_dir)
     return 0
 
 

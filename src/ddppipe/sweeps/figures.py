@@ -22,15 +22,8 @@ from matplotlib.ticker import MaxNLocator
 
 from ddppipe.core import atomic
 from ddppipe.reports import plots
-from ddppipe.sweeps.table import (
-    FAILED,
-    PRUNED,
-    Table,
-    TrialResult,
-    heading,
-    metric_value,
-    top_cells,
-)
+from ddppipe.sweeps.table import heading, top_cells
+from ddppipe.sweeps.trials import FAILED, PRUNED, Table, TrialResult, metric_value
 
 plt = plots.plt
 TOP = 10  # trials in the overview's table

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
-from ddppipe.sweeps.table import COMPLETED, FAILED, PRUNED, RUNNING, Table, TrialResult
+from ddppipe.sweeps.trials import COMPLETED, FAILED, PRUNED, RUNNING, Table, TrialResult
 
 OUTCOME = "outcome"  # an hparam of every session: filter the view by how a trial ended
 GROUP = "sweep"  # the tags of a session's figures: sweep/<metric>, sweep/hours_held, ...

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddppipe.settings.sweep import Sweep
-from ddppipe.sweeps import hparams, table
+from ddppipe.sweeps import hparams, table, trials
 
 
-def save(found: table.Table, csv: Path | None = None, best: Path | None = None) -> None:
+def save(found: trials.Table, csv: Path | None = None, best: Path | None = None) -> None:
     """Write the table (default: the sweep's trials.csv), the best trial (best.json) and the
     trials' HParams sessions."""
     table.write(found, csv or found.layout.trials_csv, best or found.layout.best)
@@ -19,6 +19,6 @@ def save(found: table.Table, csv: Path | None = None, best: Path | None = None) 
 def after_call(sweep: Sweep, results: Path) -> str:
     """The sweep's results written from what exists under ``results`` (a failed trial's row
     says why, pending ones are listed), and its top trials as text to print."""
-    found = table.collect(table.document(sweep), results)
+    found = trials.collect(trials.document(sweep), results)
     save(found)
     return table.text(found)

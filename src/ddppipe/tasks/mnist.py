@@ -29,13 +29,13 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
 
 
 def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Any, Any]:
-    from ddppipe.data import mnist
+    from ddppipe.data import mnist_files
     from ddppipe.data.batches import Tensors
 
-    data = mnist.load(data_dir)
+    data = mnist_files.load(data_dir)
     return (
-        Tensors(data.train.images, data.train.labels, mnist.normalize),
-        Tensors(data.test.images, data.test.labels, mnist.normalize),
+        Tensors(data.train.images, data.train.labels, mnist_files.normalize),
+        Tensors(data.test.images, data.test.labels, mnist_files.normalize),
     )
 
 

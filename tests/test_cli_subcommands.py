@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from ddppipe.cli.main import parser
-from ddppipe.cli.table import COMMANDS
+from ddppipe.cli.subcommands import COMMANDS
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

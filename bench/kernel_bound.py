@@ -156,7 +156,7 @@ def bench_config(nproc: int, threads: int, data_sha: dict[str, str] | None = Non
         cfg["task_args"]["sha256"] = data_sha
     cfg["launch"].update(nproc_per_node=nproc, cpus_per_proc=threads)
     cfg["train"].update(train)
-    return config.resolve(cfg)
+    return config.resolve(cfg, gpus=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,8 @@ def test_bad_value_is_rejected_with_its_key(
     cfg = default_config()
     change(cfg)
     with pytest.raises(error) as e:
-        slurm_request.Request.from_spec(run_spec.resolve(cfg))
+        gpus = cfg["launch"]["device"] == "gpu"  # as the config asks: the case's point
+        slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=gpus))
     assert message in str(e.value)
 
 
@@ -70,7 +71,7 @@ def test_several_nodes_without_slurm() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(config.ConfigError, match="no SLURM allocation"):
-        launch.plan(run_spec.resolve(cfg), ["train"], env={})
+        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], env={})
 
 
 @pytest.mark.parametrize("command", ["launch", "train"])

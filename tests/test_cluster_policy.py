@@ -29,7 +29,7 @@ GOOD_PARTITION = {"PartitionName": "gpu", "PreemptMode": "REQUEUE", "GraceTime":
 def findings(conf: dict | None = None, part: dict | None = None, status: str = "squeue",
              requeue: bool = True, checkpoint_s: float | None = 5.0) -> list[str]:  # fmt: skip
     cluster = Cluster({**GOOD_CONFIG, **(conf or {})}, {**GOOD_PARTITION, **(part or {})})
-    request = slurm_request.Request.from_spec(run_spec.resolve(default_config()))
+    request = slurm_request.Request.from_spec(run_spec.resolve(default_config(), gpus=False))
     return [str(f) for f in cluster_policy.check(cluster, request, status, requeue, checkpoint_s)]
 
 

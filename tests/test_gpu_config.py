@@ -4,6 +4,7 @@ refused before anything runs when their image has no CUDA."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -69,10 +70,36 @@ def test_a_built_image_answers_with_its_labels(gpu_container_config: dict, tmp_p
 
     def check(labels: dict[str, str]) -> None:
         identity.info_path(image).write_text(json.dumps({**info, "labels": labels}))
-        gpu_check.check_gpu_image(gpu_container_config, recipe, image)
+        gpu_check.check_gpu_image(gpu_container_config, True, recipe, image)
 
     with pytest.raises(tool.ContainerError, match="has a CPU-only torch"):
         check({"ddppipe.torch.version": "2.14.1+cpu"})
     check({"ddppipe.cuda.version": "13.0"})  # CUDA image: fine, whatever the recipe says
     gpu_container_config["launch"]["device"] = "cpu"
-    gpu_check.check_gpu_image(gpu_container_config, recipe, tmp_path / "none.sif")  # CPU run
+    gpu_check.check_gpu_image(gpu_container_config, False, recipe, tmp_path / "none.sif")
+
+
+def test_auto_on_a_gpu_host_trains_where_the_image_can(
+    gpu_container_config: dict, tmp_path: Path
+) -> None:
+    """launch.device auto with Apptainer on a host with NVIDIA GPUs (a stand-in nvidia-smi on
+    the PATH: no GPU here): the run is decided once, on CPUs with a CPU-only image (no
+    error), on GPUs (apptainer exec --nv) with the CUDA recipe; write_config records it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}"}
+    cfg = gpu_container_config
+    cfg["launch"]["device"] = "auto"
+
+    def write_config(workdir: Path) -> str:
+        result = snakemake(workdir, cfg, "-n", "-p", "results/mnist/config.yaml", env=env)
+        (line,) = [x for x in result.stdout.splitlines() if "ddppipe resolve-config" in x]
+        return line
+
+    on_cpus = write_config(tmp_path / "cpu")
+    assert "--gpus no" in on_cpus and "--nv" not in on_cpus, on_cpus
+    cfg["container"]["recipe"] = str(REPO / "containers" / "ddppipe.def")
+    on_gpus = write_config(tmp_path / "gpu")
+    assert "--gpus yes" in on_gpus and "apptainer exec --nv " in on_gpus, on_gpus

@@ -16,31 +16,33 @@ from tests.tiny import default_config
 def test_threads_are_configured_or_the_cpus_shared_out() -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=2, cpus_per_proc=None)
-    request = slurm_request.Request.from_spec(run_spec.resolve(cfg))
+    request = slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False))
     assert request.threads(16) == 8
     assert request.threads(1) == 1  # never zero threads
     assert request.cpus_per_node == 2  # SLURM asks for 1 CPU per process when unset
     cfg["launch"]["cpus_per_proc"] = 3
-    request = slurm_request.Request.from_spec(run_spec.resolve(cfg))
+    request = slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False))
     assert (request.threads(16), request.cpus_per_node) == (3, 6)
 
 
 def test_job_threads_count_every_process_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=2, cpus_per_proc=3)
-    assert launch.job_threads(cfg) == 6
+    assert launch.job_threads(run_spec.resolve(cfg, gpus=False)) == 6
     cfg["launch"]["cpus_per_proc"] = None  # the CPUs this process may use, shared out
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "7")  # SLURM's allocation on this node
-    assert launch.job_threads(cfg) == 6  # 3 each, the odd CPU left idle
+    assert launch.job_threads(run_spec.resolve(cfg, gpus=False)) == 6  # 3 each, one CPU idle
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
-    assert launch.job_threads(cfg) == 2  # never zero threads: 1 each
+    assert launch.job_threads(run_spec.resolve(cfg, gpus=False)) == 2  # never 0 threads: 1 each
 
 
 def test_outside_slurm_the_launcher_starts_each_rank_itself() -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=3, max_restarts=1)
     cfg["train"]["batch_size"] = 96
-    plan = launch.plan(run_spec.resolve(cfg), ["train", "--config=c.yaml"], env={"PATH": "/bin"})
+    plan = launch.plan(
+        run_spec.resolve(cfg, gpus=False), ["train", "--config=c.yaml"], env={"PATH": "/bin"}
+    )
     assert plan.job is None and plan.workers == 3
     assert plan.command == [sys.executable, "-m", "ddppipe", "train", "--config=c.yaml"]
 
@@ -49,7 +51,9 @@ def test_inside_slurm_even_one_node_is_an_srun_step() -> None:
     """Local or SLURM comes from the environment, not from the node count."""
     cfg = default_config()
     cfg["launch"].update(nnodes=1, nproc_per_node=2, cpus_per_proc=2)
-    plan = launch.plan(run_spec.resolve(cfg), ["train"], env={"SLURM_JOB_ID": "42"}, hosts=["cn07"])
+    plan = launch.plan(
+        run_spec.resolve(cfg, gpus=False), ["train"], env={"SLURM_JOB_ID": "42"}, hosts=["cn07"]
+    )
     assert plan.job == "42" and plan.command[0] == "srun"
     assert "--cpus-per-task=4" in plan.command and "--rdzv-id=42" in plan.command
     assert (plan.env["OMP_NUM_THREADS"], plan.env["MKL_NUM_THREADS"]) == ("2", "2")
@@ -59,14 +63,16 @@ def test_several_nodes_outside_slurm_is_a_clear_error() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(config.ConfigError, match="no SLURM allocation"):
-        launch.plan(run_spec.resolve(cfg), ["train"], env={})
+        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], env={})
 
 
 def test_a_job_of_another_size_is_refused() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(slurm_request.SlurmRequestError, match="has 1 node"):
-        launch.plan(run_spec.resolve(cfg), ["train"], env={"SLURM_JOB_ID": "7"}, hosts=["a01"])
+        launch.plan(
+            run_spec.resolve(cfg, gpus=False), ["train"], env={"SLURM_JOB_ID": "7"}, hosts=["a01"]
+        )
 
 
 def test_launched_processes_get_the_same_omp_and_mkl_threads() -> None:

@@ -20,7 +20,7 @@ from tests.tiny import REPO, TinyData, default_config, tiny_config
 
 def launch(cfg: dict[str, Any], tiny: TinyData, run_dir: Path) -> None:
     """Resolve ``cfg`` into ``run_dir`` and train with ``ddppipe launch`` (torchrun)."""
-    config.write(config.resolve(cfg), run_dir / "config.yaml")
+    config.write(config.resolve(cfg, gpus=False), run_dir / "config.yaml")
     run_cli(
         "launch",
         f"--config={run_dir / 'config.yaml'}",
@@ -37,7 +37,7 @@ def test_every_preset_sets_every_recipe_key(name: str) -> None:
 
 
 def test_fast_preset_is_the_default_and_divides_by_common_world_sizes() -> None:
-    train = config.resolve(default_config())["train"]
+    train = config.resolve(default_config(), gpus=False)["train"]
     assert train["preset"] == "fast"
     for world_size in (1, 2, 4, 8):
         assert train["batch_size"] % world_size == 0
@@ -46,7 +46,7 @@ def test_fast_preset_is_the_default_and_divides_by_common_world_sizes() -> None:
 def test_reference_preset_is_the_classic_recipe() -> None:
     cfg = default_config()
     cfg["train"]["preset"] = "reference"
-    train = config.resolve(cfg)["train"]
+    train = config.resolve(cfg, gpus=False)["train"]
     assert (train["optimizer"], train["lr"], train["schedule"], train["gamma"]) == (
         "adadelta",
         1.0,
@@ -63,7 +63,7 @@ def recipe(train: dict[str, Any]) -> tuple:
 def test_fast_becomes_the_gpu_recipe_on_gpus() -> None:
     cfg = default_config()
     cfg["launch"]["device"] = "gpu"
-    train = config.resolve(cfg)["train"]
+    train = config.resolve(cfg, gpus=True)["train"]
     assert recipe(train) == ("gpu", 1, 256, "adamw", 0.01)
     assert (train["precision"], train["channels_last"], train["label_smoothing"]) == (
         "bf16",

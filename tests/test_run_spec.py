@@ -32,7 +32,7 @@ def test_every_schema_key_has_its_typed_field() -> None:
 def test_a_spec_is_frozen_and_answers_what_was_decided() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=2, nproc_per_node=4, device="gpu")
-    spec = run_spec.resolve(cfg)
+    spec = run_spec.resolve(cfg, gpus=True)
     assert (spec.device, spec.gpus, spec.world_size, spec.kind) == ("gpu", True, 8, "task")
     assert spec.train.preset == "gpu" and spec.train.batch_size == 256  # the GPU recipe
     assert spec.slurm.runtime == 30 and spec.container.mode == "none"  # schema defaults
@@ -57,7 +57,7 @@ def test_one_validation_per_process_of_a_slot(tiny: TinyData, tmp_path: Path) ->
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     path = run_dir / "config.yaml"
-    config.write(config.resolve(tiny_config(tiny, epochs=1)), path)
+    config.write(config.resolve(tiny_config(tiny, epochs=1), gpus=False), path)
     counts = tmp_path / "validations"
     counts.mkdir()
     pythonpath = os.pathsep.join([str(REPO / "tests" / "count_validations"),
@@ -73,3 +73,23 @@ def test_one_validation_per_process_of_a_slot(tiny: TinyData, tmp_path: Path) ->
     ranks = [c for c in calls if " train " in f" {c[0]} "]
     assert len(launcher) == 1 and len(ranks) == 2 and len(calls) == 3, calls
     assert all(len(c) == 1 for c in calls), calls  # once in each process
+
+
+def test_each_run_is_resolved_once_per_snakemake_call(tmp_path: Path) -> None:
+    """A dry run of a 3-trial sweep on the SLURM profile: the Snakemake process resolves each
+    run once (its device decided, its preset applied: RUNS.spec), and that one spec gives its
+    request, threads, image check and write_config's device."""
+    from tests.workflow_helpers import snakemake
+
+    cfg = default_config()
+    cfg["sweep"] = {"name": "lr", "parameters": {"train.lr": [0.01, 0.02, 0.03]}}
+    counts = tmp_path / "resolves"
+    counts.mkdir()
+    pythonpath = os.pathsep.join([str(REPO / "tests" / "count_validations"),
+                                  os.environ.get("PYTHONPATH", "")])  # fmt: skip
+    env = {"PYTHONPATH": pythonpath, "DDPPIPE_TEST_RESOLVES": str(counts)}
+    snakemake(tmp_path / "wd", cfg, "-n", "--profile", str(REPO / "profiles/slurm"), "sweep",
+              env=env)  # fmt: skip
+    (process,) = [f.read_text().splitlines() for f in counts.iterdir()]
+    trials = [f"sweeps/lr/lr={lr}" for lr in (0.01, 0.02, 0.03)]
+    assert sorted(process) == sorted(["mnist", *trials]), process

@@ -51,9 +51,8 @@ def test_trials_are_the_grid_of_the_three_lists_sorted() -> None:
     runs = Runs(study_config(nodes=[2, 1], procs_per_node=[2, 1], cpus_per_proc=[4]))
     assert runs.scaling_runs() == [trial(1, 1, 4), trial(1, 2, 4), trial(2, 1, 4), trial(2, 2, 4)]
     assert runs.names() == ["mnist", *runs.scaling_runs()]
-    assert [config.world_size(config.resolve(runs.config(r))) for r in runs.scaling_runs()] == [
-        1, 2, 2, 4
-    ]  # fmt: skip
+    sizes = [config.world_size(config.resolve(runs.config(r), False)) for r in runs.scaling_runs()]
+    assert sizes == [1, 2, 2, 4]
 
 
 def test_trial_config_sets_launch_and_epochs_and_names_the_trial() -> None:
@@ -79,14 +78,14 @@ def test_trial_config_sets_launch_and_epochs_and_names_the_trial() -> None:
     }
     assert "scaling" not in run_cfg and "sweep" not in run_cfg
     assert cfg["scaling"]["epochs"] == 3 and cfg["run"] == "mnist"  # the base is untouched
-    resolved = config.resolve(run_cfg)
+    resolved = config.resolve(run_cfg, gpus=False)
     assert config.world_size(resolved) == 2 and resolved["train"]["epochs"] == 3
 
 
 def test_every_trial_trains_the_same_recipe() -> None:
     """Same global batch and hashed recipe in every trial: only the layout changes."""
     runs = Runs(study_config(procs_per_node=[1, 2], cpus_per_proc=[1, 2]))
-    resolved = [config.resolve(runs.config(run)) for run in runs.scaling_runs()]
+    resolved = [config.resolve(runs.config(run), gpus=False) for run in runs.scaling_runs()]
     assert len({config.train_hash(r, "0123456789abcdef") for r in resolved}) == 1
     assert {(r["launch"]["nproc_per_node"], r["launch"]["cpus_per_proc"]) for r in resolved} == {
         (1, 1),
@@ -171,7 +170,7 @@ def result(nodes: int, procs: int, cpus: int, history: list[dict]) -> RunResult:
 
 def test_result_of_a_trials_config() -> None:
     cfg = Runs(study_config(cpus_per_proc=[3])).config(trial(1, 2, 3))
-    assert RunResult.of(config.resolve(cfg), []) == result(1, 2, 3, [])
+    assert RunResult.of(config.resolve(cfg, gpus=False), []) == result(1, 2, 3, [])
 
 
 def test_time_to_accuracy_counts_epochs_until_the_target() -> None:

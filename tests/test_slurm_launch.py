@@ -17,7 +17,7 @@ def test_srun_torchrun_command() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=2, max_restarts=3, device="gpu")
     plan = launch.plan(
-        run_spec.resolve(cfg),
+        run_spec.resolve(cfg, gpus=True),
         ["train", "--config=c"],
         env={"SLURM_JOB_ID": "1234"},
         hosts=["gpu-a01", "gpu-a02"],
@@ -34,7 +34,7 @@ def test_srun_torchrun_command() -> None:
 def test_rendezvous_host_override() -> None:
     cfg = default_config()
     cfg["slurm"]["rendezvous_host"] = "ib-node1"
-    args = slurm_request.Request.from_spec(run_spec.resolve(cfg)).torchrun_args("7")
+    args = slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False)).torchrun_args("7")
     assert "--rdzv-endpoint=ib-node1:15007" in args
 
 
@@ -67,7 +67,7 @@ def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
     )
     plan = launch.Plan(
         [sys.executable, "-c", marker, marks], dict(os.environ), "7", ["cn07", "cn08"],
-        slurm_request.Request.from_spec(run_spec.resolve(cfg)),
+        slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False)),
     )  # fmt: skip
     return launch.supervise(plan, plan.env, tmp_path / "state")
 

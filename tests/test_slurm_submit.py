@@ -35,10 +35,12 @@ class Resources(dict):
 
 
 def sbatch_line(cfg: dict[str, Any]) -> str:
+    """The plugin's sbatch line for ``cfg``, which trains on GPUs where it asks for them."""
+    gpus = cfg["launch"]["device"] == "gpu"
     res = Resources(
         {
             **PROFILE["default-resources"],
-            **slurm_request.Request.from_spec(run_spec.resolve(cfg)).resources(),
+            **slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=gpus)).resources(),
         }
     )
     job = SimpleNamespace(resources=res, threads=cfg["launch"]["nproc_per_node"])
@@ -63,7 +65,7 @@ def test_two_nodes_with_gpus() -> None:
     cfg["launch"]["device"] = "gpu"  # one GPU per process: 2 a node
     cfg["slurm"].update(partition="debug", qos="hi", constraint="a100",
                         account="proj")  # fmt: skip
-    res = slurm_request.Request.from_spec(run_spec.resolve(cfg)).resources()
+    res = slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=True)).resources()
     assert res["mpi"] == 0  # the jobstep runs the rule in the batch step (see Request)
     assert res["slurm_partition"] == "debug" and res["slurm_account"] == "proj"
     assert sbatch_line(cfg) == (
@@ -94,7 +96,8 @@ def test_bad_requests_fail_before_submitting(change: dict, error: type, message:
     for section, values in change.items():
         cfg[section].update(values)
     with pytest.raises(error, match=message):
-        slurm_request.Request.from_spec(run_spec.resolve(cfg))
+        gpus = cfg["launch"]["device"] == "gpu"  # as the config asks: the case's point
+        slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=gpus))
 
 
 def test_parse_nodelist() -> None:

@@ -24,7 +24,7 @@ def cli_args(cfg: dict, tiny: TinyData, run_dir: Path) -> list[str]:
     """Write ``cfg`` into ``run_dir``; the launch/train arguments of a run there."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.yaml"
-    config.write(config.resolve(cfg), cfg_path)
+    config.write(config.resolve(cfg, gpus=False), cfg_path)
     return [
         f"--config={cfg_path}",
         f"--data={tiny.data_dir}",

@@ -1,8 +1,8 @@
 """ddppipe: reproducible PyTorch DDP training from a laptop to a multi-node SLURM cluster.
 
 Packages, bottom to top (each imports only those below it; ``lint-imports`` checks):
-``core``, ``spec``, ``data``, ``tasks``, ``runstate``, ``apptainer``, ``parallel``,
-``cluster``, ``training``, ``launching``, ``reports``, ``cli``. ``ddppipe.job`` is the API of
+``core``, ``settings``, ``data``, ``tasks``, ``runstate``, ``apptainer``, ``parallel``,
+``slurm``, ``training``, ``launching``, ``reports``, ``sweeps``, ``cli``. ``ddppipe.job`` is the API of
 users' torchrun scripts (``from ddppipe import job``).
 """
 

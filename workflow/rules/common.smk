@@ -27,9 +27,20 @@ from ddppipe.slurm import request as ddp_slurm_request
 from ddppipe import tasks as ddp_tasks
 
 RUN = config["run"]
+
+
+def decide_device(run_config):
+    """Whether a run trains on GPUs: launch.device decided, the one place
+    (ddppipe.parallel.devices.trains_on_gpus), once per run (RUNS.spec records it)."""
+    return ddp_devices.trains_on_gpus(
+        run_config, on_slurm(), recipe=image_sources()["recipe"]
+    )
+
+
 try:
-    # Every run of this config: the base run, the scaling study's, the sweep's trials.
-    RUNS = ddp_runs.Runs(config)
+    # Every run of this config: the base run, the scaling study's, the sweep's trials; each
+    # resolved once in this process (RUNS.spec: its device decided, its preset applied).
+    RUNS = ddp_runs.Runs(config, decide_device)
 except ddp_config.ConfigError as e:
     raise WorkflowError(str(e)) from None
 # Trials on disk under their names from before "+" joined their keys: renamed once.
@@ -111,9 +122,17 @@ def on_slurm():
     return plugin is not None and plugin.name == "slurm"
 
 
-def trains_on_gpus(run_config):
-    """Whether a run trains on GPUs: its recipe depends on it (ddppipe.settings.presets)."""
-    return ddp_devices.trains_on_gpus(run_config, on_slurm())
+def run_gpus(run):
+    """ "yes" when the run ``run`` trains on GPUs (its spec), else "no"; a GPU run's image must
+    have CUDA (ddppipe.apptainer.gpu_check), a config error otherwise."""
+    gpus = RUNS.spec(run).gpus
+    try:
+        ddp_gpu_check.check_gpu_image(
+            config, gpus, image_sources()["recipe"], config["container"]["image"]
+        )
+    except ddp_apptainer.ContainerError as e:
+        raise WorkflowError(str(e)) from None
+    return "yes" if gpus else "no"
 
 
 def print_summary():
@@ -149,7 +168,7 @@ def check_cluster_policy():
     settings = workflow.executor_settings
     try:
         found = ddp_cluster_policy.check_cluster(
-            config, settings.status_command, settings.requeue, state_dirs()
+            RUNS.spec(RUN), settings.status_command, settings.requeue, state_dirs()
         )
     except ddp_cluster_policy.ClusterPolicyError as e:
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
@@ -228,7 +247,7 @@ def image_input():
 def image_exec():
     """Shell prefix running a rule's command inside the image ('' when mode is none)."""
     return (
-        shlex.join(ddp_running.exec_prefix(config)) + " "
+        shlex.join(ddp_running.exec_prefix(config, RUNS.spec(RUN).gpus)) + " "
         if ddp_apptainer.enabled(config)
         else ""
     )
@@ -252,20 +271,10 @@ def image_info_arg():
     return f"--image-info {ddp_identity.info_path(run_image())}"
 
 
-def check_gpu_image():
-    """A GPU run (container.mode apptainer) needs an image with CUDA: a config error.
-
-    Judged on the base image and its recipe: a derived image keeps their torch and CUDA.
-    """
-    try:
-        ddp_gpu_check.check_gpu_image(
-            config, image_sources()["recipe"], config["container"]["image"]
-        )
-    except ddp_apptainer.ContainerError as e:
-        raise WorkflowError(str(e)) from None
-
-
-check_gpu_image()
+# A GPU run (container.mode apptainer) needs an image with CUDA: a config error, before any
+# job (each trial's too, at its write_config). Judged on the base image and its recipe: a
+# derived image keeps their torch and CUDA.
+run_gpus(RUN)
 
 
 # -- a sweep (config sweep:, rules/sweep.smk) ------------------------------------------

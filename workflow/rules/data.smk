@@ -20,7 +20,7 @@ rule write_config:
     params:
         config=lambda wc: json.dumps(RUNS.config(wc.run)),
         source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training
-        gpus=lambda wc: ("yes" if trains_on_gpus(RUNS.config(wc.run)) else "no"),
+        gpus=lambda wc: run_gpus(wc.run),  # its device: decided once (RUNS.spec)
     # A shell command, not run: (Snakemake starts a run: job as a new snakemake process that
     # parses the workflow again, ~2.5 s); a broken task's error goes to the terminal too.
     # task_exec(): with container.mode apptainer, inside the image.

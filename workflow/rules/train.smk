@@ -24,7 +24,7 @@ rule train:
         RUN_LAYOUT.log("train"),
     benchmark:
         RUN_LAYOUT.benchmark("train")
-    threads: lambda wc: ddp_launch.job_threads(RUNS.config(wc.run))
+    threads: lambda wc: ddp_launch.job_threads(RUNS.spec(wc.run))
     resources:
         **ddp_slurm_request.train_resources(RUNS),  # ddppipe.slurm.request.Request, per run
         # a sweep's trial holds one of sweep.max_parallel slots (rules/sweep.smk)

@@ -45,16 +45,16 @@ def cpu_only(recipe: Path, info: Path) -> str | None:
     return None
 
 
-def check_gpu_image(cfg: dict[str, Any], recipe: str | Path, image: str | Path) -> None:
-    """Raise ContainerError when a GPU run would train in an image without CUDA."""
-    from ddppipe.settings.config import gpus_requested
-
-    if not enabled(cfg) or not gpus_requested(cfg):
+def check_gpu_image(cfg: dict[str, Any], gpus: bool, recipe: str | Path, image: str | Path) -> None:
+    """Raise ContainerError when a GPU run (``gpus``: its spec's device) would train in an
+    image without CUDA."""
+    if not enabled(cfg) or not gpus:
         return
     reason = cpu_only(Path(recipe), info_path(image))
     if reason:
         raise ContainerError(
-            f"GPUs are requested (launch.device: gpu) but {reason}: every rank would stop. "
+            f"GPUs are requested (launch.device: {cfg['launch']['device']}) but {reason}: every "
+            "rank would stop. "
             "Set container.recipe: containers/ddppipe.def (CUDA + NCCL), or train on CPUs "
             "(launch.device: cpu)"
         )

@@ -28,22 +28,21 @@ def run_image(cfg: dict[str, Any]) -> str:
     return str(derived_image(base, reqs)) if reqs else base
 
 
-def exec_prefix(cfg: dict[str, Any], gpus: bool | None = None) -> list[str]:
+def exec_prefix(cfg: dict[str, Any], gpus: bool) -> list[str]:
     """``apptainer exec [--nv] [exec_args] [--bind DIR ...] IMAGE``, or ``[]`` when off.
 
-    ``--nv`` is added when ``gpus`` is true, or (``gpus=None``) when this host has GPUs; the
-    binds are :func:`~ddppipe.apptainer.binds.user_binds`; IMAGE is :func:`run_image`.
+    ``--nv`` is added when ``gpus`` (the run's device is a GPU); the binds are
+    :func:`~ddppipe.apptainer.binds.user_binds`; IMAGE is :func:`run_image`.
     """
     if not enabled(cfg):
         return []
     extra = list(cfg["container"]["exec_args"])
-    want_gpus = gpus_present() if gpus is None else gpus
-    nv = ["--nv"] if want_gpus and "--nv" not in extra else []
+    nv = ["--nv"] if gpus and "--nv" not in extra else []
     binds = [arg for folder in user_binds(cfg) for arg in ("--bind", folder)]
     return [APPTAINER, "exec", *nv, *extra, *binds, run_image(cfg)]
 
 
-def python_command(cfg: dict[str, Any], gpus: bool | None = None) -> list[str]:
+def python_command(cfg: dict[str, Any], gpus: bool) -> list[str]:
     """The Python to start training with: this interpreter, or the image's via exec_prefix."""
     prefix = exec_prefix(cfg, gpus)
     return [*prefix, IMAGE_PYTHON] if prefix else [sys.executable]

@@ -56,7 +56,7 @@ def command(name: str, help: str, call: str, *args: Arg | OneOf) -> Command:
 # --config is a parameter ``config_path`` (``config`` is the module that loads it).
 CONFIG = {"dest": "config_path", "metavar": "CONFIG"}
 RESOLVED = {**CONFIG, "type": Path, "required": True}
-DEVICE = {"choices": ["gpu", "cpu", "auto"], "default": "auto", "help": "device"}
+DEVICE = {"choices": ["gpu", "cpu"], "required": True, "help": "the run's device (its spec)"}
 
 COMMANDS: tuple[Command, ...] = (
     command(

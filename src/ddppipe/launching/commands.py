@@ -27,6 +27,7 @@ def resolve_config(
     else:
         with open(config_path) as f:
             cfg = config.validate(yaml.safe_load(f))
+    # by hand: decided here, where the run is submitted; the workflow passes its decision
     gpus_used = devices.trains_on_gpus(cfg, slurm=False) if gpus is None else gpus == "yes"
     resolve.write_resolved(cfg, out, gpus_used)
     return 0
@@ -85,10 +86,14 @@ def preflight(config_path: Path) -> int:
     import yaml
 
     from ddppipe.launching import launch, preflight
+    from ddppipe.parallel import devices
     from ddppipe.settings import config, run_spec
 
     with open(config_path) as f:
-        spec = run_spec.resolve(yaml.safe_load(f))  # a run's config, resolved or not, as on SLURM
+        cfg = yaml.safe_load(f)
+    recorded = (cfg.get("resolved") or {}).get("device")  # a run's config, or one by hand
+    gpus = recorded == "gpu" if recorded else devices.trains_on_gpus(config.validate(cfg), False)
+    spec = run_spec.resolve(cfg, gpus)
     plan = launch.plan(spec, ["train"])
     if plan.job is None:
         raise config.ConfigError("ddppipe preflight checks a SLURM job's nodes: run it in one")

@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ddppipe.apptainer import running
 from ddppipe.core import system
@@ -36,14 +35,12 @@ from ddppipe.slurm import scontrol
 log = logging.getLogger(__name__)
 
 
-def job_threads(cfg: dict[str, Any]) -> int:
+def job_threads(spec: run_spec.RunSpec) -> int:
     """CPU threads a local training job uses: its processes times their threads.
 
     The train rule's ``threads``, so Snakemake does not run two trainings on the same cores.
     """
-    return slurm_request.Request.from_spec(run_spec.resolve(cfg)).node_threads(
-        system.available_cpus()
-    )
+    return slurm_request.Request.from_spec(spec).node_threads(system.available_cpus())
 
 
 def thread_environment(threads: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -100,7 +97,7 @@ def plan(
                 f"launch.nnodes is {request.nodes}, but this is no SLURM allocation: run "
                 "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
             )
-        command = [*running.python_command(cfg, spec.gpus or None), *program]
+        command = [*running.python_command(cfg, spec.gpus), *program]
         env = thread_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     hosts = hosts or scontrol.job_nodes(job)

@@ -119,7 +119,7 @@ def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None) ->
 
     from ddppipe.parallel import distributed
 
-    ctx = distributed.setup(ALLREDUCE_JOIN_TIMEOUT_S, use)
+    ctx = distributed.setup(use, ALLREDUCE_JOIN_TIMEOUT_S)
     try:
         rank, world = ctx.rank, ctx.world_size
         value = torch.tensor([rank + 1.0], device=ctx.device)

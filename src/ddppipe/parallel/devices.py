@@ -21,7 +21,7 @@ from ddppipe.core.errors import UserError
 if TYPE_CHECKING:
     import torch
 
-Use = Literal["gpu", "cpu", "auto"]
+Use = Literal["gpu", "cpu"]  # the device a run trains on, as its spec records it
 BF16_CAPABILITY = (8, 0)  # Ampere and newer compute bfloat16 natively; older GPUs emulate it
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
 HIDDEN = ("", "-1", "NoDevFiles", "none")  # CUDA_VISIBLE_DEVICES values that hide every GPU
@@ -31,26 +31,36 @@ class DeviceError(RuntimeError, UserError):
     """A rank cannot use the device its run needs; the message says what it sees and what to do."""
 
 
-def trains_on_gpus(cfg: dict[str, Any], slurm: bool, env: Mapping[str, str] | None = None) -> bool:
-    """Whether the run will train on GPUs, one per process: decided once, where it is submitted,
-    and recorded in its spec (:mod:`ddppipe.settings.run_spec`; its recipe depends on it too:
-    :mod:`ddppipe.settings.presets`).
+def trains_on_gpus(
+    cfg: dict[str, Any], slurm: bool, recipe: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bool:  # fmt: skip
+    """Whether the run will train on GPUs, one per process: the one place ``launch.device`` is
+    decided, once per run, where it is submitted (the workflow's :class:`Runs`, or
+    ``ddppipe resolve-config`` by hand), and recorded in its spec
+    (:mod:`ddppipe.settings.run_spec`: ``resolved.device``), which everything after reads (its
+    recipe too: :mod:`ddppipe.settings.presets`).
 
     ``launch.device`` ``gpu`` or ``cpu`` says it. ``auto``: CPUs in a SLURM job (``slurm``: the
     SLURM executor runs the training; or this process runs in a job): GPUs the ranks might
-    see there belong to other jobs. Otherwise this machine's GPUs, as torch sees them, or as
-    ``apptainer exec --nv`` binds them in.
+    see there belong to other jobs. Otherwise this machine's GPUs, as torch sees them; with
+    ``container.mode: apptainer``, as ``apptainer exec --nv`` binds them in, and only when the
+    image has CUDA (judged on ``recipe``, the base image's recipe, and the built image's
+    labels): a CPU-only image trains on CPUs.
     """
     env = os.environ if env is None else env
     if cfg["launch"]["device"] != "auto":
         return cfg["launch"]["device"] == "gpu"
     if slurm or env.get("SLURM_JOB_ID"):
         return False
-    from ddppipe.apptainer import running, tool
+    from ddppipe.apptainer import gpu_check, identity, running, tool
 
-    present = running.gpus_present()
-    if tool.enabled(cfg) or not present:
-        return present  # no NVIDIA driver here: torch (1.5 s) need not say
+    if not running.gpus_present():
+        return False  # no NVIDIA driver here: torch (1.5 s) need not say
+    if tool.enabled(cfg):
+        recipe = Path(recipe if recipe is not None else cfg["container"]["recipe"])
+        image = identity.info_path(cfg["container"]["image"])
+        return gpu_check.cpu_only(recipe, image) is None
     import torch
 
     return bool(torch.version.cuda) and torch.cuda.is_available()
@@ -247,8 +257,6 @@ def select(local_rank: int, local_world_size: int | None, wanted: Use) -> torch.
         return torch.device("cpu")
     seen_count = torch.cuda.device_count() if torch.version.cuda else 0
     if seen_count == 0 or not torch.cuda.is_available():
-        if wanted == "auto":
-            return torch.device("cpu")
         raise no_gpu_error(Seen.here(), f"local rank {local_rank} needs a GPU and has none")
     return torch.device("cuda", device_index(local_rank, seen_count, local_world_size))
 
@@ -264,8 +272,6 @@ def node_check(nproc: int, wanted: Use, precision: str) -> str:
     import torch
 
     seen = Seen.here()
-    if wanted == "auto" and seen.count == 0:
-        return f"{seen.host}: {cpus}"
     if seen.count == 0 or not torch.cuda.is_available():
         raise no_gpu_error(seen, f"{nproc} process(es) need a GPU each and none is usable")
     if seen.count < nproc:

@@ -38,13 +38,12 @@ def choose_backend(cuda: bool) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def setup(timeout_s: float = 600, use: devices.Use = "auto") -> Context:
+def setup(use: devices.Use, timeout_s: float = 600) -> Context:
     """Detect the launcher, pick device and backend, and join the process group.
 
-    ``use``: the run spec's device (:mod:`ddppipe.settings.run_spec`), or ``auto`` (a GPU if
-    there is one).
-    With ``gpu`` a rank that cannot use a GPU fails here, naming its node and what it sees,
-    instead of training on the CPU.
+    ``use``: the run spec's device (:mod:`ddppipe.settings.run_spec`). With ``gpu`` a rank
+    that cannot use a GPU fails here, naming its node and what it sees, instead of training
+    on the CPU.
     """
     env = environments.detect(os.environ)
     device = devices.select(env.local_rank, env.local_world_size, use)

@@ -260,22 +260,16 @@ def world_size(cfg: dict[str, Any]) -> int:
     return launch["nnodes"] * launch["nproc_per_node"]
 
 
-def gpus_requested(cfg: dict[str, Any]) -> bool:
-    """Whether the run must train on GPUs (``launch.device: gpu``), one per process."""
-    return cfg["launch"]["device"] == "gpu"
-
-
-def resolve(cfg: dict[str, Any], gpus: bool | None = None) -> dict[str, Any]:
+def resolve(cfg: dict[str, Any], gpus: bool) -> dict[str, Any]:
     """A validated copy of ``cfg`` with the training recipe (and the task arguments the preset
     sets) filled in from its preset, and the device decision under ``resolved``.
 
-    ``gpus``: whether the run trains on GPUs (:func:`ddppipe.parallel.devices.trains_on_gpus`),
-    which picks the preset's GPU version; None: when it asks for them (``launch.device: gpu``).
+    ``gpus``: whether the run trains on GPUs, as :func:`ddppipe.parallel.devices.trains_on_gpus`
+    decided it; it picks the preset's GPU version.
     The typed form of the result: :class:`ddppipe.settings.run_spec.RunSpec`.
     """
     cfg = validate(json.loads(json.dumps(cfg)))
     ws = world_size(cfg)
-    gpus = gpus_requested(cfg) if gpus is None else gpus
     cfg["train"] = presets.resolve(cfg["train"], ws, gpus)
     if layout.kind(cfg) == "task":
         cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])

@@ -227,11 +227,10 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def resolve(cfg: Mapping[str, Any], gpus: bool | None = None) -> RunSpec:
-    """The spec of a user's config: validated, its preset applied, its device decided
-    (:func:`ddppipe.settings.config.resolve`; ``gpus``: whether it trains on GPUs, which
-    :func:`ddppipe.parallel.devices.trains_on_gpus` answers where the run is submitted; None:
-    when it asks for them, as on SLURM).
+def resolve(cfg: Mapping[str, Any], gpus: bool) -> RunSpec:
+    """The spec of a user's config: validated, its preset applied, its device recorded
+    (:func:`ddppipe.settings.config.resolve`; ``gpus``: whether it trains on GPUs, as
+    :func:`ddppipe.parallel.devices.trains_on_gpus` decided it where the run is submitted).
     """
     return RunSpec.from_config(config.resolve(dict(cfg), gpus))
 

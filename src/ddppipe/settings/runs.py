@@ -8,17 +8,27 @@ mislabeled run.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
-from ddppipe.settings import scaling
+from ddppipe.settings import run_spec, scaling
 from ddppipe.settings import sweep as sweeps
 from ddppipe.settings.config import ConfigError
 
 
 class Runs:
-    """The runs of one config, each with its config."""
+    """The runs of one config, each with its config and, resolved once, its spec.
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    ``decide``: whether a run's config trains on GPUs, the one device decision
+    (:func:`ddppipe.parallel.devices.trains_on_gpus`, where the runs are submitted); without it
+    the runs have configs but no specs.
+    """
+
+    def __init__(
+        self, cfg: dict[str, Any], decide: Callable[[dict[str, Any]], bool] | None = None
+    ) -> None:
+        self._decide = decide
+        self._specs: dict[str, run_spec.RunSpec] = {}
         self.base = cfg
         self.sweep = sweeps.from_config(cfg)
         self.scaling = scaling.study(cfg)  # the scaling study: a grid sweep of its own
@@ -43,6 +53,16 @@ class Runs:
     def names(self) -> list[str]:
         """Every run: the base run, the scaling study's, the sweep's known trials."""
         return [self.base["run"], *self.scaling_runs(), *self._trials]
+
+    def spec(self, run: str) -> run_spec.RunSpec:
+        """The spec of run ``run``: its config resolved once, with its device decided; every
+        use in this process (the SLURM request, threads, the image, write_config) reads it."""
+        if run not in self._specs:
+            if self._decide is None:
+                raise ConfigError("these runs were made without a device decision: no spec")
+            cfg = self.config(run)
+            self._specs[run] = run_spec.resolve(cfg, self._decide(cfg))
+        return self._specs[run]
 
     def config(self, run: str) -> dict[str, Any]:
         """The config of run ``run`` (a copy); raise ConfigError for a name it does not define."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import attempts
-from ddppipe.settings import run_spec as run_spec
+from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
 
 # The SLURM plugin polls job states as rarely as every 180 s (its back-off cap).
@@ -154,7 +154,7 @@ def check(
 
 
 def check_cluster(
-    cfg: dict[str, Any],
+    spec: RunSpec,
     status_command: str,
     requeue: bool,
     state_dirs: list[Path],
@@ -165,12 +165,12 @@ def check_cluster(
 
     ``state_dirs``: the state folders of the runs to train, for their measured checkpoint time.
     """
-    request = slurm_request.Request.from_spec(run_spec.resolve(cfg))
+    request = slurm_request.Request.from_spec(spec)
     measured = [attempts.measured_checkpoint_seconds(d) for d in state_dirs]
     checkpoint_seconds = max((m for m in measured if m), default=None)
     cluster = read(request.partition, run)
     found = check(cluster, request, status_command, requeue, checkpoint_seconds)
-    if found and cfg["slurm"]["cluster_check"] == "error":
+    if found and spec.slurm.cluster_check == "error":
         raise ClusterPolicyError(
             "this cluster's settings would make the workflow hang or lose work; nothing was "
             "submitted:\n"

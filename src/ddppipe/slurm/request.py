@@ -16,7 +16,6 @@ from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
-from ddppipe.settings import run_spec as ddp_run
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.settings.runs import Runs
 from ddppipe.slurm.scontrol import job_id
@@ -201,12 +200,12 @@ def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:
     """The train rule's resources, each a function of the job's ``run`` wildcard.
 
     A scaling-study point or a sweep's trial asks for its own nodes, CPUs, time, ...
-    (:meth:`ddppipe.settings.runs.Runs.config`). The base run's request is checked here, so a bad
-    one fails when the Snakefile is read.
+    (:meth:`ddppipe.settings.runs.Runs.spec`, the run resolved once). The base run's request is
+    checked here, so a bad one fails when the Snakefile is read.
     """
 
     def request(run: str) -> dict[str, Any]:
-        return Request.from_spec(ddp_run.resolve(runs.config(run))).resources()
+        return Request.from_spec(runs.spec(run)).resources()
 
     by_run = {runs.base["run"]: request(runs.base["run"])}
 

@@ -92,7 +92,14 @@ def info() -> Info:
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    device = devices.select(local_rank, local_size, _env("use") or "auto")  # type: ignore[arg-type]
+    use = _env("use")  # the run spec's device, which the launcher passes on
+    if use not in ("gpu", "cpu"):
+        raise RuntimeError(
+            f"{ENV['use']} is {use!r}, not gpu or cpu: job.info() serves a script that "
+            "`ddppipe launch` starts (the train rule, with the run's decided device); run it "
+            "through the workflow (config key script:)"
+        )
+    device = devices.select(local_rank, local_size, use)  # type: ignore[arg-type]
     return Info(
         rank=int(os.environ.get("RANK", "0")), local_rank=local_rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),

@@ -322,12 +322,12 @@ def test_mlflow_trials_are_children_of_one_parent_run(
     from mlflow.tracking import MlflowClient
 
     from ddppipe.settings.run_spec import RunSpec
-    from ddppipe.training import tracking
+    from ddppipe.training import mlflow_log, tracking
 
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.create_experiment(tracking.DEFAULT_EXPERIMENT)  # the store, made once
+    experiment = client.create_experiment(mlflow_log.DEFAULT_EXPERIMENT)  # the store, made once
     cfg = trials.base_config(SWEEP)
     found = sweep.from_config(cfg)
     assert found is not None
@@ -338,8 +338,8 @@ def test_mlflow_trials_are_children_of_one_parent_run(
             spec = RunSpec.from_config({**trials.resolved_trial(cfg, found, trial),
                                         "task_source": trials.TASK_SOURCE})  # fmt: skip
             state_dir = layout.RunLayout(trial.run, tmp_path / "results").state
-            parent = tracking.SweepParent.of(spec, state_dir)
-            assert parent == tracking.SweepParent(
+            parent = mlflow_log.SweepParent.of(spec, state_dir)
+            assert parent == mlflow_log.SweepParent(
                 "lr", tmp_path / "results/sweeps/lr/.mlflow-parent.lock"
             )
             trackers.append(tracking.Tracker(None, state_dir, mlflow_uri=uri, run_name=trial.run,
@@ -349,12 +349,12 @@ def test_mlflow_trials_are_children_of_one_parent_run(
     for tracker in trackers:
         tracker.close()
     runs = client.search_runs([experiment])
-    (top,) = [r for r in runs if r.data.tags.get(tracking.ROLE_TAG) == "sweep"]
-    assert (top.info.run_name, top.data.tags[tracking.SWEEP_TAG]) == ("sweep lr", "lr")
+    (top,) = [r for r in runs if r.data.tags.get(mlflow_log.ROLE_TAG) == "sweep"]
+    assert (top.info.run_name, top.data.tags[mlflow_log.SWEEP_TAG]) == ("sweep lr", "lr")
     children = {r.info.run_name: r for r in runs if r is not top}
     assert sorted(children) == [f"sweeps/lr/{n}" for n in names]
     for child in children.values():
-        assert child.data.tags[tracking.PARENT_TAG] == top.info.run_id
-        assert child.data.tags[tracking.SWEEP_TAG] == "lr"
+        assert child.data.tags[mlflow_log.PARENT_TAG] == top.info.run_id
+        assert child.data.tags[mlflow_log.SWEEP_TAG] == "lr"
         assert child.info.status == "FINISHED"
     assert children["sweeps/lr/lr=0.1"].data.metrics["test/accuracy"] == pytest.approx(0.7)

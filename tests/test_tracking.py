@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ddppipe.training import tracking
+from ddppipe.training import mlflow_log, tracking
 
 # One job slot: logs train/loss = step + 1000 * slot at every step and test/accuracy at every
 # 10th, then closes the tracker or dies by SIGKILL (after `linger` seconds) without closing it.
@@ -22,10 +22,10 @@ SLOT = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from pathlib import Path
-    from ddppipe.training import tracking
+    from ddppipe.training import tensorboard_log, tracking
 
     spec = json.loads(sys.argv[1])
-    tracking.FLUSH_SECONDS = spec.get("flush_seconds", tracking.FLUSH_SECONDS)
+    tensorboard_log.FLUSH_SECONDS = spec.get("flush_seconds", tensorboard_log.FLUSH_SECONDS)
     tracker = tracking.Tracker(
         spec["log_dir"] and Path(spec["log_dir"]), Path(spec["state_dir"]),
         mlflow_uri=spec.get("mlflow_uri"),
@@ -43,6 +43,10 @@ SLOT = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
     """
 )
+
+
+# The loggers of the facade and its backends.
+LOGGERS = {f"ddppipe.training.{m}" for m in ("tracking", "tensorboard_log", "mlflow_log")}
 
 
 def run_slot(tmp_path: Path, slot: int, first: int, last: int, end: str, **extra: Any) -> None:
@@ -114,12 +118,12 @@ def test_mlflow_slots_continue_one_run(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     params = {"train": {"lr": 0.5, "epochs": 3}, "model": "cnn", "notes": "x" * 7000}
     run_slot(tmp_path, 1, 0, 29, "close", mlflow_uri=uri, params=params, tags={"jobs": "101"})
-    run_id = (tmp_path / "state" / tracking.RUN_ID_FILE).read_text().strip()
+    run_id = (tmp_path / "state" / mlflow_log.RUN_ID_FILE).read_text().strip()
     run_slot(tmp_path, 2, 20, 39, "close", mlflow_uri=uri, params=params, tags={"jobs": "101,102"})
-    assert (tmp_path / "state" / tracking.RUN_ID_FILE).read_text().strip() == run_id
+    assert (tmp_path / "state" / mlflow_log.RUN_ID_FILE).read_text().strip() == run_id
 
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(tracking.DEFAULT_EXPERIMENT)
+    experiment = client.get_experiment_by_name(mlflow_log.DEFAULT_EXPERIMENT)
     assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_id == run_id
@@ -149,7 +153,7 @@ def test_mlflow_alone_writes_no_tensorboard_files(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_slot(tmp_path, 1, 0, 9, "close", mlflow_uri=uri, log_dir=None)  # tensorboard: false
     assert not (tmp_path / "tensorboard").exists()
-    run_id = (tmp_path / "state" / tracking.RUN_ID_FILE).read_text().strip()
+    run_id = (tmp_path / "state" / mlflow_log.RUN_ID_FILE).read_text().strip()
     history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
     assert sorted(m.step for m in history) == list(range(10))
 
@@ -160,7 +164,7 @@ def test_unreachable_mlflow_never_stops_training(
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    with caplog.at_level(logging.WARNING, logger="ddppipe.training.tracking"):
+    with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
         tracker = tracking.Tracker(
             tmp_path / "tensorboard", tmp_path / "state", mlflow_uri="http://127.0.0.1:9"
         )
@@ -169,11 +173,12 @@ def test_unreachable_mlflow_never_stops_training(
         tracker.close()
         tracker.log(10, {"loss": 10.0}, prefix="train")  # after close: ignored
     assert [step for step, _ in scalars(tmp_path / "tensorboard", "train/loss")] == list(range(10))
-    warnings = [r for r in caplog.records if r.name == "ddppipe.training.tracking"]
+    warnings = [r for r in caplog.records if r.name in LOGGERS]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert warnings[0].levelno == logging.WARNING
+    assert warnings[0].name == "ddppipe.training.mlflow_log"
     assert "MLflow tracking (http://127.0.0.1:9) off" in warnings[0].getMessage()
-    assert not (tmp_path / "state" / tracking.RUN_ID_FILE).exists()
+    assert not (tmp_path / "state" / mlflow_log.RUN_ID_FILE).exists()
 
 
 def test_unwritable_log_dir_never_stops_training(
@@ -181,24 +186,24 @@ def test_unwritable_log_dir_never_stops_training(
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with caplog.at_level(logging.WARNING, logger="ddppipe.training.tracking"):
+    with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
         tracker = tracking.Tracker(blocker / "tensorboard", tmp_path / "state")
         for step in range(3):
             tracker.log(step, {"loss": 1.0, "bad": "n/a"}, prefix="train")  # type: ignore[dict-item]
         tracker.close()
-    messages = [r.getMessage() for r in caplog.records if r.name == "ddppipe.training.tracking"]
+    messages = [r.getMessage() for r in caplog.records if r.name in LOGGERS]
     assert len(messages) == 2, messages
     assert "'train/bad'" in messages[0]
     assert "TensorBoard tracking off" in messages[1]
 
 
 def test_flatten_params() -> None:
-    assert tracking.flatten({"train": {"lr": 0.1, "sched": {"gamma": 0.7}}, "seed": 1}) == {
+    assert mlflow_log.flatten({"train": {"lr": 0.1, "sched": {"gamma": 0.7}}, "seed": 1}) == {
         "train.lr": "0.1",
         "train.sched.gamma": "0.7",
         "seed": "1",
     }
-    assert tracking.flatten({"mirrors": ["a", "b"], "empty": {}}) == {
+    assert mlflow_log.flatten({"mirrors": ["a", "b"], "empty": {}}) == {
         "mirrors": "['a', 'b']",
         "empty": "{}",
     }

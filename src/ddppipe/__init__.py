@@ -2,8 +2,8 @@
 
 Packages, bottom to top (each imports only those below it; ``lint-imports`` checks):
 ``core``, ``settings``, ``data``, ``tasks``, ``runstate``, ``apptainer``, ``parallel``,
-``slurm``, ``training``, ``launching``, ``reports``, ``sweeps``, ``cli``. ``ddppipe.job`` is the API of
-users' torchrun scripts (``from ddppipe import job``).
+``slurm``, ``training``, ``launching``, ``reports``, ``sweeps``, ``cli``. ``ddppipe.job`` is the
+API of users' torchrun scripts (``from ddppipe import job``).
 """
 
 from importlib.metadata import PackageNotFoundError, version

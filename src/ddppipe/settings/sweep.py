@@ -33,6 +33,7 @@ import yaml
 
 from ddppipe.settings import layout
 from ddppipe.settings.config import ConfigError, coerce, schema, validate
+from ddppipe.settings.run_spec import SweepSection
 
 SAMPLED = ("random", "tpe")  # methods that draw values from ranges and choices
 # Keys a trial cannot change: what names the run, what every trial shares (the task, the
@@ -95,19 +96,12 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Sweep:
-    """The ``sweep:`` section, checked against the config schema."""
+class Sweep(SweepSection):
+    """The ``sweep:`` section (the run spec's :class:`SweepSection`, its one list of fields),
+    checked against the config schema: named, its parameters parsed."""
 
     name: str
-    parameters: tuple[Parameter, ...]
-    method: str
-    trials: int
-    seed: int
-    metric: str
-    direction: str
-    max_parallel: int
-    prune: str
-    prune_warmup_epochs: int
+    parameters: tuple[Parameter, ...]  # type: ignore[assignment]
 
     @property
     def layout(self) -> layout.SweepLayout:

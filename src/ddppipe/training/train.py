@@ -145,7 +145,7 @@ class Trainer:
         wanted = self.spec.tracking
         if not wanted.tensorboard and not wanted.mlflow:
             return None
-        from ddppipe.training import tracking
+        from ddppipe.training import mlflow_log, tracking
 
         folder = state.of(self.paths.state_dir)
         source = self.spec.task_source or {}  # null where no launcher resolved the task
@@ -158,7 +158,7 @@ class Trainer:
         return tracking.Tracker(
             tensorboard, folder.root, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
             params=self.config, tags=tags,
-            parent=tracking.SweepParent.of(self.spec, folder.root),  # a trial: a child run
+            parent=mlflow_log.SweepParent.of(self.spec, folder.root),  # a trial: a child run
         )  # fmt: skip
 
     def _record_efficiency(self) -> None:

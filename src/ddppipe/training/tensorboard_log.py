@@ -1,0 +1,84 @@
+"""TensorBoard event files of one run, continued across requeues (``tracking.tensorboard``).
+
+Event files are in ``log_dir``, the same folder for every slot (never keyed on a job id or a
+time). Each slot opens its own writer at its first point with ``purge_step`` = that step, which
+writes a ``SessionLog.START`` event: TensorBoard's Python loader (``EventAccumulator``,
+``tensorboard --load_fast=false``) then drops every point of every tag at steps >= that step
+from the earlier files. TensorBoard's default data server drops a series' points when its step
+goes back, tag by tag, which gives the same result as long as a slot logs with the same
+step-based cadence as the slot before it (a resumed slot replays every step from its
+checkpoint). Readers that parse each event file on its own (``tbparse``) see the stale points.
+Event files are append-only, one per writer, and so are safe on NFS/Lustre; this is ddppipe's
+default tracking. ``tensorboard`` is imported on first use only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# TensorBoard's writer thread writes pending points out at least this often.
+FLUSH_SECONDS = 5
+# A slot waits at most this long for its event file to sort after the files already there.
+_ORDER_WAIT_MAX_S = 2.0
+_EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\.")
+
+
+class TensorBoardLog:
+    """This slot's writer into ``log_dir``, opened at the first point (its step the purge step)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self._writer: Any = None
+
+    def log(self, step: int, points: dict[str, float], prefix: str = "") -> None:
+        """Points at ``step``; test points are written out at once. Raises on any error."""
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            _wait_to_sort_last(self.log_dir)
+            self._writer = SummaryWriter(
+                str(self.log_dir), purge_step=step, max_queue=1000, flush_secs=FLUSH_SECONDS
+            )
+        for tag, value in points.items():
+            self._writer.add_scalar(tag, value, global_step=step)
+        if _is_test(prefix, points):
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Write out and close the writer, if this slot opened one. Raises on any error."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _is_test(prefix: str, points: Mapping[str, float]) -> bool:
+    return prefix == "test" or any(tag.startswith("test/") for tag in points)
+
+
+def _wait_to_sort_last(log_dir: Path) -> None:
+    """Make this slot's event file sort after the existing ones (its name starts with the second).
+
+    TensorBoard reads a folder's event files in name order; a purge must come after the points
+    it purges. Two slots within the same second (fast restarts, tests) would tie.
+    """
+    seconds = [int(m[1]) for p in log_dir.iterdir() if (m := _EVENT_FILE.match(p.name)) is not None]
+    if not seconds:
+        return
+    delay = max(seconds) + 1 - time.time()
+    if delay > _ORDER_WAIT_MAX_S:
+        log.warning(
+            "an event file in %s is %.0f s in the future (clock skew between nodes?): "
+            "TensorBoard may show stale points of an earlier slot",
+            log_dir,
+            delay,
+        )
+    elif delay > 0:
+        time.sleep(delay)

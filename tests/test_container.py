@@ -428,7 +428,7 @@ def test_task_with_an_image_only_package_trains_in_the_image(task_image_run: Tas
     assert image["requirements"] == [HUMANIZE] and image["base"]["sha256"] == base["sha256"]
     print(f"derived image (humanize) + the whole DAG: {run.seconds:.0f} s")
     print("where each rule ran:", where)
-    for name in ("build_task_image", "prepare_data", "blobs/write_config", "blobs/train"):
+    for name in ("build_task_image", "prepare_data/blobsdep", "blobs/write_config", "blobs/train"):
         print(f"benchmarks/{name}.tsv:", (w / f"benchmarks/{name}.tsv").read_text().split("\n")[1])
 
 

@@ -131,9 +131,9 @@ def simulated(root: Path, n: int) -> Path:
     found = sweep.from_config(cfg)
     assert found is not None
     results = root / "results"
-    trials = sweep.trials(found)[:n]
-    resolved = resolved_trial(cfg, found, trials[0])
-    for i, trial in enumerate(trials):
+    chosen = sweep.trials(found)[:n]
+    resolved = resolved_trial(cfg, found, chosen[0])
+    for i, trial in enumerate(chosen):
         run = layout.RunLayout(trial.run, results)
         write_config(run, resolved, found, trial)
         completed(run, [0.5, 0.8, 0.9 + (i % 97) / 1000])

@@ -17,6 +17,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.runstate import attempts
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
+from ddppipe.slurm import scontrol
 
 # The SLURM plugin polls job states as rarely as every 180 s (its back-off cap).
 PLUGIN_MAX_POLL_S = 180
@@ -65,13 +66,13 @@ def parse_config(text: str) -> dict[str, str]:
 def read(partition: str | None, run: Any = subprocess.run) -> Cluster:
     """The cluster's config and the partition the run goes to (the default when None)."""
 
-    def scontrol(*args: str) -> str:
+    def ask(*args: str) -> str:
         return run(
             ["scontrol", *args], capture_output=True, text=True, check=True, timeout=60
         ).stdout
 
-    config = parse_config(scontrol("show", "config"))
-    lines = scontrol("-o", "show", "partition").splitlines()
+    config = parse_config(ask("show", "config"))
+    lines = ask("-o", "show", "partition").splitlines()
     records = [r for r in map(scontrol.parse_record, lines) if "PartitionName" in r]
     if partition:
         chosen = [r for r in records if r["PartitionName"] == partition]

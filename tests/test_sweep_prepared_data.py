@@ -25,6 +25,8 @@ from tests.test_sweep import jobs, user_dir
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
 
+pytestmark = pytest.mark.slow  # end-to-end sweeps through the DAG (about 20 s)
+
 
 def one_epoch(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg["tracking"]["tensorboard"] = False

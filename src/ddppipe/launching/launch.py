@@ -196,7 +196,7 @@ def supervise(
     sys.stderr.flush()
     if plan.job is None:
         child: workers.Group | subprocess.Popen = workers.Group(
-            plan.command, env, plan.workers, plan.request.max_restarts, _die_with_parent
+            plan.command, env, plan.workers, plan.request.launch.max_restarts, _die_with_parent
         )
     else:
         child = subprocess.Popen(

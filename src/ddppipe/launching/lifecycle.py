@@ -256,7 +256,7 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
         if hung:
             log.error("the slot hung: %s", hung["detail"])
         return exit_status  # 75: run it again to resume
-    decision = continuation.decide(history, request.max_continuations)
+    decision = continuation.decide(history, request.slurm.max_continuations)
     if decision.requeue:
         try:
             scontrol.requeue(job)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
+from ddppipe.settings import run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.settings.runs import Runs
 from ddppipe.slurm.scontrol import job_id
@@ -39,46 +40,18 @@ class SlurmRequestError(ValueError, UserError):
 
 @dataclass(frozen=True)
 class Request:
-    """The training job's shape and SLURM options, derived from one config."""
+    """The training job's shape and SLURM options: the run spec's ``launch`` and ``slurm``
+    sections, read as they are, and what is derived from them (GPUs, memory)."""
 
-    nodes: int
-    procs_per_node: int
-    cpus_per_proc: int | None  # None: the node's CPUs shared out (locally), 1 on SLURM
-    gpus_per_node: int  # launch.device gpu: one per process; 0 otherwise
-    mem_mb: int
-    runtime: int
-    partition: str | None
-    account: str | None
-    constraint: str | None
-    qos: str | None
-    signal_seconds: int
-    stop_signal: str  # the time-limit warning's signal name, e.g. SIGUSR1
-    rendezvous_host: str | None
-    max_restarts: int
-    max_continuations: int
+    launch: run_spec.Launch
+    slurm: run_spec.Slurm
+    gpus_per_node: int  # the run trains on GPUs: one per process; 0 otherwise
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Request:
         """The request of a run; raise SlurmRequestError for one that cannot work."""
-        launch, slurm, gpus = spec.launch, spec.slurm, spec.gpus  # one GPU per process
-        request = cls(
-            nodes=launch.nnodes,
-            procs_per_node=launch.nproc_per_node,
-            cpus_per_proc=launch.cpus_per_proc,
-            gpus_per_node=launch.nproc_per_node if gpus else 0,
-            mem_mb=slurm.mem_mb
-            or launch.nproc_per_node * (MEM_MB_PER_GPU_PROC if gpus else MEM_MB_PER_CPU_PROC),
-            runtime=slurm.runtime,
-            partition=slurm.partition,
-            account=slurm.account,
-            constraint=slurm.constraint,
-            qos=slurm.qos,
-            signal_seconds=slurm.signal_seconds,
-            stop_signal=slurm.stop_signal,
-            rendezvous_host=slurm.rendezvous_host,
-            max_restarts=launch.max_restarts,
-            max_continuations=slurm.max_continuations,
-        )
+        gpus = spec.launch.nproc_per_node if spec.gpus else 0  # one GPU per process
+        request = cls(spec.launch, spec.slurm, gpus)
         least = request.gpus_per_node * MIN_MEM_MB_PER_GPU_PROC
         if request.mem_mb < least:
             raise SlurmRequestError(
@@ -94,6 +67,46 @@ class Request:
                 "would come before training starts; lower signal_seconds or raise runtime"
             )
         return request
+
+    @property
+    def nodes(self) -> int:
+        return self.launch.nnodes
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.launch.nproc_per_node
+
+    @property
+    def cpus_per_proc(self) -> int | None:
+        """None: the node's CPUs shared out (locally), 1 on SLURM."""
+        return self.launch.cpus_per_proc
+
+    @property
+    def mem_mb(self) -> int:
+        """``slurm.mem_mb``, or by default per process (more for a GPU process)."""
+        per_proc = MEM_MB_PER_GPU_PROC if self.gpus_per_node else MEM_MB_PER_CPU_PROC
+        return self.slurm.mem_mb or self.procs_per_node * per_proc
+
+    @property
+    def runtime(self) -> int:
+        return self.slurm.runtime
+
+    @property
+    def partition(self) -> str | None:
+        return self.slurm.partition
+
+    @property
+    def signal_seconds(self) -> int:
+        return self.slurm.signal_seconds
+
+    @property
+    def stop_signal(self) -> str:
+        """The time-limit warning's signal name, e.g. SIGUSR1."""
+        return self.slurm.stop_signal
+
+    @property
+    def rendezvous_host(self) -> str | None:
+        return self.slurm.rendezvous_host
 
     @property
     def world_size(self) -> int:
@@ -131,9 +144,9 @@ class Request:
             "mem_mb": self.mem_mb,
             "runtime": self.runtime,
             "slurm_partition": self.partition,
-            "slurm_account": self.account,
-            "constraint": self.constraint,
-            "qos": self.qos,
+            "slurm_account": self.slurm.account,
+            "constraint": self.slurm.constraint,
+            "qos": self.slurm.qos,
             "slurm_extra": "--ntasks-per-node=1",
         }
         if self.gpus_per_node:
@@ -167,7 +180,7 @@ class Request:
         The rendezvous endpoint is ``slurm.rendezvous_host`` when set; otherwise ``ddppipe
         agent`` takes the first node of its own step (:func:`step_rendezvous`).
         """
-        restarts = self.max_restarts if max_restarts is None else max_restarts
+        restarts = self.launch.max_restarts if max_restarts is None else max_restarts
         common = [f"--nnodes={self.nodes}", f"--nproc-per-node={self.procs_per_node}"]
         endpoint = (
             [f"--rdzv-endpoint={self.rendezvous_host}:{job_port(int(job_id))}"]

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from ddppipe.apptainer import (
 )
 from ddppipe.core import hashing
 from ddppipe.parallel import software
-from ddppipe.settings import config
+from ddppipe.settings import config, run_spec
 from tests.slurm_cluster import SlurmCluster
 from tests.test_slurm import logs, on_cluster, snakemake_slurm
 from tests.tiny import REPO, TinyData, default_config, tiny_config
@@ -110,9 +110,17 @@ def container_config(
     return cfg
 
 
+def container_spec(
+    task: str = "ddppipe.tasks.mnist", script: str | None = None, gpus: bool = False,
+    **container: Any,
+) -> run_spec.RunSpec:  # fmt: skip
+    """That config's spec, training on GPUs or not (``gpus``)."""
+    return run_spec.resolve(container_config(task, script, **container), gpus)
+
+
 def test_exec_prefix() -> None:
-    cfg = container_config(mode="apptainer", image="i.sif", exec_args=["--bind", "/d"])
-    assert running.exec_prefix(cfg, gpus=True) == [
+    settings = {"mode": "apptainer", "image": "i.sif", "exec_args": ["--bind", "/d"]}
+    assert running.exec_prefix(container_spec(gpus=True, **settings)) == [
         "apptainer",
         "exec",
         "--nv",
@@ -120,9 +128,9 @@ def test_exec_prefix() -> None:
         "/d",
         "i.sif",
     ]
-    assert running.python_command(cfg, gpus=False)[-2:] == ["i.sif", "python"]
-    assert running.exec_prefix(container_config(), gpus=False) == []  # container.mode: none
-    assert running.python_command(container_config(), gpus=False) == [sys.executable]
+    assert running.python_command(container_spec(**settings))[-2:] == ["i.sif", "python"]
+    assert running.exec_prefix(container_spec()) == []  # container.mode: none
+    assert running.python_command(container_spec()) == [sys.executable]
 
 
 def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,9 +143,9 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(work)
 
     def argv(task: str, script: str | None = None, exec_args: tuple[str, ...] = ()) -> list[str]:
-        cfg = container_config(task, script, mode="apptainer", image="i.sif",
-                               exec_args=list(exec_args))  # fmt: skip
-        return running.exec_prefix(cfg, gpus=False)
+        spec = container_spec(task, script, mode="apptainer", image="i.sif",
+                              exec_args=list(exec_args))  # fmt: skip
+        return running.exec_prefix(spec)
 
     bind = "--bind"
     # (sorted by path)
@@ -155,27 +163,29 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert argv("ddppipe.tasks.mnist", f"{scripts}/t.py", elsewhere)[-3:] == [bind, str(scripts),
                                                                                "i.sif"]  # fmt: skip
     # A symlinked folder: as written and where it resolves to; a missing folder: left out.
-    assert binds.user_binds(container_config("linked/t.py", "missing/t.py")) == [
+    assert binds.user_binds(container_spec("linked/t.py", "missing/t.py")) == [
         str(real), f"{work}/linked"
     ]  # fmt: skip
-    assert binds.user_binds(container_config("a.py"), cwd=scripts) == [str(scripts)]
+    assert binds.user_binds(container_spec("a.py"), cwd=scripts) == [str(scripts)]
 
 
 def test_requirements_pinned_and_named_by_hash() -> None:
     """container.requirements: pinned or refused with a hint; the list names the image."""
     reqs = ["tabulate==0.9.0", "Foo_Bar[x,y]==1.0.post1"]
-    cfg = container_config(mode="apptainer", image=IMAGE, requirements=reqs)
-    assert requirements.requirements(cfg) == ["Foo_Bar[x,y]==1.0.post1", "tabulate==0.9.0"]
-    derived = running.run_image(cfg)
+    spec = container_spec(mode="apptainer", image=IMAGE, requirements=reqs)
+    assert requirements.requirements(spec.container) == [
+        "Foo_Bar[x,y]==1.0.post1", "tabulate==0.9.0"
+    ]  # fmt: skip
+    derived = running.run_image(spec.container)
     assert re.fullmatch(r"results/images/ddppipe-[0-9a-f]{12}\.sif", derived)
     assert derived == str(requirements.derived_image(IMAGE, list(reversed(reqs))))
-    assert running.exec_prefix(cfg, gpus=False)[-1] == derived
-    assert running.python_command(cfg, gpus=False)[-2:] == [derived, "python"]
-    assert running.run_image(container_config(image=IMAGE)) == IMAGE  # no requirements
+    assert running.exec_prefix(spec)[-1] == derived
+    assert running.python_command(spec)[-2:] == [derived, "python"]
+    assert running.run_image(container_spec(image=IMAGE).container) == IMAGE  # none required
     assert requirements.derived_image(IMAGE, ["tabulate==0.8.10"]) != Path(derived)
     for loose in ("tabulate", "tabulate>=0.9", "numpy==2.*", "git+https://x/y.git", "a==1 ; b"):
         with pytest.raises(tool.ContainerError, match=r"pinned as name==version"):
-            requirements.requirements({"container": {"requirements": [loose]}})
+            requirements.requirements(replace(spec.container, requirements=(loose,)))
         bad = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
         bad["container"]["requirements"] = [loose]
         with pytest.raises(
@@ -183,7 +193,7 @@ def test_requirements_pinned_and_named_by_hash() -> None:
         ):
             config.validate(bad)
     with pytest.raises(tool.ContainerError, match=r"'tabulate>=0\.9': write tabulate==VERSION"):
-        requirements.requirements({"container": {"requirements": ["tabulate>=0.9"]}})
+        requirements.requirements(replace(spec.container, requirements=("tabulate>=0.9",)))
     recipe = task_recipe.derived_recipe("ddppipe.sif", ["tabulate==0.9.0"], "ab" * 32)
     assert recipe.startswith("Bootstrap: localimage\nFrom: ddppipe.sif\n")
     assert "ddppipe.requirements tabulate==0.9.0" in recipe and "PIP_CERT" in recipe

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddppipe.apptainer import gpu_check, identity, tool
+from ddppipe.settings import run_spec
 from tests.tiny import REPO, default_config
 from tests.workflow_helpers import snakemake
 
@@ -70,13 +71,14 @@ def test_a_built_image_answers_with_its_labels(gpu_container_config: dict, tmp_p
 
     def check(labels: dict[str, str]) -> None:
         identity.info_path(image).write_text(json.dumps({**info, "labels": labels}))
-        gpu_check.check_gpu_image(gpu_container_config, True, recipe, image)
+        gpu_check.check_gpu_image(run_spec.resolve(gpu_container_config, True), recipe, image)
 
     with pytest.raises(tool.ContainerError, match="has a CPU-only torch"):
         check({"ddppipe.torch.version": "2.14.1+cpu"})
     check({"ddppipe.cuda.version": "13.0"})  # CUDA image: fine, whatever the recipe says
     gpu_container_config["launch"]["device"] = "cpu"
-    gpu_check.check_gpu_image(gpu_container_config, False, recipe, tmp_path / "none.sif")
+    cpu = run_spec.resolve(gpu_container_config, False)
+    gpu_check.check_gpu_image(cpu, recipe, tmp_path / "none.sif")  # a CPU run: nothing to check
 
 
 def test_auto_on_a_gpu_host_trains_where_the_image_can(

@@ -125,14 +125,14 @@ def on_slurm():
 def run_gpus(run):
     """ "yes" when the run ``run`` trains on GPUs (its spec), else "no"; a GPU run's image must
     have CUDA (ddppipe.apptainer.gpu_check), a config error otherwise."""
-    gpus = RUNS.spec(run).gpus
+    spec = RUNS.spec(run)
     try:
         ddp_gpu_check.check_gpu_image(
-            config, gpus, image_sources()["recipe"], config["container"]["image"]
+            spec, image_sources()["recipe"], spec.container.image
         )
     except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
-    return "yes" if gpus else "no"
+    return "yes" if spec.gpus else "no"
 
 
 def print_summary():
@@ -221,7 +221,7 @@ def image_sources():
 def image_requirements():
     """container.requirements (sorted); an unpinned one is a config error."""
     try:
-        return ddp_requirements.requirements(config)
+        return ddp_requirements.requirements(RUNS.spec(RUN).container)
     except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
 
@@ -233,13 +233,13 @@ TASK_REQUIREMENTS = image_requirements()
 def run_image():
     """The image train and evaluate run in: container.image, or with container.requirements
     the one derived from it (rule build_task_image)."""
-    return ddp_running.run_image(config)
+    return ddp_running.run_image(RUNS.spec(RUN).container)
 
 
 def image_input():
     """The image (and its info) as inputs of the rules that run in it (train, and with
     task_exec() prepare_data and write_config): built first; none when mode is none."""
-    if not ddp_apptainer.enabled(config):
+    if not ddp_apptainer.enabled(RUNS.spec(RUN).container):
         return []
     return [run_image(), str(ddp_identity.info_path(run_image()))]
 
@@ -247,8 +247,8 @@ def image_input():
 def image_exec():
     """Shell prefix running a rule's command inside the image ('' when mode is none)."""
     return (
-        shlex.join(ddp_running.exec_prefix(config, RUNS.spec(RUN).gpus)) + " "
-        if ddp_apptainer.enabled(config)
+        shlex.join(ddp_running.exec_prefix(RUNS.spec(RUN))) + " "
+        if ddp_apptainer.enabled(RUNS.spec(RUN).container)
         else ""
     )
 
@@ -266,7 +266,7 @@ def task_exec():
 
 def image_info_arg():
     """`ddppipe export` option recording the image (the one training ran in) in the provenance."""
-    if not ddp_apptainer.enabled(config):
+    if not ddp_apptainer.enabled(RUNS.spec(RUN).container):
         return ""
     return f"--image-info {ddp_identity.info_path(run_image())}"
 

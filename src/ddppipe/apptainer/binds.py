@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+
+from ddppipe.settings.run_spec import RunSpec
 
 
-def _user_files(cfg: dict[str, Any]) -> list[str]:
-    """The user's code files the config names: ``task`` when it names a file (not a module),
+def _user_files(spec: RunSpec) -> list[str]:
+    """The user's code files the run names: ``task`` when it names a file (not a module),
     and ``script``."""
     from ddppipe.tasks import is_file_ref
 
-    files = [cfg["task"]] if is_file_ref(cfg["task"]) else []
-    return files + ([cfg["script"]] if cfg["script"] else [])
+    files = [spec.task] if is_file_ref(spec.task) else []
+    return files + ([spec.script] if spec.script else [])
 
 
 def _bound(exec_args: list[str]) -> list[Path]:
@@ -34,7 +35,7 @@ def _bound(exec_args: list[str]) -> list[Path]:
     return found
 
 
-def user_binds(cfg: dict[str, Any], cwd: str | Path | None = None) -> list[str]:
+def user_binds(spec: RunSpec, cwd: str | Path | None = None) -> list[str]:
     """Folders of the user's task file and torchrun script to bind at the same path.
 
     Paths are relative to ``cwd`` (the Snakemake working directory, default the current one).
@@ -44,8 +45,8 @@ def user_binds(cfg: dict[str, Any], cwd: str | Path | None = None) -> list[str]:
     inside another bound one, and those ``exec_args`` already bind at the same path.
     """
     base = Path(cwd) if cwd is not None else Path.cwd()
-    covered = _bound(list(cfg["container"]["exec_args"]))
-    files = [base / f for f in _user_files(cfg)]
+    covered = _bound(list(spec.container.exec_args))
+    files = [base / f for f in _user_files(spec)]
     # as written and with symlinks resolved (where the task loader looks)
     wanted = {Path(os.path.abspath(f)).parent for f in files} | {f.resolve().parent for f in files}
     binds: list[Path] = []

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.tool import ContainerError, enabled
+from ddppipe.settings.run_spec import RunSpec
 
 
 def recipe_labels(recipe: str | Path) -> dict[str, str]:
@@ -45,15 +45,15 @@ def cpu_only(recipe: Path, info: Path) -> str | None:
     return None
 
 
-def check_gpu_image(cfg: dict[str, Any], gpus: bool, recipe: str | Path, image: str | Path) -> None:
-    """Raise ContainerError when a GPU run (``gpus``: its spec's device) would train in an
-    image without CUDA."""
-    if not enabled(cfg) or not gpus:
+def check_gpu_image(spec: RunSpec, recipe: str | Path, image: str | Path) -> None:
+    """Raise ContainerError when a GPU run (its spec's device) would train in an image without
+    CUDA."""
+    if not enabled(spec.container) or not spec.gpus:
         return
     reason = cpu_only(Path(recipe), info_path(image))
     if reason:
         raise ContainerError(
-            f"GPUs are requested (launch.device: {cfg['launch']['device']}) but {reason}: every "
+            f"GPUs are requested (launch.device: {spec.launch.device}) but {reason}: every "
             "rank would stop. "
             "Set container.recipe: containers/ddppipe.def (CUDA + NCCL), or train on CPUs "
             "(launch.device: cpu)"

@@ -6,10 +6,10 @@ import functools
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ddppipe.apptainer.tool import ContainerError
 from ddppipe.core import hashing
+from ddppipe.settings.run_spec import Container
 
 
 @functools.cache
@@ -21,9 +21,9 @@ def _requirement_pattern() -> re.Pattern[str]:
     return re.compile(node["items"]["pattern"])
 
 
-def requirements(cfg: dict[str, Any]) -> list[str]:
+def requirements(container: Container) -> list[str]:
     """``container.requirements``, sorted, without duplicates; ContainerError if one is unpinned."""
-    return pinned(cfg["container"]["requirements"])
+    return pinned(container.requirements)
 
 
 def pinned(requirements: Sequence[str]) -> list[str]:

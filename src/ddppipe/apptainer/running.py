@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 from ddppipe.apptainer.binds import user_binds
 from ddppipe.apptainer.requirements import derived_image, requirements
 from ddppipe.apptainer.tool import APPTAINER, enabled
+from ddppipe.settings.run_spec import Container, RunSpec
 
 IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
 
@@ -19,30 +19,30 @@ def gpus_present() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
-def run_image(cfg: dict[str, Any]) -> str:
+def run_image(container: Container) -> str:
     """The image train and evaluate run in: container.image, or with container.requirements
     the image derived from it (:func:`~ddppipe.apptainer.requirements.derived_image`, rule
     build_task_image)."""
-    base = str(cfg["container"]["image"])
-    reqs = requirements(cfg)
+    base = str(container.image)
+    reqs = requirements(container)
     return str(derived_image(base, reqs)) if reqs else base
 
 
-def exec_prefix(cfg: dict[str, Any], gpus: bool) -> list[str]:
+def exec_prefix(spec: RunSpec) -> list[str]:
     """``apptainer exec [--nv] [exec_args] [--bind DIR ...] IMAGE``, or ``[]`` when off.
 
-    ``--nv`` is added when ``gpus`` (the run's device is a GPU); the binds are
+    ``--nv`` is added when the run trains on GPUs (its spec's device); the binds are
     :func:`~ddppipe.apptainer.binds.user_binds`; IMAGE is :func:`run_image`.
     """
-    if not enabled(cfg):
+    if not enabled(spec.container):
         return []
-    extra = list(cfg["container"]["exec_args"])
-    nv = ["--nv"] if gpus and "--nv" not in extra else []
-    binds = [arg for folder in user_binds(cfg) for arg in ("--bind", folder)]
-    return [APPTAINER, "exec", *nv, *extra, *binds, run_image(cfg)]
+    extra = list(spec.container.exec_args)
+    nv = ["--nv"] if spec.gpus and "--nv" not in extra else []
+    binds = [arg for folder in user_binds(spec) for arg in ("--bind", folder)]
+    return [APPTAINER, "exec", *nv, *extra, *binds, run_image(spec.container)]
 
 
-def python_command(cfg: dict[str, Any], gpus: bool) -> list[str]:
+def python_command(spec: RunSpec) -> list[str]:
     """The Python to start training with: this interpreter, or the image's via exec_prefix."""
-    prefix = exec_prefix(cfg, gpus)
+    prefix = exec_prefix(spec)
     return [*prefix, IMAGE_PYTHON] if prefix else [sys.executable]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddppipe.core.errors import UserError
+from ddppipe.settings.run_spec import Container
 
 APPTAINER = "apptainer"
 
@@ -13,6 +12,6 @@ class ContainerError(RuntimeError, UserError):
     """An image could not be built or inspected; the message says which step and where to look."""
 
 
-def enabled(cfg: dict[str, Any]) -> bool:
-    """Whether the config trains inside an Apptainer image (``container.mode: apptainer``)."""
-    return cfg["container"]["mode"] == "apptainer"
+def enabled(container: Container) -> bool:
+    """Whether the run trains inside an Apptainer image (``container.mode: apptainer``)."""
+    return container.mode == "apptainer"

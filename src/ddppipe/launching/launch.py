@@ -89,7 +89,6 @@ def plan(
     env = dict(os.environ if env is None else env)
     request = slurm_request.Request.from_spec(spec)
     job = scontrol.job_id(env)
-    cfg = spec.as_dict()
     agent = ["-m", "ddppipe", "agent"]
     if job is None:
         if request.nodes > 1:
@@ -97,7 +96,7 @@ def plan(
                 f"launch.nnodes is {request.nodes}, but this is no SLURM allocation: run "
                 "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
             )
-        command = [*running.python_command(cfg, spec.gpus), *program]
+        command = [*running.python_command(spec), *program]
         env = thread_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     hosts = hosts or scontrol.job_nodes(job)
@@ -108,7 +107,7 @@ def plan(
         )
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
-        *request.srun(job), *running.python_command(cfg, spec.gpus), *agent,
+        *request.srun(job), *running.python_command(spec), *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)

@@ -222,7 +222,7 @@ def run(
         node_args += [f"--state={Path(state).resolve()}", f"--token={token}"]
     node_check = [
         *request.srun(job, kill_on_bad_exit=False),
-        *running.python_command(spec.as_dict(), spec.gpus),
+        *running.python_command(spec),
         "-m", "ddppipe", "preflight-node", *node_args, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip

@@ -54,10 +54,11 @@ def trains_on_gpus(
     if slurm or env.get("SLURM_JOB_ID"):
         return False
     from ddppipe.apptainer import gpu_check, identity, running, tool
+    from ddppipe.settings import run_spec
 
     if not running.gpus_present():
         return False  # no NVIDIA driver here: torch (1.5 s) need not say
-    if tool.enabled(cfg):
+    if tool.enabled(run_spec.section(run_spec.Container, cfg["container"])):
         recipe = Path(recipe if recipe is not None else cfg["container"]["recipe"])
         image = identity.info_path(cfg["container"]["image"])
         return gpu_check.cpu_only(recipe, image) is None

@@ -162,7 +162,8 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def _section(cls: type, values: Mapping[str, Any]) -> Any:
+def section(cls: type, values: Mapping[str, Any]) -> Any:
+    """The section ``cls`` (e.g. :class:`Container`) of a config's section ``values``."""
     return cls(**{f.name: _frozen(values[f.name]) for f in dataclasses.fields(cls)})
 
 
@@ -190,7 +191,7 @@ class RunSpec:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSpec:
         """The spec of a config that :func:`resolve` produced (validated, preset applied)."""
-        sections = {name: _section(sec, cfg[name]) for name, sec in SECTIONS.items()}
+        sections = {name: section(sec, cfg[name]) for name, sec in SECTIONS.items()}
         return cls(
             run=cfg["run"], task=cfg["task"], task_args=_frozen(cfg["task_args"]),
             script=cfg["script"], script_args=tuple(cfg["script_args"]),

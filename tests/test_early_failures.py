@@ -70,15 +70,15 @@ def test_a_second_identical_early_failure_is_final() -> None:
     other = failure("6", 130.0, "ModuleNotFoundError: No module named 'mytask'")
     assert not early_failures.repeated([first, other], [])
     # a slot that trained between them: the run got further; this one is the first again
-    assert not early_failures.repeated([first, second], [{"start": 110.0}])
+    assert not early_failures.repeated([first, second], [110.0])
 
 
 def test_a_slot_started_after_an_early_failure_tells_the_runs_story(tmp_path: Path) -> None:
     assert early_failures.load(tmp_path) == []
     found = early_failures.record(tmp_path, failure("3", 100.0))
     assert early_failures.load(tmp_path) == found == [failure("3", 100.0)]
-    assert early_failures.latest(found, [{"start": 90.0}]) == failure("3", 100.0)
-    assert early_failures.latest(found, [{"start": 120.0}]) is None
+    assert early_failures.latest(found, [90.0]) == failure("3", 100.0)
+    assert early_failures.latest(found, [120.0]) is None
     assert failure("3", 100.0).text() == (
         "before training (SLURM job 3): WorkflowError: task 'x.py': no such file "
         "(log: .snakemake/slurm_logs/rule_train/x/3.log)"

@@ -120,5 +120,7 @@ def load(run_dir: Path) -> RunFiles:
         history=jsonl.read(metrics_path) if metrics_path else [],
         attempts=attempts,
         evaluation=json.loads(evaluation.read_text()) if evaluation.exists() else {},
-        early_failure=early_failures.latest(early_failures.load(run.state), attempts),
+        early_failure=early_failures.latest(
+            early_failures.load(run.state), [float(a["start"]) for a in attempts]
+        ),
     )

@@ -12,10 +12,9 @@ summary and the sweep's table name it, and a second identical failure is not ret
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from ddppipe.core import atomic
 from ddppipe.runstate import state
@@ -56,24 +55,21 @@ def record(state_dir: Path, failure: EarlyFailure) -> list[EarlyFailure]:
     return found
 
 
-def latest(
-    failures: Sequence[EarlyFailure], attempts: Sequence[Mapping[str, Any]]
-) -> EarlyFailure | None:
-    """The run's last early failure, when no slot started after it (a slot that trained since
-    tells the run's story: its attempt's outcome)."""
+def latest(failures: Sequence[EarlyFailure], starts: Sequence[float]) -> EarlyFailure | None:
+    """The run's last early failure, when no slot started after it (``starts``: the Unix times
+    its slots started; a slot that trained since tells the run's story: its attempt's
+    outcome)."""
     if not failures:
         return None
     last = failures[-1]
-    if attempts and float(attempts[-1].get("start") or 0) > last.time:
-        return None
-    return last
+    return None if any(start > last.time for start in starts) else last
 
 
-def repeated(failures: Sequence[EarlyFailure], attempts: Sequence[Mapping[str, Any]]) -> bool:
+def repeated(failures: Sequence[EarlyFailure], starts: Sequence[float]) -> bool:
     """Whether the last two early failures had the same error with no slot started between
-    them: the crash rule (a second identical failure is final) before training."""
-    if len(failures) < 2 or latest(failures, attempts) is None:
+    them or since (``starts``: the slots' start times): the crash rule (a second identical
+    failure is final) before training."""
+    if len(failures) < 2 or latest(failures, starts) is None:
         return False
     before, last = failures[-2], failures[-1]
-    started = [a for a in attempts if before.time < float(a.get("start") or 0) < last.time]
-    return before.error == last.error and not started
+    return before.error == last.error and not any(before.time < s < last.time for s in starts)

@@ -14,35 +14,38 @@ today's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
 
 from ddppipe.core import atomic
-from ddppipe.settings import layout
+from ddppipe.settings import config, layout
 from ddppipe.settings import sweep as sweeps
 
 
-def _keep_mtime(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, with the file's modification time as before."""
+@contextlib.contextmanager
+def _same_mtime(path: Path) -> Iterator[None]:
+    """``path`` written in the block keeps the modification time it had before."""
     before = path.stat()
-    atomic.write_text(path, text)
+    yield
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-def _rename_config(config: Path, run: str, name: str) -> None:
-    if not config.is_file():
+def _rename_config(path: Path, run: str, name: str) -> None:
+    if not path.is_file():
         return
-    cfg = yaml.safe_load(config.read_text())
+    cfg = yaml.safe_load(path.read_text())
     if not isinstance(cfg, dict):
         return
     cfg["run"] = run
     if isinstance(cfg.get("trial"), dict):
         cfg["trial"]["name"] = name
-    _keep_mtime(config, yaml.safe_dump(cfg, sort_keys=False))
+    with _same_mtime(path):
+        config.write(cfg, path)
 
 
 def _rename_listed(path: Path) -> None:
@@ -56,7 +59,8 @@ def _rename_listed(path: Path) -> None:
         t["name"] = sweeps.current_name(t["name"])
         if "run" in t:
             t["run"] = sweeps.current_name(t["run"])
-    _keep_mtime(path, json.dumps(doc, indent=1) + "\n")
+    with _same_mtime(path):  # as rule sweep_trials and the rounds write them
+        atomic.write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
 def rename(sweep_names: Iterable[str], results: Path = layout.RESULTS) -> list[str]:

@@ -97,7 +97,7 @@ def note(
         job_id, time.time(), error, str(logfile) if logfile else None
     )
     found = early_failures.record(state_dir, failure)
-    starts = [{"start": a.start} for a in history]
+    starts = [a.start for a in history]
     line = f"ddppipe: SLURM job {job_id} of rule {job.name} failed before training: {error}"
     if early_failures.repeated(found, starts):
         job.attempt = max(job.attempt, job.restart_times + 1)  # Snakemake retries no more

@@ -18,6 +18,7 @@ from ddppipe.apptainer import running as ddp_running
 from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
+from ddppipe.launching import warm as ddp_warm
 from ddppipe.settings import runs as ddp_runs
 from ddppipe.settings import sweep as ddp_sweep
 from ddppipe.settings import data_sets as ddp_data_sets
@@ -195,6 +196,33 @@ def extend_slurm_executor():
         extension.install(workflow.executor_plugin.executor)
     except ddp_executor.PluginVersionError as e:
         raise WorkflowError(str(e)) from None
+
+
+WARM_SERVER = []  # the warm-rank server of this call, when it started one
+
+
+def start_warm_ranks():
+    """A local call of a config with a sweep or a scaling study: one server imports torch once
+    and forks every trial's ranks (ddppipe.launching.warm), instead of each rank importing it.
+    Not on SLURM (the ranks run on the job's nodes), nor in a container (another Python)."""
+    if on_slurm() or ddp_apptainer.enabled(RUNS.spec(RUN).container):
+        return
+    if RUNS.sweep is None and RUNS.scaling is None:
+        return
+    socket = ddp_warm.local_socket()
+    server = ddp_warm.start(socket, ddp_layout.LOGS / "warm-server.log")
+    WARM_SERVER.append(server)
+    os.environ[ddp_warm.SOCKET_ENV] = str(socket)
+    os.environ[ddp_warm.SERVER_ENV] = str(server.pid)
+
+
+def stop_warm_ranks():
+    for server in WARM_SERVER:
+        server.terminate()
+        server.wait()
+    WARM_SERVER.clear()
+    os.environ.pop(ddp_warm.SOCKET_ENV, None)
+    os.environ.pop(ddp_warm.SERVER_ENV, None)
 
 
 # -- the Apptainer image (rule build_image, container.mode) --------------------------------

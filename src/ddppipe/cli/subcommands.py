@@ -149,6 +149,12 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     command(
+        "warm-server",
+        "import torch once and fork the training processes of later slots (warm ranks)",
+        "ddppipe.launching.commands:warm_server",
+        arg("--socket", type=Path, required=True, help="the Unix socket to listen on"),
+    ),
+    command(
         "preflight",
         "check the SLURM job's nodes before training",
         "ddppipe.launching.commands:preflight",

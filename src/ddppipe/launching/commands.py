@@ -81,6 +81,14 @@ def _launch(
     return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts)
 
 
+def warm_server(socket: Path) -> int:
+    """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM."""
+    from ddppipe.launching import warm
+
+    warm.serve(socket)
+    return 0
+
+
 def preflight(config_path: Path) -> int:
     """``ddppipe preflight``: check the SLURM job's nodes before training; print the report."""
     import yaml

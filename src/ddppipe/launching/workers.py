@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ddppipe.launching import warm
 from ddppipe.runstate import failures, preemption
 
 log = logging.getLogger(__name__)
@@ -65,18 +66,24 @@ class Group:
         self.max_restarts, self.preexec_fn = max_restarts, preexec_fn
         self.restarts = 0
         self.signalled = False  # a signal was passed on: whatever follows is no failure to retry
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | warm.Rank] = []
         self._start()
 
     def _start(self) -> None:
         port = free_port()
-        self.procs = [
-            subprocess.Popen(
-                self.command, env=rank_environment(self.env, rank, self.nproc, port, self.restarts),
-                start_new_session=True, preexec_fn=self.preexec_fn,
-            )
-            for rank in range(self.nproc)
-        ]  # fmt: skip
+        self.procs = [self._process(rank, port) for rank in range(self.nproc)]
+        forked = [p.pid for p in self.procs if isinstance(p, warm.Rank)]
+        if forked:
+            log.info("%d of %d rank(s) forked warm by the warm server (pids %s)", len(forked),
+                     self.nproc, ", ".join(map(str, forked)))  # fmt: skip
+
+    def _process(self, rank: int, port: int) -> subprocess.Popen | warm.Rank:
+        """Local rank ``rank``: forked by the warm server when one serves this machine
+        (:mod:`ddppipe.launching.warm`), else started cold."""
+        env = rank_environment(self.env, rank, self.nproc, port, self.restarts)
+        return warm.spawn(self.command, env) or subprocess.Popen(
+            self.command, env=env, start_new_session=True, preexec_fn=self.preexec_fn
+        )
 
     def poll(self) -> int | None:
         return None if any(p.poll() is None for p in self.procs) else 0

@@ -166,7 +166,7 @@ def _failed(spec: RunSpec, state: Path, code: int) -> int:
     if failure is None:  # no rank recorded an exception: killed (SIGKILL, out of memory)
         attempts.finish(state, f"crashed (exit {code})", code)
         return code
-    outcome = failure.message if failure.nonfinite else f"crashed (exit {code})"
+    outcome = failure.outcome(code)  # out of memory, killed by a signal, crashed
     history = attempts.finish(state, outcome, code, failure.cause(), asdict(failure))
     if failure.nonfinite:
         log.error("training failed: %s", failure.cause())

@@ -73,6 +73,15 @@ def oom_kills(pid: int | str = "self") -> int | None:
     return None
 
 
+def readable(size: float) -> str:
+    """Bytes in the unit that reads best: ``1.2 GiB``, ``350 MiB``, ``12 KiB``."""
+    if size >= GIB:
+        return f"{size / GIB:.1f} GiB"
+    if size >= 1024**2:
+        return f"{size / 1024**2:.0f} MiB"
+    return f"{size / 1024:.0f} KiB"
+
+
 def gib(size: float) -> str:
     """Bytes in GiB, one decimal (two below 1 GiB: ``0.35``)."""
     value = size / GIB

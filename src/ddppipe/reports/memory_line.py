@@ -2,16 +2,16 @@
 with its rank and node, and what the model and optimizer held of it
 (:mod:`ddppipe.training.rank_memory`'s record, read without torch)::
 
-    memory  peak per rank: 1.2 GiB host (rank 0 on cn07), 10.3 of 80 GiB GPU (rank 3 on
-            cn08): parameters 0.4, gradients 0.4, optimizer state 0.8, activations and
-            other 8.7 GiB
+    memory  peak per rank: 1.2 GiB host (rank 0 on cn07), 10.3 of 80.0 GiB GPU (rank 3 on
+            cn08; 11.0 GiB reserved): parameters 410 MiB, gradients 410 MiB, optimizer
+            state 820 MiB, activations and other 8.7 GiB
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ddppipe.core.memory import gib
+from ddppipe.core.memory import gib, readable
 
 PARTS = (("parameters", "parameters"), ("gradients", "gradients"),
          ("optimizer", "optimizer state"))  # fmt: skip
@@ -22,7 +22,7 @@ def line(figures: dict[str, Any]) -> tuple[str, str] | None:
     record = figures.get("memory")
     if not record or "host_peak" not in record:
         return None
-    text = f"peak per rank: {gib(record['host_peak'])} GiB host " + (
+    text = f"peak per rank: {readable(record['host_peak'])} host " + (
         f"(rank {record['host_rank']} on {record['host_node']})"
     )
     peak = record["host_peak"]
@@ -34,6 +34,6 @@ def line(figures: dict[str, Any]) -> tuple[str, str] | None:
     parts = [(words, record[key]) for key, words in PARTS if key in record]
     if parts:
         rest = max(0, peak - sum(size for _, size in parts))
-        shown = ", ".join(f"{words} {gib(size)}" for words, size in parts)
-        text += f": {shown}, activations and other {gib(rest)} GiB"
+        shown = ", ".join(f"{words} {readable(size)}" for words, size in parts)
+        text += f": {shown}, activations and other {readable(rest)}"
     return "memory", text

@@ -94,5 +94,5 @@ def describe(figures: dict[str, Any]) -> str:
     if peak and total:
         return f"peak {memory.gib(peak)} of {memory.gib(total)} GiB {what}"
     if peak:
-        return f"peak {memory.gib(peak)} GiB {what}"
+        return f"peak {memory.readable(peak)} {what}"
     return f"no {what} left" + (f" ({memory.gib(total)} GiB)" if total else "")

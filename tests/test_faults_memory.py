@@ -243,3 +243,24 @@ def test_a_sweep_trial_out_of_memory_reads_once(tmp_path: Path) -> None:
     sweep_table.write_json(run.state / "attempts.json", [slot])
     result = trials.read_trial(trial.name, trial.values, run, "test_accuracy", minimize=False)
     assert result.outcome_text == f"failed: {cause}"
+
+
+def test_the_torchrun_agent_records_its_killed_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under SLURM the node's agent names a rank that torchrun saw die of a signal (exit -9),
+    in the workers' last start (a survivor's record says which); not a rank that exited 1."""
+    from ddppipe.launching import launch as launching
+
+    survivor = failures.Failure(
+        rank=0, host="cn07", time=1.0, type="DistBackendError", message="Connection closed",
+        frame=None, step=5, epoch=1, restart=2, traceback="",
+    )  # fmt: skip
+    failures._write(tmp_path, survivor)
+    monkeypatch.setenv(failures.DIR_ENV, str(tmp_path))
+    launching.record_killed({0: 1, 3: -9}, oom_kills_before=None)
+    found = failures.first(tmp_path)
+    assert found is not None
+    assert (found.rank, found.signal, found.restart) == (3, "SIGKILL", 2)
+    assert found.outcome(1) == "killed by SIGKILL"
+    assert {f.rank for f in failures.read_all(tmp_path)} == {0, 3}

@@ -166,16 +166,18 @@ def _failed(spec: RunSpec, state: Path, code: int) -> int:
     if failure is None:  # no rank recorded an exception: killed (SIGKILL, out of memory)
         attempts.finish(state, f"crashed (exit {code})", code)
         return code
-    outcome = failure.message if failure.nonfinite else f"crashed (exit {code})"
+    outcome = failure.outcome(code)  # out of memory, killed by a signal, crashed
     history = attempts.finish(state, outcome, code, failure.cause(), asdict(failure))
     if failure.nonfinite:
         log.error("training failed: %s", failure.cause())
         final: str | None = "the loss was not finite"
     else:
-        log.error("training failed: %s\nthe first failure's traceback (rank %d on %s):\n%s",
-                  failure.cause(), failure.rank, failure.host, failure.traceback)  # fmt: skip
+        shown = (f"\nthe first failure's traceback (rank {failure.rank} on {failure.host}):\n"
+                 f"{failure.traceback}" if failure.traceback else "")  # fmt: skip
+        log.error("training failed: %s%s", failure.cause(), shown)  # a killed rank: no traceback
         before = history[-2].failure if len(history) > 1 else None
         same = before is not None and failures.Failure(**before).signature == failure.signature
+        same = same and not (failure.signal and failure.step is None)  # a kill at no known step
         final = f"slots {len(history) - 1} and {len(history)} failed the same way" if same else None
     if final is not None:
         failures.finalize(state, failure, failures.identity(spec.as_dict()), final)

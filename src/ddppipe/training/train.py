@@ -116,6 +116,7 @@ class Trainer:
         else:
             self.optimizer = optim.make_optimizer(self.ddp.parameters(), self.recipe, ctx.device)
         self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
+        self.meter.watch_memory(ctx.device, model, self.optimizer)
         if ctx.is_main:
             self.meter.flops_per_image = probes.flops_per_image(
                 model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,

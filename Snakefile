@@ -43,11 +43,13 @@ onstart:
 
 onsuccess:
     stop_warm_ranks()
+    close_pack()  # a packed sweep: its idle allocations end
     print_summary()
 
 
 onerror:
     stop_warm_ranks()
+    close_pack()
     print_summary()
 
 

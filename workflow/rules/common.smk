@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import shlex
 
 from snakemake.exceptions import WorkflowError
@@ -19,6 +20,8 @@ from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.launching import warm as ddp_warm
+from ddppipe.packing import allocation as ddp_allocation
+from ddppipe.packing import pool as ddp_pool
 from ddppipe.settings import runs as ddp_runs
 from ddppipe.settings import sweep as ddp_sweep
 from ddppipe.settings import data_sets as ddp_data_sets
@@ -321,6 +324,43 @@ if SWEEP is not None:
     workflow.register_resource(SWEEP_SLOT, SWEEP.max_parallel)
     if SWEEP.method == "tpe":
         logger.info(ddp_sweep.rounds_note(SWEEP))
+
+
+# sweep.pack: the trials are rule train_packed's (rules/train.smk), a job of this Snakemake:
+# on SLURM it queues the trial for the sweep's held allocations (ddppipe.packing); locally it
+# trains as rule train would. (Which executor runs is known once the DAG is built, not here.)
+PACKED = SWEEP is not None and SWEEP.pack is not None
+PACKED_PREFIX = re.escape(ddp_sweep.run_name(SWEEP.name, "")) if PACKED else None
+PACKED_RUN = f"{PACKED_PREFIX}[^/]+" if PACKED else ".+"
+UNPACKED_RUN = f"(?!{PACKED_PREFIX}).+" if PACKED else ".+"  # (a trial's name has no slash)
+if PACKED and RUNS.trials:  # (a tpe sweep's first trial is checked when it is suggested)
+    try:
+        ddp_allocation.Allocation.of(RUNS.spec(RUNS.trials[0].run))
+    except ddp_allocation.PackError as e:
+        raise WorkflowError(str(e)) from None
+
+
+def packed_prefix(run):
+    """On SLURM, the command a packed trial's launch runs under: `ddppipe pack-trial` (it
+    queues the launch for the sweep's allocations and waits); '' otherwise."""
+    if not (PACKED and on_slurm() and re.fullmatch(PACKED_RUN, run)):
+        return ""
+    layout = ddp_layout.RunLayout(run)
+    return (
+        f"ddppipe pack-trial --pool {shlex.quote(str(SWEEP.layout.pack))}"
+        f" --config {shlex.quote(str(layout.config))} -- "
+    )
+
+
+def close_pack():
+    """At the end of the call: the packed sweep's idle allocations end at once."""
+    if PACKED:
+        ddp_pool.Pool(SWEEP.layout.pack).close()
+
+
+def packed_threads(run):
+    """A packed trial's cores on this machine: none on SLURM (it waits), else its training's."""
+    return 0 if on_slurm() else ddp_launch.job_threads(RUNS.spec(run))
 
 
 def keep_going_past_failed_trials():

@@ -69,6 +69,7 @@ def _call(command: Command, args: argparse.Namespace) -> int:
 # they run here. Every other runs in a process forked by the warm server when one serves this
 # machine (ddppipe.launching.warm): its imports (torch, matplotlib) are done.
 COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "preflight",
+                  "pack-trial", "pack-worker",
                   "preflight-node", "preflight-allreduce", "build-image", "build-task-image",
                   "selfcheck"})  # fmt: skip
 

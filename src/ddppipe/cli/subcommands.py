@@ -149,6 +149,23 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     command(
+        "pack-trial",
+        "(train rule of a packed sweep) queue a trial for the sweep's held allocations, wait",
+        "ddppipe.packing.commands:pack_trial",
+        arg("--pool", type=Path, required=True, help="the sweep's pool folder"),
+        arg("--config", help="the trial's resolved config", **RESOLVED),
+        arg("launch", nargs=argparse.REMAINDER, help="-- and the trial's launch command"),
+    ),
+    command(
+        "pack-worker",
+        "(in an allocation, one per node) run a packed sweep's trials in this node's slots",
+        "ddppipe.packing.commands:pack_worker",
+        arg("--pool", type=Path, required=True, help="the sweep's pool folder"),
+        arg("--slots", type=int, required=True, help="trials side by side on this node"),
+        arg("--signal-seconds", type=int, required=True, help="warn trials so long before the end"),
+        arg("--stop-signal", required=True, help="the signal that warns them (SIGUSR1)"),
+    ),
+    command(
         "warm-server",
         "import torch once and fork the training processes of later slots (warm ranks)",
         "ddppipe.launching.commands:warm_server",

@@ -127,7 +127,9 @@ def _slot(
             warn_in = max(0.0, left - plan.request.signal_seconds)
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
-    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak)
+    packed = os.environ.get(attempts.PACKED_SLOT_ENV)  # a packed trial: its allocation's slot
+    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
+                             packed)  # fmt: skip
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     env = {**plan.env, **_environment(spec, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}",

@@ -47,6 +47,7 @@ class Attempt:
     submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
     detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason
     failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
+    slot: str | None = None  # a packed sweep's trial: its allocation's slot, "<node>/<k>"
 
     @property
     def steps(self) -> int:
@@ -73,20 +74,29 @@ def save(state_dir: Path, history: list[Attempt]) -> None:
     atomic.write_json(state.of(state_dir).attempts, [asdict(a) for a in history])
 
 
+# Set by a packed sweep's node worker (ddppipe.packing.worker) for a trial's launcher.
+PACKED_SLOT_ENV = "DDPPIPE_PACKED_SLOT"
+
+
 def begin(
     state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
     submitted: float | None = None,
     peak: dict[str, Any] | None = None,
+    packed: str | None = None,
 ) -> list[Attempt]:  # fmt: skip
-    """Open this slot's record; a record left open by a killed launcher is closed as lost."""
+    """Open this slot's record; a record left open by a killed launcher is closed as lost.
+
+    ``packed``: a packed trial's ``"<allocation> <node>/<k>"`` (:data:`PACKED_SLOT_ENV`)."""
     history = load(state_dir)
     for attempt in history:
         if attempt.outcome == "running":
             attempt.outcome = LOST
     state.of(state_dir).progress.unlink(missing_ok=True)
     number = len(history) + 1
-    history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s,
-                           submitted=submitted, peak=peak))  # fmt: skip
+    allocation, _, slot = (packed or "").partition(" ")
+    history.append(Attempt(number, job or allocation or "local", restarts, nodes, time.time(),
+                           queue_s=queue_s, submitted=submitted, peak=peak,
+                           slot=slot or None))  # fmt: skip
     save(state_dir, history)
     return history
 

@@ -219,6 +219,12 @@ class SweepLayout:
         return Path(self.results) / SWEEPS / self.name
 
     @property
+    def pack(self) -> Path:
+        """A packed sweep's queue of trials and its allocations' records
+        (:mod:`ddppipe.packing.pool`)."""
+        return self.root / "pack"
+
+    @property
     def trials_csv(self) -> Path:
         """One row per trial: outcome, values, metric, cost."""
         return self.root / "trials.csv"

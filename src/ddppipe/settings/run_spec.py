@@ -104,6 +104,21 @@ class Scaling:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """``sweep.pack``: the held allocations a packed sweep's trials train in."""
+
+    allocations: int
+    nodes: int
+    trials_per_node: int
+    time_min: int
+
+    @property
+    def slots(self) -> int:
+        """Trials training at once in one allocation."""
+        return self.nodes * self.trials_per_node
+
+
+@dataclass(frozen=True)
 class SweepSection:
     """``sweep:`` as written (:mod:`ddppipe.settings.sweep` checks it and derives the trials)."""
 
@@ -117,6 +132,11 @@ class SweepSection:
     max_parallel: int
     prune: str
     prune_warmup_epochs: int
+    pack: Pack | None = None  # no key in the config: one SLURM job per trial
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pack, Mapping):  # as written in the config
+            object.__setattr__(self, "pack", section(Pack, self.pack))
 
 
 @dataclass(frozen=True)
@@ -137,14 +157,16 @@ class Trial:
     name: str
     values: Mapping[str, Any]
     prune: Pruning | None
+    pack: Pack | None = None  # the sweep's sweep.pack: the allocations the trial trains in
 
     @classmethod
     def of(cls, value: Mapping[str, Any] | None) -> Trial | None:
         if value is None:
             return None
-        prune = value.get("prune")
+        prune, pack = value.get("prune"), value.get("pack")
         return cls(value["sweep"], value["name"], _frozen(value["values"]),
-                   Pruning(**prune) if prune else None)  # fmt: skip
+                   Pruning(**prune) if prune else None,
+                   section(Pack, pack) if pack else None)  # fmt: skip
 
 
 SECTIONS: dict[str, type] = {
@@ -163,8 +185,10 @@ def _frozen(value: Any) -> Any:
 
 
 def section(cls: type, values: Mapping[str, Any]) -> Any:
-    """The section ``cls`` (e.g. :class:`Container`) of a config's section ``values``."""
-    return cls(**{f.name: _frozen(values[f.name]) for f in dataclasses.fields(cls)})
+    """The section ``cls`` (e.g. :class:`Container`) of a config's section ``values`` (a key
+    with no schema default, absent, keeps its field's default)."""
+    fields = dataclasses.fields(cls)
+    return cls(**{f.name: _frozen(values[f.name]) for f in fields if f.name in values})
 
 
 @dataclass(frozen=True)

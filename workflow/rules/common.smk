@@ -11,6 +11,7 @@ from ddppipe.slurm import cluster_policy as ddp_cluster_policy
 from ddppipe.slurm import executor as ddp_executor
 from ddppipe.settings import config as ddp_config
 from ddppipe.settings import layout as ddp_layout
+from ddppipe.runstate.state import StateDir as DdpStateDir
 from ddppipe.apptainer import gpu_check as ddp_gpu_check
 from ddppipe.apptainer import identity as ddp_identity
 from ddppipe.apptainer import requirements as ddp_requirements
@@ -155,9 +156,9 @@ def print_sweep():
     logger.info(ddp_sweep_results.after_call(SWEEP, ddp_layout.RESULTS))
 
 
-def state_dirs():
+def run_states():
     """The state folders of every run this workflow may train (the main run, the study's)."""
-    return [str(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
+    return [DdpStateDir(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
 
 
 def check_cluster_policy():
@@ -168,7 +169,7 @@ def check_cluster_policy():
     settings = workflow.executor_settings
     try:
         found = ddp_cluster_policy.check_cluster(
-            RUNS.spec(RUN), settings.status_command, settings.requeue, state_dirs()
+            RUNS.spec(RUN), settings.status_command, settings.requeue, run_states()
         )
     except ddp_cluster_policy.ClusterPolicyError as e:
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
@@ -180,7 +181,7 @@ def training_state(job):
     """The state folder of a train job's run (None for another rule's job)."""
     if job.name != "train":
         return None
-    return ddp_layout.RunLayout(job.wildcards_dict["run"]).state
+    return DdpStateDir(ddp_layout.RunLayout(job.wildcards_dict["run"]).state)
 
 
 def extend_slurm_executor():
@@ -190,7 +191,7 @@ def extend_slurm_executor():
     named and not retried twice. Refused, with the reason, on another plugin version."""
     if not on_slurm():
         return
-    extension = ddp_executor.Extension(training_state, state_dirs())
+    extension = ddp_executor.Extension(training_state, run_states())
     try:
         extension.install(workflow.executor_plugin.executor)
     except ddp_executor.PluginVersionError as e:

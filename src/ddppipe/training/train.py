@@ -27,7 +27,7 @@ from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
-from ddppipe.runstate import attempts, failures, preemption, state
+from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.training import (
     checkpoint,
@@ -121,9 +121,7 @@ class Trainer:
                 model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,
                 self.memory_format,
             )  # fmt: skip
-        self.store = checkpoint.Store(
-            state.of(paths.state_dir).checkpoints, self.recipe.keep_checkpoints
-        )
+        self.store = checkpoint.Store(paths.state.checkpoints, self.recipe.keep_checkpoints)
         self.hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.history: list[dict[str, Any]] = []
@@ -147,7 +145,7 @@ class Trainer:
             return None
         from ddppipe.training import mlflow_log, tracking
 
-        folder = state.of(self.paths.state_dir)
+        folder = self.paths.state
         source = self.spec.task_source or {}  # null where no launcher resolved the task
         tags = {"git_commit": str(system.git_commit()["commit"]),
                 "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
@@ -156,9 +154,9 @@ class Trainer:
             tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
         tensorboard = folder.tensorboard if wanted.tensorboard else None
         return tracking.Tracker(
-            tensorboard, folder.root, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
+            tensorboard, folder, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
             params=self.config, tags=tags,
-            parent=mlflow_log.SweepParent.of(self.spec, folder.root),  # a trial: a child run
+            parent=mlflow_log.SweepParent.of(self.spec, folder),  # a trial: a child run
         )  # fmt: skip
 
     def _record_efficiency(self) -> None:
@@ -256,10 +254,10 @@ class Trainer:
             changes["start_step"] = changes["start_step"] or 0
             changes["end_step"] = changes["start_step"]
         self.progress.update(changes)
-        attempts.write_progress(self.paths.state_dir, self.progress)
+        attempts.write_progress(self.paths.state, self.progress)
 
     def _write_live_metrics(self) -> None:
-        jsonl.write(state.of(self.paths.state_dir).metrics, self.history)
+        jsonl.write(self.paths.state.metrics, self.history)
 
     # -- loop ----------------------------------------------------------------------------
     def _stop_requested(self, guard: preemption.Guard) -> bool:
@@ -469,7 +467,7 @@ class Trainer:
         if self.ctx.is_main:
             if guard.received_at is not None:  # signal to checkpoint written: what a stop takes
                 self._record_progress(stop_seconds=time.monotonic() - guard.received_at)
-            preemption.record(self.paths.state_dir, signum, str(path))
+            preemption.record(self.paths.state, signum, str(path))
         raise preemption.Preempted(signum, str(path))
 
     def _write_outputs(self) -> None:

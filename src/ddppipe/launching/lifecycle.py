@@ -104,7 +104,7 @@ def _slot(
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
-    refused = failures.refusal(state, failures.identity(spec.as_dict()))
+    refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
     if plan.job:
@@ -177,7 +177,7 @@ def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
         same = before is not None and failures.Failure(**before).signature == failure.signature
         final = f"slots {len(history) - 1} and {len(history)} failed the same way" if same else None
     if final is not None:
-        failures.finalize(state, failure, failures.identity(spec.as_dict()), final)
+        failures.finalize(state, failure, failures.identity(spec), final)
         if not failure.nonfinite:  # the outcome of a non-finite loss says it all
             history[-1].detail += f" ({final}: not retried)"
             attempts.save(state, history)

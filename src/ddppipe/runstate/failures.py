@@ -38,6 +38,7 @@ from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
+from ddppipe.settings.run_spec import RunSpec
 
 DIR_ENV = "DDPPIPE_FAILURE_DIR"  # where ranks write their records (the launcher sets it)
 USER_FILE_ENV = "DDPPIPE_USER_FILE"  # the task file or script whose frames name the cause
@@ -211,10 +212,11 @@ def first_of_restart(folder: Path, restart: int) -> Failure | None:
     return next((f for f in read_all(folder) if f.restart == restart), None)
 
 
-def identity(config: dict[str, Any]) -> str:
+def identity(spec: RunSpec) -> str:
     """What a final failure belongs to: the SHA-256 of the run's resolved config (which holds
     the task file's or script's SHA-256)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    config = json.dumps(spec.as_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(config.encode()).hexdigest()
 
 
 def finalize(state: StateDir, failure: Failure, config_id: str, why: str) -> None:

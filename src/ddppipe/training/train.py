@@ -7,6 +7,7 @@ and resumable data order, checkpoints, stop on signal, evaluation, metrics and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -64,12 +65,9 @@ class Trainer:
     ) -> None:
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
-        # The config as written, in plain dicts: the task's args, the checkpoint's meta and
-        # MLflow's params.
-        self.config = spec.as_dict()
         self.meter = efficiency.SlotMeter()
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
-        args = self.config["task_args"]
+        args = run_spec.plain(spec.task_args)  # a plain dict for the task's hooks
         self.config_hash = spec.train_hash(manifest.check(paths.data_dir)["digest"])
         self.dtype, self.memory_format = evaluate.numerics(
             self.recipe.precision, self.recipe.channels_last
@@ -155,7 +153,7 @@ class Trainer:
         tensorboard = folder.tensorboard if wanted.tensorboard else None
         return tracking.Tracker(
             tensorboard, folder, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
-            params=self.config, tags=tags,
+            params=self.spec.as_dict(), tags=tags,  # MLflow's params: the config as written
             parent=mlflow_log.SweepParent.of(self.spec, folder),  # a trial: a child run
         )  # fmt: skip
 
@@ -195,9 +193,9 @@ class Trainer:
             "ddppipe": __version__,
             "software": software.stack(),
             "seed": self.recipe.seed,
-            "train": self.config["train"],
-            "task": self.config["task_source"],
-            "task_args": self.config["task_args"],
+            "train": dataclasses.asdict(self.recipe),
+            "task": run_spec.plain(self.spec.task_source),
+            "task_args": run_spec.plain(self.spec.task_args),
         }
 
     def save_checkpoint(self) -> Path | None:

@@ -33,9 +33,7 @@ RUN = config["run"]
 def decide_device(run_config):
     """Whether a run trains on GPUs: launch.device decided, the one place
     (ddppipe.parallel.devices.trains_on_gpus), once per run (RUNS.spec records it)."""
-    return ddp_devices.trains_on_gpus(
-        run_config, on_slurm(), recipe=image_sources()["recipe"]
-    )
+    return ddp_devices.trains_on_gpus(run_config, on_slurm(), recipe=image_recipe())
 
 
 try:
@@ -123,14 +121,17 @@ def on_slurm():
     return plugin is not None and plugin.name == "slurm"
 
 
+# The image check of every run, once per device decision and container section (a sweep's
+# trials share theirs).
+GPU_IMAGE_CHECK = ddp_gpu_check.GpuImageCheck()
+
+
 def run_gpus(run):
     """ "yes" when the run ``run`` trains on GPUs (its spec), else "no"; a GPU run's image must
     have CUDA (ddppipe.apptainer.gpu_check), a config error otherwise."""
     spec = RUNS.spec(run)
     try:
-        ddp_gpu_check.check_gpu_image(
-            spec, image_sources()["recipe"], spec.container.image
-        )
+        GPU_IMAGE_CHECK(spec, image_recipe())
     except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
     return "yes" if spec.gpus else "no"
@@ -205,11 +206,16 @@ ROOT = (
 )  # the repository root: the recipes' %files paths are relative to it
 
 
+def image_recipe():
+    """The image's recipe (container.recipe), from the repository's root."""
+    return os.path.join(ROOT, config["container"]["recipe"])
+
+
 def image_sources():
     """What the image is built from: recipe, pyproject.toml, the torch pin, the sources."""
     src = os.path.join(ROOT, "src", "ddppipe")
     return {
-        "recipe": os.path.join(ROOT, config["container"]["recipe"]),
+        "recipe": image_recipe(),
         "pyproject": os.path.join(ROOT, "pyproject.toml"),
         "constraints": os.path.join(ROOT, "constraints.txt"),
         "sources": sorted(

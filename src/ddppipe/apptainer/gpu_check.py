@@ -1,4 +1,5 @@
-"""GPU runs need a CUDA image: the check that a GPU run's image has one."""
+"""GPU runs need a CUDA image: the check that a GPU run's image has one, once per device decision
+and container section."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 
 The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
 holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
-stop note, the nodes that finished the last step, the lock, the live log and metrics, the
-MLflow run id, and a script's outputs.
+stop note, the nodes that finished the last step, the nodes excluded after a failed preflight,
+the preflight's token, the lock, the live log and metrics, the MLflow run id, and a script's
+outputs.
 
 The folder travels through ddppipe as a :class:`StateDir`; a path becomes one once, where it
 enters: the ``--state`` argument, the job API's environment, the workflow's rules, a run's

@@ -11,7 +11,7 @@ from ddppipe.slurm import cluster_policy as ddp_cluster_policy
 from ddppipe.slurm import executor as ddp_executor
 from ddppipe.settings import config as ddp_config
 from ddppipe.settings import layout as ddp_layout
-from ddppipe.runstate.state import StateDir as DdpStateDir
+from ddppipe.runstate import state as ddp_state
 from ddppipe.apptainer import gpu_check as ddp_gpu_check
 from ddppipe.apptainer import identity as ddp_identity
 from ddppipe.apptainer import requirements as ddp_requirements
@@ -159,7 +159,7 @@ def print_sweep():
 
 def run_states():
     """The state folders of every run this workflow may train (the main run, the study's)."""
-    return [DdpStateDir(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
+    return [ddp_state.StateDir(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
 
 
 def check_cluster_policy():
@@ -182,7 +182,7 @@ def training_state(job):
     """The state folder of a train job's run (None for another rule's job)."""
     if job.name != "train":
         return None
-    return DdpStateDir(ddp_layout.RunLayout(job.wildcards_dict["run"]).state)
+    return ddp_state.StateDir(ddp_layout.RunLayout(job.wildcards_dict["run"]).state)
 
 
 def extend_slurm_executor():

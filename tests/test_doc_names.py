@@ -81,6 +81,13 @@ def resolves(name: str) -> bool:
     return len(rest) == 1 or rest[0] not in classes or rest[1] in classes[rest[0]]
 
 
+def built(path: Path) -> bool:
+    """A build's or a tool's output (``src/ddppipe.egg-info``, caches), not written by hand."""
+    return any(
+        p.startswith(".") or p.endswith(".egg-info") or p == "__pycache__" for p in path.parts
+    )
+
+
 def written_names() -> dict[str, list[str]]:
     """Every ``ddppipe.<dotted>`` in the repository's text files: where each is written."""
     found: dict[str, list[str]] = {}
@@ -88,7 +95,7 @@ def written_names() -> dict[str, list[str]]:
         root = REPO / place
         files = [root] if root.is_file() else sorted(root.rglob("*"))
         for path in files:
-            if path == Path(__file__):  # its examples of stale names
+            if path == Path(__file__) or built(path.relative_to(REPO)):
                 continue
             if path.is_file() and (path.suffix in SUFFIXES or path == root):
                 for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):

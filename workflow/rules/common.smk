@@ -12,6 +12,7 @@ from ddppipe.slurm import cluster_policy as ddp_cluster_policy
 from ddppipe.slurm import executor as ddp_executor
 from ddppipe.settings import config as ddp_config
 from ddppipe.settings import layout as ddp_layout
+from ddppipe.runstate import state as ddp_state
 from ddppipe.apptainer import gpu_check as ddp_gpu_check
 from ddppipe.apptainer import identity as ddp_identity
 from ddppipe.apptainer import requirements as ddp_requirements
@@ -36,9 +37,7 @@ RUN = config["run"]
 def decide_device(run_config):
     """Whether a run trains on GPUs: launch.device decided, the one place
     (ddppipe.parallel.devices.trains_on_gpus), once per run (RUNS.spec records it)."""
-    return ddp_devices.trains_on_gpus(
-        run_config, on_slurm(), recipe=image_sources()["recipe"]
-    )
+    return ddp_devices.trains_on_gpus(run_config, on_slurm(), recipe=image_recipe())
 
 
 try:
@@ -126,14 +125,17 @@ def on_slurm():
     return plugin is not None and plugin.name == "slurm"
 
 
+# The image check of every run, once per device decision and container section (a sweep's
+# trials share theirs).
+GPU_IMAGE_CHECK = ddp_gpu_check.GpuImageCheck()
+
+
 def run_gpus(run):
     """ "yes" when the run ``run`` trains on GPUs (its spec), else "no"; a GPU run's image must
     have CUDA (ddppipe.apptainer.gpu_check), a config error otherwise."""
     spec = RUNS.spec(run)
     try:
-        ddp_gpu_check.check_gpu_image(
-            spec, image_sources()["recipe"], spec.container.image
-        )
+        GPU_IMAGE_CHECK(spec, image_recipe())
     except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
     return "yes" if spec.gpus else "no"
@@ -159,9 +161,9 @@ def print_sweep():
     logger.info(ddp_sweep_results.after_call(SWEEP, ddp_layout.RESULTS))
 
 
-def state_dirs():
+def run_states():
     """The state folders of every run this workflow may train (the main run, the study's)."""
-    return [str(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
+    return [ddp_state.StateDir(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
 
 
 def check_cluster_policy():
@@ -172,7 +174,7 @@ def check_cluster_policy():
     settings = workflow.executor_settings
     try:
         found = ddp_cluster_policy.check_cluster(
-            RUNS.spec(RUN), settings.status_command, settings.requeue, state_dirs()
+            RUNS.spec(RUN), settings.status_command, settings.requeue, run_states()
         )
     except ddp_cluster_policy.ClusterPolicyError as e:
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
@@ -184,7 +186,7 @@ def training_state(job):
     """The state folder of a train job's run (None for another rule's job)."""
     if job.name != "train":
         return None
-    return ddp_layout.RunLayout(job.wildcards_dict["run"]).state
+    return ddp_state.StateDir(ddp_layout.RunLayout(job.wildcards_dict["run"]).state)
 
 
 def extend_slurm_executor():
@@ -194,7 +196,7 @@ def extend_slurm_executor():
     named and not retried twice. Refused, with the reason, on another plugin version."""
     if not on_slurm():
         return
-    extension = ddp_executor.Extension(training_state, state_dirs())
+    extension = ddp_executor.Extension(training_state, run_states())
     try:
         extension.install(workflow.executor_plugin.executor)
     except ddp_executor.PluginVersionError as e:
@@ -235,11 +237,16 @@ ROOT = (
 )  # the repository root: the recipes' %files paths are relative to it
 
 
+def image_recipe():
+    """The image's recipe (container.recipe), from the repository's root."""
+    return os.path.join(ROOT, config["container"]["recipe"])
+
+
 def image_sources():
     """What the image is built from: recipe, pyproject.toml, the torch pin, the sources."""
     src = os.path.join(ROOT, "src", "ddppipe")
     return {
-        "recipe": os.path.join(ROOT, config["container"]["recipe"]),
+        "recipe": image_recipe(),
         "pyproject": os.path.join(ROOT, "pyproject.toml"),
         "constraints": os.path.join(ROOT, "constraints.txt"),
         "sources": sorted(

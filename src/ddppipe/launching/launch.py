@@ -27,6 +27,7 @@ from ddppipe.apptainer import running
 from ddppipe.core import memory, system
 from ddppipe.launching import watchdog, workers
 from ddppipe.runstate import failures, finished_nodes, preemption
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
@@ -139,11 +140,13 @@ def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
         )
 
 
-def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> list[str]:
+def train_args(
+    config: Path, data: Path, state: StateDir, checkpoint: Path, metrics: Path
+) -> list[str]:
     return [
         f"--config={config}",
         f"--data={data}",
-        f"--state={state}",
+        f"--state={state.root}",
         f"--checkpoint={checkpoint}",
         f"--metrics={metrics}",
     ]
@@ -164,7 +167,7 @@ def _die_with_parent() -> None:
 
 
 def supervise(
-    plan: Plan, env: dict[str, str], state_dir: Path, warn_in: float | None = None,
+    plan: Plan, env: dict[str, str], state: StateDir, warn_in: float | None = None,
     watch: watchdog.Watchdog | None = None,
 ) -> tuple[int, dict | None]:  # fmt: skip
     """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
@@ -184,11 +187,11 @@ def supervise(
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
     note has no checkpoint and lists those nodes (``unfinished``).
     """
-    preemption.take(state_dir)  # a note left by an earlier run is not this run's
+    preemption.take(state)  # a note left by an earlier run is not this run's
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
     env = {**env, preemption.ATTEMPT_ENV: attempt}
     if plan.job is not None:
-        env.update(finished_nodes.prepare(state_dir))
+        env.update(finished_nodes.prepare(state))
     if watch is not None:
         env.update(watch.environment())
     sys.stdout.flush()
@@ -227,13 +230,13 @@ def supervise(
             timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    note = preemption.take(state_dir)
+    note = preemption.take(state)
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
         note = None
     code = workers.exit_status(code)
     if note is None and code == 0 and plan.job is not None:
-        done = finished_nodes.finished(state_dir, attempt)
+        done = finished_nodes.finished(state, attempt)
         if len(done) < plan.request.nodes:
             unfinished = sorted(set(plan.hosts) - done)
             log.warning("srun exited 0, but no finished mark came from %s", ", ".join(unfinished))

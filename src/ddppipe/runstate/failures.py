@@ -39,7 +39,9 @@ from typing import Any
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
-from ddppipe.runstate import out_of_memory, preemption, state
+from ddppipe.runstate import out_of_memory, preemption
+from ddppipe.runstate.state import StateDir
+from ddppipe.settings.run_spec import RunSpec
 
 DIR_ENV = "DDPPIPE_FAILURE_DIR"  # where ranks write their records (the launcher sets it)
 USER_FILE_ENV = "DDPPIPE_USER_FILE"  # the task file or script whose frames name the cause
@@ -234,9 +236,9 @@ def killed(folder: Path, rank: int, signum: int, restart: int, step: int | None 
     return failure
 
 
-def clear(state_dir: Path) -> Path:
+def clear(state: StateDir) -> Path:
     """Remove the records of an earlier slot; the folder this slot's ranks write to."""
-    folder = state.of(state_dir).failures
+    folder = state.failures
     if folder.is_dir():
         for path in folder.glob("*.json"):
             path.unlink(missing_ok=True)
@@ -273,24 +275,25 @@ def first_of_restart(folder: Path, restart: int) -> Failure | None:
     return _cause([f for f in read_all(folder) if f.restart == restart])
 
 
-def identity(config: dict[str, Any]) -> str:
+def identity(spec: RunSpec) -> str:
     """What a final failure belongs to: the SHA-256 of the run's resolved config (which holds
     the task file's or script's SHA-256)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    config = json.dumps(spec.as_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(config.encode()).hexdigest()
 
 
-def finalize(state_dir: Path, failure: Failure, config_id: str, why: str) -> None:
+def finalize(state: StateDir, failure: Failure, config_id: str, why: str) -> None:
     """Record ``failure`` as the end of the run for config ``config_id`` (``why``: in words)."""
     atomic.write_json(
-        state.of(state_dir).final_failure,
+        state.final_failure,
         {"config": config_id, "why": why, "failure": asdict(failure)},
     )
 
 
-def refusal(state_dir: Path, config_id: str) -> str | None:
+def refusal(state: StateDir, config_id: str) -> str | None:
     """Why a slot of config ``config_id`` must not train (its final failure), or None; a
     final failure of another config is removed."""
-    path = state.of(state_dir).final_failure
+    path = state.final_failure
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):

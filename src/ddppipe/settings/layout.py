@@ -160,7 +160,7 @@ class RunLayout:
 
     @property
     def state(self) -> Path:
-        """The state folder's root; :func:`ddppipe.runstate.state.of` gives its files."""
+        """The state folder's root; :class:`ddppipe.runstate.state.StateDir` gives its files."""
         return self.root / "state"
 
     @property

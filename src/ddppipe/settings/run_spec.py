@@ -238,12 +238,19 @@ class RunSpec:
         return layout.kind(self._config)
 
     def as_dict(self) -> dict[str, Any]:
-        """The resolved config as plain, mutable dicts and lists (a copy), as it was written."""
-        return json.loads(json.dumps(self._config, default=_plain))
+        """The resolved config as plain, mutable dicts and lists (a copy), as it was written:
+        for a file (its hash, a record), not to read inside ddppipe (read the spec's fields)."""
+        return plain(self._config)
 
     def train_hash(self, data_digest: str) -> str:
         """Short hash of what determines the training's numbers (:func:`config.train_hash`)."""
         return config.train_hash(self.as_dict(), data_digest)
+
+
+def plain(value: Any) -> Any:
+    """A spec's (frozen) ``value`` as plain, mutable dicts and lists (a copy), as the config
+    file has it: e.g. the task's arguments for its hooks, which get a dict."""
+    return json.loads(json.dumps(value, default=_plain))
 
 
 def _plain(value: Any) -> Any:

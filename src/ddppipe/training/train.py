@@ -7,6 +7,7 @@ and resumable data order, checkpoints, stop on signal, evaluation, metrics and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, software
-from ddppipe.runstate import attempts, failures, preemption, state
+from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.training import (
     checkpoint,
@@ -64,12 +65,9 @@ class Trainer:
     ) -> None:
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
-        # The config as written, in plain dicts: the task's args, the checkpoint's meta and
-        # MLflow's params.
-        self.config = spec.as_dict()
         self.meter = efficiency.SlotMeter()
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
-        args = self.config["task_args"]
+        args = run_spec.plain(spec.task_args)  # a plain dict for the task's hooks
         self.config_hash = spec.train_hash(manifest.check(paths.data_dir)["digest"])
         self.dtype, self.memory_format = evaluate.numerics(
             self.recipe.precision, self.recipe.channels_last
@@ -122,9 +120,7 @@ class Trainer:
                 model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,
                 self.memory_format,
             )  # fmt: skip
-        self.store = checkpoint.Store(
-            state.of(paths.state_dir).checkpoints, self.recipe.keep_checkpoints
-        )
+        self.store = checkpoint.Store(paths.state.checkpoints, self.recipe.keep_checkpoints)
         self.hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.history: list[dict[str, Any]] = []
@@ -148,7 +144,7 @@ class Trainer:
             return None
         from ddppipe.training import mlflow_log, tracking
 
-        folder = state.of(self.paths.state_dir)
+        folder = self.paths.state
         source = self.spec.task_source or {}  # null where no launcher resolved the task
         tags = {"git_commit": str(system.git_commit()["commit"]),
                 "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
@@ -157,9 +153,9 @@ class Trainer:
             tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
         tensorboard = folder.tensorboard if wanted.tensorboard else None
         return tracking.Tracker(
-            tensorboard, folder.root, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
-            params=self.config, tags=tags,
-            parent=mlflow_log.SweepParent.of(self.spec, folder.root),  # a trial: a child run
+            tensorboard, folder, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
+            params=self.spec.as_dict(), tags=tags,  # MLflow's params: the config as written
+            parent=mlflow_log.SweepParent.of(self.spec, folder),  # a trial: a child run
         )  # fmt: skip
 
     def _record_efficiency(self) -> None:
@@ -198,9 +194,9 @@ class Trainer:
             "ddppipe": __version__,
             "software": software.stack(),
             "seed": self.recipe.seed,
-            "train": self.config["train"],
-            "task": self.config["task_source"],
-            "task_args": self.config["task_args"],
+            "train": dataclasses.asdict(self.recipe),
+            "task": run_spec.plain(self.spec.task_source),
+            "task_args": run_spec.plain(self.spec.task_args),
         }
 
     def save_checkpoint(self) -> Path | None:
@@ -257,10 +253,10 @@ class Trainer:
             changes["start_step"] = changes["start_step"] or 0
             changes["end_step"] = changes["start_step"]
         self.progress.update(changes)
-        attempts.write_progress(self.paths.state_dir, self.progress)
+        attempts.write_progress(self.paths.state, self.progress)
 
     def _write_live_metrics(self) -> None:
-        jsonl.write(state.of(self.paths.state_dir).metrics, self.history)
+        jsonl.write(self.paths.state.metrics, self.history)
 
     # -- loop ----------------------------------------------------------------------------
     def _stop_requested(self, guard: preemption.Guard) -> bool:
@@ -470,7 +466,7 @@ class Trainer:
         if self.ctx.is_main:
             if guard.received_at is not None:  # signal to checkpoint written: what a stop takes
                 self._record_progress(stop_seconds=time.monotonic() - guard.received_at)
-            preemption.record(self.paths.state_dir, signum, str(path))
+            preemption.record(self.paths.state, signum, str(path))
         raise preemption.Preempted(signum, str(path))
 
     def _write_outputs(self) -> None:

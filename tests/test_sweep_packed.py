@@ -5,6 +5,10 @@ of the digits task in one held allocation of one node that trains two of them si
 One sbatch call (the allocation: squeue never shows another job of the workdir); every trial
 completes as an ordinary run: its attempt names the allocation and its slot, its ranks were
 forked warm; a second call has nothing to do.
+
+Side by side, on the other node: a packed trial that outlives its allocation (one minute):
+warned before the end, it checkpoints and goes on in the next allocation, which its train
+job submits, from the step it stopped at.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import pytest
 
 from ddppipe.settings import layout
 from tests.slurm_fixtures import SlurmSlot
-from tests.test_slurm import logs, on_cluster
+from tests.test_slurm import _finish, _start_snakemake, logs, on_cluster
 from tests.test_sweep_slurm import Queue
 from tests.tiny import default_config
 
@@ -27,6 +31,7 @@ pytestmark = pytest.mark.slurm
 
 SWEEP = "packed"
 LRS = [0.02, 0.05, 0.1, 0.2]
+EPOCHS_LIMITED = 120
 
 
 def packed_config(cluster) -> dict:
@@ -41,20 +46,38 @@ def packed_config(cluster) -> dict:
     return cfg
 
 
+def limited_config(cluster) -> dict:
+    """One trial that outlives its allocation: digits, 120 epochs on one CPU, in allocations
+    of one minute whose trials are warned 48 s before the end (after 12 s)."""
+    cfg = packed_config(cluster)
+    cfg["train"].update(epochs=EPOCHS_LIMITED)
+    cfg["slurm"].update(signal_seconds=48)
+    cfg["sweep"].update(name="limited", parameters={"train.lr": [0.05]})
+    cfg["sweep"]["pack"].update(trials_per_node=1, time_min=1)
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def packed(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     cluster = slurm_slot.cluster()
-    workdir = tmp_path_factory.mktemp("sweep-packed") / "wd"
+    root = tmp_path_factory.mktemp("sweep-packed")
+    workdir, limited_dir = root / "wd", root / "limited"
+    limited, limited_out = _start_snakemake(cluster, limited_dir, limited_config(cluster),
+                                            "sweep")  # fmt: skip
     queue = Queue(cluster, workdir)
     text, rc = queue.call(packed_config(cluster))
+    limited_text = _finish(limited, limited_out, timeout=240)
     assert rc == 0, logs(workdir, subprocess.CompletedProcess([], rc, text, ""))
+    result = subprocess.CompletedProcess([], limited.returncode, limited_text, "")
+    assert limited.returncode == 0, logs(limited_dir, result)
     # the call's end closed the pool: its idle allocation ends in seconds, its record closed
     nodes = workdir / layout.SweepLayout(SWEEP).pack / "allocations/nodes"
     deadline = time.monotonic() + 30
     while not all("ended" in json.loads(p.read_text()) for p in nodes.glob("*.json")):
         assert time.monotonic() < deadline, "the allocation did not end with the call"
         time.sleep(0.5)
-    yield {"workdir": workdir, "queue": queue, "text": text, "cluster": cluster}
+    yield {"workdir": workdir, "queue": queue, "text": text, "cluster": cluster,
+           "limited": limited_dir}  # fmt: skip
 
 
 def trial_dir(workdir: Path, lr: float) -> Path:
@@ -90,3 +113,18 @@ def test_the_trials_train_in_one_allocation(packed: dict) -> None:
 def test_a_second_call_has_nothing_to_do(packed: dict) -> None:
     text, rc = Queue(packed["cluster"], packed["workdir"]).call(packed_config(packed["cluster"]))
     assert rc == 0 and "Nothing to be done" in text, text[-3000:]
+
+
+def test_a_trial_outliving_its_allocation_goes_on_in_the_next(packed: dict) -> None:
+    """Warned before its allocation's end, the trial checkpoints and waits for the next
+    allocation (submitted while it waited, by its train job), which continues it."""
+    trial = packed["limited"] / "results/sweeps/limited/lr=0.05"
+    first, second = json.loads((trial / "train/attempts.json").read_text())
+    assert first["job"] != second["job"], (first, second)
+    assert first["outcome"] != "completed" and second["outcome"] == "completed", first
+    assert second["resumed_from"] == first["checkpoint"] is not None  # the stop's checkpoint
+    assert second["start_step"] == first["end_step"] > 0  # no step trained twice
+    lines = (trial / "train/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == list(range(1, EPOCHS_LIMITED + 1))
+    pool = packed["limited"] / layout.SweepLayout("limited").pack
+    assert len(list((pool / "allocations").glob("*.json"))) == 2  # two sbatch calls

@@ -100,13 +100,16 @@ def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> N
         import sys, time
         from ddppipe.launching import warm
         rank = warm.spawn([sys.executable, "-m", "probe"], dict(__import__("os").environ))
-        print(rank.pid, flush=True)
+        print("pid", rank.pid, flush=True)
         time.sleep(120)
     """)  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
                             env={**probe(server, tmp_path, "sleep"), "RANK": "0"})  # fmt: skip
     assert proc.stdout is not None
-    pid = int(proc.stdout.readline())
+    line = ""
+    while not line.startswith("pid "):  # (the rank prints to the same stdout)
+        line = proc.stdout.readline()
+    pid = int(line.split()[1])
     assert Path(f"/proc/{pid}").exists()
     proc.kill()
     proc.wait()

@@ -328,7 +328,7 @@ if SWEEP is not None:
         ddp_sweep.check_metric(SWEEP, None if KIND == "script" else SOURCE.path)
     except ddp_config.ConfigError as e:
         raise WorkflowError(str(e)) from None
-    workflow.register_resource(SWEEP_SLOT, SWEEP.max_parallel)
+    workflow.register_resource(SWEEP_SLOT, ddp_allocation.trials_at_once(SWEEP))
     if SWEEP.method == "tpe":
         logger.info(ddp_sweep.rounds_note(SWEEP))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.packing.pool import Pool
-from ddppipe.settings.run_spec import Pack, RunSpec
+from ddppipe.settings.run_spec import Pack, RunSpec, SweepSection
 from ddppipe.slurm.request import Request
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,12 @@ class Allocation:
                 f"sweep.pack runs one-node trials, but {spec.run} asks for launch.nnodes "
                 f"{request.nodes}: set launch.nnodes: 1, or remove sweep.pack (one SLURM job "
                 "per trial, right for multi-node trials)"
+            )
+        if request.signal_seconds >= pack.time_min * 60:
+            raise PackError(
+                f"slurm.signal_seconds ({request.signal_seconds}) must be shorter than "
+                f"sweep.pack.time_min ({pack.time_min} min): the trials would be warned of the "
+                "allocation's end before they start; raise time_min or lower signal_seconds"
             )
         return cls(request, pack, spec.trial.sweep)
 
@@ -92,6 +98,14 @@ class Allocation:
         return ["sbatch", "--parsable", *given, "--wrap", shlex.join(worker)]
 
 
+def trials_at_once(sweep: SweepSection) -> int:
+    """A sweep's train jobs at once: ``max_parallel``; a packed sweep's, its allocations'
+    slots and one waiting trial per allocation (so a slot that frees takes the next trial
+    at once, while Snakemake starts the next job)."""
+    pack = sweep.pack
+    return sweep.max_parallel if pack is None else pack.allocations * (pack.slots + 1)
+
+
 def held(pool: Pool, run: object = subprocess.run) -> list[str]:
     """The pool's allocations SLURM still queues or runs (their job ids)."""
     submitted = [r["job"] for r in pool.records(pool.allocations) if "job" in r]
@@ -113,9 +127,10 @@ def ensure(pool: Pool, allocation: Allocation, workdir: str, force: bool = False
         if not force and stamp.exists() and time.time() - stamp.stat().st_mtime < CHECK_EVERY_S:
             return None
         stamp.touch()
-        live = held(pool)
-        for run in pool.reclaim(live):
+        held_now = held(pool)
+        for run in pool.reclaim(held_now):
             log.warning("%s: its allocation ended before it stopped; it waits again", run)
+        live = [job for job in held_now if not pool.stopping(job)]  # (ending: a successor)
         waiting = pool.waiting()
         if not waiting:
             return None

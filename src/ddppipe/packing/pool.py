@@ -153,6 +153,12 @@ class Pool:
                     back.append(found["run"])
         return back
 
+    def stopping(self, job: str) -> bool:
+        """Whether allocation ``job``'s nodes got its time-limit warning (it takes no trial
+        any more: the next one may be submitted now)."""
+        nodes = [r for r in self.records(self.allocations / "nodes") if r.get("job") == job]
+        return bool(nodes) and all("stopping" in r or "ended" in r for r in nodes)
+
     def records(self, folder: Path) -> list[dict[str, Any]]:
         found = []
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:

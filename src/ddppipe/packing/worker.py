@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 30.0  # no trial waiting or running this long: give the allocation back
 POLL_S = 0.2
+STOP_WAIT_S = 20.0  # a cut allocation's trials: time to checkpoint (SLURM's KillWait: 30 s)
 
 
 @dataclass
@@ -110,6 +111,7 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str) ->
             if not stopping and end is not None and time.time() >= end - signal_seconds:
                 stopping = True
                 log.warning("time-limit warning: %s to the running trials", sig.name)
+                atomic.write_json(record_path, {**record, "stopping": time.time()})
                 for s in own:
                     if s.process is not None:
                         s.process.send_signal(sig)
@@ -128,10 +130,7 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str) ->
                 break
             time.sleep(POLL_S)
     finally:
-        for s in own:
-            if s.process is not None:  # the allocation is cut short: the trial goes back
-                with contextlib.suppress(ProcessLookupError):
-                    s.process.send_signal(sig)
+        _stop_trials(pool, own, sig, job, node)
         server.terminate()
         server.wait()
         ended = time.time()
@@ -141,6 +140,22 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str) ->
                              for s in own],
         })  # fmt: skip
     return 0
+
+
+def _stop_trials(pool: Pool, own: list[Slot], sig: signal.Signals, job: str, node: str) -> None:
+    """The allocation is cut short (scancel, or SLURM ends it): the running trials get the
+    stop signal and :data:`STOP_WAIT_S` seconds to checkpoint; those that did go back to the
+    queue (the others are reclaimed when SLURM no longer holds the allocation)."""
+    running = [s for s in own if s.process is not None]
+    for s in running:
+        with contextlib.suppress(ProcessLookupError):
+            s.process.send_signal(sig)  # type: ignore[union-attr]
+    deadline = time.monotonic() + STOP_WAIT_S
+    while running and time.monotonic() < deadline:
+        for s in [s for s in running if s.process.poll() is not None]:  # type: ignore[union-attr]
+            _ended(pool, s, job, node)
+            running.remove(s)
+        time.sleep(POLL_S)
 
 
 def _start(pool: Pool, slot: Slot, job: str, node: str, env: dict[str, str], sock: Path,

@@ -1,0 +1,182 @@
+"""A packed sweep's parts without a cluster (ddppipe.packing): the pool's queue (each trial
+taken once, the oldest first, one stopped by its allocation's end first in line again), an
+allocation's sbatch line, the trials it refuses, a node worker's slots running real
+processes side by side, and the cost of the allocations."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ddppipe.packing import accounting, worker
+from ddppipe.packing.allocation import Allocation, PackError
+from ddppipe.packing.pool import Pool, Ticket
+from ddppipe.settings import config, run_spec, sweep
+from tests.tiny import default_config
+
+SLOT = {"job": "7", "node": "gpu-a01", "slot": 0}
+
+
+def test_each_trial_is_taken_once_oldest_first(tmp_path: Path) -> None:
+    pool = Pool(tmp_path / "pack")
+    for k, run in enumerate(["sweeps/s/b=2", "sweeps/s/a=1", "sweeps/s/c=3"]):
+        assert pool.put(Ticket(run, ["true"], str(tmp_path), queued=100.0 + k))
+    taken: list[str] = []
+
+    def take() -> None:
+        while (ticket := pool.take(SLOT)) is not None:
+            taken.append(ticket.run)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == ["sweeps/s/a=1", "sweeps/s/b=2", "sweeps/s/c=3"]  # once each
+    assert pool.waiting() == 0 and pool.training() == 3
+
+
+def test_a_trial_stopped_by_its_allocations_end_is_first_in_line(tmp_path: Path) -> None:
+    pool = Pool(tmp_path / "pack")
+    pool.put(Ticket("sweeps/s/x=1", ["true"], str(tmp_path), queued=1.0))
+    first = pool.take(SLOT)
+    assert first is not None
+    pool.put(Ticket("sweeps/s/x=2", ["true"], str(tmp_path), queued=2.0))
+    pool.give_back(first)  # it checkpointed at the time-limit warning
+    again = pool.take(SLOT)
+    assert again is not None and again.run == "sweeps/s/x=1"
+    # a trial whose allocation SLURM no longer holds goes back too; one of a live one stays
+    assert pool.reclaim(held=["8"]) == ["sweeps/s/x=1"]
+    assert pool.reclaim(held=[]) == []  # (nothing runs now)
+    taken = pool.take({**SLOT, "job": "8"})
+    assert taken is not None and taken.run == "sweeps/s/x=1"
+    assert pool.reclaim(held=["8"]) == []
+    pool.finish(taken, {"exit": 0})
+    assert pool.result("sweeps/s/x=1") == {"run": "sweeps/s/x=1", "exit": 0}
+    running = pool.take(SLOT)
+    assert running is not None and running.run == "sweeps/s/x=2"
+    # a second call's train job of a trial that trains already waits for it, queues nothing
+    assert not pool.put(Ticket("sweeps/s/x=2", ["true"], str(tmp_path)))
+    assert pool.waiting() == 0
+
+
+def packed_spec(tmp_path: Path, **changes: dict) -> run_spec.RunSpec:
+    cfg = default_config()
+    cfg["sweep"] = {"name": "s", "parameters": {"train.lr": [0.1]},
+                    "pack": {"allocations": 2, "nodes": 3, "trials_per_node": 4,
+                             "time_min": 90}}  # fmt: skip
+    for section, values in changes.items():
+        cfg[section].update(values)
+    cfg = config.validate(cfg)
+    found = sweep.from_config(cfg)
+    assert found is not None
+    (trial,) = sweep.trials(found)
+    gpus = cfg["launch"]["device"] == "gpu"
+    return run_spec.resolve(sweep.apply(cfg, found, trial), gpus=gpus)
+
+
+def test_an_allocations_sbatch_line_holds_its_trials(tmp_path: Path) -> None:
+    spec = packed_spec(
+        tmp_path,
+        launch={"nnodes": 1, "nproc_per_node": 2, "device": "gpu", "cpus_per_proc": 4},
+        slurm={"partition": "gpu-short", "account": "proj42", "mem_mb": 16000,
+               "signal_seconds": 120},
+    )  # fmt: skip
+    pool = Pool(tmp_path / "pack")
+    line = Allocation.of(spec).sbatch(pool, "/work/wd")
+    worker_line = line[-1]
+    assert line[:-1] == [
+        "sbatch", "--parsable", "--job-name=ddppipe-pack-s", "--nodes=3",
+        "--ntasks-per-node=1", "--cpus-per-task=32", "--mem=64000M", "--time=90",
+        "--partition=gpu-short", "--account=proj42", "--gres=gpu:8",
+        f"--output={tmp_path}/pack/allocations/%j.log", "--chdir=/work/wd", "--wrap",
+    ]  # fmt: skip
+    assert worker_line == (
+        "srun --nodes=3 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 "
+        f"--export=ALL {sys.executable} -m ddppipe pack-worker --pool {tmp_path}/pack "
+        "--slots 4 --signal-seconds 120 --stop-signal SIGUSR1"
+    )
+
+
+def test_a_multi_node_trial_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    spec = packed_spec(tmp_path, launch={"nnodes": 2, "device": "cpu"})
+    with pytest.raises(PackError, match=r"sweep.pack runs one-node trials.*launch.nnodes 2"):
+        Allocation.of(spec)
+
+
+PROGRAM = """
+import json, os, sys, time
+out = sys.argv[1]
+with open(out, "w") as f:
+    json.dump({"start": time.time(), "cpus": sorted(os.sched_getaffinity(0)),
+               "slot": os.environ.get("DDPPIPE_PACKED_SLOT"),
+               "slurm": [k for k in os.environ if k.startswith("SLURM_")]}, f)
+time.sleep(0.5)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_a_nodes_slots_run_trials_side_by_side(tmp_path: Path, monkeypatch) -> None:
+    """Two slots, four trials (one exits 3): each slot on its own CPU, two at once, each
+    trial's status back to its train job; the worker ends once the call closed the pool."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")  # (the CI machine has 2)
+    pool = Pool(tmp_path / "pack")
+    program = tmp_path / "trial.py"
+    program.write_text(PROGRAM)
+    codes = {"a": 0, "b": 3, "c": 0, "d": 0}
+    for k, name in enumerate(codes):
+        cmd = [sys.executable, str(program), str(tmp_path / f"{name}.json"), str(codes[name])]
+        pool.put(Ticket(f"sweeps/s/{name}", cmd, str(tmp_path), queued=float(k)))
+    pool.close()  # no more trials come: the worker ends when these are done
+    monkeypatch.setenv("SLURM_JOB_NAME", "leaks")  # not the trial's job: removed
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+    pool.closed.touch()
+    assert worker.serve(pool.root, 2, 60, "SIGUSR1") == 0
+    seen = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in codes}
+    assert {n: pool.result(f"sweeps/s/{n}")["exit"] for n in codes} == codes
+    assert sorted({tuple(s["cpus"]) for s in seen.values()}) == [(cpus[0],), (cpus[1],)]
+    assert all(s["slurm"] == [] and s["slot"].startswith("local ") for s in seen.values())
+    assert abs(seen["a"]["start"] - seen["b"]["start"]) < 0.4  # side by side
+    node = json.loads(next((pool.allocations / "nodes").glob("*.json")).read_text())
+    assert sorted(t for s in node["slot_records"] for t in s["trials"]) == [
+        f"sweeps/s/{n}" for n in codes
+    ]
+
+
+def test_the_cost_of_the_allocations(tmp_path: Path) -> None:
+    """Two allocations: one node of 2 slots held 100 s (trials busy 150 slot-s of the 180
+    up to each slot's last trial), one node of 2 slots held 50 s; 4 CPUs a node."""
+    pool = Pool(tmp_path / "pack")
+    (pool.allocations / "nodes").mkdir(parents=True)
+    for job, submitted in (("11", 990.0), ("12", 1020.0)):
+        (pool.allocations / f"{job}.json").write_text(
+            json.dumps({"job": job, "submitted": submitted})
+        )
+    nodes = [
+        {"job": "11", "node": "n1", "slots": 2, "started": 1000.0, "ended": 1100.0, "cpus": 4,
+         "gpus": 0, "slot_records": [{"busy_s": 80.0, "last_end": 1090.0, "trials": ["a"]},
+                                     {"busy_s": 70.0, "last_end": 1090.0, "trials": ["b"]}]},
+        {"job": "12", "node": "n2", "slots": 2, "started": 1050.0, "ended": 1100.0, "cpus": 4,
+         "gpus": 0, "slot_records": [{"busy_s": 40.0, "last_end": 1100.0, "trials": ["c"]},
+                                     {"busy_s": 0.0, "last_end": None, "trials": []}]},
+    ]  # fmt: skip
+    for n in nodes:
+        (pool.allocations / "nodes" / f"{n['job']}-{n['node']}.json").write_text(json.dumps(n))
+    found = accounting.cost(pool.root)
+    assert found is not None
+    assert found.jobs == ["11", "12"] and found.slots == 4
+    assert found.held_hours == pytest.approx((100 * 4 + 50 * 4) / 3600)
+    assert found.busy_s == 190.0 and found.span_s == 90 + 90 + 50
+    assert found.idle_while_trials == pytest.approx(1 - 190 / 230)
+    assert found.queue_s == [10.0, 30.0]
+    assert accounting.line(pool.root) == (
+        "allocations: 2 (SLURM jobs 11, 12), 4 slot(s); held 0.1667 CPU-hours, idle 17% of "
+        "the slots' time while trials remained, queue wait 30 s at most"
+    )

@@ -61,18 +61,19 @@ class Trainable:
 
 
 def snapshot(
-    config_hash: str, epoch: int, step: int, parts: Trainable, rng: list[Any],
+    config_hash: str, epoch: int, step: int, states: dict[str, Any], rng: list[Any],
     history: list[dict[str, Any]], meta: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """A training's state at (``epoch`` completed epochs, ``step`` steps into the next)."""
+    """A training's state at (``epoch`` completed epochs, ``step`` steps into the next);
+    ``states``: the state dicts of its ``model``, ``optimizer`` and ``scheduler``."""
     return {
         "format": FORMAT,
         "config_hash": config_hash,
         "epoch": epoch,
         "step": step,
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
-        "scheduler": parts.scheduler.state_dict(),
+        "model": states["model"],
+        "optimizer": states["optimizer"],
+        "scheduler": states["scheduler"],
         "rng": rng,  # one entry per rank
         "history": history,
         "meta": meta,

@@ -219,7 +219,7 @@ def rank0_writes(write: Callable[[], T]) -> T | None:
         try:
             result = write()
         except Exception as e:
-            error, failure[0] = e, _write_failure(e)
+            error, failure[0] = e, write_failure(e)
     dist.broadcast_object_list(failure, src=0)
     if failure[0] is None:
         return result
@@ -228,12 +228,12 @@ def rank0_writes(write: Callable[[], T]) -> T | None:
     raise CheckpointError(failure[0]) from error
 
 
-def _write_failure(e: Exception) -> str:
-    """Rank 0's message for a failed write, with the space left when the disk is full."""
+def write_failure(e: BaseException, rank: int = 0) -> str:
+    """A rank's message for a failed write, with the space left when the disk is full."""
     if not isinstance(e, OSError) or e.filename is None:
-        return f"rank 0 could not write: {type(e).__name__}: {e}"
+        return f"rank {rank} could not write: {type(e).__name__}: {e}"
     path = Path(e.filename)
-    text = f"rank 0 could not write {path}: [Errno {e.errno}] {e.strerror}"
+    text = f"rank {rank} could not write {path}: [Errno {e.errno}] {e.strerror}"
     if e.errno == errno.ENOSPC:  # the partial file is gone: this is the space the write had
         disk = shutil.disk_usage(path.parent)
         text += (

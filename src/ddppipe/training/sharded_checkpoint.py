@@ -45,6 +45,15 @@ STATE = "state.pt"  # its non-tensor state
 REQUIRED_KEYS = frozenset(checkpoint.REQUIRED_KEYS - {"model", "optimizer"})
 
 
+def _failed_types() -> tuple[type[BaseException], ...]:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    return (Exception, CheckpointException)
+
+
+_FAILED = _failed_types()
+
+
 def folder_name(epoch: int, step: int) -> str:
     """``epoch`` completed epochs plus ``step`` steps into the next one."""
     return f"ckpt-e{epoch:04d}-s{step:06d}"
@@ -179,7 +188,7 @@ class Store:
             for old in self.paths()[: -self.keep]:
                 shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
             pending.outcome = {"path": final, "seconds": time.perf_counter() - pending.started}
-        except Exception as e:  # reported to every rank by wait()
+        except _FAILED as e:  # reported to every rank by wait()
             pending.outcome = {"error": e}
 
     def wait(self) -> tuple[Path, float] | None:
@@ -189,21 +198,23 @@ class Store:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        error = None
+        error, saving = None, self.folder / (pending.name + SAVING)
         try:
             pending.future.result()
-        except Exception as e:
-            error = f"rank {dist.get_rank()} could not write its part: {type(e).__name__}: {e}"
+        except _FAILED as e:
+            error = _failure(e, dist.get_rank(), saving)
         if pending.committer is not None:
             pending.committer.join()
             failed = pending.outcome.get("error")
             if failed is not None and error is None:
-                error = f"rank 0 could not commit {pending.name}: {type(failed).__name__}: {failed}"
+                error = _failure(failed, 0, saving)
         errors: list[str | None] = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)
         first = next((e for e in errors if e is not None), None)
         if first is not None:
-            raise checkpoint.CheckpointError(f"checkpoint {self.folder / pending.name}: {first}")
+            if pending.committer is not None:  # rank 0: no half-written folder stays
+                shutil.rmtree(self.folder / (pending.name + SAVING), ignore_errors=True)
+            raise checkpoint.CheckpointError(first)
         if pending.committer is None:
             return None
         return pending.outcome["path"], pending.outcome["seconds"]
@@ -252,6 +263,32 @@ def full_state_dicts(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[s
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return (get_model_state_dict(model, options=options),
             get_optimizer_state_dict(model, optimizer, options=options))  # fmt: skip
+
+
+def _failure(e: BaseException, rank: int, where: Path) -> str:
+    """A rank's message for its failed save, naming the folder (and the space left)."""
+    found = _os_error(e)
+    if isinstance(found, OSError) and found.filename is None:
+        found = OSError(found.errno, found.strerror, str(where))
+    return checkpoint.write_failure(found, rank)
+
+
+def _os_error(e: BaseException) -> BaseException:
+    """The OSError behind a failed save (DCP wraps each rank's in its own exceptions)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return current
+        todo += [x for x in (current.__cause__, current.__context__) if x is not None]
+        failures = getattr(current, "failures", None)  # DCP's CheckpointException: rank ->
+        if isinstance(failures, dict):  # (exception, traceback)
+            todo += [x[0] if isinstance(x, tuple) else x for x in failures.values()]
+    return e
 
 
 def read_state(path: Path) -> dict[str, Any]:

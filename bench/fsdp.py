@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small models")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per strategy")
+    ap.add_argument("--checkpoint-only", action="store_true", help="(c) alone")
     return ap.parse_args(argv)
 
 
@@ -167,9 +168,16 @@ def main(argv: list[str] | None = None) -> int:
                        if line.startswith("Model name")), platform.processor())  # fmt: skip
     print(f"{time.strftime('%Y-%m-%d')}, {model_name}, {os.cpu_count()} CPUs, torch "
           f"{torch.__version__}, 2 processes, gloo")  # fmt: skip
+    if not args.checkpoint_only:
+        train_figures(small, args.steps)
+    checkpoint_figures(big)
+    return 0
+
+
+def train_figures(small: tuple[int, int], steps: int) -> None:
     n = parameters(*small)
     figures = {s: run({"kind": "train", "strategy": s, "d_model": small[0], "layers": small[1],
-                       "steps": args.steps}) for s in ("ddp", "fsdp")}  # fmt: skip
+                       "steps": steps}) for s in ("ddp", "fsdp")}  # fmt: skip
     print(f"\n(a) bytes a rank holds, charlm d_model {small[0]} x {small[1]} layers "
           f"({n / 1e6:.1f} M parameters), AdamW, fp32")  # fmt: skip
     for strategy, f in figures.items():
@@ -178,11 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {strategy:4s}: {sum(held.values()) / 2**20:7.1f} MiB ({parts})")
     ratio = sum(figures["fsdp"]["held"].values()) / sum(figures["ddp"]["held"].values())
     print(f"  fsdp / ddp: {ratio:.2f}x (target <= 0.55x)")
-    print(f"\n(b) median step time, batch 8 x 64 bytes a rank, {args.steps} steps")
+    print(f"\n(b) median step time, batch 8 x 64 bytes a rank, {steps} steps")
     for strategy, f in figures.items():
         print(f"  {strategy:4s}: {f['step_s'] * 1000:.1f} ms")
     ratio = figures["fsdp"]["step_s"] / figures["ddp"]["step_s"]
     print(f"  fsdp / ddp: {ratio:.2f}x (target <= 1.3x)")
+
+
+def checkpoint_figures(big: tuple[int, int]) -> None:
     n = parameters(*big)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as folder:
         f = run({"kind": "checkpoint", "d_model": big[0], "layers": big[1], "folder": folder})
@@ -192,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  asynchronous save, training blocked:       {f['async_s']:.2f} s "
           f"(written and committed after {f['async_total_s']:.2f} s)")  # fmt: skip
     print(f"  blocked / synchronous: {f['async_s'] / f['sync_s']:.0%} (target <= 10 %)")
-    return 0
 
 
 if __name__ == "__main__":

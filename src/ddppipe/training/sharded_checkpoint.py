@@ -94,6 +94,7 @@ class Store:
     def __init__(self, folder: Path, keep: int = 2, group: Any = None) -> None:
         self.folder, self.keep, self.group = Path(folder), keep, group
         self._pending: _Pending | None = None
+        self._staging: Any = None  # DCP's stager, created at the first save
 
     # -- what is there (any process) ------------------------------------------------------
     def paths(self) -> list[Path]:
@@ -164,7 +165,8 @@ class Store:
         checkpoint.rank0_writes(prepare)  # every rank waits for the folder (and its outcome)
         import torch.distributed.checkpoint as dcp
 
-        future = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group)
+        future = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group,
+                                async_stager=self._stager())  # fmt: skip
         pending = _Pending(name, started, future)
         if dist.get_rank() == 0:
             pending.committer = threading.Thread(
@@ -173,6 +175,16 @@ class Store:
             pending.committer.start()
         self._pending = pending
         return name
+
+    def _stager(self) -> Any:
+        """The copy in memory a save writes from: kept from save to save, so a save after the
+        first copies into the same buffers (no allocation, no page faults: half the time
+        training waits). Safe: one save is in flight at a time."""
+        if self._staging is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._staging = DefaultStager(StagingOptions(False, False, False, False))
+        return self._staging
 
     def _commit(self, pending: _Pending) -> None:
         """(Rank 0, in a thread) Once the save completed: the marker, the rename, the pruning."""

@@ -146,6 +146,22 @@ def test_a_run_stopped_at_2_processes_continues_at_1_or_3(
     assert resumed[1]["test_loss"] == pytest.approx(reference[1]["test_loss"], rel=1e-5)
 
 
+def test_a_whole_model_checkpoint_of_a_run_started_before_is_resumed_from(
+    straight: dict[str, Path], lm_data: Path, tmp_path: Path
+) -> None:
+    """A ``ckpt-*.pt`` file (the format before sharded checkpoints, as final.pt still is): the
+    ddp run resumes from it, here after its last epoch (no training, the final evaluation)."""
+    folder = tmp_path / "state" / "checkpoints"
+    folder.mkdir(parents=True)
+    shutil.copy(straight["ddp"] / "final.pt", folder / "ckpt-e0002-s000000.pt")
+    stderr = launch(lm_config("ddp", 1), lm_data, tmp_path)
+    assert f"resuming from {folder / 'ckpt-e0002-s000000.pt'}" in stderr, stderr
+    before = torch.load(straight["ddp"] / "model.pt", weights_only=True)
+    after = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert history(tmp_path) == history(straight["ddp"])
+
+
 # --- the blocks FSDP shards ---------------------------------------------------------------
 
 

@@ -38,13 +38,18 @@ onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
     extend_slurm_executor()  # SLURM executor: ddppipe's extension (ddppipe.slurm.executor)
     keep_going_past_failed_trials()  # a sweep: a failed trial does not stop the others
+    start_warm_ranks()  # local sweeps and studies: ranks forked warm (ddppipe.launching.warm)
 
 
 onsuccess:
+    stop_warm_ranks()
+    close_pack()  # a packed sweep: its idle allocations end
     print_summary()
 
 
 onerror:
+    stop_warm_ranks()
+    close_pack()
     print_summary()
 
 

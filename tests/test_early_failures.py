@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ddppipe.runstate import early_failures
 from ddppipe.runstate.early_failures import EarlyFailure
+from ddppipe.runstate.state import StateDir
 from ddppipe.slurm.executor.early_failures import error_of_log
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
@@ -74,9 +75,11 @@ def test_a_second_identical_early_failure_is_final() -> None:
 
 
 def test_a_slot_started_after_an_early_failure_tells_the_runs_story(tmp_path: Path) -> None:
-    assert early_failures.load(tmp_path) == []
-    found = early_failures.record(tmp_path, failure("3", 100.0))
-    assert early_failures.load(tmp_path) == found == [failure("3", 100.0)]
+    state = StateDir(tmp_path)
+    assert early_failures.load(state) == []
+    found = early_failures.record(state, failure("3", 100.0))
+    assert early_failures.load(state) == found == [failure("3", 100.0)]
+    assert (tmp_path / "early-failures.json").is_file()
     assert early_failures.latest(found, [90.0]) == failure("3", 100.0)
     assert early_failures.latest(found, [120.0]) is None
     assert failure("3", 100.0).text() == (

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import snakemake_executor_plugin_slurm
 
+from ddppipe.runstate.state import StateDir
 from ddppipe.slurm import executor
 
 
@@ -31,7 +32,7 @@ def test_another_plugin_version_is_refused_before_anything_changes() -> None:
 
 def test_every_extension_is_installed_on_the_pinned_plugin(tmp_path: Path) -> None:
     cls = type("Executor", (snakemake_executor_plugin_slurm.Executor,), {})
-    executor.Extension(lambda job: None, [str(tmp_path)]).install(cls)
+    executor.Extension(lambda job: None, [StateDir(tmp_path)]).install(cls)
     base = snakemake_executor_plugin_slurm.Executor
     assert isinstance(vars(cls)["_failed_nodes"], property)
     for method in ("sleep", "run_job", "report_job_error"):

@@ -16,6 +16,7 @@ import pytest
 
 from ddppipe.launching import watchdog
 from ddppipe.runstate.attempts import Attempt
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.slurm import continuation
 from ddppipe.training import heartbeat
@@ -197,7 +198,7 @@ def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
     into the slot's watchdog folder; a CPU run's gets neither."""
     cfg = default_config()
     cfg["launch"]["device"] = "gpu"
-    gpu = watchdog.Watchdog(run_spec.resolve(cfg, gpus=True), tmp_path / "state", 1, None)
+    gpu = watchdog.Watchdog(run_spec.resolve(cfg, gpus=True), StateDir(tmp_path / "state"), 1, None)
     folder = (tmp_path / "state" / "watchdog").resolve()
     assert gpu.environment() == {
         heartbeat.WATCHDOG_ENV: str(folder),
@@ -207,7 +208,7 @@ def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
         heartbeat.NCCL_TRACE_ENV: "1",
     }
     cpu = watchdog.Watchdog(
-        run_spec.resolve(default_config(), gpus=False), tmp_path / "state", 1, None
+        run_spec.resolve(default_config(), gpus=False), StateDir(tmp_path / "state"), 1, None
     )
     assert cpu.environment() == {heartbeat.WATCHDOG_ENV: str(folder)}
 

@@ -10,6 +10,7 @@ from snakemake.jobs import Wildcards
 from snakemake_executor_plugin_slurm.utils import get_job_wildcards
 
 from ddppipe.launching import preflight
+from ddppipe.runstate.state import StateDir
 from ddppipe.slurm import head
 from ddppipe.slurm.executor import attach, bad_nodes
 
@@ -69,9 +70,11 @@ def test_bad_nodes_are_excluded_within_the_cap() -> None:
 
 
 def test_exclusions_survive_in_the_state_folder(tmp_path: Path) -> None:
-    assert bad_nodes.load(tmp_path) == []
-    bad_nodes.record(tmp_path, ["gpu2", "gpu5"])
-    assert bad_nodes.load(tmp_path) == ["gpu2", "gpu5"]
+    state = StateDir(tmp_path)
+    assert bad_nodes.load(state) == []
+    bad_nodes.record(state, ["gpu2", "gpu5"])
+    assert bad_nodes.load(state) == ["gpu2", "gpu5"]
+    assert (tmp_path / "excluded-nodes.json").is_file()  # the file of earlier releases
 
 
 def test_head_job_request() -> None:

@@ -105,3 +105,20 @@ def test_auto_on_a_gpu_host_trains_where_the_image_can(
     cfg["container"]["recipe"] = str(REPO / "containers" / "ddppipe.def")
     on_gpus = write_config(tmp_path / "gpu")
     assert "--gpus yes" in on_gpus and "apptainer exec --nv " in on_gpus, on_gpus
+
+
+def test_the_image_check_runs_once_per_device_and_container(
+    gpu_container_config: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep's trials (other learning rates, one container section) share one check of the
+    image; another image is checked again."""
+    looked: list[Path] = []
+    monkeypatch.setattr(gpu_check, "cpu_only", lambda recipe, info: looked.append(info))
+    check, recipe = gpu_check.GpuImageCheck(), gpu_container_config["container"]["recipe"]
+    for lr in (0.1, 0.01, 0.001):
+        gpu_container_config["train"]["lr"] = lr
+        check(run_spec.resolve(gpu_container_config, True), recipe)
+    assert len(looked) == 1
+    gpu_container_config["container"]["image"] = str(tmp_path / "other.sif")
+    check(run_spec.resolve(gpu_container_config, True), recipe)
+    assert len(looked) == 2 and looked[-1] == identity.info_path(tmp_path / "other.sif")

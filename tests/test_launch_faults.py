@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ddppipe.runstate import attempts, preemption
+from ddppipe.runstate.state import StateDir
 from tests.processes import guarded_workers
 from tests.test_train_ddp import cli_args, start_guarded_launch
 from tests.tiny import TinyData, make_tiny, tiny_config
@@ -43,7 +44,8 @@ def test_a_second_training_on_a_locked_state_fails_at_once(tmp_path: Path) -> No
     finally:
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()
-    assert len(attempts.load(tmp_path / "run/state")) == 1  # the refused one left no record
+    history = attempts.load(StateDir(tmp_path / "run/state"))
+    assert len(history) == 1  # the refused one left no record
 
 
 @pytest.mark.slow  # 10 s on 2 cores
@@ -65,7 +67,7 @@ def test_a_signal_during_start_up_is_not_lost(tmp_path: Path) -> None:
     for pid in workers:
         os.kill(pid, signal.SIGUSR1)
     assert proc.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()
-    history = attempts.load(run_dir / "state")
+    history = attempts.load(StateDir(run_dir / "state"))
     assert [a.outcome for a in history] == ["stopped on SIGUSR1"], log.read_text()
     assert history[0].checkpoint == "ckpt-e0000-s000010" and history[0].steps == 10
 
@@ -83,4 +85,4 @@ def test_a_stop_is_never_restarted_in_place_by_max_restarts(tmp_path: Path) -> N
     assert proc.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()
     text = log.read_text()
     assert text.count("rank 0/2") == 1, text  # one start of the worker group, no restart
-    assert [a.outcome for a in attempts.load(run_dir / "state")] == ["stopped on SIGTERM"]
+    assert [a.outcome for a in attempts.load(StateDir(run_dir / "state"))] == ["stopped on SIGTERM"]

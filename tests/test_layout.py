@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout
 from ddppipe.settings.layout import RunLayout
 
@@ -99,12 +99,14 @@ def test_of_root_reads_the_run_name_and_results_folder() -> None:
 
 
 def test_the_state_folder_files_under_the_layouts_state_root() -> None:
-    folder = state.of(RunLayout("mnist").state)
+    folder = StateDir(RunLayout("mnist").state)
     assert str(folder.mlflow_run_id) == "results/mnist/state/mlflow_run_id"
+    assert str(folder.excluded_nodes) == "results/mnist/state/excluded-nodes.json"
+    assert str(folder.preflight_token) == "results/mnist/state/preflight-token"
     assert str(folder.metrics) == "results/mnist/state/metrics.jsonl"
     assert str(folder.checkpoints) == "results/mnist/state/checkpoints"
     assert str(folder.tensorboard) == "results/mnist/tensorboard"
-    assert str(state.of("/tmp/t/state").tensorboard) == "/tmp/t/tensorboard"
+    assert str(StateDir(Path("/tmp/t/state")).tensorboard) == "/tmp/t/tensorboard"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ import yaml
 
 from ddppipe.core import hashing, jsonl
 from ddppipe.launching import resolve
-from ddppipe.runstate import preemption, state
+from ddppipe.runstate import preemption
+from ddppipe.runstate.state import StateDir
 from tests.documented_build import Build
 from tests.tiny import REPO, default_config
 from tests.workflow_helpers import job_counts, snakemake
@@ -157,7 +158,7 @@ def test_script_stops_on_sigterm_and_resumes_with_the_same_weights(tmp_path: Pat
     run_dir = tmp_path / "stopped"
     args = script_launch(run_dir, 3)
     proc = launch_script(args, run_dir)
-    live = state.of(run_dir / "state").metrics
+    live = StateDir(run_dir / "state").metrics
     deadline = time.monotonic() + 120
     while len(jsonl.read(live)) < 5:
         assert proc.poll() is None, (run_dir / "launch.log").read_text()

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from bench import sweep_table as trials
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout, sweep
 from ddppipe.sweeps import trials as sweep_trials
 from tests.tiny import REPO
@@ -337,12 +338,12 @@ def test_mlflow_trials_are_children_of_one_parent_run(
         if trial.name in names:
             spec = RunSpec.from_config({**trials.resolved_trial(cfg, found, trial),
                                         "task_source": trials.TASK_SOURCE})  # fmt: skip
-            state_dir = layout.RunLayout(trial.run, tmp_path / "results").state
-            parent = mlflow_log.SweepParent.of(spec, state_dir)
+            state = StateDir(layout.RunLayout(trial.run, tmp_path / "results").state)
+            parent = mlflow_log.SweepParent.of(spec, state)
             assert parent == mlflow_log.SweepParent(
                 "lr", tmp_path / "results/sweeps/lr/.mlflow-parent.lock"
             )
-            trackers.append(tracking.Tracker(None, state_dir, mlflow_uri=uri, run_name=trial.run,
+            trackers.append(tracking.Tracker(None, state, mlflow_uri=uri, run_name=trial.run,
                                              parent=parent))  # fmt: skip
     for i, tracker in enumerate(trackers):
         tracker.log(10, {"accuracy": 0.5 + i / 10}, prefix="test")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ddppipe.runstate.state import StateDir
 from ddppipe.training import mlflow_log, tracking
 
 # One job slot: logs train/loss = step + 1000 * slot at every step and test/accuracy at every
@@ -22,12 +23,13 @@ SLOT = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from pathlib import Path
+    from ddppipe.runstate.state import StateDir
     from ddppipe.training import tensorboard_log, tracking
 
     spec = json.loads(sys.argv[1])
     tensorboard_log.FLUSH_SECONDS = spec.get("flush_seconds", tensorboard_log.FLUSH_SECONDS)
     tracker = tracking.Tracker(
-        spec["log_dir"] and Path(spec["log_dir"]), Path(spec["state_dir"]),
+        spec["log_dir"] and Path(spec["log_dir"]), StateDir(Path(spec["state_dir"])),
         mlflow_uri=spec.get("mlflow_uri"),
         run_name="mnist", params=spec.get("params"), tags=spec.get("tags"),
     )
@@ -118,9 +120,9 @@ def test_mlflow_slots_continue_one_run(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     params = {"train": {"lr": 0.5, "epochs": 3}, "model": "cnn", "notes": "x" * 7000}
     run_slot(tmp_path, 1, 0, 29, "close", mlflow_uri=uri, params=params, tags={"jobs": "101"})
-    run_id = (tmp_path / "state" / mlflow_log.RUN_ID_FILE).read_text().strip()
+    run_id = StateDir(tmp_path / "state").mlflow_run_id.read_text().strip()
     run_slot(tmp_path, 2, 20, 39, "close", mlflow_uri=uri, params=params, tags={"jobs": "101,102"})
-    assert (tmp_path / "state" / mlflow_log.RUN_ID_FILE).read_text().strip() == run_id
+    assert StateDir(tmp_path / "state").mlflow_run_id.read_text().strip() == run_id
 
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(mlflow_log.DEFAULT_EXPERIMENT)
@@ -153,7 +155,7 @@ def test_mlflow_alone_writes_no_tensorboard_files(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run_slot(tmp_path, 1, 0, 9, "close", mlflow_uri=uri, log_dir=None)  # tensorboard: false
     assert not (tmp_path / "tensorboard").exists()
-    run_id = (tmp_path / "state" / mlflow_log.RUN_ID_FILE).read_text().strip()
+    run_id = StateDir(tmp_path / "state").mlflow_run_id.read_text().strip()
     history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "train/loss")
     assert sorted(m.step for m in history) == list(range(10))
 
@@ -166,7 +168,7 @@ def test_unreachable_mlflow_never_stops_training(
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
         tracker = tracking.Tracker(
-            tmp_path / "tensorboard", tmp_path / "state", mlflow_uri="http://127.0.0.1:9"
+            tmp_path / "tensorboard", StateDir(tmp_path / "state"), mlflow_uri="http://127.0.0.1:9"
         )
         for step in range(10):
             tracker.log(step, {"loss": float(step)}, prefix="train")
@@ -178,7 +180,7 @@ def test_unreachable_mlflow_never_stops_training(
     assert warnings[0].levelno == logging.WARNING
     assert warnings[0].name == "ddppipe.training.mlflow_log"
     assert "MLflow tracking (http://127.0.0.1:9) off" in warnings[0].getMessage()
-    assert not (tmp_path / "state" / mlflow_log.RUN_ID_FILE).exists()
+    assert not StateDir(tmp_path / "state").mlflow_run_id.exists()
 
 
 def test_unwritable_log_dir_never_stops_training(
@@ -187,7 +189,7 @@ def test_unwritable_log_dir_never_stops_training(
     blocker = tmp_path / "file"
     blocker.write_text("")
     with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
-        tracker = tracking.Tracker(blocker / "tensorboard", tmp_path / "state")
+        tracker = tracking.Tracker(blocker / "tensorboard", StateDir(tmp_path / "state"))
         for step in range(3):
             tracker.log(step, {"loss": 1.0, "bad": "n/a"}, prefix="train")  # type: ignore[dict-item]
         tracker.close()

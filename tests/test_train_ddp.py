@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from ddppipe.runstate import preemption, state
+from ddppipe.runstate import preemption
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
 from ddppipe.training import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
@@ -170,7 +171,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     text = log.read_text()
     assert "training stopped (stopped on SIGTERM) after writing" in text, text
     assert not (run_dir / "final.pt").exists()
-    assert not state.of(run_dir / "state").stop_note.exists()  # the launcher took the note
+    assert not StateDir(run_dir / "state").stop_note.exists()  # the launcher took the note
     stored = sharded_checkpoint.Store(run_dir / "state" / "checkpoints").paths()
     assert stored, f"no checkpoint after SIGTERM:\n{text}"
 
@@ -191,4 +192,4 @@ def test_sigkill_of_the_launcher_stops_training_with_a_checkpoint(tmp_path: Path
         assert time.monotonic() < deadline, f"training outlived its launcher:\n{log.read_text()}"
         time.sleep(0.2)
     assert sharded_checkpoint.Store(run_dir / "state" / "checkpoints").paths(), log.read_text()
-    assert state.of(run_dir / "state").stop_note.exists()  # nobody took it: the launcher died
+    assert StateDir(run_dir / "state").stop_note.exists()  # nobody took it: the launcher died

@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import shlex
 
 from snakemake.exceptions import WorkflowError
@@ -11,6 +12,7 @@ from ddppipe.slurm import cluster_policy as ddp_cluster_policy
 from ddppipe.slurm import executor as ddp_executor
 from ddppipe.settings import config as ddp_config
 from ddppipe.settings import layout as ddp_layout
+from ddppipe.runstate import state as ddp_state
 from ddppipe.apptainer import gpu_check as ddp_gpu_check
 from ddppipe.apptainer import identity as ddp_identity
 from ddppipe.apptainer import requirements as ddp_requirements
@@ -18,6 +20,9 @@ from ddppipe.apptainer import running as ddp_running
 from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
+from ddppipe.launching import warm as ddp_warm
+from ddppipe.packing import allocation as ddp_allocation
+from ddppipe.packing import pool as ddp_pool
 from ddppipe.settings import runs as ddp_runs
 from ddppipe.settings import sweep as ddp_sweep
 from ddppipe.settings import data_sets as ddp_data_sets
@@ -32,9 +37,7 @@ RUN = config["run"]
 def decide_device(run_config):
     """Whether a run trains on GPUs: launch.device decided, the one place
     (ddppipe.parallel.devices.trains_on_gpus), once per run (RUNS.spec records it)."""
-    return ddp_devices.trains_on_gpus(
-        run_config, on_slurm(), recipe=image_sources()["recipe"]
-    )
+    return ddp_devices.trains_on_gpus(run_config, on_slurm(), recipe=image_recipe())
 
 
 try:
@@ -122,14 +125,17 @@ def on_slurm():
     return plugin is not None and plugin.name == "slurm"
 
 
+# The image check of every run, once per device decision and container section (a sweep's
+# trials share theirs).
+GPU_IMAGE_CHECK = ddp_gpu_check.GpuImageCheck()
+
+
 def run_gpus(run):
     """ "yes" when the run ``run`` trains on GPUs (its spec), else "no"; a GPU run's image must
     have CUDA (ddppipe.apptainer.gpu_check), a config error otherwise."""
     spec = RUNS.spec(run)
     try:
-        ddp_gpu_check.check_gpu_image(
-            spec, image_sources()["recipe"], spec.container.image
-        )
+        GPU_IMAGE_CHECK(spec, image_recipe())
     except ddp_apptainer.ContainerError as e:
         raise WorkflowError(str(e)) from None
     return "yes" if spec.gpus else "no"
@@ -155,9 +161,9 @@ def print_sweep():
     logger.info(ddp_sweep_results.after_call(SWEEP, ddp_layout.RESULTS))
 
 
-def state_dirs():
+def run_states():
     """The state folders of every run this workflow may train (the main run, the study's)."""
-    return [str(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
+    return [ddp_state.StateDir(ddp_layout.RunLayout(r).state) for r in RUNS.names()]
 
 
 def check_cluster_policy():
@@ -168,7 +174,7 @@ def check_cluster_policy():
     settings = workflow.executor_settings
     try:
         found = ddp_cluster_policy.check_cluster(
-            RUNS.spec(RUN), settings.status_command, settings.requeue, state_dirs()
+            RUNS.spec(RUN), settings.status_command, settings.requeue, run_states()
         )
     except ddp_cluster_policy.ClusterPolicyError as e:
         raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
@@ -180,7 +186,7 @@ def training_state(job):
     """The state folder of a train job's run (None for another rule's job)."""
     if job.name != "train":
         return None
-    return ddp_layout.RunLayout(job.wildcards_dict["run"]).state
+    return ddp_state.StateDir(ddp_layout.RunLayout(job.wildcards_dict["run"]).state)
 
 
 def extend_slurm_executor():
@@ -190,11 +196,38 @@ def extend_slurm_executor():
     named and not retried twice. Refused, with the reason, on another plugin version."""
     if not on_slurm():
         return
-    extension = ddp_executor.Extension(training_state, state_dirs())
+    extension = ddp_executor.Extension(training_state, run_states())
     try:
         extension.install(workflow.executor_plugin.executor)
     except ddp_executor.PluginVersionError as e:
         raise WorkflowError(str(e)) from None
+
+
+WARM_SERVER = []  # the warm-rank server of this call, when it started one
+
+
+def start_warm_ranks():
+    """A local call of a config with a sweep or a scaling study: one server imports torch once
+    and forks every trial's ranks (ddppipe.launching.warm), instead of each rank importing it.
+    Not on SLURM (the ranks run on the job's nodes), nor in a container (another Python)."""
+    if on_slurm() or ddp_apptainer.enabled(RUNS.spec(RUN).container):
+        return
+    if RUNS.sweep is None and RUNS.scaling is None:
+        return
+    socket = ddp_warm.local_socket()
+    server = ddp_warm.start(socket, ddp_layout.LOGS / "warm-server.log")
+    WARM_SERVER.append(server)
+    os.environ[ddp_warm.SOCKET_ENV] = str(socket)
+    os.environ[ddp_warm.SERVER_ENV] = str(server.pid)
+
+
+def stop_warm_ranks():
+    for server in WARM_SERVER:
+        server.terminate()
+        server.wait()
+    WARM_SERVER.clear()
+    os.environ.pop(ddp_warm.SOCKET_ENV, None)
+    os.environ.pop(ddp_warm.SERVER_ENV, None)
 
 
 # -- the Apptainer image (rule build_image, container.mode) --------------------------------
@@ -204,11 +237,16 @@ ROOT = (
 )  # the repository root: the recipes' %files paths are relative to it
 
 
+def image_recipe():
+    """The image's recipe (container.recipe), from the repository's root."""
+    return os.path.join(ROOT, config["container"]["recipe"])
+
+
 def image_sources():
     """What the image is built from: recipe, pyproject.toml, the torch pin, the sources."""
     src = os.path.join(ROOT, "src", "ddppipe")
     return {
-        "recipe": os.path.join(ROOT, config["container"]["recipe"]),
+        "recipe": image_recipe(),
         "pyproject": os.path.join(ROOT, "pyproject.toml"),
         "constraints": os.path.join(ROOT, "constraints.txt"),
         "sources": sorted(
@@ -293,6 +331,43 @@ if SWEEP is not None:
     workflow.register_resource(SWEEP_SLOT, SWEEP.max_parallel)
     if SWEEP.method == "tpe":
         logger.info(ddp_sweep.rounds_note(SWEEP))
+
+
+# sweep.pack: the trials are rule train_packed's (rules/train.smk), a job of this Snakemake:
+# on SLURM it queues the trial for the sweep's held allocations (ddppipe.packing); locally it
+# trains as rule train would. (Which executor runs is known once the DAG is built, not here.)
+PACKED = SWEEP is not None and SWEEP.pack is not None
+PACKED_PREFIX = re.escape(ddp_sweep.run_name(SWEEP.name, "")) if PACKED else None
+PACKED_RUN = f"{PACKED_PREFIX}[^/]+" if PACKED else ".+"
+UNPACKED_RUN = f"(?!{PACKED_PREFIX}).+" if PACKED else ".+"  # (a trial's name has no slash)
+if PACKED and RUNS.trials:  # (a tpe sweep's first trial is checked when it is suggested)
+    try:
+        ddp_allocation.Allocation.of(RUNS.spec(RUNS.trials[0].run))
+    except ddp_allocation.PackError as e:
+        raise WorkflowError(str(e)) from None
+
+
+def packed_prefix(run):
+    """On SLURM, the command a packed trial's launch runs under: `ddppipe pack-trial` (it
+    queues the launch for the sweep's allocations and waits); '' otherwise."""
+    if not (PACKED and on_slurm() and re.fullmatch(PACKED_RUN, run)):
+        return ""
+    layout = ddp_layout.RunLayout(run)
+    return (
+        f"ddppipe pack-trial --pool {shlex.quote(str(SWEEP.layout.pack))}"
+        f" --config {shlex.quote(str(layout.config))} -- "
+    )
+
+
+def close_pack():
+    """At the end of the call: the packed sweep's idle allocations end at once."""
+    if PACKED:
+        ddp_pool.Pool(SWEEP.layout.pack).close()
+
+
+def packed_threads(run):
+    """A packed trial's cores on this machine: none on SLURM (it waits), else its training's."""
+    return 0 if on_slurm() else ddp_launch.job_threads(RUNS.spec(run))
 
 
 def keep_going_past_failed_trials():

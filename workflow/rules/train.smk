@@ -36,7 +36,26 @@ rule train:
         state=str(RUN_LAYOUT.state),
         # what output.result is
         result="--outputs" if KIND == "script" else "--checkpoint",
+        # a packed sweep's trial: its launch queued for the sweep's allocations (train_packed)
+        pack=lambda wc: packed_prefix(wc.run),
+    wildcard_constraints:
+        run=UNPACKED_RUN,  # a packed sweep's trials: rule train_packed
     shell:
-        "ddppipe launch --config {input.config} {params.data} --state {params.state}"
+        "{params.pack}ddppipe launch --config {input.config} {params.data} --state {params.state}"
         " {params.result} {output.result} --metrics {output.metrics}"
         " --attempts {output.attempts} --log {log}"
+
+
+if PACKED:
+
+    use rule train as train_packed with:
+        # sweep.pack on SLURM: the trial trains in one of the sweep's held allocations
+        # (ddppipe.packing); this job, local to the submitting Snakemake, queues its launch
+        # command, keeps an allocation coming while trials wait, and waits for its status.
+        # Locally it trains as rule train does.
+        threads: lambda wc: packed_threads(wc.run)
+        wildcard_constraints:
+            run=PACKED_RUN,
+
+    localrules:
+        train_packed,

@@ -1,9 +1,12 @@
-"""GPU runs need a CUDA image: the check that a GPU run's image has one."""
+"""GPU runs need a CUDA image: the check that a GPU run's image has one, once per device decision
+and container section."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.tool import ContainerError, enabled
@@ -58,3 +61,18 @@ def check_gpu_image(spec: RunSpec, recipe: str | Path, image: str | Path) -> Non
             "Set container.recipe: containers/ddppipe.def (CUDA + NCCL), or train on CPUs "
             "(launch.device: cpu)"
         )
+
+
+@dataclass
+class GpuImageCheck:
+    """:func:`check_gpu_image` once per what it depends on (the recipe, the device decision,
+    ``launch.device`` and the container section): a sweep's trials share one check."""
+
+    done: set[tuple[Any, ...]] = field(default_factory=set)
+
+    def __call__(self, spec: RunSpec, recipe: str | Path) -> None:
+        """Raise ContainerError as :func:`check_gpu_image` (a failed check is not kept)."""
+        key = (str(recipe), spec.gpus, spec.launch.device, spec.container)
+        if key not in self.done:
+            check_gpu_image(spec, recipe, spec.container.image)
+            self.done.add(key)

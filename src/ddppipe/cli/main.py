@@ -11,6 +11,7 @@ import sys
 from ddppipe import __version__
 from ddppipe.cli.subcommands import COMMANDS, Arg, Command, OneOf
 from ddppipe.core.errors import UserError
+from ddppipe.launching import warm
 
 
 def _setup_logging() -> None:
@@ -64,8 +65,21 @@ def _call(command: Command, args: argparse.Namespace) -> int:
     return function(**{k: v for k, v in vars(args).items() if k != "command"})
 
 
+# Subcommands that start or supervise processes of their own (or are one, under a launcher):
+# they run here. Every other runs in a process forked by the warm server when one serves this
+# machine (ddppipe.launching.warm): its imports (torch, matplotlib) are done.
+COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "preflight",
+                  "pack-trial", "pack-worker",
+                  "preflight-node", "preflight-allreduce", "build-image", "build-task-image",
+                  "selfcheck"})  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] not in COLD and os.environ.get(warm.SOCKET_ENV):
+        code = warm.delegate(argv)
+        if code is not None:
+            return code
     if argv[:1] == ["agent"]:  # torchrun's own options follow; argparse would take them
         import signal
 

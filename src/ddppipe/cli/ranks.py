@@ -19,10 +19,11 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
 
     heartbeat.start()  # from now on the launcher's hang watchdog sees this rank's progress
     try:
+        from ddppipe.runstate.state import StateDir
         from ddppipe.settings import run_spec
         from ddppipe.training import files, train
 
-        paths = files.Paths(data, state, checkpoint, metrics)
+        paths = files.Paths(data, StateDir(state), checkpoint, metrics)
         train.train(run_spec.load(config_path), paths, guard)
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)

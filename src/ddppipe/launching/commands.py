@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddppipe.core.errors import UserError
+
+if TYPE_CHECKING:
+    from ddppipe.runstate.state import StateDir
 
 
 def resolve_config(
@@ -39,25 +43,28 @@ def launch(
 ) -> int:  # fmt: skip
     """``ddppipe launch``: train one slot; with ``log``, a copy of the state's train.log."""
     from ddppipe.launching import lifecycle
+    from ddppipe.runstate.state import StateDir
+
+    folder = StateDir(state)
 
     def slot() -> int:
-        return _launch(config_path, data, state, checkpoint, outputs, metrics, attempts)
+        return _launch(config_path, data, folder, checkpoint, outputs, metrics, attempts)
 
     try:
         if log is None:
             return slot()
-        with lifecycle.slot_log(state, log):
+        with lifecycle.slot_log(folder, log):
             try:
                 return slot()
             except (UserError, FileNotFoundError) as e:  # into the log too, not only Snakemake's
                 print(f"ddppipe launch: error: {e}", file=sys.stderr)
                 raise
     finally:
-        lifecycle.mark_slot_end(state)
+        lifecycle.mark_slot_end(folder)
 
 
 def _launch(
-    config_path: Path, data: Path | None, state: Path, checkpoint: Path | None,
+    config_path: Path, data: Path | None, state: StateDir, checkpoint: Path | None,
     outputs: Path | None, metrics: Path, attempts: Path | None,
 ) -> int:  # fmt: skip
     from ddppipe.launching import launch, lifecycle
@@ -79,6 +86,14 @@ def _launch(
         raise config.ConfigError("ddppipe launch: a task run needs --data and --checkpoint")
     train_args = launch.train_args(config_path, data, state, checkpoint, metrics)
     return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts)
+
+
+def warm_server(socket: Path) -> int:
+    """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM."""
+    from ddppipe.launching import warm
+
+    warm.serve(socket)
+    return 0
 
 
 def preflight(config_path: Path) -> int:
@@ -108,8 +123,10 @@ def preflight_node(
     """``ddppipe preflight-node``: resolve the host, see the state folder, check the devices;
     exit 3 on a problem."""
     from ddppipe.launching import preflight
+    from ddppipe.runstate.state import StateDir
 
-    report, problems = preflight.check_node(host, nproc, use, precision, state, token)
+    folder = None if state is None else StateDir(state)
+    report, problems = preflight.check_node(host, nproc, use, precision, folder, token)
     for problem in problems:
         print(f"preflight: {problem}", file=sys.stderr)
     if report:

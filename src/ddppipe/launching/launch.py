@@ -24,9 +24,10 @@ from pathlib import Path
 from types import FrameType
 
 from ddppipe.apptainer import running
-from ddppipe.core import system
+from ddppipe.core import memory, system
 from ddppipe.launching import watchdog, workers
-from ddppipe.runstate import finished_nodes, preemption
+from ddppipe.runstate import failures, finished_nodes, preemption
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
@@ -139,11 +140,13 @@ def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
         )
 
 
-def train_args(config: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> list[str]:
+def train_args(
+    config: Path, data: Path, state: StateDir, checkpoint: Path, metrics: Path
+) -> list[str]:
     return [
         f"--config={config}",
         f"--data={data}",
-        f"--state={state}",
+        f"--state={state.root}",
         f"--checkpoint={checkpoint}",
         f"--metrics={metrics}",
     ]
@@ -164,7 +167,7 @@ def _die_with_parent() -> None:
 
 
 def supervise(
-    plan: Plan, env: dict[str, str], state_dir: Path, warn_in: float | None = None,
+    plan: Plan, env: dict[str, str], state: StateDir, warn_in: float | None = None,
     watch: watchdog.Watchdog | None = None,
 ) -> tuple[int, dict | None]:  # fmt: skip
     """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
@@ -184,11 +187,11 @@ def supervise(
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
     note has no checkpoint and lists those nodes (``unfinished``).
     """
-    preemption.take(state_dir)  # a note left by an earlier run is not this run's
+    preemption.take(state)  # a note left by an earlier run is not this run's
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
     env = {**env, preemption.ATTEMPT_ENV: attempt}
     if plan.job is not None:
-        env.update(finished_nodes.prepare(state_dir))
+        env.update(finished_nodes.prepare(state))
     if watch is not None:
         env.update(watch.environment())
     sys.stdout.flush()
@@ -227,13 +230,13 @@ def supervise(
             timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    note = preemption.take(state_dir)
+    note = preemption.take(state)
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
         note = None
     code = workers.exit_status(code)
     if note is None and code == 0 and plan.job is not None:
-        done = finished_nodes.finished(state_dir, attempt)
+        done = finished_nodes.finished(state, attempt)
         if len(done) < plan.request.nodes:
             unfinished = sorted(set(plan.hosts) - done)
             log.warning("srun exited 0, but no finished mark came from %s", ", ".join(unfinished))
@@ -279,7 +282,8 @@ def run_agent(torchrun_argv: list[str]) -> int:
     own handler (ddppipe.runstate.preemption), so no process dies of it. Workers that stopped on a
     signal exit 0 under the agent, so ``--max-restarts`` never restarts them in place in an
     allocation that is about to end; the launcher turns their stop note into the slot's
-    outcome.
+    outcome. A worker killed by a signal (the OOM killer's SIGKILL) is recorded for its rank
+    (:func:`record_killed`).
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -293,11 +297,29 @@ def run_agent(torchrun_argv: list[str]) -> int:
             f"--rdzv-endpoint={slurm_request.step_rendezvous(os.environ)}",
             *torchrun_argv,
         ]
+    oom_kills = memory.oom_kills()
     try:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:
+        record_killed({rank: f.exitcode for rank, f in e.failures.items()}, oom_kills)
         codes = {f.exitcode for f in e.failures.values()}
         print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
         return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
     finished_nodes.mark()
     return 0
+
+
+def record_killed(exit_codes: dict[int, int], oom_kills_before: int | None) -> None:
+    """(The node's agent) Record each rank of ``exit_codes`` (global rank: its exit code as
+    torchrun reports it, -N for signal N) that a signal killed, in the slot's failures folder
+    as the workers' last start; the OOM killer named when the cgroup's count of its kills
+    rose from ``oom_kills_before``."""
+    folder = os.environ.get(failures.DIR_ENV)
+    if not folder:
+        return
+    now = memory.oom_kills()
+    oom = now is not None and oom_kills_before is not None and now > oom_kills_before
+    restart = max((f.restart for f in failures.read_all(Path(folder))), default=0)
+    for rank, code in sorted(exit_codes.items()):
+        if code < 0:
+            failures.killed(Path(folder), rank, -code, restart, oom_killer=oom)

@@ -30,7 +30,7 @@ from typing import Any
 from ddppipe.core import atomic
 from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.runstate import attempts, failures, preemption, state_lock
-from ddppipe.runstate import state as ddp_state  # fmt: skip
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm.executor import bad_nodes
@@ -42,18 +42,17 @@ HUNG_EXIT = 1  # a local slot that hung (ddppipe.launching.watchdog)
 
 
 @contextlib.contextmanager
-def slot_log(state: Path, copy: Path) -> Iterator[None]:
+def slot_log(state: StateDir, copy: Path) -> Iterator[None]:
     """Append this process's stderr (and its children's) to the state's train.log, which
     survives every slot, and copy it to ``copy`` (the rule's log) when the slot ends.
 
     Snakemake deletes a job's log when the job (a slot) starts, so the log of a run trained
     in several slots lives in the state folder.
     """
-    layout = ddp_state.of(state)
-    layout.root.mkdir(parents=True, exist_ok=True)
+    state.root.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
     saved = os.dup(2)
-    with open(layout.log, "ab") as sink:
+    with open(state.log, "ab") as sink:
         os.dup2(sink.fileno(), 2)
     try:
         yield
@@ -62,21 +61,21 @@ def slot_log(state: Path, copy: Path) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         Path(copy).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(layout.log, copy)
+        shutil.copyfile(state.log, copy)
 
 
-def mark_slot_end(state: Path) -> None:
+def mark_slot_end(state: StateDir) -> None:
     """Record that this slot's launcher ends (any outcome): the submitting Snakemake checks
     SLURM at once (ddppipe.slurm.executor.status_checks). Best effort: without it, the plugin's next
     check."""
-    marker = ddp_state.of(state).slot_ended
+    marker = state.slot_ended
     with contextlib.suppress(OSError):  # never hides the slot's own outcome or error
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
 
 
 def run(
-    spec: RunSpec, program: list[str], state: Path, record: Path | None,
+    spec: RunSpec, program: list[str], state: StateDir, record: Path | None,
     publish: Callable[[], None] | None = None,
 ) -> int:  # fmt: skip
     """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments).
@@ -88,12 +87,12 @@ def run(
         return _slot(spec, plan, state, record, publish)
 
 
-def _environment(spec: RunSpec, state: Path, attempt: int, warn_in: float | None,
+def _environment(spec: RunSpec, state: StateDir, attempt: int, warn_in: float | None,
                  end: float | None) -> dict[str, str]:  # fmt: skip
     """The job API's variables for every process of this slot (:data:`ddppipe.training.job.ENV`)."""
     from ddppipe.training import job
 
-    tensorboard = ddp_state.of(state).tensorboard if spec.tracking.tensorboard else None
+    tensorboard = state.tensorboard if spec.tracking.tensorboard else None
     return job.environment(
         spec.run, state, attempt, spec.slurm.stop_signal, spec.device, tensorboard,
         spec.tracking.mlflow, end, None if warn_in is None else time.time() + warn_in,
@@ -101,15 +100,15 @@ def _environment(spec: RunSpec, state: Path, attempt: int, warn_in: float | None
 
 
 def _slot(
-    spec: RunSpec, plan: launch.Plan, state: Path, record: Path | None,
+    spec: RunSpec, plan: launch.Plan, state: StateDir, record: Path | None,
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
-    refused = failures.refusal(state, failures.identity(spec.as_dict()))
+    refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
     if plan.job:
-        peak_file = ddp_state.of(state).peak
+        peak_file = state.peak
         peak_file.unlink(missing_ok=True)
         try:
             checks = preflight.run(spec, plan, peak_file, state)
@@ -127,7 +126,9 @@ def _slot(
             warn_in = max(0.0, left - plan.request.signal_seconds)
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
-    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak)
+    packed = os.environ.get(attempts.PACKED_SLOT_ENV)  # a packed trial: its allocation's slot
+    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
+                             packed)  # fmt: skip
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     env = {**plan.env, **_environment(spec, state, len(history), warn_in, end),
            efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}",
@@ -158,27 +159,29 @@ def _slot(
     return _failed(spec, state, code)
 
 
-def _failed(spec: RunSpec, state: Path, code: int) -> int:
+def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
     """Training failed: its first failure (ddppipe.runstate.failures) named in the attempt
     record and the log. A non-finite loss, or the same failure as the slot before, ends the run
     for good: a retry of the same config refuses to train."""
-    failure = failures.first(ddp_state.of(state).failures)
+    failure = failures.first(state.failures)
     if failure is None:  # no rank recorded an exception: killed (SIGKILL, out of memory)
         attempts.finish(state, f"crashed (exit {code})", code)
         return code
-    outcome = failure.message if failure.nonfinite else f"crashed (exit {code})"
+    outcome = failure.outcome(code)  # out of memory, killed by a signal, crashed
     history = attempts.finish(state, outcome, code, failure.cause(), asdict(failure))
     if failure.nonfinite:
         log.error("training failed: %s", failure.cause())
         final: str | None = "the loss was not finite"
     else:
-        log.error("training failed: %s\nthe first failure's traceback (rank %d on %s):\n%s",
-                  failure.cause(), failure.rank, failure.host, failure.traceback)  # fmt: skip
+        shown = (f"\nthe first failure's traceback (rank {failure.rank} on {failure.host}):\n"
+                 f"{failure.traceback}" if failure.traceback else "")  # fmt: skip
+        log.error("training failed: %s%s", failure.cause(), shown)  # a killed rank: no traceback
         before = history[-2].failure if len(history) > 1 else None
         same = before is not None and failures.Failure(**before).signature == failure.signature
+        same = same and not (failure.signal and failure.step is None)  # a kill at no known step
         final = f"slots {len(history) - 1} and {len(history)} failed the same way" if same else None
     if final is not None:
-        failures.finalize(state, failure, failures.identity(spec.as_dict()), final)
+        failures.finalize(state, failure, failures.identity(spec), final)
         if not failure.nonfinite:  # the outcome of a non-finite loss says it all
             history[-1].detail += f" ({final}: not retried)"
             attempts.save(state, history)
@@ -187,7 +190,7 @@ def _failed(spec: RunSpec, state: Path, code: int) -> int:
 
 
 def _exclude_bad_nodes(
-    spec: RunSpec, plan: launch.Plan, state: Path, error: preflight.PreflightError
+    spec: RunSpec, plan: launch.Plan, state: StateDir, error: preflight.PreflightError
 ) -> None:
     """A preflight failure of some nodes of the slot: record them for the next slot's
     submission and in the attempt history (ddppipe.slurm.executor.bad_nodes)."""
@@ -224,7 +227,7 @@ def _job_record(job: str) -> dict[str, str]:
         return {}
 
 
-def _stopped(plan: launch.Plan, note: dict[str, Any], state: Path) -> int:
+def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
     """Training stopped on a signal after writing a checkpoint, or hung (the watchdog killed
     it; ``note["hung"]``): record why, then go on (a local slot that hung fails)."""
     request, job = plan.request, plan.job

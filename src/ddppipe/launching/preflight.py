@@ -27,6 +27,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, step_nodelist
 from ddppipe.launching import launch
 from ddppipe.parallel import devices
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training import efficiency, peak
 
@@ -34,9 +35,6 @@ STEP_TIMEOUT_S = 90
 ALLREDUCE_JOIN_TIMEOUT_S = 30
 BANDWIDTH_BYTES = 16 * 2**20  # per all-reduce of the bandwidth test
 BANDWIDTH_ITERATIONS = 5
-
-
-TOKEN_FILE = "preflight-token"  # in the state folder: written by the launcher, read by each node
 
 
 class PreflightError(RuntimeError, UserError):
@@ -50,9 +48,9 @@ class PreflightError(RuntimeError, UserError):
         self.nodes = nodes or []
 
 
-def sees_token(state: Path, token: str) -> str | None:
+def sees_token(state: StateDir, token: str) -> str | None:
     """None when ``state``'s token file holds ``token``; else what this node sees instead."""
-    path = Path(state) / TOKEN_FILE
+    path = state.preflight_token
     try:
         found = path.read_text().strip()
     except OSError as e:
@@ -62,7 +60,7 @@ def sees_token(state: Path, token: str) -> str | None:
 
 def check_node(
     host: str | None, nproc: int, use: devices.Use, precision: str,
-    state: Path | None = None, token: str | None = None,
+    state: StateDir | None = None, token: str | None = None,
 ) -> tuple[str, list[str]]:  # fmt: skip
     """This node's report, and its problems: rendezvous host unresolvable, the run's state
     folder not the launcher's (with ``state`` and ``token``), devices unfit."""
@@ -207,7 +205,7 @@ def _step(
 
 
 def run(
-    spec: RunSpec, plan: launch.Plan, peak_out: Path | None = None, state: Path | None = None
+    spec: RunSpec, plan: launch.Plan, peak_out: Path | None = None, state: StateDir | None = None
 ) -> str:
     """Both checks on the job's nodes, one srun step each; raise PreflightError. The nodes'
     GEMM peaks go to ``peak_out`` (JSON: ``precision``, ``gflops`` per node); with ``state``,
@@ -218,8 +216,8 @@ def run(
     node_args = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
     if state is not None:
         token = secrets.token_hex(8)
-        atomic.write_text(Path(state) / TOKEN_FILE, token)
-        node_args += [f"--state={Path(state).resolve()}", f"--token={token}"]
+        atomic.write_text(state.preflight_token, token)
+        node_args += [f"--state={state.root.resolve()}", f"--token={token}"]
     node_check = [
         *request.srun(job, kill_on_bad_exit=False),
         *running.python_command(spec),

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training import heartbeat
 
@@ -186,9 +186,8 @@ class Hang:
 class Watchdog:
     """Watches one slot's ranks from the launcher; see the module's docstring."""
 
-    def __init__(self, spec: RunSpec, state_dir: Path, attempt: int, job: str | None) -> None:
-        layout = state.of(state_dir)
-        self.folder, self.report = layout.watchdog, layout.hangs / f"attempt-{attempt}.txt"
+    def __init__(self, spec: RunSpec, state: StateDir, attempt: int, job: str | None) -> None:
+        self.folder, self.report = state.watchdog, state.hangs / f"attempt-{attempt}.txt"
         self.setting, self.world_size = spec.launch.hang_timeout_s, spec.world_size
         self.script, self.gpus, self.job = spec.kind == "script", spec.gpus, job
         source = spec.task_source or {}

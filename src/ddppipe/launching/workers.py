@@ -9,8 +9,11 @@ on a free loopback port. When one worker fails the others are stopped (SIGTERM, 
 and the group starts again up to ``launch.max_restarts`` times; a stop on a signal (exit
 :data:`~ddppipe.runstate.preemption.EXIT_CODE`) is never restarted, nor a failure that repeats
 (the same exception, user frame and step as the start before) or a non-finite loss
-(:mod:`ddppipe.runstate.failures`): restarts are for transient faults. SLURM runs keep torchrun's
-agent, whose rendezvous spans the nodes (:mod:`ddppipe.launching.launch`).
+(:mod:`ddppipe.runstate.failures`): restarts are for transient faults. A worker killed by a
+signal (the OOM killer's SIGKILL) cannot say so itself: the group records it for its rank
+(:func:`~ddppipe.runstate.failures.killed`), the OOM killer named when its cgroup's counter
+rose, so the slot names the killed rank, not a survivor's follow-on error. SLURM runs keep
+torchrun's agent, whose rendezvous spans the nodes (:mod:`ddppipe.launching.launch`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ddppipe.core import memory
+from ddppipe.launching import warm
 from ddppipe.runstate import failures, preemption
+from ddppipe.training import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +71,25 @@ class Group:
         self.max_restarts, self.preexec_fn = max_restarts, preexec_fn
         self.restarts = 0
         self.signalled = False  # a signal was passed on: whatever follows is no failure to retry
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | warm.Rank] = []
         self._start()
 
     def _start(self) -> None:
         port = free_port()
-        self.procs = [
-            subprocess.Popen(
-                self.command, env=rank_environment(self.env, rank, self.nproc, port, self.restarts),
-                start_new_session=True, preexec_fn=self.preexec_fn,
-            )
-            for rank in range(self.nproc)
-        ]  # fmt: skip
+        self._oom_kills = memory.oom_kills()
+        self.procs = [self._process(rank, port) for rank in range(self.nproc)]
+        forked = [p.pid for p in self.procs if isinstance(p, warm.Rank)]
+        if forked:
+            log.info("%d of %d rank(s) forked warm by the warm server (pids %s)", len(forked),
+                     self.nproc, ", ".join(map(str, forked)))  # fmt: skip
+
+    def _process(self, rank: int, port: int) -> subprocess.Popen | warm.Rank:
+        """Local rank ``rank``: forked by the warm server when one serves this machine
+        (:mod:`ddppipe.launching.warm`), else started cold."""
+        env = rank_environment(self.env, rank, self.nproc, port, self.restarts)
+        return warm.spawn(self.command, env) or subprocess.Popen(
+            self.command, env=env, start_new_session=True, preexec_fn=self.preexec_fn
+        )
 
     def poll(self) -> int | None:
         return None if any(p.poll() is None for p in self.procs) else 0
@@ -122,6 +135,8 @@ class Group:
             failed = [c for c in codes if c not in (None, 0, preemption.EXIT_CODE)]
             if failed:
                 rank = codes.index(failed[0])
+                if not self.signalled:
+                    self._record_killed(codes)
                 log.error("worker of rank %d exited %d: stopping the others", rank,
                           exit_status(failed[0]))  # fmt: skip
                 self._stop_survivors()
@@ -129,6 +144,23 @@ class Group:
             if all(c is not None for c in codes):
                 return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 0
             time.sleep(POLL_S)
+
+    def _record_killed(self, codes: list[int | None]) -> None:
+        """Record each worker that a signal killed (the group sent none): its rank, signal
+        and step (its heartbeat's), and whether the OOM killer killed it."""
+        folder = self.env.get(failures.DIR_ENV)
+        if not folder:
+            return
+        now, before = memory.oom_kills(), self._oom_kills
+        oom = now is not None and before is not None and now > before
+        beats = self.env.get(heartbeat.WATCHDOG_ENV)
+        for rank, code in enumerate(codes):
+            if code is not None and code < 0:
+                beat = (
+                    heartbeat.Beat.read(heartbeat.beat_file(Path(beats), rank)) if beats else (None)
+                )
+                step = beat.step if beat and beat.phase == heartbeat.STEP else None
+                failures.killed(Path(folder), rank, -code, self.restarts, step, oom_killer=oom)
 
     def _stop_survivors(self) -> None:
         running = [p for p in self.procs if p.poll() is None]

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from ddppipe.core import jsonl
-from ddppipe.runstate import early_failures, state
+from ddppipe.runstate import early_failures
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, layout
 from ddppipe.settings.run_spec import RunSpec
 
@@ -108,7 +109,7 @@ def _first(*paths: Path) -> Path | None:
 def load(run_dir: Path) -> RunFiles:
     """The files of the run in ``run_dir`` (``results/<run>``)."""
     run = layout.RunLayout.of_root(run_dir)
-    live = state.of(run.state)  # while it trains; train/ once it completed
+    live = StateDir(run.state)  # while it trains; train/ once it completed
     cfg = yaml.load(run.config.read_text(), Loader=SAFE_LOADER) if run.config.exists() else {}
     metrics_path = _first(run.train.metrics, live.metrics)
     attempts_path = _first(run.train.attempts, live.attempts)
@@ -121,6 +122,6 @@ def load(run_dir: Path) -> RunFiles:
         attempts=attempts,
         evaluation=json.loads(evaluation.read_text()) if evaluation.exists() else {},
         early_failure=early_failures.latest(
-            early_failures.load(run.state), [float(a["start"]) for a in attempts]
+            early_failures.load(live), [float(a["start"]) for a in attempts]
         ),
     )

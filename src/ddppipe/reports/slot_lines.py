@@ -1,5 +1,6 @@
 """The summary's lines on the run's slots: how they ended, where their time went, throughput,
-utilisation, what they used of their allocation, the hours they held, and the waste flags.
+utilisation, what they used of their allocation (and each rank of its memory), the hours they
+held, and the waste flags.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ddppipe.reports import utilisation, waste
+from ddppipe.reports import memory_line, utilisation, waste
 from ddppipe.reports.hours import Allocation, Slots, hours, measured
 from ddppipe.reports.wording import duration
 from ddppipe.settings.run_spec import RunSpec
@@ -50,8 +51,9 @@ def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Lin
     held = Allocation.of(spec, slots[-1]["job"] == "local")
     total = Slots.of(slots)
     last = slots[-1]["efficiency"]
+    memory = memory_line.line(last)  # the last slot's peak per rank
     lines = [_time(total), *_speed(last, slots[-1], held), ("usage", _usage(total, last, held)),
-             ("allocation", _allocation(total, held))]  # fmt: skip
+             *([memory] if memory else []), ("allocation", _allocation(total, held))]  # fmt: skip
     flags = waste.flags(slots[-1], held.mem_mb, held.runtime_min, held.cpus)
     return lines + [("waste", flag) for flag in flags]
 

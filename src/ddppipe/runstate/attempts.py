@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 
 LOST = "lost (the launcher was killed: node failure, out of memory or SIGKILL)"
 
@@ -47,6 +47,7 @@ class Attempt:
     submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
     detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason
     failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
+    slot: str | None = None  # a packed sweep's trial: its allocation's slot, "<node>/<k>"
     world_size: int | None = None  # the ranks it trained with (a run may resume at another)
     strategy: str | None = None  # ddp | fsdp (launch.strategy)
 
@@ -67,54 +68,63 @@ def read(path: Path) -> list[Attempt]:
     return [Attempt(**{k: v for k, v in r.items() if k in known}) for r in records]
 
 
-def load(state_dir: Path) -> list[Attempt]:
-    return read(state.of(state_dir).attempts)
+def load(state: StateDir) -> list[Attempt]:
+    return read(state.attempts)
 
 
-def save(state_dir: Path, history: list[Attempt]) -> None:
-    atomic.write_json(state.of(state_dir).attempts, [asdict(a) for a in history])
+def save(state: StateDir, history: list[Attempt]) -> None:
+    atomic.write_json(state.attempts, [asdict(a) for a in history])
+
+
+# Set by a packed sweep's node worker (ddppipe.packing.worker) for a trial's launcher.
+PACKED_SLOT_ENV = "DDPPIPE_PACKED_SLOT"
 
 
 def begin(
-    state_dir: Path, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
+    state: StateDir, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
     submitted: float | None = None,
     peak: dict[str, Any] | None = None,
+    packed: str | None = None,
 ) -> list[Attempt]:  # fmt: skip
-    """Open this slot's record; a record left open by a killed launcher is closed as lost."""
-    history = load(state_dir)
+    """Open this slot's record; a record left open by a killed launcher is closed as lost.
+
+    ``packed``: a packed trial's ``"<allocation> <node>/<k>"`` (:data:`PACKED_SLOT_ENV`)."""
+    history = load(state)
     for attempt in history:
         if attempt.outcome == "running":
             attempt.outcome = LOST
-    state.of(state_dir).progress.unlink(missing_ok=True)
+    state.progress.unlink(missing_ok=True)
     number = len(history) + 1
-    history.append(Attempt(number, job or "local", restarts, nodes, time.time(), queue_s=queue_s,
-                           submitted=submitted, peak=peak))  # fmt: skip
-    save(state_dir, history)
+    allocation, _, slot = (packed or "").partition(" ")
+    history.append(Attempt(number, job or allocation or "local", restarts, nodes, time.time(),
+                           queue_s=queue_s, submitted=submitted, peak=peak,
+                           slot=slot or None))  # fmt: skip
+    save(state, history)
     return history
 
 
-def read_progress(state_dir: Path) -> dict[str, Any]:
+def read_progress(state: StateDir) -> dict[str, Any]:
     """Rank 0's progress of the current slot ({} before it has resumed)."""
     try:
-        return json.loads(state.of(state_dir).progress.read_text())
+        return json.loads(state.progress.read_text())
     except (FileNotFoundError, ValueError):
         return {}
 
 
-def write_progress(state_dir: Path, progress: dict[str, Any]) -> None:
+def write_progress(state: StateDir, progress: dict[str, Any]) -> None:
     """(Rank 0) The slot's progress so far; see :class:`Attempt` for the keys."""
-    atomic.write_json(state.of(state_dir).progress, progress)
+    atomic.write_json(state.progress, progress)
 
 
 def finish(
-    state_dir: Path, outcome: str, exit_status: int, detail: str = "",
+    state: StateDir, outcome: str, exit_status: int, detail: str = "",
     failure: dict[str, Any] | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Close the open record with how the slot ended (``failure``: the first failing rank's
     record) and rank 0's progress."""
-    history = load(state_dir)
+    history = load(state)
     attempt = history[-1]
-    progress = read_progress(state_dir)
+    progress = read_progress(state)
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
     attempt.detail, attempt.failure = detail, failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
@@ -122,15 +132,15 @@ def finish(
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])
-    save(state_dir, history)
+    save(state, history)
     return history
 
 
-def measured_checkpoint_seconds(state_dir: Path) -> float | None:
+def measured_checkpoint_seconds(state: StateDir) -> float | None:
     """The longest checkpoint write (or signal-to-checkpoint stop) the run measured, if any."""
-    progress = read_progress(state_dir)
+    progress = read_progress(state)
     times = [
-        *(t for a in load(state_dir) for t in (a.checkpoint_seconds, a.stop_seconds)),
+        *(t for a in load(state) for t in (a.checkpoint_seconds, a.stop_seconds)),
         progress.get("checkpoint_seconds"), progress.get("stop_seconds"),
     ]  # fmt: skip
     return max((t for t in times if t), default=None)

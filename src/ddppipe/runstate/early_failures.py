@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddppipe.core import atomic
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 
 
 @dataclass(frozen=True)
@@ -35,23 +35,23 @@ class EarlyFailure:
         return f"before training (SLURM job {self.job}): {self.error}{where}"
 
 
-def path(state_dir: Path) -> Path:
-    return state.of(state_dir).early_failures
+def path(state: StateDir) -> Path:
+    return state.early_failures
 
 
-def load(state_dir: Path) -> list[EarlyFailure]:
+def load(state: StateDir) -> list[EarlyFailure]:
     """The run's early failures, oldest first; none when the file is missing or unreadable."""
     try:
-        records = json.loads(path(state_dir).read_text())
+        records = json.loads(path(state).read_text())
         return [EarlyFailure(**r) for r in records]
     except (OSError, ValueError, TypeError):
         return []
 
 
-def record(state_dir: Path, failure: EarlyFailure) -> list[EarlyFailure]:
+def record(state: StateDir, failure: EarlyFailure) -> list[EarlyFailure]:
     """Add ``failure`` to the run's record (written atomically); the whole record."""
-    found = [*load(state_dir), failure]
-    atomic.write_json(path(state_dir), [asdict(f) for f in found])
+    found = [*load(state), failure]
+    atomic.write_json(path(state), [asdict(f) for f in found])
     return found
 
 

@@ -6,9 +6,11 @@ and ``python -m ddppipe.training.run_script`` for a user's script): its rank, no
 exception type and message, traceback, the training step it was in, and the innermost frame
 in the user's own file (the task file or the script). The launcher reads them when the slot
 ends (:func:`first`): the **first** failure by time is the cause; the others (rank 0's gloo
-``Connection closed by peer``, a survivor's SIGTERM) follow from it. Under torchrun the same
-record also goes to ``TORCHELASTIC_ERROR_FILE`` in torch's format, so the agent's own error
-table shows the traceback.
+``Connection closed by peer``, a survivor's SIGTERM) follow from it. A rank out of memory
+(:mod:`ddppipe.runstate.out_of_memory`) or killed by a signal (recorded by whoever watched it,
+:func:`killed`: the rank itself cannot) comes before the others whatever its time. Under
+torchrun the same record also goes to ``TORCHELASTIC_ERROR_FILE`` in torch's format, so the
+agent's own error table shows the traceback.
 
 A failure ends the run for good (:func:`finalize`, ``<state>/final-failure.json``) when it is
 a non-finite loss, or when a slot fails with the same exception, frame and step as the slot
@@ -21,6 +23,7 @@ No torch here: the launcher reads records without it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,7 +39,9 @@ from typing import Any
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
-from ddppipe.runstate import preemption, state
+from ddppipe.runstate import out_of_memory, preemption
+from ddppipe.runstate.state import StateDir
+from ddppipe.settings.run_spec import RunSpec
 
 DIR_ENV = "DDPPIPE_FAILURE_DIR"  # where ranks write their records (the launcher sets it)
 USER_FILE_ENV = "DDPPIPE_USER_FILE"  # the task file or script whose frames name the cause
@@ -72,6 +77,27 @@ class Failure:
     epoch: int | None
     restart: int  # torchrun's restart count of the worker group
     traceback: str
+    memory: dict[str, Any] | None = None  # out of memory: out_of_memory.figures
+    signal: str | None = None  # the signal that killed the rank (SIGKILL), recorded for it
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.memory is not None
+
+    @property
+    def named(self) -> bool:
+        """Out of memory or killed: the cause, before any other rank's follow-on error."""
+        return self.memory is not None or self.signal is not None
+
+    def outcome(self, code: int) -> str:
+        """The slot's outcome for this failure and the launcher's exit status ``code``."""
+        if self.nonfinite:
+            return self.message
+        if self.out_of_memory:
+            return out_of_memory.OUTCOME
+        if self.signal is not None:
+            return f"killed by {self.signal}"
+        return f"crashed (exit {code})"
 
     @property
     def nonfinite(self) -> bool:
@@ -89,6 +115,17 @@ class Failure:
             return self.message
         where = f" at {self.frame}" if self.frame else ""
         when = f", step {self.step} (epoch {self.epoch})" if self.step is not None else ""
+        if self.memory is not None:
+            what = out_of_memory.describe(self.memory)
+            raised = "" if self.signal else f" ({self.type}{where}{when})"
+            return f"out of memory on rank {self.rank} ({self.host}): {what}{raised}; " + (
+                out_of_memory.HINT
+            )
+        if self.signal is not None:
+            usual = f" (the OOM killer is the usual cause; {out_of_memory.HINT})"
+            when = f" (last seen at step {self.step})" if self.step is not None else ""
+            return (f"rank {self.rank} ({self.host}) killed by {self.signal}{when}"
+                    + (usual if self.signal == "SIGKILL" else ""))  # fmt: skip
         return f"rank {self.rank} on {self.host}: {self.type}: {self.message}{where}{when}"
 
 
@@ -157,12 +194,11 @@ def record(error: BaseException) -> None:
         type=type(error).__name__, message=_first_line(error),
         frame=user_frame(error.__traceback__, os.environ.get(USER_FILE_ENV)),
         step=step, epoch=epoch, restart=restart, traceback="\n".join(text),
+        memory=out_of_memory.figures(error),
     )  # fmt: skip
     try:
         if folder:
-            path = Path(folder) / f"restart{restart}-rank{failure.rank}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic.write_json(path, asdict(failure))
+            _write(Path(folder), failure)
         torch_file = os.environ.get(TORCH_ERROR_FILE_ENV)
         if torch_file and not os.path.exists(torch_file):
             atomic.write_json(torch_file, {"message": {
@@ -173,12 +209,36 @@ def record(error: BaseException) -> None:
         print(f"ddppipe: could not record this rank's failure ({e})", file=sys.stderr)
 
 
+def _write(folder: Path, failure: Failure) -> None:
+    path = folder / f"restart{failure.restart}-rank{failure.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(path, asdict(failure))
+
+
 # -- in the launcher ----------------------------------------------------------------------
 
 
-def clear(state_dir: Path) -> Path:
+def killed(folder: Path, rank: int, signum: int, restart: int, step: int | None = None,
+           oom_killer: bool = False) -> Failure:  # fmt: skip
+    """(The rank's watcher) Record rank ``rank``, killed by signal ``signum`` (the OOM
+    killer's, with ``oom_killer``: its cgroup's counter rose) in start ``restart`` of the
+    group, last seen at ``step`` (its heartbeat's) where known; an existing record of the
+    rank is kept."""
+    name = out_of_memory.signal_name(signum)
+    failure = Failure(
+        rank=rank, host=socket.gethostname(), time=time.time(), type=name,
+        message=f"killed by {name}", frame=None, step=step, epoch=None, restart=restart,
+        traceback="", memory=out_of_memory.killed_figures(oom_killer), signal=name,
+    )  # fmt: skip
+    if not (Path(folder) / f"restart{restart}-rank{rank}.json").exists():
+        with contextlib.suppress(OSError):
+            _write(Path(folder), failure)
+    return failure
+
+
+def clear(state: StateDir) -> Path:
     """Remove the records of an earlier slot; the folder this slot's ranks write to."""
-    folder = state.of(state_dir).failures
+    folder = state.failures
     if folder.is_dir():
         for path in folder.glob("*.json"):
             path.unlink(missing_ok=True)
@@ -202,32 +262,38 @@ def first(folder: Path) -> Failure | None:
     if not found:
         return None
     last = max(f.restart for f in found)
-    return next(f for f in found if f.restart == last)
+    return _cause([f for f in found if f.restart == last])
+
+
+def _cause(found: list[Failure]) -> Failure | None:
+    """The first of ``found`` (oldest first) out of memory or killed, else the first."""
+    return next((f for f in found if f.named), found[0] if found else None)
 
 
 def first_of_restart(folder: Path, restart: int) -> Failure | None:
     """The first failure of the worker group's start number ``restart`` (0: the first)."""
-    return next((f for f in read_all(folder) if f.restart == restart), None)
+    return _cause([f for f in read_all(folder) if f.restart == restart])
 
 
-def identity(config: dict[str, Any]) -> str:
+def identity(spec: RunSpec) -> str:
     """What a final failure belongs to: the SHA-256 of the run's resolved config (which holds
     the task file's or script's SHA-256)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    config = json.dumps(spec.as_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(config.encode()).hexdigest()
 
 
-def finalize(state_dir: Path, failure: Failure, config_id: str, why: str) -> None:
+def finalize(state: StateDir, failure: Failure, config_id: str, why: str) -> None:
     """Record ``failure`` as the end of the run for config ``config_id`` (``why``: in words)."""
     atomic.write_json(
-        state.of(state_dir).final_failure,
+        state.final_failure,
         {"config": config_id, "why": why, "failure": asdict(failure)},
     )
 
 
-def refusal(state_dir: Path, config_id: str) -> str | None:
+def refusal(state: StateDir, config_id: str) -> str | None:
     """Why a slot of config ``config_id`` must not train (its final failure), or None; a
     final failure of another config is removed."""
-    path = state.of(state_dir).final_failure
+    path = state.final_failure
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -14,15 +14,16 @@ import socket
 from pathlib import Path
 
 from ddppipe.core import atomic
-from ddppipe.runstate import preemption, state
+from ddppipe.runstate import preemption
+from ddppipe.runstate.state import StateDir
 
 FOLDER_ENV = "DDPPIPE_FINISHED_NODES"  # where the agents mark their nodes (set by the launcher)
 NODE_ENV = "SLURMD_NODENAME"  # set by slurmd in every task: the node's SLURM name
 
 
-def prepare(state_dir: Path) -> dict[str, str]:
+def prepare(state: StateDir) -> dict[str, str]:
     """(Launcher, before the step) Forget earlier slots' marks; the agents' environment."""
-    folder = state.of(state_dir).finished_nodes.resolve()
+    folder = state.finished_nodes.resolve()
     shutil.rmtree(folder, ignore_errors=True)
     return {FOLDER_ENV: str(folder)}
 
@@ -35,10 +36,10 @@ def mark() -> None:
         atomic.write_text(Path(folder) / node, attempt + "\n")
 
 
-def finished(state_dir: Path, attempt: str) -> set[str]:
+def finished(state: StateDir, attempt: str) -> set[str]:
     """The nodes marked finished in slot ``attempt`` (preemption.ATTEMPT_ENV's value)."""
     try:
-        marks = list(state.of(state_dir).finished_nodes.iterdir())
+        marks = list(state.finished_nodes.iterdir())
     except FileNotFoundError:
         return set()
     return {p.name for p in marks if atomic.temp_target(p.name) is None and _read(p) == attempt}

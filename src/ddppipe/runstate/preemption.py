@@ -14,11 +14,10 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 from types import FrameType
 
 from ddppipe.core import atomic
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 
 # Exit status of a run that stopped early to be resumed (distinct from crashes).
 EXIT_CODE = 75  # EX_TEMPFAIL
@@ -86,20 +85,20 @@ class Preempted(Exception):
         self.checkpoint = checkpoint
 
 
-def record(state_dir: Path, signum: int, checkpoint: str) -> None:
-    """Note in ``state_dir`` that training stopped on ``signum`` after writing ``checkpoint``."""
+def record(state: StateDir, signum: int, checkpoint: str) -> None:
+    """Note in ``state`` that training stopped on ``signum`` after writing ``checkpoint``."""
     note = {
         "signal": signal.Signals(signum).name if signum else None,
         "checkpoint": checkpoint,
         "attempt": os.environ.get(ATTEMPT_ENV),  # job id, host and pid of the launcher
     }
     note["time"] = time.time()
-    atomic.write_text(state.of(state_dir).stop_note, json.dumps(note) + "\n")
+    atomic.write_text(state.stop_note, json.dumps(note) + "\n")
 
 
-def take(state_dir: Path) -> dict | None:
+def take(state: StateDir) -> dict | None:
     """The note of the run that just ended, removed so the next run starts without one."""
-    path = state.of(state_dir).stop_note
+    path = state.stop_note
     try:
         note = json.loads(path.read_text())
     except FileNotFoundError:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ddppipe.core import atomic, jsonl
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 
 
 def copy_tree(src: Path, dest: Path) -> None:
@@ -30,11 +30,10 @@ def copy_tree(src: Path, dest: Path) -> None:
         raise
 
 
-def script_results(state_dir: Path, outputs: Path, metrics: Path) -> None:
+def script_results(state: StateDir, outputs: Path, metrics: Path) -> None:
     """(Launcher, a script run complete) Publish its output folder and its logged metrics."""
-    layout = state.of(state_dir)
-    copy_tree(layout.outputs, outputs)
-    jsonl.write(metrics, jsonl.read(layout.metrics))
+    copy_tree(state.outputs, outputs)
+    jsonl.write(metrics, jsonl.read(state.metrics))
 
 
 def copy_file(src: Path, dest: Path) -> None:

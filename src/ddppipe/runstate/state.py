@@ -3,8 +3,13 @@
 
 The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
 holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
-stop note, the nodes that finished the last step, the lock, the live log and metrics, the
-MLflow run id, and a script's outputs.
+stop note, the nodes that finished the last step, the nodes excluded after a failed preflight,
+the preflight's token, the lock, the live log and metrics, the MLflow run id, and a script's
+outputs.
+
+The folder travels through ddppipe as a :class:`StateDir`; a path becomes one once, where it
+enters: the ``--state`` argument, the job API's environment, the workflow's rules, a run's
+layout read back (:mod:`ddppipe.reports.run_files`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from ddppipe.settings import layout
 
 @dataclass(frozen=True)
 class StateDir:
+    """A run's state folder: ``root`` and the files in it."""
+
     root: Path
 
     @property
@@ -77,6 +84,18 @@ class StateDir:
         return self.root / "early-failures.json"
 
     @property
+    def excluded_nodes(self) -> Path:
+        """The nodes that failed the preflight, excluded from the run's next slots, in order
+        (ddppipe.slurm.executor.bad_nodes)."""
+        return self.root / "excluded-nodes.json"
+
+    @property
+    def preflight_token(self) -> Path:
+        """The launcher's token for this slot's preflight: a node that reads it sees the
+        same state folder (ddppipe.launching.preflight)."""
+        return self.root / "preflight-token"
+
+    @property
     def lock(self) -> Path:
         return self.root / ".lock"
 
@@ -107,7 +126,3 @@ class StateDir:
     def tensorboard(self) -> Path:
         """TensorBoard event files of every slot (next to the state folder, for users)."""
         return layout.RunLayout.of_root(self.root.parent).tensorboard
-
-
-def of(path: str | Path) -> StateDir:
-    return StateDir(Path(path))

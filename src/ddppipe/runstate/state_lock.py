@@ -17,10 +17,9 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from ddppipe.core.errors import UserError
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 
 UNSUPPORTED = (errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 
@@ -30,11 +29,10 @@ class StateLockedError(RuntimeError, UserError):
 
 
 @contextmanager
-def hold(state_dir: Path, job: str | None) -> Iterator[dict[str, object]]:
-    """Hold ``state_dir``'s lock for the block; raise StateLockedError at once if taken."""
-    state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state.of(state_dir).lock
+def hold(state: StateDir, job: str | None) -> Iterator[dict[str, object]]:
+    """Hold ``state``'s lock for the block; raise StateLockedError at once if taken."""
+    state.root.mkdir(parents=True, exist_ok=True)
+    path = state.lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -42,7 +40,7 @@ def hold(state_dir: Path, job: str | None) -> Iterator[dict[str, object]]:
         except BlockingIOError:
             holder = path.read_text(errors="replace").strip() or "unknown"
             raise StateLockedError(
-                f"{state_dir} is in use by another training ({holder}); two trainings on one "
+                f"{state.root} is in use by another training ({holder}); two trainings on one "
                 "state folder would prune each other's checkpoints: wait for it to end, or "
                 "stop it (scancel JOB on SLURM, kill PID locally) and run again"
             ) from None

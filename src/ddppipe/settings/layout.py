@@ -160,7 +160,7 @@ class RunLayout:
 
     @property
     def state(self) -> Path:
-        """The state folder's root; :func:`ddppipe.runstate.state.of` gives its files."""
+        """The state folder's root; :class:`ddppipe.runstate.state.StateDir` gives its files."""
         return self.root / "state"
 
     @property
@@ -217,6 +217,12 @@ class SweepLayout:
     @property
     def root(self) -> Path:
         return Path(self.results) / SWEEPS / self.name
+
+    @property
+    def pack(self) -> Path:
+        """A packed sweep's queue of trials and its allocations' records
+        (:mod:`ddppipe.packing.pool`)."""
+        return self.root / "pack"
 
     @property
     def trials_csv(self) -> Path:

@@ -105,6 +105,21 @@ class Scaling:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """``sweep.pack``: the held allocations a packed sweep's trials train in."""
+
+    allocations: int
+    nodes: int
+    trials_per_node: int
+    time_min: int
+
+    @property
+    def slots(self) -> int:
+        """Trials training at once in one allocation."""
+        return self.nodes * self.trials_per_node
+
+
+@dataclass(frozen=True)
 class SweepSection:
     """``sweep:`` as written (:mod:`ddppipe.settings.sweep` checks it and derives the trials)."""
 
@@ -118,6 +133,11 @@ class SweepSection:
     max_parallel: int
     prune: str
     prune_warmup_epochs: int
+    pack: Pack | None = None  # no key in the config: one SLURM job per trial
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pack, Mapping):  # as written in the config
+            object.__setattr__(self, "pack", section(Pack, self.pack))
 
 
 @dataclass(frozen=True)
@@ -138,14 +158,16 @@ class Trial:
     name: str
     values: Mapping[str, Any]
     prune: Pruning | None
+    pack: Pack | None = None  # the sweep's sweep.pack: the allocations the trial trains in
 
     @classmethod
     def of(cls, value: Mapping[str, Any] | None) -> Trial | None:
         if value is None:
             return None
-        prune = value.get("prune")
+        prune, pack = value.get("prune"), value.get("pack")
         return cls(value["sweep"], value["name"], _frozen(value["values"]),
-                   Pruning(**prune) if prune else None)  # fmt: skip
+                   Pruning(**prune) if prune else None,
+                   section(Pack, pack) if pack else None)  # fmt: skip
 
 
 SECTIONS: dict[str, type] = {
@@ -164,8 +186,10 @@ def _frozen(value: Any) -> Any:
 
 
 def section(cls: type, values: Mapping[str, Any]) -> Any:
-    """The section ``cls`` (e.g. :class:`Container`) of a config's section ``values``."""
-    return cls(**{f.name: _frozen(values[f.name]) for f in dataclasses.fields(cls)})
+    """The section ``cls`` (e.g. :class:`Container`) of a config's section ``values`` (a key
+    with no schema default, absent, keeps its field's default)."""
+    fields = dataclasses.fields(cls)
+    return cls(**{f.name: _frozen(values[f.name]) for f in fields if f.name in values})
 
 
 @dataclass(frozen=True)
@@ -215,12 +239,19 @@ class RunSpec:
         return layout.kind(self._config)
 
     def as_dict(self) -> dict[str, Any]:
-        """The resolved config as plain, mutable dicts and lists (a copy), as it was written."""
-        return json.loads(json.dumps(self._config, default=_plain))
+        """The resolved config as plain, mutable dicts and lists (a copy), as it was written:
+        for a file (its hash, a record), not to read inside ddppipe (read the spec's fields)."""
+        return plain(self._config)
 
     def train_hash(self, data_digest: str) -> str:
         """Short hash of what determines the training's numbers (:func:`config.train_hash`)."""
         return config.train_hash(self.as_dict(), data_digest)
+
+
+def plain(value: Any) -> Any:
+    """A spec's (frozen) ``value`` as plain, mutable dicts and lists (a copy), as the config
+    file has it: e.g. the task's arguments for its hooks, which get a dict."""
+    return json.loads(json.dumps(value, default=_plain))
 
 
 def _plain(value: Any) -> Any:

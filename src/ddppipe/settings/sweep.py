@@ -20,6 +20,7 @@ a model-based method's trials are suggested in rounds from the finished ones
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -266,6 +267,7 @@ def from_config(cfg: dict[str, Any]) -> Sweep | None:
         seed=section["seed"], metric=section["metric"], direction=section["direction"],
         max_parallel=section["max_parallel"], prune=section["prune"],
         prune_warmup_epochs=section["prune_warmup_epochs"],
+        pack=section.get("pack"),
     )  # fmt: skip
 
 
@@ -448,6 +450,8 @@ def apply(cfg: dict[str, Any], sweep: Sweep, trial: Trial) -> dict[str, Any]:
     out["run"] = trial.run
     out["trial"] = {"sweep": sweep.name, "name": trial.name, "values": dict(trial.values),
                     "prune": sweep.pruning()}  # fmt: skip
+    if sweep.pack is not None:  # (no key otherwise: an unpacked trial's config as before)
+        out["trial"]["pack"] = dataclasses.asdict(sweep.pack)
     return out
 
 

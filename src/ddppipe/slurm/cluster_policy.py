@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import attempts
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
 from ddppipe.slurm import scontrol
@@ -158,16 +158,16 @@ def check_cluster(
     spec: RunSpec,
     status_command: str,
     requeue: bool,
-    state_dirs: list[Path],
+    states: list[StateDir],
     run: Any = subprocess.run,
 ) -> list[Finding]:
     """Read the cluster and check the config's request; raise ClusterPolicyError on findings
     when ``slurm.cluster_check`` is ``error``, else return them (to be shown as warnings).
 
-    ``state_dirs``: the state folders of the runs to train, for their measured checkpoint time.
+    ``states``: the state folders of the runs to train, for their measured checkpoint time.
     """
     request = slurm_request.Request.from_spec(spec)
-    measured = [attempts.measured_checkpoint_seconds(d) for d in state_dirs]
+    measured = [attempts.measured_checkpoint_seconds(d) for d in states]
     checkpoint_seconds = max((m for m in measured if m), default=None)
     cluster = read(request.partition, run)
     found = check(cluster, request, status_command, requeue, checkpoint_seconds)

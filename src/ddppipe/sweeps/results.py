@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddppipe.packing import accounting
+from ddppipe.settings.layout import SweepLayout
 from ddppipe.settings.sweep import Sweep
 from ddppipe.sweeps import hparams, table, trials
 
@@ -21,4 +23,6 @@ def after_call(sweep: Sweep, results: Path) -> str:
     says why, pending ones are listed), and its top trials as text to print."""
     found = trials.collect(trials.document(sweep), results)
     save(found)
-    return table.text(found)
+    pool = SweepLayout(sweep.name, results).pack
+    allocations = accounting.line(pool) if sweep.pack is not None else None
+    return table.text(found) + (f"\n  {allocations}" if allocations else "")

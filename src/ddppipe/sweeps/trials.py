@@ -140,8 +140,10 @@ def _ending(
         return RUNNING, ""
     if last["outcome"] == COMPLETED:  # trained, but no evaluation: the evaluate rule failed
         return FAILED, f"trained, but not evaluated (see {run.log('evaluate')})"
-    cause = last["outcome"] + (f": {last['detail']}" if last.get("detail") else "")
-    return FAILED, cause
+    detail = last.get("detail") or ""
+    if last["outcome"] in detail:  # it says the outcome itself: "out of memory on rank 1 ..."
+        return FAILED, detail
+    return FAILED, last["outcome"] + (f": {detail}" if detail else "")
 
 
 def read_trial(

@@ -4,9 +4,10 @@ Rank 0 times the phases of its slot (start-up until the first step, data loading
 -- on a GPU with CUDA events, :class:`Clock` --, evaluation, checkpoints), the steady-state
 throughput (the first :data:`WARMUP_STEPS` steps of a slot excluded, reported apart), and the
 FLOPs of one training image (counted once with ``torch.utils.flop_counter``); every rank adds
-its CPU time and its peak memory. The figures go into the slot's attempt record
-(:mod:`ddppipe.runstate.attempts`). Judging them (waste flags, utilisation of the peak) is
-the reports' part: :mod:`ddppipe.reports.waste`, :mod:`ddppipe.reports.utilisation`.
+its CPU time and its peak memory (its node's, and its own host and GPU peaks with what its
+model and optimizer hold: :mod:`ddppipe.training.rank_memory`). The figures go into the slot's
+attempt record (:mod:`ddppipe.runstate.attempts`). Judging them (waste flags, utilisation of
+the peak) is the reports' part: :mod:`ddppipe.reports.waste`, :mod:`ddppipe.reports.utilisation`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ class SlotMeter:
         self.gpu: dict[str, Any] = {}  # the GPU's name and memory (ddppipe.training.gpu_usage)
         self.gpu_sampler: Any = None
         self.exposed_communication: tuple[float, int] | None = None  # (s a step, its images)
+        self.device: Any = None  # the rank's device, model and optimizer (watch_memory)
+        self.model: Any = None
+        self.optimizer: Any = None
+
+    def watch_memory(self, device: Any, model: Any, optimizer: Any) -> None:
+        """Count ``model``'s and ``optimizer``'s tensors in the rank's memory figures."""
+        self.device, self.model, self.optimizer = device, model, optimizer
 
     def watch_gpu(self, device: Any) -> None:
         """Sample the CUDA ``device``'s NVML utilisation and memory from the first step on."""
@@ -120,7 +128,11 @@ class SlotMeter:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # the node's agent (or local launcher) too
             processes.append(process_memory(str(os.getppid())))
         private = sum(max(0.0, peak - files) for peak, files in processes)
-        mine = (socket.gethostname(), private, max(files for _, files in processes), gpu)
+        from ddppipe.training import rank_memory
+
+        device = self.device if self.device is not None else torch.device("cpu")
+        own = rank_memory.measure(device, self.model, self.optimizer)
+        mine = (socket.gethostname(), private, max(files for _, files in processes), gpu, own)
         ranks: list[Any] = [mine] * world_size
         if dist.is_initialized():
             from ddppipe.parallel import distributed
@@ -128,7 +140,7 @@ class SlotMeter:
             cpu = cpu.to(distributed.collective_device())
             dist.all_reduce(cpu)
             dist.all_gather_object(ranks, mine)
-        per_node = node_memory([(host, mb, files) for host, mb, files, _ in ranks])
+        per_node = node_memory([(host, mb, files) for host, mb, files, *_ in ranks])
         figures: dict[str, Any] = {
             "startup_s": (self.first_step_at or time.time()) - self.slot_start,
             **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
@@ -136,6 +148,7 @@ class SlotMeter:
             "steps": self.steps,  # trained in this slot, checkpointed or not
             "cpu_s": float(cpu.cpu()),
             "memory_peak_mb": max(per_node.values()),  # the fullest node (node_memory)
+            "memory": rank_memory.fullest([r[4] for r in ranks]),  # the fullest rank's
         }
         if self.steady_seconds > 0:
             figures["images_per_s"] = self.steady_images / self.steady_seconds
@@ -150,7 +163,7 @@ class SlotMeter:
             exposed, images = self.exposed_communication
             figures["communication_s"] = exposed  # a step's all-reduce not hidden by backward
             figures["communication_share"] = min(1.0, exposed * figures["images_per_s"] / images)
-        sampled = [g for *_, g in ranks if g]
+        sampled = [r[3] for r in ranks if r[3]]
         if self.gpu:
             figures.update(self.gpu)
         if sampled:  # every GPU's mean utilisation, averaged; the fullest GPU's memory

@@ -206,7 +206,7 @@ def evaluate_checkpoint(
 
     snapshot = ckpt.load(checkpoint)
     task = tasks.load(spec.task, step="ddppipe evaluate")
-    args = spec.as_dict()["task_args"]  # a plain dict, as the task's hooks get it in training
+    args = run_spec.plain(spec.task_args)  # a plain dict, as the task's hooks get it in training
     recipe = snapshot["meta"]["train"]  # the recipe that trained (its config's train section)
     dtype, layout = numerics(recipe["precision"], recipe["channels_last"])
     model = task.call("model", args).to(memory_format=layout)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic, jsonl
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout
 from ddppipe.training import checkpoint
 
@@ -17,7 +18,7 @@ class Paths:
     as the launcher passes it on (``ddppipe train --data --state --checkpoint --metrics``)."""
 
     data_dir: Path
-    state_dir: Path  # checkpoints and live metrics; survives failed jobs
+    state: StateDir  # checkpoints and live metrics; survives failed jobs
     final_checkpoint: Path
     metrics: Path
 

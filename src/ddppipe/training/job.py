@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.runstate import preemption, state
+from ddppipe.runstate import preemption
+from ddppipe.runstate.state import StateDir
 from ddppipe.training import heartbeat
 
 STOP = preemption.EXIT_CODE  # the exit status of "stopped after a checkpoint: continue me"
@@ -49,15 +50,15 @@ ENV = {
 
 
 def environment(
-    run: str, state_dir: Path, attempt: int, stop_signal: str, use: str,
+    run: str, state: StateDir, attempt: int, stop_signal: str, use: str,
     tensorboard: Path | None, mlflow: str | None, end_time: float | None = None,
     stop_at: float | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """The :data:`ENV` variables of one slot, for the launcher to export."""
-    layout = state.of(Path(state_dir).resolve())
+    resolved = StateDir(state.root.resolve())
     values = {
-        "run": run, "state": str(layout.root), "checkpoints": str(layout.checkpoints),
-        "outputs": str(layout.outputs), "tensorboard": str(tensorboard or ""),
+        "run": run, "state": str(resolved.root), "checkpoints": str(resolved.checkpoints),
+        "outputs": str(resolved.outputs), "tensorboard": str(tensorboard or ""),
         "mlflow": mlflow or "", "attempt": str(attempt),
         "end_time": "" if end_time is None else f"{end_time:.0f}",
         "stop_at": "" if stop_at is None else f"{stop_at:.0f}", "stop_signal": stop_signal,
@@ -68,6 +69,11 @@ def environment(
 
 def _env(key: str) -> str:
     return os.environ.get(ENV[key], "")
+
+
+def _state() -> StateDir:
+    """The run's state folder, as the launcher names it (the working folder without one)."""
+    return StateDir(Path(_env("state") or "."))
 
 
 _guard = preemption.Guard()  # installed at import: a signal from now on is noted, never fatal
@@ -137,7 +143,7 @@ def should_stop() -> bool:
         _stopping = True
         if _logged_from is not None:
             _progress(end_step=_last_step)
-        preemption.record(Path(_env("state")), signum, str(checkpoint_dir()))
+        preemption.record(_state(), signum, str(checkpoint_dir()))
     return flag
 
 
@@ -174,22 +180,22 @@ def log(step: int, **values: float) -> None:
         return
     _warn_if_nonfinite(step, values)
     _last_step = step
-    layout = state.of(Path(_env("state") or "."))
+    state = _state()
     record = {"step": step, **{k: float(v) for k, v in values.items()}, "time": time.time()}
     if _logged_from is None:  # this slot's first point: drop what a killed slot logged past it
         _logged_from = step
         from ddppipe.core import jsonl
 
-        kept = [r for r in jsonl.read(layout.metrics) if r.get("step", -1) < step]
-        jsonl.write(layout.metrics, kept)
+        kept = [r for r in jsonl.read(state.metrics) if r.get("step", -1) < step]
+        jsonl.write(state.metrics, kept)
         _progress(start_step=step)
-    with open(layout.metrics, "a") as f:
+    with open(state.metrics, "a") as f:
         f.write(json.dumps(record) + "\n")
     if _tracker is None and (_env("tensorboard") or _env("mlflow")):
         from ddppipe.training import tracking
 
         _tracker = tracking.Tracker(
-            Path(_env("tensorboard")) if _env("tensorboard") else None, layout.root,
+            Path(_env("tensorboard")) if _env("tensorboard") else None, state,
             mlflow_uri=_env("mlflow") or None, run_name=_env("run") or "run",
         )  # fmt: skip
     if _tracker is not None:
@@ -212,5 +218,5 @@ def _progress(**changes: Any) -> None:
     """This slot's steps, for its attempt record (the first and last step the script logged)."""
     from ddppipe.runstate import attempts
 
-    root = Path(_env("state") or ".")
-    attempts.write_progress(root, {**attempts.read_progress(root), **changes})
+    state = _state()
+    attempts.write_progress(state, {**attempts.read_progress(state), **changes})

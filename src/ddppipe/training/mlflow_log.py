@@ -41,13 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout
 from ddppipe.settings.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 
-RUN_ID_FILE = state.StateDir(Path()).mlflow_run_id.name  # in the state folder
 DEFAULT_EXPERIMENT = "ddppipe"
 # Tracker.close() waits this long for MLflow to take the points still queued.
 MLFLOW_CLOSE_TIMEOUT_S = 30.0
@@ -74,12 +73,12 @@ class SweepParent:
     lock: Path
 
     @classmethod
-    def of(cls, spec: RunSpec, state_dir: Path) -> SweepParent | None:
-        """The parent of the run ``spec`` whose state folder is ``state_dir``; None: not a
+    def of(cls, spec: RunSpec, state: StateDir) -> SweepParent | None:
+        """The parent of the run ``spec`` whose state folder is ``state``; None: not a
         trial."""
         if spec.trial is None:
             return None
-        results = layout.RunLayout.of_root(Path(state_dir).parent).results
+        results = layout.RunLayout.of_root(state.root.parent).results
         return cls(spec.trial.sweep, layout.SweepLayout(spec.trial.sweep, results).mlflow_lock)
 
 
@@ -87,13 +86,13 @@ class MlflowWorker(threading.Thread):
     """Owns the MLflow client: opens (or creates) the run, then sends queued points in batches."""
 
     def __init__(
-        self, uri: str, state_dir: Path, run_name: str, params: dict[str, Any],
+        self, uri: str, state: StateDir, run_name: str, params: dict[str, Any],
         tags: dict[str, str], parent: SweepParent | None = None,
     ) -> None:  # fmt: skip
         super().__init__(name="ddppipe-mlflow", daemon=True)
         self.parent = parent
         self.uri = uri
-        self.state_dir = state_dir
+        self.state = state
         self.run_name = run_name
         self.params = params
         self.tags = tags
@@ -167,7 +166,7 @@ class MlflowWorker(threading.Thread):
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
 
-        id_file = state.of(self.state_dir).mlflow_run_id
+        id_file = self.state.mlflow_run_id
         if id_file.exists():
             run_id = id_file.read_text().strip()
             try:

@@ -70,7 +70,7 @@ def script_record(
     return {
         "git": system.git_commit(),
         "software": software.stack(),  # the launcher's stack; the script's own may differ
-        "script": {**spec.as_dict()["task_source"], "args": list(spec.script_args)},
+        "script": {**run_spec.plain(spec.task_source), "args": list(spec.script_args)},
         "world_size": spec.world_size,
         "outputs_sha256": {str(p.relative_to(outputs)): hashing.file_sha256(p) for p in files},
         "container": image,

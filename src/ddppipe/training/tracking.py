@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ddppipe.runstate.state import StateDir
 from ddppipe.training import mlflow_log, tensorboard_log
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class Tracker:
     def __init__(
         self,
         log_dir: Path | None,
-        state_dir: Path,
+        state: StateDir,
         *,
         mlflow_uri: str | None = None,
         run_name: str = "run",
@@ -42,12 +43,12 @@ class Tracker:
         """Track into TensorBoard files in ``log_dir`` (None: no TensorBoard) and, with
         ``mlflow_uri``, into MLflow.
 
-        ``state_dir`` is the run's state folder (it holds the MLflow run id). ``params`` are
+        ``state`` is the run's state folder (it holds the MLflow run id). ``params`` are
         logged to MLflow once, when the run is created (nested dicts become dotted keys);
         ``tags`` are set by every slot. ``parent``: a trial's sweep (its MLflow run a child
         of the sweep's parent run).
         """
-        self.state_dir = Path(state_dir)
+        self.state = state
         self._tensorboard: tensorboard_log.TensorBoardLog | None = None
         if log_dir is not None:
             self._tensorboard = tensorboard_log.TensorBoardLog(Path(log_dir))
@@ -57,7 +58,7 @@ class Tracker:
         self._mlflow: mlflow_log.MlflowWorker | None = None
         if mlflow_uri is not None:
             self._mlflow = mlflow_log.MlflowWorker(
-                mlflow_uri, self.state_dir, run_name, dict(params or {}), dict(tags or {}), parent
+                mlflow_uri, self.state, run_name, dict(params or {}), dict(tags or {}), parent
             )
             self._mlflow.start()
 

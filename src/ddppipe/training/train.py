@@ -8,6 +8,7 @@ on signal, evaluation, metrics and tracking.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, fsdp, software
-from ddppipe.runstate import attempts, failures, preemption, state
+from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.training import (
     checkpoint,
@@ -66,12 +67,9 @@ class Trainer:
     ) -> None:
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
-        # The config as written, in plain dicts: the task's args, the checkpoint's meta and
-        # MLflow's params.
-        self.config = spec.as_dict()
         self.meter = efficiency.SlotMeter()
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
-        args = self.config["task_args"]
+        args = run_spec.plain(spec.task_args)  # a plain dict for the task's hooks
         self.config_hash = spec.train_hash(manifest.check(paths.data_dir)["digest"])
         self.dtype, self.memory_format = evaluate.numerics(
             self.recipe.precision, self.recipe.channels_last
@@ -128,10 +126,11 @@ class Trainer:
         else:
             self.optimizer = optim.make_optimizer(self.net.parameters(), self.recipe, ctx.device)
         self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
+        self.meter.watch_memory(ctx.device, model, self.optimizer)
         # Sharded checkpoints, saved in the background: their collectives have a group of
         # their own (sharing the training's can deadlock against its collectives).
         self.store = sharded_checkpoint.Store(
-            state.of(paths.state_dir).checkpoints, self.recipe.keep_checkpoints,
+            paths.state.checkpoints, self.recipe.keep_checkpoints,
             group=dist.new_group(backend="gloo"),
         )  # fmt: skip
         self.hosts: list[str] = [""] * ctx.world_size
@@ -158,7 +157,7 @@ class Trainer:
             return None
         from ddppipe.training import mlflow_log, tracking
 
-        folder = state.of(self.paths.state_dir)
+        folder = self.paths.state
         source = self.spec.task_source or {}  # null where no launcher resolved the task
         tags = {"git_commit": str(system.git_commit()["commit"]),
                 "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
@@ -167,9 +166,9 @@ class Trainer:
             tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
         tensorboard = folder.tensorboard if wanted.tensorboard else None
         return tracking.Tracker(
-            tensorboard, folder.root, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
-            params=self.config, tags=tags,
-            parent=mlflow_log.SweepParent.of(self.spec, folder.root),  # a trial: a child run
+            tensorboard, folder, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
+            params=self.spec.as_dict(), tags=tags,  # MLflow's params: the config as written
+            parent=mlflow_log.SweepParent.of(self.spec, folder),  # a trial: a child run
         )  # fmt: skip
 
     def _record_efficiency(self) -> None:
@@ -217,9 +216,9 @@ class Trainer:
             "ddppipe": __version__,
             "software": software.stack(),
             "seed": self.recipe.seed,
-            "train": self.config["train"],
-            "task": self.config["task_source"],
-            "task_args": self.config["task_args"],
+            "train": dataclasses.asdict(self.recipe),
+            "task": run_spec.plain(self.spec.task_source),
+            "task_args": run_spec.plain(self.spec.task_args),
         }
 
     def save_checkpoint(self, wait: bool = False) -> Path | None:
@@ -304,10 +303,10 @@ class Trainer:
             changes["start_step"] = changes["start_step"] or 0
             changes["end_step"] = changes["start_step"]
         self.progress.update(changes)
-        attempts.write_progress(self.paths.state_dir, self.progress)
+        attempts.write_progress(self.paths.state, self.progress)
 
     def _write_live_metrics(self) -> None:
-        jsonl.write(state.of(self.paths.state_dir).metrics, self.history)
+        jsonl.write(self.paths.state.metrics, self.history)
 
     # -- loop ----------------------------------------------------------------------------
     def _stop_requested(self, guard: preemption.Guard) -> bool:
@@ -523,7 +522,7 @@ class Trainer:
         if self.ctx.is_main:
             if guard.received_at is not None:  # signal to checkpoint written: what a stop takes
                 self._record_progress(stop_seconds=time.monotonic() - guard.received_at)
-            preemption.record(self.paths.state_dir, signum, str(path))
+            preemption.record(self.paths.state, signum, str(path))
         raise preemption.Preempted(signum, str(path))
 
     def _write_outputs(self) -> None:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ddppipe.core.errors import UserError
+from ddppipe.runstate.state import StateDir
 from ddppipe.slurm.executor import (
     attach,
     bad_nodes,
@@ -65,15 +65,15 @@ def check_version(found: str | None) -> None:
 class Extension:
     """ddppipe's changes to the SLURM executor of one snakemake call."""
 
-    state_of: Callable[[Any], Path | None]  # a job's run state folder; None: not a training
-    state_dirs: list[str]  # the state folders of every run the call may train
+    state_of: Callable[[Any], StateDir | None]  # a job's run state folder; None: not a training
+    states: list[StateDir]  # the state folders of every run the call may train
 
     def install(self, executor: type, version: str | None = None) -> None:
         """Install every extension on ``executor`` (the plugin's class), after checking the
         plugin's ``version`` (default: the installed one). Raise PluginVersionError."""
         check_version(installed_version() if version is None else version)
         failed_node_names.install(executor)
-        status_checks.install(executor, self.state_dirs)
+        status_checks.install(executor, self.states)
         bad_nodes.install(executor, self.state_of)
         attach.install(executor)
         early_failures.install(executor, self.state_of)

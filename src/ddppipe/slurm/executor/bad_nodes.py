@@ -19,13 +19,12 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
+from ddppipe.runstate.state import StateDir
 
 log = logging.getLogger(__name__)
-FILE = "excluded-nodes.json"  # in the run's state folder: the excluded nodes, in order
 
 
 @dataclass(frozen=True)
@@ -37,14 +36,10 @@ class Decision:
     reason: str
 
 
-def path(state_dir: Path) -> Path:
-    return Path(state_dir) / FILE
-
-
-def load(state_dir: Path) -> list[str]:
+def load(state: StateDir) -> list[str]:
     """The nodes excluded for the run so far; none when the file is missing or unreadable."""
     try:
-        nodes = json.loads(path(state_dir).read_text())
+        nodes = json.loads(state.excluded_nodes.read_text())
     except (OSError, ValueError):
         return []
     return [str(n) for n in nodes] if isinstance(nodes, list) else []
@@ -75,12 +70,12 @@ def decide(failing: list[str], hosts: list[str], excluded: list[str], cap: int) 
     )
 
 
-def record(state_dir: Path, nodes: list[str]) -> None:
+def record(state: StateDir, nodes: list[str]) -> None:
     """Write the run's excluded nodes (the whole list)."""
-    atomic.write_json(path(state_dir), nodes)
+    atomic.write_json(state.excluded_nodes, nodes)
 
 
-def install(executor: type, state_of: Callable[[Any], Path | None]) -> bool:
+def install(executor: type, state_of: Callable[[Any], StateDir | None]) -> bool:
     """Make ``executor`` (the SLURM plugin's class) exclude, from a job's submission, the nodes
     recorded in the state folder ``state_of(job)`` names (None: not a training job); False,
     with a warning, when its interface is not the one this was written for."""
@@ -96,13 +91,13 @@ def install(executor: type, state_of: Callable[[Any], Path | None]) -> bool:
         return True
 
     def run_job(self: Any, job: Any) -> None:
-        state_dir = None if job.is_group() else state_of(job)
-        nodes = load(state_dir) if state_dir is not None else []
+        state = None if job.is_group() else state_of(job)
+        nodes = load(state) if state is not None else []
         new = [n for n in nodes if n not in self._failed_nodes]
         if new:
             self.logger.info(
                 f"ddppipe: excluding {', '.join(new)} from SLURM submissions: failed the "
-                f"preflight of rule {job.name} ({path(state_dir)})"
+                f"preflight of rule {job.name} ({state.excluded_nodes})"
             )
             for node in new:
                 self._failed_nodes.add(node)

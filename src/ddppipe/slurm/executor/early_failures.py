@@ -26,6 +26,7 @@ from typing import Any
 
 from ddppipe.runstate import attempts as attempt_history
 from ddppipe.runstate import early_failures
+from ddppipe.runstate.state import StateDir
 
 log = logging.getLogger(__name__)
 MAX_ERROR = 300  # characters of an error kept
@@ -82,12 +83,12 @@ def _read(logfile: Any) -> str:
 
 
 def note(
-    job: Any, job_id: str, logfile: Any, plugin_msg: str | None, state_dir: Path
+    job: Any, job_id: str, logfile: Any, plugin_msg: str | None, state: StateDir
 ) -> str | None:
     """Record ``job``'s early failure (SLURM job ``job_id``, its log ``logfile``) in the run's
     state folder; the line to print before the plugin's message, None when its launcher had
     started (an attempt names the job: the attempt's outcome tells)."""
-    history = attempt_history.load(state_dir)
+    history = attempt_history.load(state)
     if any(a.job == job_id for a in history):
         return None
     text = _read(logfile)
@@ -96,7 +97,7 @@ def note(
     failure = early_failures.EarlyFailure(
         job_id, time.time(), error, str(logfile) if logfile else None
     )
-    found = early_failures.record(state_dir, failure)
+    found = early_failures.record(state, failure)
     starts = [a.start for a in history]
     line = f"ddppipe: SLURM job {job_id} of rule {job.name} failed before training: {error}"
     if early_failures.repeated(found, starts):
@@ -108,7 +109,7 @@ def note(
     return line
 
 
-def install(executor: type, state_of: Callable[[Any], Path | None]) -> bool:
+def install(executor: type, state_of: Callable[[Any], StateDir | None]) -> bool:
     """Make ``executor`` (the SLURM plugin's class) name a training job's early failure;
     False, with a warning, when its interface is not the one this was written for."""
     original = getattr(executor, "report_job_error", None)
@@ -124,11 +125,11 @@ def install(executor: type, state_of: Callable[[Any], Path | None]) -> bool:
 
     def report_job_error(self: Any, job_info: Any, msg: str | None = None, **kwargs: Any) -> Any:
         job = job_info.job
-        state_dir = None if job.is_group() else state_of(job)
-        if state_dir is not None and job_info.external_jobid:
+        state = None if job.is_group() else state_of(job)
+        if state is not None and job_info.external_jobid:
             try:
                 line = note(job, str(job_info.external_jobid),
-                            (job_info.aux or {}).get("slurm_logfile"), msg, state_dir)  # fmt: skip
+                            (job_info.aux or {}).get("slurm_logfile"), msg, state)  # fmt: skip
             except Exception as e:  # never lose the plugin's own report
                 self.logger.warning(f"ddppipe: reading job {job_info.external_jobid}'s log: {e}")
             else:

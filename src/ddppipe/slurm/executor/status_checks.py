@@ -21,10 +21,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
-from ddppipe.runstate import state
+from ddppipe.runstate.state import StateDir
 
 log = logging.getLogger(__name__)
 TICK_S = 1.0  # how often the sleep looks at the slot-ended files
@@ -32,12 +31,12 @@ FAST_S = 2.0  # the interval between checks just after a slot ended
 RECENT_S = 30.0  # how long after a slot's end checks come every FAST_S
 
 
-def last_slot_end(state_dirs: Iterable[str | Path]) -> float:
-    """The latest slot end (Unix time) recorded in any of ``state_dirs``; 0 if none."""
+def last_slot_end(states: Iterable[StateDir]) -> float:
+    """The latest slot end (Unix time) recorded in any of ``states``; 0 if none."""
     latest = 0.0
-    for folder in state_dirs:
+    for folder in states:
         with contextlib.suppress(OSError):  # no slot ended there yet
-            latest = max(latest, state.of(folder).slot_ended.stat().st_mtime)
+            latest = max(latest, folder.slot_ended.stat().st_mtime)
     return latest
 
 
@@ -57,7 +56,7 @@ async def sleep(planned: float, last_end: Callable[[], float]) -> None:
             return
 
 
-def install(executor: type, state_dirs: list[str]) -> bool:
+def install(executor: type, states: list[StateDir]) -> bool:
     """Make ``executor`` (the SLURM plugin's class) wake on a slot's end; False, with a
     warning, when its interface is not the one this was written for (then nothing changes)."""
     if not asyncio.iscoroutinefunction(getattr(executor, "sleep", None)) or not isinstance(
@@ -71,7 +70,7 @@ def install(executor: type, state_dirs: list[str]) -> bool:
         return False
 
     async def woken_sleep(self: Any) -> None:
-        await sleep(self.next_seconds_between_status_checks, lambda: last_slot_end(state_dirs))
+        await sleep(self.next_seconds_between_status_checks, lambda: last_slot_end(states))
 
     executor.sleep = woken_sleep
     return True

@@ -1,0 +1,340 @@
+"""Warm ranks: a server that imported torch once forks each training process of later slots.
+
+A rank started cold pays for its interpreter, ``import torch`` (~1.5 s, seconds more when
+several start together) and DDP's own imports before its first step; a sweep paid that for
+every trial. The server (``ddppipe warm-server``) imports them once and forks a rank per
+request: the rank starts in milliseconds, with nothing of another trial in it (a fresh process
+per rank: its memory, threads and devices are its own). The server runs no torch operation and
+never touches CUDA, so forking it is safe; it ignores the stop signals, so a rank forked from
+it never dies of one before its own handler is in place.
+
+A launcher uses it when :data:`SOCKET_ENV` names a live server on this machine and the rank's
+command is ``python -m MODULE ...`` of the server's own interpreter (never inside a container:
+the image's Python is another). Each request is one connection: the command, environment,
+working folder, CPUs and the launcher's stdin/stdout/stderr (passed as file descriptors) go
+in; the rank's pid comes back, then its exit status. A launcher that dies closes the
+connection, and the server kills its ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SOCKET_ENV = "DDPPIPE_WARM_SOCKET"
+SERVER_ENV = "DDPPIPE_WARM_SERVER"  # the server's pid: while it starts, launchers wait for it
+CHILD_ENV = "DDPPIPE_WARM_CHILD"  # set in a command the server forked: it runs, no delegating
+# What a rank imports before its first step (the rest is small).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "ddppipe.training.train",
+    "ddppipe.training.evaluate",
+    "ddppipe.cli.ranks",
+    "ddppipe.reports.plots",
+)
+READY_TIMEOUT_S = 120.0
+_POLL_S = 0.05
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+def serve(path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Import ``preload``, then fork a rank for each request on the Unix socket ``path`` until
+    SIGTERM (or until the process that started it exits)."""
+    started = time.monotonic()
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
+    for module in preload:
+        importlib.import_module(module)
+    _check_no_cuda()
+    parent = os.getppid()
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    listener = _listen(path)
+    log.info("warm ranks ready in %.1f s (%s)", time.monotonic() - started, ", ".join(preload))
+    ranks: dict[int, socket.socket] = {}  # pid -> its launcher's connection
+    orphans: set[int] = set()  # ranks whose launcher went away, killed
+    try:
+        while not stop and os.getppid() == parent:
+            watched = [c for p, c in ranks.items() if p not in orphans]
+            readable, _, _ = select.select([listener, *watched], [], [], _POLL_S)
+            for conn in readable:
+                if conn is listener:
+                    _accept(listener, ranks)
+                else:  # a launcher closed its connection (it died): end its rank
+                    pid = next(p for p, c in ranks.items() if c is conn)
+                    orphans.add(pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            _reap(ranks)
+            orphans &= ranks.keys()
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def _check_no_cuda() -> None:
+    """A forked rank could not use CUDA had the server touched it: refuse to serve then."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("the warm server initialized CUDA: its forked ranks could not use it")
+
+
+def _listen(path: Path) -> socket.socket:
+    """The server's socket, bound under a temporary name and renamed: a launcher that finds
+    ``path`` finds a server that listens."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp))
+    listener.listen(64)
+    os.replace(tmp, path)
+    return listener
+
+
+def _accept(listener: socket.socket, ranks: dict[int, socket.socket]) -> None:
+    conn, _ = listener.accept()
+    try:
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        request = json.loads(message)
+    except (OSError, ValueError) as e:
+        log.warning("warm server: a bad request (%s)", e)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:  # the rank
+        listener.close()
+        for c in ranks.values():
+            c.close()
+        conn.close()
+        _become_rank(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    ranks[pid] = conn
+
+
+def _reap(ranks: dict[int, socket.socket]) -> None:
+    """Tell each launcher whose rank ended its exit status (a shell's: 128 + N for signal N)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = ranks.pop(pid, None)
+        if conn is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+        conn.close()
+
+
+def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
+    """(In the forked child) Run ``python -m MODULE ARGS`` as the launcher asked, then exit."""
+    code = 1
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if request.get("cpus"):
+            os.sched_setaffinity(0, request["cpus"])
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for handler in logging.root.handlers[:]:  # the command sets up its own (its rank's)
+            logging.root.removeHandler(handler)
+        threads = request["env"].get("OMP_NUM_THREADS")
+        if threads and "torch" in sys.modules:  # torch read it when the server imported it
+            sys.modules["torch"].set_num_threads(max(1, int(threads)))  # 0: a `threads: 0` rule
+        module, args = request["module"], request["args"]
+        sys.argv = [module, *args]
+        import runpy
+
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+# -- starting the server ---------------------------------------------------------------------
+
+
+def local_socket() -> Path:
+    """A socket path for a server of this process (short: a Unix socket's path is at most
+    107 bytes, so not under a deep work folder)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"ddppipe-warm-{os.getpid()}.sock"
+
+
+def start(path: Path, log_path: Path) -> subprocess.Popen:
+    """Start a server on ``path`` (its log in ``log_path``); it listens seconds later
+    (:func:`usable` waits for it)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(path)],
+            stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
+        )  # fmt: skip
+    return server
+
+
+# -- the launcher's side ---------------------------------------------------------------------
+
+
+def usable(command: list[str], env: Mapping[str, str]) -> bool:
+    """Whether ``command`` may be forked by the server ``env`` names: ``python -m MODULE ...``
+    of this interpreter, and a server listening on this machine (waited for while it starts)."""
+    path = env.get(SOCKET_ENV)
+    if not path or len(command) < 3 or command[0] != sys.executable or command[1] != "-m":
+        return False
+    return _listening(Path(path), env.get(SERVER_ENV))
+
+
+def _listening(path: Path, server: str | None) -> bool:
+    """Whether a server listens on ``path``; while its process ``server`` lives and has not
+    bound it yet (it imports torch first), wait for it."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not path.is_socket():
+        alive = server is not None and server.isdigit() and Path(f"/proc/{server}").exists()
+        if not alive or time.monotonic() > deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+class Rank:
+    """A rank forked by the server, with the part of :class:`subprocess.Popen`'s interface
+    a worker group uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(env[SOCKET_ENV])
+        request = {
+            "module": command[2], "args": command[3:], "env": env, "cwd": os.getcwd(),
+            "cpus": sorted(os.sched_getaffinity(0)),
+        }  # fmt: skip
+        socket.send_fds(self._conn, [json.dumps(request).encode()], [0, 1, 2])
+        self._buffer = b""
+        self.pid: int = self._message(None)["pid"]
+        self.returncode: int | None = None
+
+    def _message(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next message, or None when none came within ``timeout`` seconds."""
+        while b"\n" not in self._buffer:
+            self._conn.settimeout(timeout)
+            try:
+                chunk = self._conn.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                return None
+            if not chunk:  # the server went away: the rank with it
+                return {"exit": -signal.SIGKILL}
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            message = self._message(0)
+            if message is not None:
+                self._ended(message["exit"])
+        return self.returncode
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code  # Popen's convention: -N for a rank killed by signal N
+        self._conn.close()
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(["warm rank", str(self.pid)], timeout or 0)
+            message = self._message(None if left is None else min(left, 1.0))
+            if message is not None:
+                self._ended(message["exit"])
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def delegate(argv: list[str]) -> int | None:
+    """Run ``ddppipe ARGV`` in a process forked by this machine's server (its imports done):
+    its exit status, passing signals on; None when no server serves it (run it here)."""
+    if os.environ.get(CHILD_ENV):
+        return None
+    command = [sys.executable, "-m", "ddppipe", *argv]
+    child = spawn(command, {**os.environ, CHILD_ENV: "1"})
+    if child is None:
+        return None
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {s: signal.signal(s, lambda n, f: child.send_signal(n)) for s in forwarded}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code if code >= 0 else 128 - code
+
+
+def spawn(command: list[str], env: dict[str, str]) -> Rank | None:
+    """A rank forked by the server when it can serve ``command``; None to start it cold."""
+    if not usable(command, env):
+        return None
+    try:
+        return Rank(command, env)
+    except (OSError, ValueError, KeyError) as e:
+        log.warning("warm server unusable (%s): the rank starts cold", e)
+        return None

@@ -1,0 +1,134 @@
+"""A packed sweep's allocations: the sbatch request of one (a trial's request, times the
+trials it holds), submitting one while trials wait and fewer than ``sweep.pack.allocations``
+are held, and which of those SLURM still queues or runs."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from ddppipe.core import atomic
+from ddppipe.core.errors import UserError
+from ddppipe.packing.pool import Pool
+from ddppipe.settings.run_spec import Pack, RunSpec
+from ddppipe.slurm.request import Request
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 10.0  # how often waiting train jobs ask SLURM (one squeue per pool, at most)
+
+
+class PackError(ValueError, UserError):
+    """A packed sweep that cannot run as configured."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One held allocation's request: ``pack.nodes`` nodes, each with ``pack.trials_per_node``
+    trials' CPUs, memory and GPUs (a trial's own: :class:`ddppipe.slurm.request.Request`)."""
+
+    trial: Request
+    pack: Pack
+    sweep: str
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> Allocation:
+        """The allocation of a packed trial's spec; PackError for a trial it cannot hold."""
+        pack = spec.trial.pack if spec.trial is not None else None
+        if pack is None or spec.trial is None:
+            raise PackError(f"run {spec.run} is no trial of a packed sweep (sweep.pack)")
+        request = Request.from_spec(spec)
+        if request.nodes != 1:
+            raise PackError(
+                f"sweep.pack runs one-node trials, but {spec.run} asks for launch.nnodes "
+                f"{request.nodes}: set launch.nnodes: 1, or remove sweep.pack (one SLURM job "
+                "per trial, right for multi-node trials)"
+            )
+        return cls(request, pack, spec.trial.sweep)
+
+    @property
+    def job_name(self) -> str:
+        return f"ddppipe-pack-{self.sweep}"
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.trial.cpus_per_node * self.pack.trials_per_node
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.trial.gpus_per_node * self.pack.trials_per_node
+
+    def sbatch(self, pool: Pool, workdir: str) -> list[str]:
+        """The ``sbatch`` command line of one allocation: a ``ddppipe pack-worker`` on each
+        node, its output in the pool's ``allocations/``."""
+        slurm = self.trial.slurm
+        options = {
+            "--job-name": self.job_name,
+            "--nodes": str(self.pack.nodes),
+            "--ntasks-per-node": "1",
+            "--cpus-per-task": str(self.cpus_per_node),
+            "--mem": f"{self.trial.mem_mb * self.pack.trials_per_node}M",
+            "--time": str(self.pack.time_min),
+            "--partition": slurm.partition,
+            "--account": slurm.account,
+            "--qos": slurm.qos,
+            "--constraint": slurm.constraint,
+            "--gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
+            "--output": str(pool.allocations / "%j.log"),
+            "--chdir": workdir,
+        }
+        worker = [
+            "srun", f"--nodes={self.pack.nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={self.cpus_per_node}", "--kill-on-bad-exit=0", "--export=ALL",
+            sys.executable, "-m", "ddppipe", "pack-worker", "--pool", str(pool.root),
+            "--slots", str(self.pack.trials_per_node),
+            "--signal-seconds", str(slurm.signal_seconds), "--stop-signal", slurm.stop_signal,
+        ]  # fmt: skip
+        given = [f"{k}={v}" for k, v in options.items() if v is not None]
+        return ["sbatch", "--parsable", *given, "--wrap", shlex.join(worker)]
+
+
+def held(pool: Pool, run: object = subprocess.run) -> list[str]:
+    """The pool's allocations SLURM still queues or runs (their job ids)."""
+    submitted = [r["job"] for r in pool.records(pool.allocations) if "job" in r]
+    if not submitted:
+        return []
+    out = run(["squeue", "--noheader", "--format=%i %T", f"--jobs={','.join(submitted)}"],
+              capture_output=True, text=True, check=False, timeout=60)  # type: ignore[operator]  # fmt: skip
+    live = {"PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
+    return [f[0] for f in (line.split() for line in out.stdout.splitlines())
+            if len(f) == 2 and f[1] in live]  # fmt: skip
+
+
+def ensure(pool: Pool, allocation: Allocation, workdir: str, force: bool = False) -> str | None:
+    """Submit an allocation when trials wait that the held ones have no slot for and fewer
+    than ``pack.allocations`` are held; its job id, or None. At most one pool check every
+    :data:`CHECK_EVERY_S` seconds (``force``: now)."""
+    with pool.lock():
+        stamp = pool.root / ".checked"
+        if not force and stamp.exists() and time.time() - stamp.stat().st_mtime < CHECK_EVERY_S:
+            return None
+        stamp.touch()
+        live = held(pool)
+        for run in pool.reclaim(live):
+            log.warning("%s: its allocation ended before it stopped; it waits again", run)
+        waiting = pool.waiting()
+        if not waiting:
+            return None
+        free = len(live) * allocation.pack.slots - pool.training()
+        if waiting <= free or len(live) >= allocation.pack.allocations:
+            return None
+        command = allocation.sbatch(pool, workdir)
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+        if done.returncode != 0:
+            raise PackError(f"sbatch of an allocation failed: {done.stderr.strip()}\n"
+                            f"  {shlex.join(command)}")  # fmt: skip
+        job = done.stdout.strip().split(";")[0]
+        atomic.write_json(pool.allocations / f"{job}.json",
+                          {"job": job, "submitted": time.time(), "command": command})  # fmt: skip
+        log.info("submitted allocation %s (%d trial(s) waiting, %d held)", job, waiting, len(live))
+        return job

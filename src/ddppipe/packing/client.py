@@ -1,0 +1,48 @@
+"""The train rule's side of a packed trial (``ddppipe pack-trial``): queue the trial's launch
+command, keep an allocation held or coming while trials wait, and wait for the trial's exit
+status, which becomes the job's. Run as a local job of the submitting Snakemake; it holds no
+core."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+from ddppipe.packing import allocation as allocations
+from ddppipe.packing.pool import Pool, Ticket
+from ddppipe.settings import run_spec
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+
+def run(pool_root: Path, config_path: Path, command: list[str]) -> int:
+    """Train the trial of ``config_path`` (its launch ``command``) in the pool's allocations."""
+    spec = run_spec.load(config_path)
+    held = allocations.Allocation.of(spec)
+    pool = Pool(pool_root)
+    workdir = os.getcwd()
+    if pool.put(Ticket(spec.run, command, workdir)):
+        log.info("%s waits for a slot of the sweep's allocations (%s)", spec.run, pool.root)
+    else:
+        log.info("%s trains in an allocation already: waiting for it", spec.run)
+
+    def cancelled(signum: int, frame: FrameType | None) -> None:
+        pool.withdraw(spec.run)  # a trial that trains already goes on; the next call waits
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, cancelled)
+    allocations.ensure(pool, held, workdir, force=True)
+    while (result := pool.result(spec.run)) is None:
+        time.sleep(POLL_S)
+        allocations.ensure(pool, held, workdir)
+    code = int(result["exit"])
+    log.info("%s ended in allocation %s, node %s, slot %s: exit %d", spec.run, result["job"],
+             result["node"], result["slot"], code)  # fmt: skip
+    return code if code >= 0 else 128 - code

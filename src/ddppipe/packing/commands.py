@@ -1,0 +1,19 @@
+"""The packing subcommands: a packed trial's train job, and an allocation's node worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def pack_trial(pool: Path, config_path: Path, launch: list[str]) -> int:
+    """``ddppipe pack-trial``: train a trial in the sweep's held allocations; its status."""
+    from ddppipe.packing import client
+
+    return client.run(pool, config_path, launch[1:] if launch[:1] == ["--"] else launch)
+
+
+def pack_worker(pool: Path, slots: int, signal_seconds: int, stop_signal: str) -> int:
+    """``ddppipe pack-worker``: run the pool's trials on this node of an allocation."""
+    from ddppipe.packing import worker
+
+    return worker.serve(pool, slots, signal_seconds, stop_signal)

@@ -1,0 +1,168 @@
+"""A packed sweep's pool folder (``results/sweeps/<sweep>/pack/``), on the shared filesystem:
+the trials waiting (``queue/``), training (``running/``) and ended (``done/``), and the
+allocations' records (``allocations/``). Every move is one atomic rename or write, so two
+slots never take the same trial and a killed process leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddppipe.core import atomic
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A trial to train: its run, its launch command and the folder it runs in."""
+
+    run: str
+    command: list[str]
+    cwd: str
+    queued: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        """The ticket's file name: the run, quoted (a run has slashes)."""
+        return urllib.parse.quote(self.run, safe="") + ".json"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The folder of one packed sweep's queue and allocations."""
+
+    root: Path
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "queue"
+
+    @property
+    def running(self) -> Path:
+        return self.root / "running"
+
+    @property
+    def done(self) -> Path:
+        return self.root / "done"
+
+    @property
+    def allocations(self) -> Path:
+        return self.root / "allocations"
+
+    def _path(self, folder: Path, run: str) -> Path:
+        return folder / (urllib.parse.quote(run, safe="") + ".json")
+
+    # -- the train rule's side ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> Path:
+        """Left by the submitting Snakemake when its call ends: no trial will come, the
+        allocations' idle nodes end at once."""
+        return self.root / "closed"
+
+    def put(self, ticket: Ticket) -> bool:
+        """Queue ``ticket`` (an ended one's result cleared); False when the trial trains now
+        (a call before this one queued it: wait for it)."""
+        for folder in (self.queue, self.running, self.done, self.allocations):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.closed.unlink(missing_ok=True)
+        self._path(self.done, ticket.run).unlink(missing_ok=True)
+        if self._path(self.running, ticket.run).exists():
+            return False
+        atomic.write_json(self.queue / ticket.name, asdict(ticket))
+        return True
+
+    def result(self, run: str) -> dict[str, Any] | None:
+        """The ended trial's record (``exit`` its launcher's status), None while it waits."""
+        try:
+            return json.loads(self._path(self.done, run).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def close(self) -> None:
+        """No trial comes any more (the call ended): idle allocations give their nodes back."""
+        if self.root.is_dir():
+            self.closed.touch()
+
+    def withdraw(self, run: str) -> None:
+        """Take a trial that waits out of the queue (its train job was cancelled)."""
+        self._path(self.queue, run).unlink(missing_ok=True)
+
+    def waiting(self) -> int:
+        return len(list(self.queue.glob("*.json"))) if self.queue.is_dir() else 0
+
+    def training(self) -> int:
+        return len(list(self.running.glob("*.json"))) if self.running.is_dir() else 0
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One process at a time decides whether to submit an allocation."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # -- a slot's side -----------------------------------------------------------------------
+
+    def take(self, slot: dict[str, Any]) -> Ticket | None:
+        """The oldest waiting trial, now this slot's (an atomic rename: no other slot gets
+        it); None when none waits."""
+        waiting = sorted(self.queue.glob("*.json"), key=_queued) if self.queue.is_dir() else []
+        for path in waiting:
+            target = self.running / path.name
+            try:
+                os.rename(path, target)
+            except FileNotFoundError:  # another slot took it
+                continue
+            found = json.loads(target.read_text())
+            atomic.write_json(target, {**found, "slot": slot, "started": time.time()})
+            return Ticket(found["run"], found["command"], found["cwd"], found["queued"])
+        return None
+
+    def finish(self, ticket: Ticket, record: dict[str, Any]) -> None:
+        """The trial ended (``record``: its exit status, slot, start and end): tell its
+        train job."""
+        atomic.write_json(self._path(self.done, ticket.run), {"run": ticket.run, **record})
+        self._path(self.running, ticket.run).unlink(missing_ok=True)
+
+    def give_back(self, ticket: Ticket) -> None:
+        """The trial stopped with its allocation (it checkpointed): it waits for the next
+        slot, first in line."""
+        os.rename(self._path(self.running, ticket.run), self._path(self.queue, ticket.run))
+
+    def reclaim(self, held: list[str]) -> list[str]:
+        """Trials whose allocation SLURM no longer holds (it ended before they could stop)
+        back in the queue, first in line; their runs."""
+        back = []
+        for path in sorted(self.running.glob("*.json")) if self.running.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                found = json.loads(path.read_text())
+                if found.get("slot", {}).get("job") not in held:
+                    os.rename(path, self.queue / path.name)
+                    back.append(found["run"])
+        return back
+
+    def records(self, folder: Path) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                found.append(json.loads(path.read_text()))
+        return found
+
+
+def _queued(path: Path) -> float:
+    try:
+        return float(json.loads(path.read_text())["queued"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return float("inf")

@@ -1,0 +1,178 @@
+"""``ddppipe pack-worker``: one node of a held allocation, running the sweep's trials.
+
+The node's CPUs (and GPUs) are cut into ``slots`` equal parts; each slot takes the oldest
+waiting trial from the pool the moment it is free and runs the trial's launch command there,
+as a one-node local run (its ranks forked by this node's warm server). Before the allocation's
+end (``slurm.signal_seconds``) the running trials get the stop signal: they checkpoint and go
+back to the queue, for the next allocation. The worker ends at its time limit, or when no
+trial runs and none waits, once the submitting Snakemake's call ended (or none came for
+:data:`IDLE_EXIT_S` seconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddppipe.core import atomic
+from ddppipe.launching import warm
+from ddppipe.packing.pool import Pool, Ticket
+from ddppipe.runstate import attempts, preemption
+from ddppipe.slurm import continuation, scontrol
+
+log = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 30.0  # no trial waiting or running this long: give the allocation back
+POLL_S = 0.2
+
+
+@dataclass
+class Slot:
+    """A share of the node: its CPUs, GPUs and the trial it runs."""
+
+    index: int
+    cpus: list[int]
+    gpus: list[str]
+    trial: Ticket | None = None
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    busy_s: float = 0.0
+    last_end: float | None = None  # when its last trial ended
+    trials: list[str] = field(default_factory=list)
+
+
+def shares(items: list, parts: int) -> list[list]:
+    """``items`` cut into ``parts`` equal consecutive shares (the rest left out)."""
+    size = len(items) // parts
+    return [items[k * size : (k + 1) * size] for k in range(parts)]
+
+
+def slots_of_node(count: int, env: dict[str, str]) -> list[Slot]:
+    """This node's ``count`` slots: its CPUs (this process's) and GPUs
+    (``CUDA_VISIBLE_DEVICES`` of the allocation) shared out."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        raise ValueError(f"{len(cpus)} CPU(s) cannot hold {count} slots")
+    visible = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    gpus = shares(visible, count) if visible else [[] for _ in range(count)]
+    return [Slot(k, c, g) for k, (c, g) in enumerate(zip(shares(cpus, count), gpus, strict=True))]
+
+
+def trial_environment(env: dict[str, str], job: str, node: str, slot: Slot,
+                      warm_socket: Path, server: int) -> dict[str, str]:  # fmt: skip
+    """A trial's launcher environment: a local run of this node (no SLURM variables: the
+    allocation is not its job), in its slot, its ranks forked warm."""
+    own = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    own.update({attempts.PACKED_SLOT_ENV: f"{job} {node}/{slot.index}",
+                warm.SOCKET_ENV: str(warm_socket), warm.SERVER_ENV: str(server)})  # fmt: skip
+    if slot.gpus:
+        own["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
+    return own
+
+
+def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str) -> int:
+    """Run the pool's trials on this node's ``slots`` until the allocation ends or no trial
+    is left; 0."""
+    pool = Pool(pool_root)
+    env = dict(os.environ)
+    job = scontrol.job_id(env) or "local"
+    node = socket.gethostname()
+    record_path = pool.allocations / "nodes" / f"{job}-{node}.json"
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    left = continuation.seconds_left(scontrol.job_record(job)) if job != "local" else None
+    end = None if left is None else time.time() + left
+    sock = warm.local_socket().with_name(f"ddppipe-warm-{job}-{node}.sock")
+    server = warm.start(sock, pool.allocations / "nodes" / f"{job}-{node}.warm.log")
+    own = slots_of_node(slots, env)
+    started = time.time()
+    record = {"job": job, "node": node, "slots": slots, "started": started,
+              "cpus": len(os.sched_getaffinity(0)),
+              "gpus": sum(len(s.gpus) for s in own)}  # fmt: skip
+    atomic.write_json(record_path, record)
+    stopping, idle_since = False, time.monotonic()
+    sig = getattr(signal, stop_signal, signal.SIGUSR1)
+
+    def cancelled(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # scancel: the trials stop (and go back), records close
+
+    signal.signal(signal.SIGTERM, cancelled)
+    log.info("allocation %s, node %s: %d slot(s), %s", job, node, slots,
+             "no time limit" if end is None else f"{left:.0f} s left")  # fmt: skip
+    try:
+        while True:
+            if not stopping and end is not None and time.time() >= end - signal_seconds:
+                stopping = True
+                log.warning("time-limit warning: %s to the running trials", sig.name)
+                for s in own:
+                    if s.process is not None:
+                        s.process.send_signal(sig)
+            for s in own:
+                if s.process is not None and s.process.poll() is not None:
+                    _ended(pool, s, job, node)
+            if not stopping:
+                for s in own:
+                    if s.process is None:
+                        _start(pool, s, job, node, env, sock, server.pid)
+            busy = any(s.process is not None for s in own)
+            if busy or pool.waiting():
+                idle_since = time.monotonic()
+            idle = time.monotonic() - idle_since
+            if not busy and (stopping or pool.closed.exists() or idle > IDLE_EXIT_S):
+                break
+            time.sleep(POLL_S)
+    finally:
+        for s in own:
+            if s.process is not None:  # the allocation is cut short: the trial goes back
+                with contextlib.suppress(ProcessLookupError):
+                    s.process.send_signal(sig)
+        server.terminate()
+        server.wait()
+        ended = time.time()
+        atomic.write_json(record_path, {
+            **record, "ended": ended,
+            "slot_records": [{"busy_s": s.busy_s, "last_end": s.last_end, "trials": s.trials}
+                             for s in own],
+        })  # fmt: skip
+    return 0
+
+
+def _start(pool: Pool, slot: Slot, job: str, node: str, env: dict[str, str], sock: Path,
+           server: int) -> None:  # fmt: skip
+    where = {"job": job, "node": node, "slot": slot.index}
+    ticket = pool.take(where)
+    if ticket is None:
+        return
+    own = trial_environment(env, job, node, slot, sock, server)
+    log.info("slot %d: %s (waited %.1f s)", slot.index, ticket.run, time.time() - ticket.queued)
+    cpus = slot.cpus
+    slot.trial, slot.started = ticket, time.time()
+    slot.process = subprocess.Popen(
+        ticket.command, cwd=ticket.cwd, env=own, start_new_session=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+    )  # fmt: skip
+
+
+def _ended(pool: Pool, slot: Slot, job: str, node: str) -> None:
+    assert slot.process is not None and slot.trial is not None
+    code = slot.process.returncode
+    ended = time.time()
+    slot.busy_s += ended - slot.started
+    slot.last_end = ended
+    slot.trials.append(slot.trial.run)
+    if code == preemption.EXIT_CODE:  # stopped on the signal after a checkpoint: goes on
+        log.info("slot %d: %s checkpointed; it waits for the next slot", slot.index,
+                 slot.trial.run)  # fmt: skip
+        pool.give_back(slot.trial)
+    else:
+        log.info("slot %d: %s ended (exit %d) after %.1f s", slot.index, slot.trial.run, code,
+                 ended - slot.started)  # fmt: skip
+        pool.finish(slot.trial, {"exit": code, "job": job, "node": node, "slot": slot.index,
+                                 "started": slot.started, "ended": ended})  # fmt: skip
+    slot.trial, slot.process = None, None

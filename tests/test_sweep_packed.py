@@ -1,0 +1,92 @@
+"""A packed sweep on the session's SLURM cluster (cn07, cn08; partition ``train``): 4 trials
+of the digits task in one held allocation of one node that trains two of them side by side
+(``sweep.pack``), instead of one SLURM job per trial.
+
+One sbatch call (the allocation: squeue never shows another job of the workdir); every trial
+completes as an ordinary run: its attempt names the allocation and its slot, its ranks were
+forked warm; a second call has nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddppipe.settings import layout
+from tests.slurm_fixtures import SlurmSlot
+from tests.test_slurm import logs, on_cluster
+from tests.test_sweep_slurm import Queue
+from tests.tiny import default_config
+
+pytestmark = pytest.mark.slurm
+
+SWEEP = "packed"
+LRS = [0.02, 0.05, 0.1, 0.2]
+
+
+def packed_config(cluster) -> dict:
+    cfg = default_config()
+    cfg.update(task="ddppipe.tasks.digits", task_args={"width": 8})
+    cfg["train"].update(epochs=1, batch_size=64)
+    cfg = on_cluster(cfg, cluster, nodes=1, procs=1)
+    cfg["sweep"] = {
+        "name": SWEEP, "parameters": {"train.lr": LRS}, "max_parallel": 4,
+        "pack": {"allocations": 1, "nodes": 1, "trials_per_node": 2, "time_min": 10},
+    }  # fmt: skip
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def packed(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    cluster = slurm_slot.cluster()
+    workdir = tmp_path_factory.mktemp("sweep-packed") / "wd"
+    queue = Queue(cluster, workdir)
+    text, rc = queue.call(packed_config(cluster))
+    assert rc == 0, logs(workdir, subprocess.CompletedProcess([], rc, text, ""))
+    # the call's end closed the pool: its idle allocation ends in seconds, its record closed
+    nodes = workdir / layout.SweepLayout(SWEEP).pack / "allocations/nodes"
+    deadline = time.monotonic() + 30
+    while not all("ended" in json.loads(p.read_text()) for p in nodes.glob("*.json")):
+        assert time.monotonic() < deadline, "the allocation did not end with the call"
+        time.sleep(0.5)
+    yield {"workdir": workdir, "queue": queue, "text": text, "cluster": cluster}
+
+
+def trial_dir(workdir: Path, lr: float) -> Path:
+    return workdir / "results/sweeps" / SWEEP / f"lr={lr!r}"
+
+
+def test_the_trials_train_in_one_allocation(packed: dict) -> None:
+    queue = packed["queue"]
+    assert len(queue.seen) == 1, queue.seen  # one sbatch: the allocation, no job per trial
+    (job,) = queue.seen
+    pool = packed["workdir"] / layout.SweepLayout(SWEEP).pack
+    assert json.loads((pool / "allocations" / f"{job}.json").read_text())["job"] == job
+    slots = set()
+    for lr in LRS:
+        history = json.loads((trial_dir(packed["workdir"], lr) / "train/attempts.json").read_text())
+        assert [(a["job"], a["outcome"]) for a in history] == [(job, "completed")], history
+        slots.add(history[0]["slot"])
+        assert (trial_dir(packed["workdir"], lr) / "export/model.pt").is_file()
+        log = (packed["workdir"] / f"logs/sweeps/{SWEEP}/lr={lr!r}/train.log").read_text()
+        assert "1 of 1 rank(s) forked warm by the warm server" in log, log[-3000:]
+    # both slots of the allocation's one node took trials (two train side by side)
+    assert len({s.split("/")[0] for s in slots}) == 1, slots
+    assert {s.split("/")[1] for s in slots} == {"0", "1"}, slots
+    # the call's last lines: the allocation's cost
+    assert f"allocations: 1 (SLURM job {job}), 2 slot(s); held " in packed["text"]
+    node = json.loads(next((pool / "allocations/nodes").glob("*.json")).read_text())
+    assert node["ended"] > node["started"]  # the node gave the allocation back, recorded
+    assert sorted(t for s in node["slot_records"] for t in s["trials"]) == sorted(
+        f"sweeps/{SWEEP}/lr={lr!r}" for lr in LRS
+    )
+
+
+def test_a_second_call_has_nothing_to_do(packed: dict) -> None:
+    text, rc = Queue(packed["cluster"], packed["workdir"]).call(packed_config(packed["cluster"]))
+    assert rc == 0 and "Nothing to be done" in text, text[-3000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe.training import checkpoint
+from ddppipe.training import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
 from tests.test_checkpoint import snapshot
 from tests.test_train_ddp import cli_args
@@ -57,8 +57,8 @@ def test_disk_full_fails_every_rank_promptly_with_rank_0s_message(
     assert result.stderr.count(message) == 2, result.stderr  # printed by rank 0 and rank 1
     assert "No space left on device" in result.stderr
     assert "MiB free (of 2.0 MiB): make room there" in result.stderr
-    assert not list(small_disk.rglob("*.tmp"))
-    assert checkpoint.Store(small_disk / "checkpoints").paths() == []
+    assert not list(small_disk.rglob("*.tmp")) and not list(small_disk.rglob("*.saving"))
+    assert sharded_checkpoint.Store(small_disk / "checkpoints").paths() == []
 
 
 # Saves a 256 MiB checkpoint; should the write win the race against the kill, os.fsync (before
@@ -67,7 +67,7 @@ SAVE_BIG = """
 import os, sys, time
 from pathlib import Path
 import torch
-from ddppipe.training import checkpoint
+from ddppipe.training import checkpoint, sharded_checkpoint
 os.fsync = lambda fd: time.sleep(3600)
 snap = {"epoch": 2, "step": 0, "model": {"w": torch.ones(64 * 2**20)}}
 checkpoint.Store(Path(sys.argv[1])).save(snap)

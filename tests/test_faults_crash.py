@@ -156,7 +156,7 @@ def test_a_nan_loss_stops_the_run_at_its_step(tmp_path: Path, tiny: TinyData) ->
     assert [a["outcome"] for a in history] == ["non-finite loss at step 10 (epoch 2)"]
     assert failed_line(text) == "non-finite loss at step 10 (epoch 2)", last_lines(text)
     checkpoints = sorted(p.name for p in (run / "state/checkpoints").iterdir())
-    assert checkpoints == ["ckpt-e0001-s000000.pt"]
+    assert checkpoints == ["ckpt-e0001-s000000"]
     assert not (run / "train").exists() or not any((run / "train").iterdir())
     assert not (run / "export").exists()
     # the train rule again (its command as the rule runs it): refused in seconds

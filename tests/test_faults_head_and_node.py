@@ -146,7 +146,7 @@ def test_bad_node_excluded_then_restarted_heads_attach(
         started = time.monotonic()
         first = start_head(cluster, wd, tmp_path / "first.out")
         checkpoints = wd / "results/points/state/checkpoints"
-        wait_for(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), first,
+        wait_for(lambda: list(checkpoints.glob("ckpt-e0001-*/COMMITTED")), first,
                  tmp_path / "first.out", 240, "the first epoch's checkpoint")  # fmt: skip
         jobs = train_jobs(cluster)
         assert [(s, n) for _, s, n in jobs] == [("FAILED", "gpu[1-2]"), ("RUNNING", "gpu[1,3]")]

@@ -130,7 +130,7 @@ def test_a_hang_on_slurm_continues_from_the_checkpoint(runs: dict) -> None:
     hung, completed = history
     assert hung["detail"].startswith(f"rank 1 ({hung['nodes'][1]}) in {frame}: "), hung
     assert hung["job"] == completed["job"] and completed["restarts"] == 1, history
-    assert completed["resumed_from"] == "ckpt-e0001-s000000.pt", completed
+    assert completed["resumed_from"] == "ckpt-e0001-s000000", completed
     train_log = (wd / "logs/stuck/train.log").read_text()
     fault_to_outcome = hung["end"] - stuck_at(train_log)
     assert fault_to_outcome < TIMEOUT_S + 8, (fault_to_outcome, train_log[-3000:])

@@ -493,7 +493,7 @@ def test_killed_worker_resumes_from_last_checkpoint(
     wd = tmp_path / "killed"
     proc, out = _start_snakemake(slurm_cluster, wd, cfg, FINAL)
     checkpoints = wd / "results/tiny/state/checkpoints"
-    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
+    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*/COMMITTED")), proc, 240,
           "epoch 1 checkpoint", out)  # fmt: skip
     victims = _poll(lambda: worker_pids(wd), proc, 30, "training workers", out)
     os.kill(victims[-1], signal.SIGKILL)
@@ -616,7 +616,7 @@ def test_node_failure_requeues_and_resumes_on_the_other_node(
     wd = tmp_path / "node-down"
     proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
     checkpoints = wd / "results/tiny/state/checkpoints"
-    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*.pt")), proc, 240,
+    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*/COMMITTED")), proc, 240,
           "epoch 1 checkpoint", out)  # fmt: skip
     job, node = _poll(lambda: _running_job(cluster, wd), proc, 30, "running job", out)
     # Drained first: the test cluster returns DOWN nodes to service at once (ReturnToService=2),

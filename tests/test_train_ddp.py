@@ -15,7 +15,7 @@ import yaml
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
-from ddppipe.training import checkpoint
+from ddppipe.training import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
 from tests.processes import guarded_workers, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
@@ -74,10 +74,8 @@ def test_two_process_torchrun_writes_metrics_and_checkpoints(straight: Path) -> 
     snap = checkpoint.load(straight / "final.pt")
     assert snap["epoch"] == 2 and snap["meta"]["world_size"] == 2
     assert len(snap["rng"]) == 2
-    assert [p.name for p in checkpoint.Store(straight / "state" / "checkpoints").paths()] == [
-        "ckpt-e0001-s000000.pt",
-        "ckpt-e0002-s000000.pt",
-    ]
+    stored = sharded_checkpoint.Store(straight / "state" / "checkpoints").paths()
+    assert [p.name for p in stored] == ["ckpt-e0001-s000000", "ckpt-e0002-s000000"]
 
 
 def test_the_slot_records_where_its_time_went(straight: Path) -> None:
@@ -108,8 +106,8 @@ def test_resume_in_a_new_process_gives_identical_weights(
 ) -> None:
     """Epoch 1 from the straight run, then a new launch resumes for epoch 2."""
     ckpts = tmp_path / "state" / "checkpoints"
-    ckpts.mkdir(parents=True)
-    shutil.copy(straight / "state" / "checkpoints" / "ckpt-e0001-s000000.pt", ckpts)
+    shutil.copytree(straight / "state" / "checkpoints" / "ckpt-e0001-s000000",
+                    ckpts / "ckpt-e0001-s000000")  # fmt: skip
     result = launch(tiny_config(tiny, epochs=2), tiny, tmp_path)
     assert "resuming from" in result.stderr and "ckpt-e0001" in result.stderr
     assert_identical(weights(tmp_path / "final.pt"), weights(straight / "final.pt"))
@@ -121,12 +119,12 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(
     straight: Path, tiny: TinyData, tmp_path: Path
 ) -> None:
     ckpts = tmp_path / "state" / "checkpoints"
-    ckpts.mkdir(parents=True)
-    shutil.copy(straight / "state" / "checkpoints" / "ckpt-e0001-s000000.pt", ckpts)
-    good = (straight / "state" / "checkpoints" / "ckpt-e0002-s000000.pt").read_bytes()
-    (ckpts / "ckpt-e0002-s000000.pt").write_bytes(good[: len(good) // 3])
+    for name in ("ckpt-e0001-s000000", "ckpt-e0002-s000000"):
+        shutil.copytree(straight / "state" / "checkpoints" / name, ckpts / name)
+    state_file = ckpts / "ckpt-e0002-s000000" / sharded_checkpoint.STATE
+    state_file.write_bytes(state_file.read_bytes()[:100])
     result = launch(tiny_config(tiny, epochs=2), tiny, tmp_path)
-    assert "unreadable checkpoint" in result.stderr and "falling back" in result.stderr
+    assert "unreadable state.pt" in result.stderr and "falling back" in result.stderr
     assert_identical(weights(tmp_path / "final.pt"), weights(straight / "final.pt"))
 
 
@@ -174,7 +172,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
     assert "training stopped (stopped on SIGTERM) after writing" in text, text
     assert not (run_dir / "final.pt").exists()
     assert not StateDir(run_dir / "state").stop_note.exists()  # the launcher took the note
-    stored = checkpoint.Store(run_dir / "state" / "checkpoints").paths()
+    stored = sharded_checkpoint.Store(run_dir / "state" / "checkpoints").paths()
     assert stored, f"no checkpoint after SIGTERM:\n{text}"
 
     result = run_cli("launch", *args, cwd=run_dir)
@@ -193,5 +191,5 @@ def test_sigkill_of_the_launcher_stops_training_with_a_checkpoint(tmp_path: Path
     while worker_pids(run_dir):
         assert time.monotonic() < deadline, f"training outlived its launcher:\n{log.read_text()}"
         time.sleep(0.2)
-    assert checkpoint.Store(run_dir / "state" / "checkpoints").paths(), log.read_text()
+    assert sharded_checkpoint.Store(run_dir / "state" / "checkpoints").paths(), log.read_text()
     assert StateDir(run_dir / "state").stop_note.exists()  # nobody took it: the launcher died

@@ -48,6 +48,8 @@ class Attempt:
     detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason
     failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
     slot: str | None = None  # a packed sweep's trial: its allocation's slot, "<node>/<k>"
+    world_size: int | None = None  # the ranks it trained with (a run may resume at another)
+    strategy: str | None = None  # ddp | fsdp (launch.strategy)
 
     @property
     def steps(self) -> int:
@@ -126,7 +128,7 @@ def finish(
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
     attempt.detail, attempt.failure = detail, failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency")  # fmt: skip
+            "stop_seconds", "efficiency", "world_size", "strategy")  # fmt: skip
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])

@@ -53,6 +53,7 @@ class Launch:
     max_restarts: int
     cpus_per_proc: int | None
     hang_timeout_s: float | str  # seconds, or "auto" (ddppipe.launching.watchdog)
+    strategy: str = "ddp"  # ddp | fsdp (ddppipe.parallel.fsdp)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 A task is a Python file (``tasks/cifar.py``, relative to the working directory) or an
 importable module (``mypkg.tasks.cifar``); the built-in ones live in this package
-(``ddppipe.tasks.mnist``, ``ddppipe.tasks.digits``, ``ddppipe.tasks.imagefolder``). Its
+(``ddppipe.tasks.mnist``, ``ddppipe.tasks.digits``, ``ddppipe.tasks.imagefolder``,
+``ddppipe.tasks.charlm``). Its
 functions are the contract (``args`` is the config's ``task_args`` mapping)::
 
     def prepare(data_dir: Path, args: dict) -> None      # once, on the submitting machine
@@ -17,6 +18,11 @@ the confusion matrix), ``optimizer(params, args) -> Optimizer`` (default: ``trai
 text and filled with its defaults before anything runs) and ``PREPARE_ARGS`` (the names of
 the ``task_args`` that ``prepare`` reads: runs that differ in them get data prepared for
 their own values, :mod:`ddppipe.tasks.prepare_args`).
+
+For ``launch.strategy: fsdp`` the model's blocks are sharded one by one: the model may name
+them in a ``shard_blocks`` attribute (its submodules, or their names); without it they are the
+modules of its ``nn.ModuleList``s, else its children with parameters
+(:mod:`ddppipe.parallel.fsdp`).
 
 ``datasets`` returns map-style torch Datasets of ``(input, target)`` (read through a
 sharded, resumable sampler and DataLoader workers), or :class:`ddppipe.data.Tensors` for

@@ -61,18 +61,19 @@ class Trainable:
 
 
 def snapshot(
-    config_hash: str, epoch: int, step: int, parts: Trainable, rng: list[Any],
+    config_hash: str, epoch: int, step: int, states: dict[str, Any], rng: list[Any],
     history: list[dict[str, Any]], meta: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """A training's state at (``epoch`` completed epochs, ``step`` steps into the next)."""
+    """A training's state at (``epoch`` completed epochs, ``step`` steps into the next);
+    ``states``: the state dicts of its ``model``, ``optimizer`` and ``scheduler``."""
     return {
         "format": FORMAT,
         "config_hash": config_hash,
         "epoch": epoch,
         "step": step,
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict(),
-        "scheduler": parts.scheduler.state_dict(),
+        "model": states["model"],
+        "optimizer": states["optimizer"],
+        "scheduler": states["scheduler"],
         "rng": rng,  # one entry per rank
         "history": history,
         "meta": meta,
@@ -218,7 +219,7 @@ def rank0_writes(write: Callable[[], T]) -> T | None:
         try:
             result = write()
         except Exception as e:
-            error, failure[0] = e, _write_failure(e)
+            error, failure[0] = e, write_failure(e)
     dist.broadcast_object_list(failure, src=0)
     if failure[0] is None:
         return result
@@ -227,12 +228,12 @@ def rank0_writes(write: Callable[[], T]) -> T | None:
     raise CheckpointError(failure[0]) from error
 
 
-def _write_failure(e: Exception) -> str:
-    """Rank 0's message for a failed write, with the space left when the disk is full."""
+def write_failure(e: BaseException, rank: int = 0) -> str:
+    """A rank's message for a failed write, with the space left when the disk is full."""
     if not isinstance(e, OSError) or e.filename is None:
-        return f"rank 0 could not write: {type(e).__name__}: {e}"
+        return f"rank {rank} could not write: {type(e).__name__}: {e}"
     path = Path(e.filename)
-    text = f"rank 0 could not write {path}: [Errno {e.errno}] {e.strerror}"
+    text = f"rank {rank} could not write {path}: [Errno {e.errno}] {e.strerror}"
     if e.errno == errno.ENOSPC:  # the partial file is gone: this is the space the write had
         disk = shutil.disk_usage(path.parent)
         text += (

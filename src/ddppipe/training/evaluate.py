@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddppipe.core import system
+from ddppipe.data import sharding
 from ddppipe.settings import run_spec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -163,19 +164,32 @@ def counts(
     memory_format: torch.memory_format = torch.contiguous_format,
     loss_fn: LossFn | None = None,
     metrics_fn: MetricsFn | None = None,
+    extra_forwards: int = 0,
 ) -> Counts:
-    """Evaluate ``model`` on ``batches`` (already on the model's device)."""
+    """Evaluate ``model`` on ``batches`` (already on the model's device); then run
+    ``extra_forwards`` uncounted forwards of one sample (an FSDP model's forward is collective:
+    a rank with fewer batches than the others keeps up with them)."""
     was_training = model.training
     model.eval()
     result = Counts()
+    x = None
     for x, y in batches:
         device_type = x.device.type
         with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
             output = model(as_input(x, memory_format))
         sums, confusion = batch_sums(output, y, loss_fn, metrics_fn)
         result.add(sums, y.shape[0], confusion)
+    for _ in range(extra_forwards if x is not None else 0):
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            model(as_input(x[:1], memory_format))
     model.train(was_training)
     return result
+
+
+def batch_count(n: int, rank: int, world_size: int, batch_size: int) -> int:
+    """How many evaluation batches ``rank`` gets of a test set of ``n`` samples."""
+    lo, hi = sharding.eval_range(n, rank, world_size)
+    return -(-(hi - lo) // batch_size)
 
 
 def evaluate_checkpoint(

@@ -31,6 +31,7 @@ def record(
         "software": meta.get("software") or software.stack(),
         "training": {
             "world_size": meta["world_size"],
+            "strategy": meta.get("strategy", "ddp"),  # launch.strategy (ddp before it existed)
             "hosts": sorted(set(meta["hosts"])),
             "rank_hosts": meta["hosts"],
             "backend": meta["backend"],

@@ -1,8 +1,9 @@
-"""The DDP training loop of any task: sharded batches, checkpoints, distributed evaluation.
+"""The data-parallel training loop of any task: sharded batches, checkpoints, evaluation.
 
 The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the loss,
-metrics and optimizer; everything else is here: device, DDP, mixed precision, the sharded
-and resumable data order, checkpoints, stop on signal, evaluation, metrics and tracking.
+metrics and optimizer; everything else is here: device, DDP or FSDP (``launch.strategy``),
+mixed precision, the sharded and resumable data order, sharded asynchronous checkpoints, stop
+on signal, evaluation, metrics and tracking.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
-from ddppipe.parallel import devices, distributed, software
+from ddppipe.parallel import devices, distributed, fsdp, software
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.training import (
@@ -40,6 +41,7 @@ from ddppipe.training import (
     probes,
     pruning,
     rng,
+    sharded_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -98,29 +100,39 @@ class Trainer:
         self.model = model
         if cuda:
             speed_up_cuda()
-        # Gradients live in DDP's all-reduce buckets: no copy in or out of them per step.
-        self.ddp = DDP(
-            model, device_ids=[ctx.device.index] if cuda else None, gradient_as_bucket_view=True
-        )
-        if self.dtype == torch.bfloat16 and ctx.world_size > 1:
-            # bf16 training all-reduces bf16 gradients: half the bytes of every step's
-            # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
-            self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         self.loss_fn = evaluate.training_loss(self.task, self.recipe.label_smoothing)
-        self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
-        self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
-        if self.task.has("optimizer"):
-            self.optimizer = self.task.call("optimizer", self.ddp.parameters(), args)
-        else:
-            self.optimizer = optim.make_optimizer(self.ddp.parameters(), self.recipe, ctx.device)
-        self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
-        self.meter.watch_memory(ctx.device, model, self.optimizer)
-        if ctx.is_main:
+        self.sharded = spec.launch.strategy == "fsdp"
+        if ctx.is_main:  # on the whole model: before FSDP shards it (its forward is collective)
             self.meter.flops_per_image = probes.flops_per_image(
                 model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,
                 self.memory_format,
             )  # fmt: skip
-        self.store = checkpoint.Store(paths.state.checkpoints, self.recipe.keep_checkpoints)
+        # What trains: the FSDP-sharded model itself, or its DDP wrapper.
+        self.net: torch.nn.Module
+        if self.sharded:
+            self.net = fsdp.shard(model, ctx.device, bf16=self.dtype == torch.bfloat16)
+        else:
+            # Gradients live in DDP's all-reduce buckets: no copy in or out of them per step.
+            self.net = DDP(model, device_ids=[ctx.device.index] if cuda else None,
+                           gradient_as_bucket_view=True)  # fmt: skip
+            if self.dtype == torch.bfloat16 and ctx.world_size > 1:
+                # bf16 training all-reduces bf16 gradients: half the bytes of every step's
+                # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
+                self.net.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
+        self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
+        if self.task.has("optimizer"):
+            self.optimizer = self.task.call("optimizer", self.net.parameters(), args)
+        else:
+            self.optimizer = optim.make_optimizer(self.net.parameters(), self.recipe, ctx.device)
+        self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
+        self.meter.watch_memory(ctx.device, model, self.optimizer)
+        # Sharded checkpoints, saved in the background: their collectives have a group of
+        # their own (sharing the training's can deadlock against its collectives).
+        self.store = sharded_checkpoint.Store(
+            paths.state.checkpoints, self.recipe.keep_checkpoints,
+            group=dist.new_group(backend="gloo"),
+        )  # fmt: skip
         self.hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(self.hosts, socket.gethostname())
         self.history: list[dict[str, Any]] = []
@@ -130,6 +142,7 @@ class Trainer:
         # device-side flag, no host sync a step; the ranks agree on it with the stop flag.
         self._first_nonfinite = torch.full((), ALL_FINITE, dtype=torch.int64, device=ctx.device)
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
+        self._saving_step = 0  # the global step of the checkpoint in flight
         self.tracker = self._tracker() if ctx.is_main else None
         # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
         trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
@@ -169,13 +182,21 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """Collective: every rank must call it; only rank 0's result is complete."""
+        """Collective: the whole training state, full weights; only rank 0's is complete."""
+        if self.sharded:
+            weights, optimizer = sharded_checkpoint.full_state_dicts(self.model, self.optimizer)
+        else:
+            weights, optimizer = self.model.state_dict(), self.optimizer.state_dict()
+        states = {"model": weights, "optimizer": optimizer,
+                  "scheduler": self.scheduler.state_dict()}  # fmt: skip
+        return checkpoint.snapshot(self.config_hash, self.epoch, self.step, states,
+                                   self._rng_streams(), self.history, self.meta())  # fmt: skip
+
+    def _rng_streams(self) -> list[Any]:
+        """Collective: every rank's RNG state (rank 0's list complete)."""
         streams: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(streams, rng.state(self.ctx.device))
-        parts = self._parts()
-        return checkpoint.snapshot(
-            self.config_hash, self.epoch, self.step, parts, streams, self.history, self.meta()
-        )
+        return streams
 
     def _parts(self) -> checkpoint.Trainable:
         return checkpoint.Trainable(self.model, self.optimizer, self.scheduler)
@@ -183,6 +204,7 @@ class Trainer:
     def meta(self) -> dict[str, Any]:
         return {
             "world_size": self.ctx.world_size,
+            "strategy": self.spec.launch.strategy,
             "hosts": self.hosts,
             "backend": self.ctx.backend,
             "launcher": self.ctx.launcher,
@@ -199,26 +221,38 @@ class Trainer:
             "task_args": run_spec.plain(self.spec.task_args),
         }
 
-    def save_checkpoint(self) -> Path | None:
-        """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
+    def save_checkpoint(self, wait: bool = False) -> Path | None:
+        """Collective: every rank starts writing its part of a sharded checkpoint, in the
+        background (``wait``: and waits until it is committed: before a stop or the end).
+        Every rank raises CheckpointError if any could not write."""
         heartbeat.beat("checkpoint")
         started = time.perf_counter()
-        snapshot = self.snapshot()
-
-        def write() -> Path:
-            path = self.store.save(snapshot)
-            self.meter.add("checkpoint", time.perf_counter() - started)
+        self._checkpoint_written(self.store.wait())  # the previous one, if still in flight
+        state = {"config_hash": self.config_hash, "epoch": self.epoch, "step": self.step,
+                 "scheduler": self.scheduler.state_dict(), "rng": self._rng_streams(),
+                 "history": self.history, "meta": self.meta()}  # fmt: skip
+        tensors = sharded_checkpoint.tensors_of(self.model, self.optimizer)
+        name = self.store.save(state, tensors)
+        self._saving_step = self.epoch * self.steps_per_epoch + self.step
+        if self.ctx.is_main:
             self._write_live_metrics()
-            self._record_progress(
-                end_step=self.epoch * self.steps_per_epoch + self.step,
-                checkpoint=path.name,
-                checkpoint_seconds=max(
-                    self.progress["checkpoint_seconds"], time.perf_counter() - started
-                ),
-            )
-            return path
+        path = self.wait_for_checkpoint() if wait else None
+        self.meter.add("checkpoint", time.perf_counter() - started)  # the time training waited
+        return path or self.store.folder / name
 
-        return checkpoint.rank0_writes(write)
+    def wait_for_checkpoint(self) -> Path | None:
+        """Collective: wait for the checkpoint in flight; its path (rank 0)."""
+        written = self.store.wait()
+        self._checkpoint_written(written)
+        return written[0] if written else None
+
+    def _checkpoint_written(self, written: tuple[Path, float] | None) -> None:
+        if written is not None:
+            path, seconds = written
+            self._record_progress(
+                end_step=self._saving_step, checkpoint=path.name,
+                checkpoint_seconds=max(self.progress["checkpoint_seconds"], seconds),
+            )  # fmt: skip
 
     def resume(self) -> None:
         """Load the newest valid checkpoint of this config, if any (rank 0 decides)."""
@@ -227,15 +261,31 @@ class Trainer:
         if self.ctx.is_main:
             found[0] = self.store.latest(self.config_hash)
         dist.broadcast_object_list(found, src=0)
-        snapshot = found[0]
+        latest: sharded_checkpoint.Found | None = found[0]
+        snapshot = latest and latest.state
         self._record_progress(
-            resumed_from=snapshot and checkpoint.file_name(snapshot["epoch"], snapshot["step"]),
+            resumed_from=latest and latest.path.name,
             start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
-        )
-        if snapshot is None:
+            world_size=self.ctx.world_size, strategy=self.spec.launch.strategy,
+        )  # fmt: skip
+        if latest is None or snapshot is None:
             torch.manual_seed(rng.rank_seed(self.recipe.seed, 0, self.ctx.rank))
             return
-        self.epoch, self.step, self.history = checkpoint.restore(snapshot, self._parts())
+        if latest.legacy:  # a run started before sharded checkpoints
+            if self.sharded:
+                raise checkpoint.CheckpointError(
+                    f"{latest.path} is a whole-model checkpoint of a run started before sharded "
+                    "checkpoints: resume it once with launch.strategy: ddp (its next checkpoint "
+                    "is sharded; fsdp continues from that)"
+                )
+            self.epoch, self.step, self.history = checkpoint.restore(snapshot, self._parts())
+        else:
+            tensors = sharded_checkpoint.tensors_of(self.model, self.optimizer)
+            self.store.load(latest.path, tensors)
+            sharded_checkpoint.restore_tensors(self.model, self.optimizer, tensors)
+            self.scheduler.load_state_dict(snapshot["scheduler"])
+            self.epoch, self.step = snapshot["epoch"], snapshot["step"]
+            self.history = snapshot["history"]
         if len(snapshot["rng"]) == self.ctx.world_size:
             rng.restore(snapshot["rng"][self.ctx.rank], self.ctx.device)
         else:
@@ -281,8 +331,8 @@ class Trainer:
 
     def _forward_backward(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
         y = batch[1]
-        loss = evaluate.loss_of(self.ddp, batch, self.loss_fn, self.dtype, self.memory_format)
-        # DDP averages gradients over ranks; weighting each rank's mean by its share of the
+        loss = evaluate.loss_of(self.net, batch, self.loss_fn, self.dtype, self.memory_format)
+        # DDP and FSDP average gradients over ranks; weighting each rank's mean by its share of the
         # global batch makes the result the mean over the global batch whatever the shares.
         (loss * (y.shape[0] * self.ctx.world_size / global_count)).backward()
         return loss.detach()
@@ -298,7 +348,7 @@ class Trainer:
         """Collective: the all-reduce time a step exposes, into the meter
         (:func:`ddppipe.training.probes.communication`); returns the probe's seconds."""
         exposed, seconds = probes.communication(
-            self.ddp, self.optimizer, lambda: self._forward_backward(batch, global_count),
+            self.net, self.optimizer, lambda: self._forward_backward(batch, global_count),
             self.ctx.device,
         )  # fmt: skip
         self.meter.communication(exposed, global_count)
@@ -307,7 +357,7 @@ class Trainer:
     def _run_epoch(self, guard: preemption.Guard) -> float | None:
         """Train the rest of the current epoch; return its seconds, or None when stopped."""
         n, batch = len(self.train_data), self.recipe.batch_size
-        self.ddp.train()
+        self.net.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         show = self.ctx.is_main and sys.stderr.isatty()
         bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
@@ -345,7 +395,8 @@ class Trainer:
             self.meter.steps += 1
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
-                if self.ctx.world_size > 1:  # its time counts as neither warm-up nor steady
+                # (DDP's: its time counts as neither warm-up nor steady)
+                if self.ctx.world_size > 1 and not self.sharded:
                     probe_s = self._probe_communication(local, global_count)
                     self.meter.add("communication_probe", probe_s)
             loss_total += step_loss
@@ -376,12 +427,16 @@ class Trainer:
 
     def _evaluate(self) -> evaluate.Counts:
         heartbeat.beat("evaluate")
-        batches = self.test_data.shard(
-            self.ctx.rank, self.ctx.world_size, self.recipe.eval_batch_size
-        )
+        size = self.recipe.eval_batch_size
+        batches = self.test_data.shard(self.ctx.rank, self.ctx.world_size, size)
+        extra = 0  # FSDP's forward is collective: every rank runs as many
+        if self.sharded:
+            counts = [evaluate.batch_count(len(self.test_data), r, self.ctx.world_size, size)
+                      for r in range(self.ctx.world_size)]  # fmt: skip
+            extra = max(counts) - counts[self.ctx.rank]
         result = evaluate.counts(
             self.model, batches, self.dtype, self.memory_format, self.eval_loss_fn,
-            self.metrics_fn,
+            self.metrics_fn, extra_forwards=extra,
         )  # fmt: skip
         return result.all_reduce()
 
@@ -395,7 +450,7 @@ class Trainer:
         while self.epoch < self.recipe.epochs:
             train_seconds = self._run_epoch(guard)
             if train_seconds is None:
-                self._stop(guard, self.save_checkpoint())
+                self._stop(guard, self.save_checkpoint(wait=True))
             eval_start = time.perf_counter()
             counts = self._final_eval = self._evaluate()
             eval_seconds = time.perf_counter() - eval_start
@@ -427,12 +482,13 @@ class Trainer:
             pruned = self._prune(decide=not last)
             stop = not last and not pruned and self._stop_requested(guard)
             if last or stop or pruned or self.epoch % self.recipe.checkpoint_every == 0:
-                path = self.save_checkpoint()
+                path = self.save_checkpoint(wait=last or stop or pruned)
             if stop:
                 self._stop(guard, path)
             if pruned:  # ends as a completed run: this epoch's evaluation is the final one
                 self.pruned_at = self.epoch
                 break
+        self.wait_for_checkpoint()
         if self._final_eval is None:  # resumed after the last epoch's checkpoint
             self._final_eval = self._evaluate()
         self._record_efficiency()

@@ -1,0 +1,344 @@
+"""Sharded checkpoints (``torch.distributed.checkpoint``): every rank writes its part in the
+background while training goes on; a checkpoint counts only once all of it is written.
+
+A checkpoint is a folder ``ckpt-eEEEE-sSSSSSS/`` holding DCP's files (``.metadata`` and each
+rank's ``*.distcp``: weights and optimizer state, sharded or not), ``state.pt`` (what is not a
+tensor of the model or optimizer: epoch, step, scheduler, every rank's RNG, history, meta,
+config hash) and the marker ``COMMITTED``. It is written as ``ckpt-….saving/``; when rank 0's
+save has completed (DCP's metadata is written after every rank reported its part written),
+rank 0 writes the marker and renames the folder into place. So a process killed during a save
+leaves a ``.saving`` folder, never a checkpoint that is picked; the next save or resume removes
+it. Being written in parts, a checkpoint loads at any world size and either strategy.
+
+Runs started before sharded checkpoints have ``ckpt-*.pt`` files
+(:mod:`ddppipe.training.checkpoint`): they are read too (a DDP run resumes from them) and counted
+among the ``keep`` newest. The other guarantees are those of the file store: damaged
+checkpoints go to ``damaged/``, another config's to ``stale-<hash>/``, nothing else is deleted
+but leftovers of killed saves and checkpoints beyond ``keep``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddppipe.core import atomic
+from ddppipe.training import checkpoint
+
+log = logging.getLogger(__name__)
+
+FORMAT = 2
+_NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{6})$")
+SAVING = ".saving"  # suffix of a folder being written
+COMMITTED = "COMMITTED"  # the marker of a complete checkpoint
+STATE = "state.pt"  # its non-tensor state
+REQUIRED_KEYS = frozenset(checkpoint.REQUIRED_KEYS - {"model", "optimizer"})
+
+
+def _failed_types() -> tuple[type[BaseException], ...]:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    return (Exception, CheckpointException)
+
+
+_FAILED = _failed_types()
+
+
+def folder_name(epoch: int, step: int) -> str:
+    """``epoch`` completed epochs plus ``step`` steps into the next one."""
+    return f"ckpt-e{epoch:04d}-s{step:06d}"
+
+
+@dataclass
+class Found:
+    """The checkpoint to resume from: its path and its non-tensor state (the whole snapshot
+    for a ``ckpt-*.pt`` file of a run started before sharded checkpoints)."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def legacy(self) -> bool:
+        return self.path.suffix == ".pt"
+
+
+@dataclass
+class _Pending:
+    """A save in flight."""
+
+    name: str
+    started: float
+    future: Any  # concurrent.futures.Future of dcp.async_save
+    committer: threading.Thread | None = None  # rank 0's
+    outcome: dict[str, Any] = field(default_factory=dict)  # rank 0's: path and seconds, or error
+
+
+class Store:
+    """The sharded checkpoints of one run, in one folder.
+
+    ``group``: the process group DCP's background collectives use. Give it a group of its own
+    (``dist.new_group(backend="gloo")``): the save's collectives run in a thread, and sharing the
+    training's group with them can deadlock against the training's own collectives.
+    """
+
+    def __init__(self, folder: Path, keep: int = 2, group: Any = None) -> None:
+        self.folder, self.keep, self.group = Path(folder), keep, group
+        self._pending: _Pending | None = None
+        self._staging: Any = None  # DCP's stager, created at the first save
+
+    # -- what is there (any process) ------------------------------------------------------
+    def paths(self) -> list[Path]:
+        """Committed checkpoint folders and ``ckpt-*.pt`` files, oldest first."""
+        if not self.folder.is_dir():
+            return []
+        found = [p for p in self.folder.iterdir()
+                 if (_NAME.match(p.name) and (p / COMMITTED).is_file())
+                 or checkpoint._NAME.match(p.name)]  # fmt: skip
+        return sorted(found, key=lambda p: (p.name.removesuffix(".pt"), p.suffix != ".pt"))
+
+    def latest(self, config_hash: str) -> Found | None:
+        """(Rank 0) The newest readable checkpoint of this config, falling back past damaged
+        ones (moved to ``damaged/``); another config's move to ``stale-<hash>/`` (start over)."""
+        self._remove_leftovers()
+        for path in reversed(self.paths()):
+            try:
+                state = checkpoint.load(path) if path.suffix == ".pt" else read_state(path)
+            except checkpoint.CheckpointError as e:
+                moved = _move(path, self.folder / "damaged")
+                log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
+                continue
+            if state["config_hash"] != config_hash:
+                stale = self.folder / f"stale-{state['config_hash']}"
+                for old in self.paths():
+                    _move(old, stale)
+                log.warning(
+                    "checkpoints in %s belong to training config %s, not %s: moved to %s, "
+                    "starting over", self.folder, state["config_hash"], config_hash, stale,
+                )  # fmt: skip
+                return None
+            log.info("resuming from %s", path)
+            return Found(path, state)
+        return None
+
+    def _remove_leftovers(self) -> None:
+        """Remove what killed saves left: ``.saving`` folders and the file store's temp files;
+        a checkpoint folder without its marker (never written by this store) is damaged."""
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.iterdir():
+            if path.is_dir() and _NAME.match(path.name.removesuffix(SAVING)):
+                if path.name.endswith(SAVING):
+                    shutil.rmtree(path, ignore_errors=True)
+                    log.warning("removed %s, left by an interrupted checkpoint save", path)
+                elif not (path / COMMITTED).is_file():
+                    moved = _move(path, self.folder / "damaged")
+                    log.warning("%s has no %s marker: moved to %s", path, COMMITTED, moved)
+            elif checkpoint._NAME.match(atomic.temp_target(path.name) or ""):
+                path.unlink(missing_ok=True)
+                log.warning("removed %s, left by an interrupted checkpoint save", path)
+
+    # -- saving (collective) --------------------------------------------------------------
+    def save(self, state: dict[str, Any], tensors: dict[str, Any]) -> str:
+        """Collective: start writing a checkpoint of ``state`` (non-tensor, complete on rank 0)
+        and ``tensors`` (every rank's: its state dicts of model and optimizer); returns its
+        name at once. Waits for a previous save first (one in flight at a time)."""
+        self.wait()
+        name = folder_name(state["epoch"], state["step"])
+        started = time.perf_counter()
+        saving = self.folder / (name + SAVING)
+
+        def prepare() -> None:
+            self._remove_leftovers()
+            saving.mkdir(parents=True)
+            atomic_torch_save({**state, "format": FORMAT}, saving / STATE)
+
+        checkpoint.rank0_writes(prepare)  # every rank waits for the folder (and its outcome)
+        import torch.distributed.checkpoint as dcp
+
+        future = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group,
+                                async_stager=self._stager())  # fmt: skip
+        pending = _Pending(name, started, future)
+        if dist.get_rank() == 0:
+            pending.committer = threading.Thread(
+                target=self._commit, args=(pending,), name="checkpoint-commit", daemon=True
+            )
+            pending.committer.start()
+        self._pending = pending
+        return name
+
+    def _stager(self) -> Any:
+        """The copy in memory a save writes from: kept from save to save, so a save after the
+        first copies into the same buffers (no allocation, no page faults: half the time
+        training waits). Safe: one save is in flight at a time."""
+        if self._staging is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._staging = DefaultStager(StagingOptions(False, False, False, False))
+        return self._staging
+
+    def _commit(self, pending: _Pending) -> None:
+        """(Rank 0, in a thread) Once the save completed: the marker, the rename, the pruning."""
+        try:
+            pending.future.result()
+            saving, final = self.folder / (pending.name + SAVING), self.folder / pending.name
+            atomic.write_text(saving / COMMITTED, f"{time.time():.3f}\n")
+            if (final / COMMITTED).is_file():  # the same step saved again (a resumed run
+                shutil.rmtree(saving)  # stopped at once): the same state, keep the first
+            else:
+                os.replace(saving, final)
+                _fsync_dir(self.folder)
+            for old in self.paths()[: -self.keep]:
+                shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
+            pending.outcome = {"path": final, "seconds": time.perf_counter() - pending.started}
+        except _FAILED as e:  # reported to every rank by wait()
+            pending.outcome = {"error": e}
+
+    def wait(self) -> tuple[Path, float] | None:
+        """Collective: wait for the save in flight, if any; on rank 0 its path and seconds
+        from start to commit. Raises CheckpointError on every rank if any rank's part (or rank
+        0's commit) failed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        error, saving = None, self.folder / (pending.name + SAVING)
+        try:
+            pending.future.result()
+        except _FAILED as e:
+            error = _failure(e, dist.get_rank(), saving)
+        if pending.committer is not None:
+            pending.committer.join()
+            failed = pending.outcome.get("error")
+            if failed is not None and error is None:
+                error = _failure(failed, 0, saving)
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            if pending.committer is not None:  # rank 0: no half-written folder stays
+                shutil.rmtree(self.folder / (pending.name + SAVING), ignore_errors=True)
+            raise checkpoint.CheckpointError(first)
+        if pending.committer is None:
+            return None
+        return pending.outcome["path"], pending.outcome["seconds"]
+
+    # -- loading (collective) -------------------------------------------------------------
+    def load(self, path: Path, tensors: dict[str, Any]) -> None:
+        """Collective: read a checkpoint's tensors into ``tensors`` in place (resharded to
+        this world size and these state dicts' layout)."""
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            dcp.load(tensors, checkpoint_id=str(path), process_group=self.group)
+        except Exception as e:
+            raise checkpoint.CheckpointError(
+                f"{path}: unreadable sharded checkpoint ({type(e).__name__}: {e}); move it "
+                "out of the folder to resume from the one before"
+            ) from e
+
+
+def tensors_of(model: Any, optimizer: Any) -> dict[str, Any]:
+    """Collective under FSDP: the model's and optimizer's state dicts as DCP saves and loads
+    them (keyed by parameter name; each rank's shards under FSDP, full tensors under DDP)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def restore_tensors(model: Any, optimizer: Any, tensors: dict[str, Any]) -> None:
+    """Load what :func:`tensors_of` gave (filled by :meth:`Store.load`) into the training."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=tensors["model"],
+                   optim_state_dict=tensors["optimizer"])  # fmt: skip
+
+
+def full_state_dicts(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Collective: an FSDP model's full weights and optimizer state, on rank 0's CPU (empty
+    elsewhere), keyed by parameter name: the final checkpoint and ``model.pt``."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(model, options=options),
+            get_optimizer_state_dict(model, optimizer, options=options))  # fmt: skip
+
+
+def _failure(e: BaseException, rank: int, where: Path) -> str:
+    """A rank's message for its failed save, naming the folder (and the space left)."""
+    found = _os_error(e)
+    if isinstance(found, OSError) and found.filename is None:
+        found = OSError(found.errno, found.strerror, str(where))
+    return checkpoint.write_failure(found, rank)
+
+
+def _os_error(e: BaseException) -> BaseException:
+    """The OSError behind a failed save (DCP wraps each rank's in its own exceptions)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return current
+        todo += [x for x in (current.__cause__, current.__context__) if x is not None]
+        failures = getattr(current, "failures", None)  # DCP's CheckpointException: rank ->
+        if isinstance(failures, dict):  # (exception, traceback)
+            todo += [x[0] if isinstance(x, tuple) else x for x in failures.values()]
+    return e
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint folder's non-tensor state (``weights_only``); CheckpointError if unusable."""
+    if not (path / ".metadata").is_file():
+        raise checkpoint.CheckpointError(f"{path}: no .metadata (an incomplete checkpoint)")
+    try:
+        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a damaged file
+        raise checkpoint.CheckpointError(
+            f"{path}: unreadable {STATE} ({type(e).__name__}: {e})"
+        ) from e
+    if not isinstance(state, dict) or not state.keys() >= REQUIRED_KEYS:
+        raise checkpoint.CheckpointError(f"{path}: not a ddppipe checkpoint (missing keys)")
+    if state["format"] != FORMAT:
+        raise checkpoint.CheckpointError(f"{path}: format {state['format']}, expected {FORMAT}")
+    return state
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    with atomic.atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move(path: Path, folder: Path) -> Path:
+    """Move ``path`` into ``folder`` without overwriting: ``<name>.<n>`` on a clash."""
+    folder.mkdir(exist_ok=True)
+    dest, n = folder / path.name, 0
+    while dest.exists():
+        n += 1
+        dest = folder / f"{path.name}.{n}"
+    shutil.move(path, dest)
+    return dest

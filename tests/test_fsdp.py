@@ -1,0 +1,209 @@
+"""Sharded data parallel (launch.strategy fsdp) and sharded checkpoints that resume at another
+world size: real 2-process runs (gloo, CPU) of the byte-level transformer (ddppipe.tasks.charlm),
+resumed at 1 and 3 processes from their epoch-1 checkpoint."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ddppipe import tasks
+from ddppipe.data import manifest
+from ddppipe.parallel import fsdp
+from ddppipe.settings import config, run_spec
+from ddppipe.training import checkpoint, evaluate, sharded_checkpoint
+from tests.conftest import run_cli
+from tests.tiny import default_config
+
+# 40,000 bytes of Python's sources in windows of 32: 1,249 windows, 125 of them for testing,
+# 1,124 for training: 24 steps an epoch of a global batch of 48 (the last one 20 samples: 7, 7
+# and 6 at 3 ranks).
+ARGS = {"max_bytes": 40_000, "context": 32, "d_model": 32, "layers": 2, "heads": 2}
+TRAIN_SAMPLES, STEPS_PER_EPOCH = 1124, 24
+E1 = "ckpt-e0001-s000000"
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("charlm")
+    task = tasks.load("ddppipe.tasks.charlm")
+    full = tasks.validate_args(task, dict(ARGS))
+    task.call("prepare", data, full)
+    manifest.write(data, task.source.as_dict(), full)
+    return data
+
+
+def lm_config(strategy: str, nproc: int) -> dict[str, Any]:
+    """The charlm task, fp32 (so runs at different world sizes agree to rounding), 2 epochs."""
+    cfg = copy.deepcopy(default_config())
+    task = tasks.load("ddppipe.tasks.charlm")
+    cfg.update(run="lm", task="ddppipe.tasks.charlm", task_args=tasks.validate_args(task, ARGS))
+    cfg["train"].update(epochs=2, batch_size=48, eval_batch_size=64, precision="fp32",
+                        channels_last=False)  # fmt: skip
+    cfg["launch"].update(strategy=strategy, nproc_per_node=nproc)
+    return cfg
+
+
+def launch(cfg: dict[str, Any], data: Path, run_dir: Path) -> str:
+    """Train ``cfg`` in ``run_dir``; ddppipe launch's stderr."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.write(config.resolve(cfg, gpus=False), run_dir / "config.yaml")
+    return run_cli(
+        "launch", f"--config={run_dir / 'config.yaml'}", f"--data={data}",
+        f"--state={run_dir / 'state'}", f"--checkpoint={run_dir / 'final.pt'}",
+        f"--metrics={run_dir / 'metrics.jsonl'}",
+    ).stderr  # fmt: skip
+
+
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight(lm_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two epochs at 2 processes without interruption, with each strategy."""
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        runs[strategy] = tmp_path_factory.mktemp(f"straight-{strategy}")
+        launch(lm_config(strategy, 2), lm_data, runs[strategy])
+    return runs
+
+
+def test_both_strategies_write_sharded_checkpoints_and_full_weights(
+    straight: dict[str, Path], lm_data: Path
+) -> None:
+    for strategy, run_dir in straight.items():
+        folder = run_dir / "state" / "checkpoints"
+        stored = sharded_checkpoint.Store(folder).paths()
+        assert [p.name for p in stored] == [E1, "ckpt-e0002-s000000"], strategy
+        parts = sorted(p.name for p in stored[-1].iterdir())
+        assert parts == [".metadata", "COMMITTED", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+        final = checkpoint.load(run_dir / "final.pt")
+        assert final["meta"]["strategy"] == strategy and final["meta"]["world_size"] == 2
+        weights = torch.load(run_dir / "model.pt", weights_only=True)  # full, unsharded
+        assert weights["blocks.0.qkv.weight"].shape == (96, 32)
+        assert (
+            weights.keys()
+            == tasks.load("ddppipe.tasks.charlm")
+            .module.model(lm_config(strategy, 2)["task_args"])
+            .state_dict()
+            .keys()
+        )
+        (attempt,) = json.loads((run_dir / "state" / "attempts.json").read_text())
+        assert (attempt["world_size"], attempt["strategy"]) == (2, strategy)
+    # fp32: FSDP trains the numbers DDP does, up to the order of float additions
+    ddp, sharded = history(straight["ddp"]), history(straight["fsdp"])
+    assert sharded[-1]["train_loss"] == pytest.approx(ddp[-1]["train_loss"], rel=1e-5)
+    # evaluation of the final checkpoint in one process, as `ddppipe evaluate` does it
+    spec = run_spec.load(straight["fsdp"] / "config.yaml")
+    again = evaluate.evaluate_checkpoint(straight["fsdp"] / "final.pt", spec, lm_data, 64)
+    reported = json.loads((straight["fsdp"] / "evaluation.json").read_text())
+    assert again["test_loss"] == pytest.approx(reported["test_loss"], rel=1e-5)
+    assert again["test_count"] == reported["test_count"] == 125
+
+
+@pytest.mark.parametrize(("strategy", "world"), [("ddp", 1), ("ddp", 3), ("fsdp", 1),
+                                                 ("fsdp", 3)])  # fmt: skip
+def test_a_run_stopped_at_2_processes_continues_at_1_or_3(
+    straight: dict[str, Path], lm_data: Path, tmp_path: Path, strategy: str, world: int
+) -> None:
+    """The epoch-1 checkpoint of the 2-process run, resumed at ``world`` processes: no step
+    redone, and epoch 2 trains the numbers of the uninterrupted run.
+
+    Tolerance: fp32, the same samples in the same global batches; only the order in which
+    the ranks' gradients are summed differs (none at 1 process), a relative 1e-7 a step. 1e-5
+    on the loss keeps a margin of 100 over the 2e-8 measured; a step redone or skipped moves
+    it by 1e-2."""
+    folder = tmp_path / "state" / "checkpoints"
+    shutil.copytree(straight[strategy] / "state" / "checkpoints" / E1, folder / E1)
+    # what a kill -9 during a later save leaves (a .saving folder), and a newer checkpoint
+    # folder without its commit marker: neither is resumed from
+    (folder / "ckpt-e0001-s000012.saving").mkdir()
+    (folder / "ckpt-e0001-s000012.saving" / "__0_0.distcp").write_bytes(b"partial")
+    uncommitted = folder / "ckpt-e0001-s000020"
+    shutil.copytree(folder / E1, uncommitted)
+    (uncommitted / sharded_checkpoint.COMMITTED).unlink()
+
+    stderr = launch(lm_config(strategy, world), lm_data, tmp_path)
+    assert f"resuming from {folder / E1}" in stderr, stderr
+    assert not (folder / "ckpt-e0001-s000012.saving").exists()
+    assert (folder / "damaged" / "ckpt-e0001-s000020").is_dir()
+    (attempt,) = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert attempt["resumed_from"] == E1 and attempt["start_step"] == STEPS_PER_EPOCH
+    assert (attempt["world_size"], attempt["strategy"]) == (world, strategy)
+    assert attempt["efficiency"]["images"] == TRAIN_SAMPLES  # one epoch: no step redone
+    reference, resumed = history(straight["ddp"]), history(tmp_path)
+    assert resumed[0] == history(straight[strategy])[0]  # epoch 1's came with the checkpoint
+    assert [m["world_size"] for m in resumed] == [2, world]
+    assert resumed[1]["train_loss"] == pytest.approx(reference[1]["train_loss"], rel=1e-5)
+    assert resumed[1]["test_loss"] == pytest.approx(reference[1]["test_loss"], rel=1e-5)
+
+
+def test_a_whole_model_checkpoint_of_a_run_started_before_is_resumed_from(
+    straight: dict[str, Path], lm_data: Path, tmp_path: Path
+) -> None:
+    """A ``ckpt-*.pt`` file (the format before sharded checkpoints, as final.pt still is): the
+    ddp run resumes from it, here after its last epoch (no training, the final evaluation)."""
+    folder = tmp_path / "state" / "checkpoints"
+    folder.mkdir(parents=True)
+    shutil.copy(straight["ddp"] / "final.pt", folder / "ckpt-e0002-s000000.pt")
+    stderr = launch(lm_config("ddp", 1), lm_data, tmp_path)
+    assert f"resuming from {folder / 'ckpt-e0002-s000000.pt'}" in stderr, stderr
+    before = torch.load(straight["ddp"] / "model.pt", weights_only=True)
+    after = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert history(tmp_path) == history(straight["ddp"])
+
+
+# --- the blocks FSDP shards ---------------------------------------------------------------
+
+
+class Layers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(2, 4)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.ModuleList([
+            nn.Linear(4, 4)])) for _ in range(3)])  # fmt: skip
+
+
+def test_the_blocks_are_the_outermost_module_lists_modules() -> None:
+    model = Layers()
+    assert fsdp.blocks(model) == list(model.layers)
+
+
+def test_without_a_module_list_the_blocks_are_the_children_with_parameters() -> None:
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    assert fsdp.blocks(model) == [model[0], model[2]]
+
+
+def test_a_models_shard_blocks_names_them() -> None:
+    model = Layers()
+    model.shard_blocks = ["embed", "layers.1"]  # type: ignore[assignment]
+    assert fsdp.blocks(model) == [model.embed, model.layers[1]]
+    model.shard_blocks = ["layer.1"]  # type: ignore[assignment]
+    with pytest.raises(fsdp.ShardingError, match=r"names 'layer\.1', which is not one of"):
+        fsdp.blocks(model)
+
+
+def test_a_model_without_blocks_is_refused_with_what_to_do() -> None:
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+    with pytest.raises(fsdp.ShardingError, match="give the model a shard_blocks attribute"):
+        fsdp.blocks(Flat())
+
+
+def test_an_unknown_strategy_is_a_config_error() -> None:
+    cfg = default_config()
+    cfg["launch"]["strategy"] = "zero3"
+    with pytest.raises(config.ConfigError, match=r"launch.strategy: 'zero3' is not one of"):
+        config.resolve(cfg, gpus=False)

@@ -150,13 +150,28 @@ def test_runs_knows_every_trial_and_refuses_an_unknown_run() -> None:
 def test_tpe_rounds_and_the_trials_their_files_name(tmp_path: Path) -> None:
     found = parse(name="t", method="tpe", trials=5, max_parallel=2,
                   parameters={"train.lr": {"low": 0.01, "high": 0.1}})  # fmt: skip
-    assert sweeps.round_sizes(found) == [2, 2, 1]
+    # 2 at once, then one a round: round k takes the slot of trial k - 1, once it trained
+    assert sweeps.round_sizes(found, tmp_path) == [2, 1, 1, 1]
+    assert [sweeps.waits_for(found, k, tmp_path) for k in range(4)] == [[], [0], [1], [2]]
     assert sweeps.trials(found, rounds=tmp_path) == []
     trial = {"name": "lr=0.05", "values": {"train.lr": 0.05}, "number": 0}
     (tmp_path / "0.json").write_text(json.dumps({"round": 0, "trials": [trial]}))
     (tmp_path / "2.json").write_text(json.dumps({"round": 2, "trials": [trial]}))  # no round 1
     assert [t.name for t in sweeps.trials(found, rounds=tmp_path)] == ["lr=0.05"]
     assert sweeps.trials(found, upto=0, rounds=tmp_path) == []
+
+
+def test_a_tpe_sweep_suggested_in_whole_rounds_before_keeps_them(tmp_path: Path) -> None:
+    """Its round 1 holds 2 trials: rounds of max_parallel, each after all trials before it."""
+    found = parse(name="t", method="tpe", trials=5, max_parallel=2,
+                  parameters={"train.lr": {"low": 0.01, "high": 0.1}})  # fmt: skip
+    trials = [{"name": f"lr=0.0{k}", "values": {"train.lr": k / 100}, "number": k}
+              for k in range(1, 5)]  # fmt: skip
+    (tmp_path / "0.json").write_text(json.dumps({"round": 0, "trials": trials[:2]}))
+    (tmp_path / "1.json").write_text(json.dumps({"round": 1, "trials": trials[2:]}))
+    assert sweeps.round_sizes(found, tmp_path) == [2, 2, 1]
+    assert sweeps.waits_for(found, 2, tmp_path) is None
+    assert len(sweeps.trials(found, rounds=tmp_path)) == 4
 
 
 @pytest.mark.parametrize(
@@ -242,7 +257,7 @@ def test_rounds_tell_the_finished_trials_once_and_ask_again_the_same(tmp_path: P
     first = write(0)["trials"]
     assert [t["number"] for t in first] == [0, 1] and first[0]["name"] != first[1]["name"]
     assert write(0)["trials"] == first  # asked again (a re-run checkpoint): the same trials
-    with pytest.raises(ConfigError, match="no round 2; 3 trials in rounds of 2 make rounds 0-1"):
+    with pytest.raises(ConfigError, match="no round 2; 3 trials, 2 at once, make rounds 0-1"):
         write(2)
     evaluate(tmp_path, first[0], 0.75)
     evaluate(tmp_path, first[1], 0.5)
@@ -260,6 +275,27 @@ def test_rounds_tell_the_finished_trials_once_and_ask_again_the_same(tmp_path: P
         second["name"],
     ]
     assert json.loads((folder / "1.json").read_text())["trials"] == [second]
+
+
+def test_a_slot_that_frees_gets_a_trial_while_the_other_trains(tmp_path: Path) -> None:
+    """Round 1 once trial 0's training ended (its final evaluation): trial 1, still training,
+    is not told (the sampler takes it for the worst), and the new trial differs from both."""
+    from optuna.trial import TrialState
+
+    from ddppipe.sweeps import rounds
+
+    found = parse(name="t", method="tpe", trials=3, max_parallel=2, seed=3,
+                  parameters={"train.lr": {"low": 0.01, "high": 0.1}})  # fmt: skip
+    folder, journal = tmp_path / "rounds", tmp_path / "optuna.journal"
+    first = rounds.write_round(found, 0, folder / "0.json", tmp_path, journal)["trials"]
+    ended = tmp_path / "sweeps/t" / first[0]["name"] / "train/evaluation.json"
+    ended.parent.mkdir(parents=True)
+    ended.write_text(json.dumps({"test_accuracy": 0.6, "test_loss": 0.4}))
+    (third,) = rounds.write_round(found, 1, folder / "1.json", tmp_path, journal)["trials"]
+    states = {t.number: t.state for t in rounds.open_study(found, journal).get_trials()}
+    assert states == {0: TrialState.COMPLETE, 1: TrialState.RUNNING,
+                      third["number"]: TrialState.RUNNING}  # fmt: skip
+    assert third["name"] not in {t["name"] for t in first}
 
 
 def test_a_round_names_a_metric_the_evaluation_lacks(tmp_path: Path) -> None:

@@ -406,11 +406,15 @@ def rounds_trial_runs(upto):
 
 
 def finished_rounds(wildcards):
-    """Round k's input: the evaluations of the trials of every round before it."""
-    return [
-        str(ddp_layout.RunLayout(run).eval.metrics)
-        for run in rounds_trial_runs(int(wildcards.round))
-    ]
+    """Round k's input: the training of the trial whose slot it takes (its attempt history,
+    written when it ends); a sweep suggested in whole rounds: every trial before it,
+    evaluated (ddppipe.settings.sweep.waits_for)."""
+    k = int(wildcards.round)
+    runs = rounds_trial_runs(k)
+    waits = ddp_sweep.waits_for(SWEEP, k)
+    if waits is None:
+        return [str(ddp_layout.RunLayout(run).eval.metrics) for run in runs]
+    return [str(ddp_layout.RunLayout(runs[i]).train.attempts) for i in waits]
 
 
 def all_rounds(wildcards):

@@ -99,11 +99,11 @@ class Allocation:
 
 
 def trials_at_once(sweep: SweepSection) -> int:
-    """A sweep's train jobs at once: ``max_parallel``; a packed sweep's, its allocations'
-    slots and one waiting trial per allocation (so a slot that frees takes the next trial
-    at once, while Snakemake starts the next job)."""
+    """A sweep's train jobs at once: ``max_parallel``; a packed sweep's, two per slot of its
+    allocations (one training, one waiting: a slot that frees takes the next trial at once,
+    while Snakemake starts the next train job, seconds for a local job)."""
     pack = sweep.pack
-    return sweep.max_parallel if pack is None else pack.allocations * (pack.slots + 1)
+    return sweep.max_parallel if pack is None else 2 * pack.allocations * pack.slots
 
 
 def held(pool: Pool, run: object = subprocess.run) -> list[str]:

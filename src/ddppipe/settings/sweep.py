@@ -390,11 +390,31 @@ def _random(sweep: Sweep) -> list[dict[str, Any]]:
     return points
 
 
-def round_sizes(sweep: Sweep) -> list[int]:
-    """A model-based sweep's rounds: ``trials`` in rounds of ``max_parallel`` (the last one
-    smaller), each suggested from the trials of the rounds before it."""
-    full, rest = divmod(sweep.trials, sweep.max_parallel)
-    return [sweep.max_parallel] * full + ([rest] if rest else [])
+def round_sizes(sweep: Sweep, rounds: Path | None = None) -> list[int]:
+    """A model-based sweep's rounds: the first ``max_parallel`` trials together, then one
+    trial a round, suggested the moment a slot frees (:func:`waits_for`). A sweep suggested in
+    whole rounds of ``max_parallel`` before (its round 1 holds more than one trial) keeps them."""
+    if whole_rounds(sweep, rounds):
+        full, rest = divmod(sweep.trials, sweep.max_parallel)
+        return [sweep.max_parallel] * full + ([rest] if rest else [])
+    first = min(sweep.max_parallel, sweep.trials)
+    return [first] + [1] * (sweep.trials - first)
+
+
+def whole_rounds(sweep: Sweep, rounds: Path | None = None) -> bool:
+    """Whether the sweep's rounds were suggested whole (``max_parallel`` trials a round, each
+    once every trial before it finished), as before slot-wise suggestions."""
+    path = round_file(sweep, 1, rounds)
+    return path.is_file() and len(json.loads(path.read_text())["trials"]) > 1
+
+
+def waits_for(sweep: Sweep, k: int, rounds: Path | None = None) -> list[int] | None:
+    """The trials (their indices, in suggestion order) whose training round ``k`` is suggested
+    after: the trial whose slot it takes (round ``k`` >= 1 is trial ``max_parallel + k - 1``,
+    in the slot of trial ``k - 1``). None: every trial before it, evaluated (whole rounds)."""
+    if whole_rounds(sweep, rounds):
+        return None
+    return [k - 1] if k else []
 
 
 def round_file(sweep: Sweep, k: int, rounds: Path | None = None) -> Path:
@@ -410,7 +430,7 @@ def round_entries(
     round ``upto``; all without it) have suggested so far, in order; a round not suggested yet
     ends the list."""
     entries: list[dict[str, Any]] = []
-    for k in range(len(round_sizes(sweep)) if upto is None else upto):
+    for k in range(len(round_sizes(sweep, rounds)) if upto is None else upto):
         path = round_file(sweep, k, rounds)
         if not path.is_file():
             break
@@ -519,9 +539,15 @@ def rounds_note(sweep: Sweep) -> str:
     run shows only the jobs of the rounds suggested so far)."""
     sizes = round_sizes(sweep)
     done = sum(1 for k in range(len(sizes)) if round_file(sweep, k).is_file())
+    how = (
+        f"in {len(sizes)} rounds of up to {sweep.max_parallel} (sweep.max_parallel), each "
+        "suggested from the trials of the rounds before it"
+        if whole_rounds(sweep)
+        else f"{sizes[0]} at once (sweep.max_parallel), each next one suggested the moment a "
+        "slot frees"
+    )
     return (
-        f"sweep {sweep.name}: {sweep.method}, {sweep.trials} trials in {len(sizes)} rounds of "
-        f"up to {sweep.max_parallel} (sweep.max_parallel), each suggested from the trials of "
-        f"the rounds before it; {done} of {len(sizes)} rounds suggested so far"
+        f"sweep {sweep.name}: {sweep.method}, {sweep.trials} trials {how}; {done} of "
+        f"{len(sizes)} rounds suggested so far"
         + ("" if done == len(sizes) else ": the jobs of later rounds appear as they are suggested")
     )

@@ -1,12 +1,14 @@
-"""A model-based sweep's rounds: Optuna's TPE sampler suggests each round from the finished ones.
+"""A model-based sweep's rounds: Optuna's TPE sampler suggests each trial the moment a slot frees.
 
-``sweep.trials`` are suggested in rounds of ``sweep.max_parallel`` (the last one smaller);
-round ``k`` (the workflow's checkpoint ``sweep_round``) runs once every trial of the rounds
-before it has been evaluated. It opens the sweep's Optuna study (the journal file
-``results/sweeps/<sweep>/optuna.journal``: no database server, safe on shared filesystems),
-tells it the final metric of each finished trial it does not know yet (the training's pruning
-may have told it already that a trial completed or was pruned: a finished Optuna trial is never
-told twice), asks the sampler for the round's trials and writes ``rounds/<k>.json``.
+Round 0 holds the first ``sweep.max_parallel`` trials; every later round one trial, suggested
+(the workflow's checkpoint ``sweep_round``) as soon as the training whose slot it takes has
+ended (:func:`ddppipe.settings.sweep.waits_for`), not at the end of a round of trials. It
+opens the sweep's Optuna study (the journal file ``results/sweeps/<sweep>/optuna.journal``:
+no database server, safe on shared filesystems), tells it the final metric of each finished
+trial it does not know yet (the training's pruning may have told it already that a trial
+completed or was pruned: a finished Optuna trial is never told twice), and asks the sampler,
+which takes the trials still training for the worst (TPE's constant liar) rather than
+suggesting their neighbourhood again; it writes ``rounds/<k>.json``.
 
 Asking is idempotent: each Optuna trial records its ddppipe trial and round (user
 attributes), so writing round ``k`` again (its checkpoint re-run) gives the same trials.
@@ -79,10 +81,22 @@ def tell_finished(sweep: sweeps.Sweep, study: Any, finished: list[sweeps.Trial],
         running = [t for t in mine if t.state == TrialState.RUNNING]
         if not running:
             continue  # not a trial this study suggested
-        evaluation = run_layout.RunLayout(trial.run, results).eval.metrics
+        evaluation = evaluation_of(trial.run, results)
+        if evaluation is None:
+            continue  # still training: the sampler takes it as running
         study.tell(running[0].number, final_metric(sweep, evaluation))
         told += 1
     return told
+
+
+def evaluation_of(run: str, results: Path) -> Path | None:
+    """A finished trial's final evaluation: its training's (as soon as the training ended),
+    or its evaluation rule's (a script's logged values); None while it trains."""
+    layout = run_layout.RunLayout(run, results)
+    for path in (layout.train.evaluation, layout.eval.metrics):
+        if path.is_file():
+            return path
+    return None
 
 
 def _asked(study: Any, k: int) -> list[Any]:
@@ -132,18 +146,20 @@ def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layo
     write its file (atomically); its document."""
     import optuna
 
-    sizes = sweeps.round_sizes(sweep)
+    rounds = out.parent
+    sizes = sweeps.round_sizes(sweep, rounds)
     if not 0 <= k < len(sizes):
         raise ConfigError(
-            f"sweep {sweep.name}: no round {k}; {sweep.trials} trials in rounds of "
-            f"{sweep.max_parallel} make rounds 0-{len(sizes) - 1}"
+            f"sweep {sweep.name}: no round {k}; {sweep.trials} trials, {sizes[0]} at once, "
+            f"make rounds 0-{len(sizes) - 1}"
         )
-    rounds = out.parent
     if k > 0 and not sweeps.round_file(sweep, k - 1, rounds).is_file():
         raise ConfigError(f"sweep {sweep.name}: round {k - 1} has not been suggested yet")
     finished = sweeps.trials(sweep, upto=k, rounds=rounds)
-    # A seed per round: the sampler's first (random) draws differ from one round to the next.
-    study = open_study(sweep, journal, optuna.samplers.TPESampler(seed=sweep.seed + k))
+    # A seed per round: the sampler's first (random) draws differ from one round to the next;
+    # the trials still training count as the worst (constant liar), so it looks elsewhere.
+    sampler = optuna.samplers.TPESampler(seed=sweep.seed + k, constant_liar=True)
+    study = open_study(sweep, journal, sampler)
     tell_finished(sweep, study, finished, results)
     before = [dict(t.values) for t in finished]
     picked = suggest(sweep, study, k, sizes[k], before)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -99,7 +100,8 @@ def test_an_allocations_sbatch_line_holds_its_trials(tmp_path: Path) -> None:
     assert worker_line == (
         "srun --nodes=3 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 "
         f"--export=ALL {sys.executable} -m ddppipe pack-worker --pool {tmp_path}/pack "
-        "--slots 4 --signal-seconds 120 --stop-signal SIGUSR1"
+        "--slots 4 --signal-seconds 120 --stop-signal SIGUSR1 --nproc 2 --use gpu "
+        "--precision bf16"
     )
 
 
@@ -148,6 +150,20 @@ def test_a_nodes_slots_run_trials_side_by_side(tmp_path: Path, monkeypatch) -> N
     assert sorted(t for s in node["slot_records"] for t in s["trials"]) == [
         f"sweeps/s/{n}" for n in codes
     ]
+
+
+def test_a_node_that_fails_its_preflight_takes_no_trial(tmp_path: Path) -> None:
+    """GPU trials on a node without a usable GPU (this machine): the node's check fails, the
+    trial stays queued for another node, and the pool's next allocation excludes this one."""
+    pool = Pool(tmp_path / "pack")
+    pool.put(Ticket("sweeps/s/a", ["false"], str(tmp_path)))
+    assert worker.serve(pool.root, 1, 60, "SIGUSR1", (1, "gpu", "fp32")) == 0
+    assert pool.waiting() == 1 and pool.result("sweeps/s/a") is None
+    (node,) = pool.records(pool.allocations / "nodes")
+    assert node["node"] == socket.gethostname() and "GPU" in " ".join(node["preflight"])
+    assert pool.failed_nodes() == [socket.gethostname()]
+    spec = packed_spec(tmp_path, launch={"nnodes": 1, "device": "cpu"})
+    assert f"--exclude={socket.gethostname()}" in Allocation.of(spec).sbatch(pool, "/wd")
 
 
 def test_the_cost_of_the_allocations(tmp_path: Path) -> None:

@@ -164,6 +164,9 @@ COMMANDS: tuple[Command, ...] = (
         arg("--slots", type=int, required=True, help="trials side by side on this node"),
         arg("--signal-seconds", type=int, required=True, help="warn trials so long before the end"),
         arg("--stop-signal", required=True, help="the signal that warns them (SIGUSR1)"),
+        arg("--nproc", type=int, required=True, help="a trial's processes (preflight)"),
+        arg("--use", **DEVICE),
+        arg("--precision", choices=["fp32", "bf16"], required=True),
     ),
     command(
         "warm-server",

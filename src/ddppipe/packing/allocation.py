@@ -34,6 +34,7 @@ class Allocation:
     trial: Request
     pack: Pack
     sweep: str
+    precision: str  # the trial's recipe's (its nodes' preflight checks it)
 
     @classmethod
     def of(cls, spec: RunSpec) -> Allocation:
@@ -54,7 +55,11 @@ class Allocation:
                 f"sweep.pack.time_min ({pack.time_min} min): the trials would be warned of the "
                 "allocation's end before they start; raise time_min or lower signal_seconds"
             )
-        return cls(request, pack, spec.trial.sweep)
+        return cls(request, pack, spec.trial.sweep, spec.train.precision)
+
+    @property
+    def use(self) -> str:
+        return "gpu" if self.trial.gpus_per_node else "cpu"
 
     @property
     def job_name(self) -> str:
@@ -84,6 +89,7 @@ class Allocation:
             "--qos": slurm.qos,
             "--constraint": slurm.constraint,
             "--gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
+            "--exclude": ",".join(pool.failed_nodes()) or None,
             "--output": str(pool.allocations / "%j.log"),
             "--chdir": workdir,
         }
@@ -93,6 +99,8 @@ class Allocation:
             sys.executable, "-m", "ddppipe", "pack-worker", "--pool", str(pool.root),
             "--slots", str(self.pack.trials_per_node),
             "--signal-seconds", str(slurm.signal_seconds), "--stop-signal", slurm.stop_signal,
+            "--nproc", str(self.trial.procs_per_node), "--use", self.use,
+            "--precision", self.precision,
         ]  # fmt: skip
         given = [f"{k}={v}" for k, v in options.items() if v is not None]
         return ["sbatch", "--parsable", *given, "--wrap", shlex.join(worker)]

@@ -12,8 +12,10 @@ def pack_trial(pool: Path, config_path: Path, launch: list[str]) -> int:
     return client.run(pool, config_path, launch[1:] if launch[:1] == ["--"] else launch)
 
 
-def pack_worker(pool: Path, slots: int, signal_seconds: int, stop_signal: str) -> int:
-    """``ddppipe pack-worker``: run the pool's trials on this node of an allocation."""
+def pack_worker(pool: Path, slots: int, signal_seconds: int, stop_signal: str, nproc: int,
+                use: str, precision: str) -> int:  # fmt: skip
+    """``ddppipe pack-worker``: check this node of an allocation, then run the pool's trials
+    on it."""
     from ddppipe.packing import worker
 
-    return worker.serve(pool, slots, signal_seconds, stop_signal)
+    return worker.serve(pool, slots, signal_seconds, stop_signal, (nproc, use, precision))

@@ -159,6 +159,11 @@ class Pool:
         nodes = [r for r in self.records(self.allocations / "nodes") if r.get("job") == job]
         return bool(nodes) and all("stopping" in r or "ended" in r for r in nodes)
 
+    def failed_nodes(self) -> list[str]:
+        """Nodes whose preflight failed in an allocation of this pool (not used again)."""
+        nodes = self.records(self.allocations / "nodes")
+        return sorted({r["node"] for r in nodes if r.get("preflight")})
+
     def records(self, folder: Path) -> list[dict[str, Any]]:
         found = []
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +79,26 @@ def trial_environment(env: dict[str, str], job: str, node: str, slot: Slot,
     return own
 
 
-def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str) -> int:
+def preflight(slots: int, nproc: int, use: str, precision: str) -> list[str]:
+    """This node's check for ``slots`` trials of ``nproc`` processes on ``use`` (the run's
+    preflight node check, ``ddppipe preflight-node``, in a process of its own: a GPU check
+    must not leave a CUDA context in this one); its problems, none when it may train."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "preflight-node", "--nproc", str(slots * nproc),
+         "--use", use, "--precision", precision, "--host", socket.gethostname()],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    if done.returncode == 0:
+        return []
+    lines = [line.removeprefix("preflight: ") for line in done.stderr.splitlines()]
+    return [line for line in lines if line.strip()] or [f"exit {done.returncode}"]
+
+
+def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
+          check: tuple[int, str, str] | None = None) -> int:  # fmt: skip
     """Run the pool's trials on this node's ``slots`` until the allocation ends or no trial
-    is left; 0."""
+    is left; 0. ``check``: a trial's processes, device and precision, checked first (a node
+    that fails takes no trial, and the pool's next allocations exclude it)."""
     pool = Pool(pool_root)
     env = dict(os.environ)
     job = scontrol.job_id(env) or "local"
@@ -96,6 +114,15 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str) ->
     record = {"job": job, "node": node, "slots": slots, "started": started,
               "cpus": len(os.sched_getaffinity(0)),
               "gpus": sum(len(s.gpus) for s in own)}  # fmt: skip
+    problems = preflight(slots, *check) if check else []
+    if problems:
+        log.error("node %s failed its preflight: it takes no trial (%s)", node,
+                  "; ".join(problems))  # fmt: skip
+        server.terminate()
+        server.wait()
+        atomic.write_json(record_path, {**record, "ended": time.time(), "preflight": problems,
+                                        "slot_records": []})  # fmt: skip
+        return 0
     atomic.write_json(record_path, record)
     stopping, idle_since = False, time.monotonic()
     sig = getattr(signal, stop_signal, signal.SIGUSR1)

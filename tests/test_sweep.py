@@ -112,9 +112,11 @@ def test_a_failing_trial_fails_and_the_others_complete(grid: dict, workdir: Path
     assert evaluated(workdir, "grid") == {"activation=relu+hidden=4", "activation=relu+hidden=8"}
     log = workdir / "logs/sweeps/grid/activation=nope+hidden=4/train.log"
     assert "activation 'nope': torch.nn.functional has no such function" in log.read_text()
-    # every trial's ranks forked by the call's warm server (ddppipe.launching.warm)
-    trained = (workdir / "logs/sweeps/grid/activation=relu+hidden=4/train.log").read_text()
+    # every trial's ranks forked by the call's warm server (ddppipe.launching.warm), the
+    # datasets loaded once by it (the second call: its data prepared before it started)
+    trained = (workdir / "logs/sweeps/grid/activation=relu+hidden=8/train.log").read_text()
     assert "1 of 1 rank(s) forked warm by the warm server" in trained
+    assert "kept by the warm server (not loaded again)" in trained
 
 
 def test_a_rerun_that_adds_a_value_trains_only_its_trials_and_the_failed(grid: dict) -> None:

@@ -209,16 +209,37 @@ WARM_SERVER = []  # the warm-rank server of this call, when it started one
 def start_warm_ranks():
     """A local call of a config with a sweep or a scaling study: one server imports torch once
     and forks every trial's ranks (ddppipe.launching.warm), instead of each rank importing it.
-    Not on SLURM (the ranks run on the job's nodes), nor in a container (another Python)."""
+    Not on SLURM (the ranks run on the job's nodes), nor in a container (another Python).
+    """
     if on_slurm() or ddp_apptainer.enabled(RUNS.spec(RUN).container):
         return
     if RUNS.sweep is None and RUNS.scaling is None:
         return
     socket = ddp_warm.local_socket()
-    server = ddp_warm.start(socket, ddp_layout.LOGS / "warm-server.log")
+    server = ddp_warm.start(
+        socket, ddp_layout.LOGS / "warm-server.log", warm_datasets()
+    )
     WARM_SERVER.append(server)
     os.environ[ddp_warm.SOCKET_ENV] = str(socket)
     os.environ[ddp_warm.SERVER_ENV] = str(server.pid)
+
+
+def warm_datasets(most=4):
+    """The task datasets the warm server keeps for the ranks: each distinct prepared data
+    folder and task_args of this call's runs (at most ``most``; a script run has none).
+    """
+    if KIND == "script":
+        return []
+    found = []
+    for run in [*reversed(RUNS.names())]:  # the trials first: a sweep's call trains them
+        item = {
+            "task": config["task"],
+            "data_dir": run_data(run),
+            "args": RUNS.config(run)["task_args"],
+        }
+        if item not in found:
+            found.append(item)
+    return found[:most]
 
 
 def stop_warm_ranks():
@@ -333,14 +354,18 @@ if SWEEP is not None:
         logger.info(ddp_sweep.rounds_note(SWEEP))
 
 
-# sweep.pack: the trials are rule train_packed's (rules/train.smk), a job of this Snakemake:
+# sweep.pack: the trials are trained by train_packed (rules/train.smk), a job of this Snakemake;
 # on SLURM it queues the trial for the sweep's held allocations (ddppipe.packing); locally it
 # trains as rule train would. (Which executor runs is known once the DAG is built, not here.)
 PACKED = SWEEP is not None and SWEEP.pack is not None
 PACKED_PREFIX = re.escape(ddp_sweep.run_name(SWEEP.name, "")) if PACKED else None
 PACKED_RUN = f"{PACKED_PREFIX}[^/]+" if PACKED else ".+"
-UNPACKED_RUN = f"(?!{PACKED_PREFIX}).+" if PACKED else ".+"  # (a trial's name has no slash)
-if PACKED and RUNS.trials:  # (a tpe sweep's first trial is checked when it is suggested)
+UNPACKED_RUN = (
+    f"(?!{PACKED_PREFIX}).+" if PACKED else ".+"
+)  # (a trial's name has no slash)
+if (
+    PACKED and RUNS.trials
+):  # (a tpe sweep's first trial is checked when it is suggested)
     try:
         ddp_allocation.Allocation.of(RUNS.spec(RUNS.trials[0].run))
     except ddp_allocation.PackError as e:

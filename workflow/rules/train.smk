@@ -24,6 +24,8 @@ rule train:
         RUN_LAYOUT.log("train"),
     benchmark:
         RUN_LAYOUT.benchmark("train")
+    wildcard_constraints:
+        run=UNPACKED_RUN,  # a packed sweep's trials: rule train_packed
     threads: lambda wc: ddp_launch.job_threads(RUNS.spec(wc.run))
     resources:
         **ddp_slurm_request.train_resources(RUNS),  # ddppipe.slurm.request.Request, per run
@@ -38,8 +40,6 @@ rule train:
         result="--outputs" if KIND == "script" else "--checkpoint",
         # a packed sweep's trial: its launch queued for the sweep's allocations (train_packed)
         pack=lambda wc: packed_prefix(wc.run),
-    wildcard_constraints:
-        run=UNPACKED_RUN,  # a packed sweep's trials: rule train_packed
     shell:
         "{params.pack}ddppipe launch --config {input.config} {params.data} --state {params.state}"
         " {params.result} {output.result} --metrics {output.metrics}"
@@ -49,13 +49,13 @@ rule train:
 if PACKED:
 
     use rule train as train_packed with:
+        wildcard_constraints:
+            run=PACKED_RUN,
         # sweep.pack on SLURM: the trial trains in one of the sweep's held allocations
         # (ddppipe.packing); this job, local to the submitting Snakemake, queues its launch
         # command, keeps an allocation coming while trials wait, and waits for its status.
         # Locally it trains as rule train does.
         threads: lambda wc: packed_threads(wc.run)
-        wildcard_constraints:
-            run=PACKED_RUN,
 
     localrules:
         train_packed,

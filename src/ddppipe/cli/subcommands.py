@@ -173,6 +173,11 @@ COMMANDS: tuple[Command, ...] = (
         "import torch once and fork the training processes of later slots (warm ranks)",
         "ddppipe.launching.commands:warm_server",
         arg("--socket", type=Path, required=True, help="the Unix socket to listen on"),
+        arg(
+            "--data-json",
+            default="[]",
+            help="datasets to keep for the ranks: [{task, data_dir, args}, ...]",
+        ),
     ),
     command(
         "preflight",

@@ -88,11 +88,13 @@ def _launch(
     return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts)
 
 
-def warm_server(socket: Path) -> int:
+def warm_server(socket: Path, data_json: str) -> int:
     """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM."""
+    import json
+
     from ddppipe.launching import warm
 
-    warm.serve(socket)
+    warm.serve(socket, data=json.loads(data_json))
     return 0
 
 

@@ -56,15 +56,21 @@ _POLL_S = 0.05
 # -- the server ------------------------------------------------------------------------------
 
 
-def serve(path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
+def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
+          data: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
     """Import ``preload``, then fork a rank for each request on the Unix socket ``path`` until
-    SIGTERM (or until the process that started it exits)."""
+    SIGTERM (or until the process that started it exits). ``data``: the task datasets to load
+    and keep for the ranks (``task``, ``data_dir``, ``args`` each), each once its data is
+    prepared, while no request waits."""
     started = time.monotonic()
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
     for module in preload:
         importlib.import_module(module)
+    if "torch" in sys.modules:  # no thread pool in a process that forks (each rank sets its own)
+        sys.modules["torch"].set_num_threads(1)
     _check_no_cuda()
+    pending = list(data or [])
     parent = os.getppid()
     stop = False
 
@@ -91,6 +97,8 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
                         os.kill(pid, signal.SIGKILL)
             _reap(ranks)
             orphans &= ranks.keys()
+            if pending and not readable:
+                pending = _keep_data(pending)
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
@@ -98,6 +106,24 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+
+def _keep_data(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Load the first of ``pending``'s datasets whose data is prepared; the rest."""
+    from ddppipe import tasks
+    from ddppipe.tasks import kept_datasets
+
+    for k, item in enumerate(pending):
+        try:
+            task = tasks.load(item["task"], step="warm-server")
+            if kept_datasets.keep(task, Path(item["data_dir"]), item["args"]):
+                log.info("kept the datasets of %s (%s) for the ranks", item["task"],
+                         item["data_dir"])  # fmt: skip
+                return pending[:k] + pending[k + 1 :]
+        except Exception as e:  # a task that cannot load here: its ranks load their own
+            log.warning("not keeping the datasets of %s: %s", item.get("task"), e)
+            return pending[:k] + pending[k + 1 :]
+    return pending
 
 
 def _check_no_cuda() -> None:
@@ -210,15 +236,17 @@ def local_socket() -> Path:
     return Path(tempfile.gettempdir()) / f"ddppipe-warm-{os.getpid()}.sock"
 
 
-def start(path: Path, log_path: Path) -> subprocess.Popen:
-    """Start a server on ``path`` (its log in ``log_path``); it listens seconds later
-    (:func:`usable` waits for it)."""
+def start(path: Path, log_path: Path,
+          data: list[dict[str, Any]] | None = None) -> subprocess.Popen:  # fmt: skip
+    """Start a server on ``path`` (its log in ``log_path``; ``data``: the datasets to keep, see
+    :func:`serve`); it listens seconds later (:func:`usable` waits for it)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as sink:
         server = subprocess.Popen(
-            [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(path)],
+            [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(path),
+             "--data-json", json.dumps(data or [])],
             stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
         )  # fmt: skip
     return server

@@ -31,6 +31,7 @@ from ddppipe.data import batches, manifest, sharding
 from ddppipe.parallel import devices, distributed, fsdp, software
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
+from ddppipe.tasks import kept_datasets
 from ddppipe.training import (
     checkpoint,
     efficiency,
@@ -80,7 +81,8 @@ class Trainer:
             self.meter.watch_gpu(ctx.device)
         heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
         with self.meter.phase("data"):
-            train_set, test_set = self.task.call("datasets", paths.data_dir, args)
+            # (kept by the warm server that forked this rank, when it loaded the same data)
+            train_set, test_set = kept_datasets.datasets(self.task, paths.data_dir, args)
             workers = batches.loader_workers(
                 system.available_cpus(), ctx.local_world_size, torch.get_num_threads()
             )

@@ -192,7 +192,13 @@ def test_the_cost_of_the_allocations(tmp_path: Path) -> None:
     assert found.busy_s == 190.0 and found.span_s == 90 + 90 + 50
     assert found.idle_while_trials == pytest.approx(1 - 190 / 230)
     assert found.queue_s == [10.0, 30.0]
-    assert accounting.line(pool.root) == (
-        "allocations: 2 (SLURM jobs 11, 12), 4 slot(s); held 0.1667 CPU-hours, idle 17% of "
-        "the slots' time while trials remained, queue wait 30 s at most"
+    written = accounting.write(pool.root)
+    assert json.loads(pool.cost.read_text())["jobs"] == ["11", "12"]
+    assert (
+        written
+        == accounting.line(pool.root)
+        == (
+            "allocations: 2 (SLURM jobs 11, 12), 4 slot(s); held 0.1667 CPU-hours, idle 17% of "
+            "the slots' time while trials remained, queue wait 30 s at most"
+        )
     )

@@ -3,10 +3,10 @@ that the trials used, and how long each waited in the queue (from the pool's rec
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ddppipe.core import atomic
 from ddppipe.packing.pool import Pool
 
 
@@ -69,7 +69,12 @@ def line(pool_root: Path) -> str | None:
     )
 
 
-def as_json(pool_root: Path) -> str:
+def write(pool_root: Path) -> str | None:
+    """The allocations' cost written to the pool's ``cost.json`` (atomically); its line, None
+    for a sweep that packed nothing."""
     found = cost(pool_root)
-    return json.dumps(None if found is None else {**found.__dict__,
-                      "idle_while_trials": found.idle_while_trials})  # fmt: skip
+    if found is None:
+        return None
+    figures = {**asdict(found), "idle_while_trials": found.idle_while_trials}
+    atomic.write_json(Pool(pool_root).cost, figures)
+    return line(pool_root)

@@ -63,6 +63,11 @@ class Pool:
     # -- the train rule's side ---------------------------------------------------------------
 
     @property
+    def cost(self) -> Path:
+        """What the allocations cost (:mod:`ddppipe.packing.accounting`)."""
+        return self.root / "cost.json"
+
+    @property
     def closed(self) -> Path:
         """Left by the submitting Snakemake when its call ends: no trial will come, the
         allocations' idle nodes end at once."""

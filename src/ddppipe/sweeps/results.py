@@ -24,5 +24,5 @@ def after_call(sweep: Sweep, results: Path) -> str:
     found = trials.collect(trials.document(sweep), results)
     save(found)
     pool = SweepLayout(sweep.name, results).pack
-    allocations = accounting.line(pool) if sweep.pack is not None else None
+    allocations = accounting.write(pool) if sweep.pack is not None else None
     return table.text(found) + (f"\n  {allocations}" if allocations else "")

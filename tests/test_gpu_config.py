@@ -105,6 +105,13 @@ def test_auto_on_a_gpu_host_trains_where_the_image_can(
     cfg["container"]["recipe"] = str(REPO / "containers" / "ddppipe.def")
     on_gpus = write_config(tmp_path / "gpu")
     assert "--gpus yes" in on_gpus and "apptainer exec --nv " in on_gpus, on_gpus
+    # submitted to SLURM (the profile names the executor, known before Snakemake chose it):
+    # auto is CPUs there, whatever GPUs the submitting machine has
+    slurm = ["--profile", str(REPO / "profiles/slurm")]
+    result = snakemake(tmp_path / "slurm", cfg, "-n", "-p", *slurm, "results/mnist/config.yaml",
+                       env=env)  # fmt: skip
+    (on_slurm,) = [x for x in result.stdout.splitlines() if "ddppipe resolve-config" in x]
+    assert "--gpus no" in on_slurm and "--nv" not in on_slurm, on_slurm
 
 
 def test_the_image_check_runs_once_per_device_and_container(

@@ -4,11 +4,13 @@ import json
 import os
 import re
 import shlex
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ddppipe.slurm import cluster_policy as ddp_cluster_policy
+from ddppipe.slurm import call_executor as ddp_call_executor
 from ddppipe.slurm import executor as ddp_executor
 from ddppipe.settings import config as ddp_config
 from ddppipe.settings import layout as ddp_layout
@@ -120,9 +122,13 @@ def all_outputs():
 
 
 def on_slurm():
-    """Whether this snakemake call submits to SLURM (no executor at all for --report)."""
+    """Whether this snakemake call submits to SLURM: its executor plugin once chosen (none at
+    all for --report); while the Snakefile is read, as its command line and profile name it
+    (ddppipe.slurm.call_executor)."""
     plugin = workflow.executor_plugin
-    return plugin is not None and plugin.name == "slurm"
+    if plugin is not None:
+        return plugin.name == "slurm"
+    return ddp_call_executor.executor_of_call(sys.argv) == "slurm"
 
 
 # The image check of every run, once per device decision and container section (a sweep's

@@ -138,3 +138,12 @@ def test_a_subcommand_runs_forked_and_keeps_its_exit_status(
     assert warm.delegate(["summary", missing]) == cold.returncode == 2
     monkeypatch.setenv(warm.CHILD_ENV, "1")  # a forked command runs itself, never delegates
     assert warm.delegate(["summary", missing]) is None
+
+
+def test_a_rank_imports_from_its_callers_pythonpath(server: dict, tmp_path: Path) -> None:
+    """A module only on the caller's PYTHONPATH (not the server's) runs forked."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "only_mine.py").write_text("import sys\nsys.exit(7)\n")
+    env = {**server, "PYTHONPATH": f"{tmp_path / 'mine'}:{server['PYTHONPATH']}"}
+    rank = warm.spawn([sys.executable, "-m", "only_mine"], env)
+    assert rank is not None and rank.wait(timeout=60) == 7

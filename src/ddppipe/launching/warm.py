@@ -50,6 +50,8 @@ PRELOAD = (
     "ddppipe.reports.plots",
 )
 READY_TIMEOUT_S = 120.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
 _POLL_S = 0.05
 
 
@@ -67,7 +69,9 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
         signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
     for module in preload:
         importlib.import_module(module)
+    global _DEFAULT_THREADS
     if "torch" in sys.modules:  # no thread pool in a process that forks (each rank sets its own)
+        _DEFAULT_THREADS = sys.modules["torch"].get_num_threads()
         sys.modules["torch"].set_num_threads(1)
     _check_no_cuda()
     pending = list(data or [])
@@ -187,14 +191,30 @@ def _reap(ranks: dict[int, socket.socket]) -> None:
         conn.close()
 
 
+def _die_with_server() -> None:
+    """(In a forked rank) SIGKILL when the server dies: its launcher hears so from it."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _new_paths(server: str, caller: str) -> list[str]:
+    """The entries of the caller's PYTHONPATH the server's lacks, in order."""
+    have = set(server.split(os.pathsep))
+    return [p for p in caller.split(os.pathsep) if p and p not in have]
+
+
 def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
     """(In the forked child) Run ``python -m MODULE ARGS`` as the launcher asked, then exit."""
     code = 1
     try:
         os.setsid()
+        _die_with_server()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.chdir(request["cwd"])
+        added = _new_paths(os.environ.get("PYTHONPATH", ""), request["env"].get("PYTHONPATH", ""))
+        sys.path[:0] = added  # the caller's PYTHONPATH, as its own interpreter would read it
         os.environ.clear()
         os.environ.update(request["env"])
         if request.get("cpus"):
@@ -204,8 +224,9 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
         for handler in logging.root.handlers[:]:  # the command sets up its own (its rank's)
             logging.root.removeHandler(handler)
         threads = request["env"].get("OMP_NUM_THREADS")
-        if threads and "torch" in sys.modules:  # torch read it when the server imported it
-            sys.modules["torch"].set_num_threads(max(1, int(threads)))  # 0: a `threads: 0` rule
+        if "torch" in sys.modules:  # torch read it when the server imported it
+            count = int(threads) if threads and threads.isdigit() else _DEFAULT_THREADS
+            sys.modules["torch"].set_num_threads(max(1, count))  # 0: a `threads: 0` rule
         module, args = request["module"], request["args"]
         sys.argv = [module, *args]
         import runpy

@@ -237,7 +237,9 @@ def warm_datasets(most=4):
     if KIND == "script":
         return []
     found = []
-    for run in [*reversed(RUNS.names())]:  # the trials first: a sweep's call trains them
+    for run in [
+        *reversed(RUNS.names())
+    ]:  # the trials first: a sweep's call trains them
         item = {
             "task": config["task"],
             "data_dir": run_data(run),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,93 @@ def test_activation_checkpointing_of_a_model_without_blocks_says_what_to_do() ->
     with pytest.raises(fsdp.ShardingError, match=r"^train.activation_checkpointing: Flat has "
                        r"no blocks.*or set train.activation_checkpointing: false$"):  # fmt: skip
         fsdp.checkpoint_activations(Flat())
+
+
+# --- job.shard(): a script's model per launch.strategy, in 2 real processes (gloo) -----------
+
+SMALL = {"context": 8, "d_model": 16, "layers": 2, "heads": 2}
+# launch.strategy, LOCAL_WORLD_SIZE (1: two nodes of one process), activation checkpointing
+SCRIPT_CASES = {"hsdp-2-nodes": ("hsdp", 1, True), "hsdp-1-node": ("hsdp", 2, False),
+                "fsdp": ("fsdp", 2, True), "ddp": ("ddp", 2, True)}  # fmt: skip
+
+
+def small_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = torch.randint(0, 256, (2, 4, SMALL["context"]),
+                         generator=torch.Generator().manual_seed(2))  # fmt: skip
+    return x, y
+
+
+def one_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    tasks.load("ddppipe.tasks.charlm").module.loss(net(x), y).backward()
+    optimizer.step()
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for k, p in model.named_parameters()}  # fmt: skip
+
+
+def script_rank(rank: int, folder: str) -> None:
+    """One of 2 processes of a script: each case's model through job.shard(), one SGD step on
+    this rank's half of the batch; rank 0 saves the full weights after it and the placements."""
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      DDPPIPE_DEVICE_USE="cpu")  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
+                            world_size=2)  # fmt: skip
+    from ddppipe import job
+
+    x, y = small_batch()
+    task = tasks.load("ddppipe.tasks.charlm")
+    found = {}
+    for name, (strategy, local, checkpointed) in SCRIPT_CASES.items():
+        os.environ.update(DDPPIPE_STRATEGY=strategy, LOCAL_WORLD_SIZE=str(local),
+                          DDPPIPE_ACTIVATION_CHECKPOINTING=str(int(checkpointed)))  # fmt: skip
+        torch.manual_seed(0)
+        net = job.shard(task.module.model(tasks.validate_args(task, SMALL)))
+        one_step(net, x[rank * 2 : rank * 2 + 2], y[rank * 2 : rank * 2 + 2])
+        model = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+        weight = model.blocks[0].qkv.weight
+        placements = [type(p).__name__ for p in getattr(weight, "placements", [])]
+        found[name] = (type(net).__name__, placements, full_weights(model))
+    if rank == 0:
+        torch.save(found, f"{folder}/found.pt")
+    dist.destroy_process_group()
+
+
+def test_job_shard_gives_a_script_the_runs_strategy(tmp_path: Path) -> None:
+    """job.shard() in 2 gloo processes: hsdp over "2 nodes of 1 process" is a 2-D mesh
+    (replicated across the nodes, sharded within one), hsdp on one node is fsdp's 1-D mesh,
+    ddp a DDP wrapper; every one (activation checkpointing on or off) trains the numbers of
+    one process on the whole batch: one SGD step's weights within 1e-6 (fp32, only the order
+    of the 2 ranks' gradient sums differs)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(script_rank, args=(str(tmp_path),), nprocs=2)
+    found = torch.load(tmp_path / "found.pt", weights_only=False)
+    task = tasks.load("ddppipe.tasks.charlm")
+    torch.manual_seed(0)
+    alone = task.module.model(tasks.validate_args(task, SMALL))
+    one_step(alone, *small_batch())
+    expected = full_weights(alone)
+    assert {name: kind[:2] for name, kind in found.items()} == {
+        "hsdp-2-nodes": ("FSDPNet", ["Replicate", "Shard"]),
+        "hsdp-1-node": ("FSDPNet", ["Shard"]),
+        "fsdp": ("FSDPNet", ["Shard"]),  # FSDP2 subclasses the model in place
+        "ddp": ("DistributedDataParallel", []),
+    }
+    for name, (_, _, weights) in found.items():
+        assert weights.keys() == expected.keys(), name
+        for key, value in expected.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_the_launcher_tells_a_script_the_strategy() -> None:
+    from ddppipe.runstate.state import StateDir
+    from ddppipe.training import job
+
+    env = job.environment("lm", StateDir(Path("state")), 1, "SIGUSR1", "cpu", None, None,
+                          strategy="hsdp", activation_checkpointing=True)  # fmt: skip
+    assert (env["DDPPIPE_STRATEGY"], env["DDPPIPE_ACTIVATION_CHECKPOINTING"]) == ("hsdp", "1")

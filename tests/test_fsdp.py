@@ -52,14 +52,14 @@ def lm_config(strategy: str, nproc: int) -> dict[str, Any]:
     return cfg
 
 
-def launch(cfg: dict[str, Any], data: Path, run_dir: Path) -> str:
-    """Train ``cfg`` in ``run_dir``; ddppipe launch's stderr."""
+def launch(cfg: dict[str, Any], data: Path, run_dir: Path, **run: Any) -> str:
+    """Train ``cfg`` in ``run_dir``; ddppipe launch's stderr. ``run``: run_cli's options."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config.write(config.resolve(cfg, gpus=False), run_dir / "config.yaml")
     return run_cli(
         "launch", f"--config={run_dir / 'config.yaml'}", f"--data={data}",
         f"--state={run_dir / 'state'}", f"--checkpoint={run_dir / 'final.pt'}",
-        f"--metrics={run_dir / 'metrics.jsonl'}",
+        f"--metrics={run_dir / 'metrics.jsonl'}", **run,
     ).stderr  # fmt: skip
 
 
@@ -161,6 +161,76 @@ def test_a_whole_model_checkpoint_of_a_run_started_before_is_resumed_from(
     after = torch.load(tmp_path / "model.pt", weights_only=True)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert history(tmp_path) == history(straight["ddp"])
+
+
+# The transformer task, but rank 0 sends itself the stop signal (SIGUSR1, what SLURM sends
+# before a time limit) at its STOP_AT_FORWARD-th training forward, when that is set.
+STOPPING_TASK = '''\
+"""The byte-level transformer; rank 0 stops itself at its STOP_AT_FORWARD-th training forward."""
+
+import os
+import signal
+
+import torch
+
+from ddppipe.tasks import charlm
+from ddppipe.tasks.charlm import ARGS_SCHEMA, datasets, loss, metrics, prepare  # noqa: F401
+
+
+def model(args):
+    net = charlm.model(args)
+    forwards = [0]
+
+    def stop_at(module, inputs):
+        if module.training and torch.is_grad_enabled() and os.environ["RANK"] == "0":
+            forwards[0] += 1
+            if forwards[0] == int(os.environ.get("STOP_AT_FORWARD", "0")):
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    net.register_forward_pre_hook(stop_at)
+    return net
+'''
+
+
+def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
+    straight: dict[str, Path], lm_data: Path, tmp_path: Path
+) -> None:
+    """SIGUSR1 to rank 0 at its 3rd training step of epoch 1: the ranks agree on the stop at
+    their next check (step 10: they check every 10 steps), checkpoint there and exit 75. The
+    next slot, at 1 process, resumes at step 10 of epoch 1: no step redone (the slot trains
+    the epoch's other 14 steps and epoch 2), the same samples in the same order, so the
+    uninterrupted fsdp run's numbers (same tolerance as above: a redone, skipped or reordered
+    step moves the loss by 1e-2).
+
+    The stopped slot trains with launch.strategy hsdp (one node: fsdp's mesh) and activation
+    checkpointing, the resumed one with fsdp and without: neither changes a number."""
+    task = tmp_path / "stopping.py"
+    task.write_text(STOPPING_TASK)
+    stopped = lm_config("hsdp", 2)
+    stopped.update(task=str(task))
+    stopped["train"]["activation_checkpointing"] = True
+    stderr = launch(stopped, lm_data, tmp_path, check=False, env={"STOP_AT_FORWARD": "3"})
+    assert "ValueError" not in stderr, stderr  # rank 1, which got no signal, stops as rank 0
+    mid_epoch = "ckpt-e0000-s000010"
+    first = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert [a["outcome"] for a in first] == ["stopped on SIGUSR1"], first
+    assert (first[0]["checkpoint"], first[0]["end_step"]) == (mid_epoch, 10)
+    assert (first[0]["world_size"], first[0]["strategy"]) == (2, "hsdp")
+
+    resumed = lm_config("fsdp", 1)
+    resumed.update(task=str(task))
+    stderr = launch(resumed, lm_data, tmp_path)
+    assert f"resuming from {tmp_path / 'state' / 'checkpoints' / mid_epoch}" in stderr, stderr
+    second = json.loads((tmp_path / "state" / "attempts.json").read_text())[1]
+    assert (second["resumed_from"], second["start_step"]) == (mid_epoch, 10)
+    assert (second["world_size"], second["strategy"]) == (1, "fsdp")
+    # the rest of epoch 1 (1,124 samples less 10 steps of 48) and epoch 2
+    assert second["efficiency"]["images"] == (TRAIN_SAMPLES - 10 * 48) + TRAIN_SAMPLES
+    reference, history_ = history(straight["fsdp"]), history(tmp_path)
+    assert [m["world_size"] for m in history_] == [1, 1]
+    assert history_[0]["test_loss"] == pytest.approx(reference[0]["test_loss"], rel=1e-5)
+    assert history_[1]["train_loss"] == pytest.approx(reference[1]["train_loss"], rel=1e-5)
+    assert history_[1]["test_loss"] == pytest.approx(reference[1]["test_loss"], rel=1e-5)
 
 
 # --- the blocks FSDP shards ---------------------------------------------------------------

@@ -142,6 +142,7 @@ class Trainer:
         self.prunes = trial is not None
         self.pruner = pruning.TrialPruner(trial) if trial is not None and ctx.is_main else None
         self.pruned_at: int | None = None  # the epoch whose end pruned the run
+        self._stop_signal = 0  # the stop signal any rank got, as the ranks agreed on it
 
     def _tracker(self) -> Any:
         """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
@@ -305,11 +306,14 @@ class Trainer:
     def _stop_requested(self, guard: preemption.Guard) -> bool:
         """Collective: whether any rank got the stop signal; raise NonFiniteLoss when any
         rank's loss was non-finite since the last check (the earliest such step)."""
-        flag = torch.tensor([1 if guard.requested() else 0, 0], device=self.ctx.device)
+        flag = torch.tensor([1 if guard.requested() else 0, 0, guard.received or 0],
+                            device=self.ctx.device)  # fmt: skip
         flag[1] = -self._first_nonfinite  # MAX of the negated index: the earliest step
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop, first = flag.tolist()
+        stop, first, signum = flag.tolist()
         self._raise_if_nonfinite(-first)
+        # The signal that stopped the run, on every rank: it may have reached only one of them.
+        self._stop_signal = signum
         return bool(stop)
 
     def _raise_if_nonfinite(self, first: int) -> None:
@@ -508,7 +512,7 @@ class Trainer:
 
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
-        signum = guard.received or 0
+        signum = guard.received or self._stop_signal
         self._record_efficiency()
         if self.tracker is not None:
             self.tracker.close()

@@ -23,8 +23,9 @@ from ddppipe.training import rank_memory
 from tests.conftest import run_cli
 from tests.tiny import TinyData, make_tiny, tiny_config
 
-HINT = ("to fit: train.strategy: fsdp (shards parameters, gradients and optimizer state), a "
-        "smaller train.batch_size, or activation checkpointing")  # fmt: skip
+HINT = ("to fit: launch.strategy: fsdp (shards parameters, gradients and optimizer state), a "
+        "smaller train.batch_size, or train.activation_checkpointing: true (recomputes each "
+        "block's activations in the backward)")  # fmt: skip
 HOST = socket.gethostname()
 MB, GIB = 1024**2, 1024**3
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -51,14 +52,14 @@ def lm_config(strategy: str, nproc: int) -> dict[str, Any]:
     return cfg
 
 
-def launch(cfg: dict[str, Any], data: Path, run_dir: Path) -> str:
-    """Train ``cfg`` in ``run_dir``; ddppipe launch's stderr."""
+def launch(cfg: dict[str, Any], data: Path, run_dir: Path, **run: Any) -> str:
+    """Train ``cfg`` in ``run_dir``; ddppipe launch's stderr. ``run``: run_cli's options."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config.write(config.resolve(cfg, gpus=False), run_dir / "config.yaml")
     return run_cli(
         "launch", f"--config={run_dir / 'config.yaml'}", f"--data={data}",
         f"--state={run_dir / 'state'}", f"--checkpoint={run_dir / 'final.pt'}",
-        f"--metrics={run_dir / 'metrics.jsonl'}",
+        f"--metrics={run_dir / 'metrics.jsonl'}", **run,
     ).stderr  # fmt: skip
 
 
@@ -162,6 +163,76 @@ def test_a_whole_model_checkpoint_of_a_run_started_before_is_resumed_from(
     assert history(tmp_path) == history(straight["ddp"])
 
 
+# The transformer task, but rank 0 sends itself the stop signal (SIGUSR1, what SLURM sends
+# before a time limit) at its STOP_AT_FORWARD-th training forward, when that is set.
+STOPPING_TASK = '''\
+"""The byte-level transformer; rank 0 stops itself at its STOP_AT_FORWARD-th training forward."""
+
+import os
+import signal
+
+import torch
+
+from ddppipe.tasks import charlm
+from ddppipe.tasks.charlm import ARGS_SCHEMA, datasets, loss, metrics, prepare  # noqa: F401
+
+
+def model(args):
+    net = charlm.model(args)
+    forwards = [0]
+
+    def stop_at(module, inputs):
+        if module.training and torch.is_grad_enabled() and os.environ["RANK"] == "0":
+            forwards[0] += 1
+            if forwards[0] == int(os.environ.get("STOP_AT_FORWARD", "0")):
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    net.register_forward_pre_hook(stop_at)
+    return net
+'''
+
+
+def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
+    straight: dict[str, Path], lm_data: Path, tmp_path: Path
+) -> None:
+    """SIGUSR1 to rank 0 at its 3rd training step of epoch 1: the ranks agree on the stop at
+    their next check (step 10: they check every 10 steps), checkpoint there and exit 75. The
+    next slot, at 1 process, resumes at step 10 of epoch 1: no step redone (the slot trains
+    the epoch's other 14 steps and epoch 2), the same samples in the same order, so the
+    uninterrupted fsdp run's numbers (same tolerance as above: a redone, skipped or reordered
+    step moves the loss by 1e-2).
+
+    The stopped slot trains with launch.strategy hsdp (one node: fsdp's mesh) and activation
+    checkpointing, the resumed one with fsdp and without: neither changes a number."""
+    task = tmp_path / "stopping.py"
+    task.write_text(STOPPING_TASK)
+    stopped = lm_config("hsdp", 2)
+    stopped.update(task=str(task))
+    stopped["train"]["activation_checkpointing"] = True
+    stderr = launch(stopped, lm_data, tmp_path, check=False, env={"STOP_AT_FORWARD": "3"})
+    assert "ValueError" not in stderr, stderr  # rank 1, which got no signal, stops as rank 0
+    mid_epoch = "ckpt-e0000-s000010"
+    first = json.loads((tmp_path / "state" / "attempts.json").read_text())
+    assert [a["outcome"] for a in first] == ["stopped on SIGUSR1"], first
+    assert (first[0]["checkpoint"], first[0]["end_step"]) == (mid_epoch, 10)
+    assert (first[0]["world_size"], first[0]["strategy"]) == (2, "hsdp")
+
+    resumed = lm_config("fsdp", 1)
+    resumed.update(task=str(task))
+    stderr = launch(resumed, lm_data, tmp_path)
+    assert f"resuming from {tmp_path / 'state' / 'checkpoints' / mid_epoch}" in stderr, stderr
+    second = json.loads((tmp_path / "state" / "attempts.json").read_text())[1]
+    assert (second["resumed_from"], second["start_step"]) == (mid_epoch, 10)
+    assert (second["world_size"], second["strategy"]) == (1, "fsdp")
+    # the rest of epoch 1 (1,124 samples less 10 steps of 48) and epoch 2
+    assert second["efficiency"]["images"] == (TRAIN_SAMPLES - 10 * 48) + TRAIN_SAMPLES
+    reference, history_ = history(straight["fsdp"]), history(tmp_path)
+    assert [m["world_size"] for m in history_] == [1, 1]
+    assert history_[0]["test_loss"] == pytest.approx(reference[0]["test_loss"], rel=1e-5)
+    assert history_[1]["train_loss"] == pytest.approx(reference[1]["train_loss"], rel=1e-5)
+    assert history_[1]["test_loss"] == pytest.approx(reference[1]["test_loss"], rel=1e-5)
+
+
 # --- the blocks FSDP shards ---------------------------------------------------------------
 
 
@@ -207,3 +278,182 @@ def test_an_unknown_strategy_is_a_config_error() -> None:
     cfg["launch"]["strategy"] = "zero3"
     with pytest.raises(config.ConfigError, match=r"launch.strategy: 'zero3' is not one of"):
         config.resolve(cfg, gpus=False)
+
+
+# --- hybrid sharding: the mesh -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("strategy", "nnodes", "nproc", "shape"), [
+    ("hsdp", 4, 8, (4, 8)),  # replicate across the 4 nodes, shard over a node's 8 ranks
+    ("hsdp", 2, 1, (2, 1)),  # one rank a node: replicated only
+    ("hsdp", 1, 8, (8,)),  # one node: plain fsdp
+    ("fsdp", 4, 8, (32,)),  # every rank holds a shard
+    ("fsdp", 1, 2, (2,)),
+])  # fmt: skip
+def test_the_mesh_of_each_sharded_strategy(
+    strategy: str, nnodes: int, nproc: int, shape: tuple[int, ...]
+) -> None:
+    assert fsdp.mesh_shape(strategy, nnodes, nproc) == shape
+
+
+def test_a_mesh_for_ddp_is_refused_with_what_to_do() -> None:
+    with pytest.raises(fsdp.ShardingError, match=r"launch.strategy 'ddp' shards nothing: a mesh "
+                       r"is for fsdp or hsdp"):  # fmt: skip
+        fsdp.mesh_shape("ddp", 2, 4)
+
+
+def test_hsdp_is_a_strategy_and_guessed_keys_name_the_setting() -> None:
+    cfg = default_config()
+    cfg["launch"]["strategy"] = "hsdp"
+    assert config.resolve(cfg, gpus=False)["launch"]["strategy"] == "hsdp"
+    cfg["launch"]["fsdp_hybrid"] = True
+    cfg["launch"]["activation_checkpointing"] = True
+    with pytest.raises(config.ConfigError) as error:
+        config.resolve(cfg, gpus=False)
+    assert "launch.fsdp_hybrid: no such key; set launch.strategy: hsdp" in str(error.value)
+    assert ("launch.activation_checkpointing: no such key; set "
+            "train.activation_checkpointing") in str(error.value)  # fmt: skip
+
+
+# --- activation checkpointing ------------------------------------------------------------
+
+
+def saved_bytes(layers: int, checkpointed: bool) -> tuple[int, torch.Tensor, dict[str, Any]]:
+    """The bytes one forward of the transformer (batch 8 x 64 bytes, d_model 32) keeps for
+    its backward, as autograd's saved-tensor hooks see them; its loss and gradients."""
+    task = tasks.load("ddppipe.tasks.charlm")
+    args = {"context": 64, "d_model": 32, "layers": layers, "heads": 2}
+    torch.manual_seed(0)
+    model = task.module.model(tasks.validate_args(task, args))
+    if checkpointed:
+        fsdp.checkpoint_activations(model)
+    x, y = torch.randint(0, 256, (2, 8, 64), generator=torch.Generator().manual_seed(1))
+    kept: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = task.module.loss(model(x), y)
+    loss.backward()
+    return sum(kept), loss.detach(), {k: p.grad for k, p in model.named_parameters()}
+
+
+def test_activation_checkpointing_keeps_only_each_blocks_input_and_changes_no_number() -> None:
+    """Checkpointed, a block keeps only its input for the backward (8 x 64 x 32 fp32: 64 KiB)
+    instead of its every activation (about 18 times that here); the loss and every gradient
+    are bitwise those without it (fp32 on CPU: the recomputation repeats the same arithmetic).
+    The parameters keep their names (state dicts and checkpoints are unchanged)."""
+    block_input = 8 * 64 * 32 * 4
+    plain = {layers: saved_bytes(layers, False) for layers in (2, 4)}
+    checkpointed = {layers: saved_bytes(layers, True) for layers in (2, 4)}
+    assert checkpointed[4][0] - checkpointed[2][0] == 2 * block_input
+    assert plain[4][0] - plain[2][0] > 2 * 10 * block_input
+    assert checkpointed[4][0] < plain[4][0] / 3  # measured: 0.25
+    _, loss, grads = plain[4]
+    _, loss_checkpointed, grads_checkpointed = checkpointed[4]
+    assert torch.equal(loss, loss_checkpointed)
+    assert grads.keys() == grads_checkpointed.keys()
+    assert all(torch.equal(grads[k], grads_checkpointed[k]) for k in grads)
+
+
+def test_activation_checkpointing_of_a_model_without_blocks_says_what_to_do() -> None:
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+    with pytest.raises(fsdp.ShardingError, match=r"^train.activation_checkpointing: Flat has "
+                       r"no blocks.*or set train.activation_checkpointing: false$"):  # fmt: skip
+        fsdp.checkpoint_activations(Flat())
+
+
+# --- job.shard(): a script's model per launch.strategy, in 2 real processes (gloo) -----------
+
+SMALL = {"context": 8, "d_model": 16, "layers": 2, "heads": 2}
+# launch.strategy, LOCAL_WORLD_SIZE (1: two nodes of one process), activation checkpointing
+SCRIPT_CASES = {"hsdp-2-nodes": ("hsdp", 1, True), "hsdp-1-node": ("hsdp", 2, False),
+                "fsdp": ("fsdp", 2, True), "ddp": ("ddp", 2, True)}  # fmt: skip
+
+
+def small_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = torch.randint(0, 256, (2, 4, SMALL["context"]),
+                         generator=torch.Generator().manual_seed(2))  # fmt: skip
+    return x, y
+
+
+def one_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    tasks.load("ddppipe.tasks.charlm").module.loss(net(x), y).backward()
+    optimizer.step()
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for k, p in model.named_parameters()}  # fmt: skip
+
+
+def script_rank(rank: int, folder: str) -> None:
+    """One of 2 processes of a script: each case's model through job.shard(), one SGD step on
+    this rank's half of the batch; rank 0 saves the full weights after it and the placements."""
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      DDPPIPE_DEVICE_USE="cpu")  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
+                            world_size=2)  # fmt: skip
+    from ddppipe import job
+
+    x, y = small_batch()
+    task = tasks.load("ddppipe.tasks.charlm")
+    found = {}
+    for name, (strategy, local, checkpointed) in SCRIPT_CASES.items():
+        os.environ.update(DDPPIPE_STRATEGY=strategy, LOCAL_WORLD_SIZE=str(local),
+                          DDPPIPE_ACTIVATION_CHECKPOINTING=str(int(checkpointed)))  # fmt: skip
+        torch.manual_seed(0)
+        net = job.shard(task.module.model(tasks.validate_args(task, SMALL)))
+        one_step(net, x[rank * 2 : rank * 2 + 2], y[rank * 2 : rank * 2 + 2])
+        model = net.module if isinstance(net, nn.parallel.DistributedDataParallel) else net
+        weight = model.blocks[0].qkv.weight
+        placements = [type(p).__name__ for p in getattr(weight, "placements", [])]
+        found[name] = (type(net).__name__, placements, full_weights(model))
+    if rank == 0:
+        torch.save(found, f"{folder}/found.pt")
+    dist.destroy_process_group()
+
+
+def test_job_shard_gives_a_script_the_runs_strategy(tmp_path: Path) -> None:
+    """job.shard() in 2 gloo processes: hsdp over "2 nodes of 1 process" is a 2-D mesh
+    (replicated across the nodes, sharded within one), hsdp on one node is fsdp's 1-D mesh,
+    ddp a DDP wrapper; every one (activation checkpointing on or off) trains the numbers of
+    one process on the whole batch: one SGD step's weights within 1e-6 (fp32, only the order
+    of the 2 ranks' gradient sums differs)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(script_rank, args=(str(tmp_path),), nprocs=2)
+    found = torch.load(tmp_path / "found.pt", weights_only=False)
+    task = tasks.load("ddppipe.tasks.charlm")
+    torch.manual_seed(0)
+    alone = task.module.model(tasks.validate_args(task, SMALL))
+    one_step(alone, *small_batch())
+    expected = full_weights(alone)
+    assert {name: kind[:2] for name, kind in found.items()} == {
+        "hsdp-2-nodes": ("FSDPNet", ["Replicate", "Shard"]),
+        "hsdp-1-node": ("FSDPNet", ["Shard"]),
+        "fsdp": ("FSDPNet", ["Shard"]),  # FSDP2 subclasses the model in place
+        "ddp": ("DistributedDataParallel", []),
+    }
+    for name, (_, _, weights) in found.items():
+        assert weights.keys() == expected.keys(), name
+        for key, value in expected.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_the_launcher_tells_a_script_the_strategy() -> None:
+    from ddppipe.runstate.state import StateDir
+    from ddppipe.training import job
+
+    env = job.environment("lm", StateDir(Path("state")), 1, "SIGUSR1", "cpu", None, None,
+                          strategy="hsdp", activation_checkpointing=True)  # fmt: skip
+    assert (env["DDPPIPE_STRATEGY"], env["DDPPIPE_ACTIVATION_CHECKPOINTING"]) == ("hsdp", "1")

@@ -96,6 +96,7 @@ def _environment(spec: RunSpec, state: StateDir, attempt: int, warn_in: float | 
     return job.environment(
         spec.run, state, attempt, spec.slurm.stop_signal, spec.device, tensorboard,
         spec.tracking.mlflow, end, None if warn_in is None else time.time() + warn_in,
+        spec.launch.strategy, spec.train.activation_checkpointing,
     )  # fmt: skip
 
 

@@ -5,29 +5,41 @@ of its submodules as ``named_modules()`` gives them), else every module of its o
 ``nn.ModuleList``s (a transformer's layers), else its top-level children that hold parameters.
 Each block gathers its full parameters for its own forward and backward only, so a rank holds
 one block's full weights at a time plus its shards of the rest.
+
+``hsdp`` (hybrid) shards the same blocks within a node and replicates them across the nodes:
+a 2-D mesh ``(replicate=nnodes, shard=nproc_per_node)``, which FSDP2 treats as HSDP (the
+shards all-gather and reduce-scatter on a node's fast links; only the gradients' all-reduce
+crosses nodes). :func:`mesh_shape` decides the mesh. Activation checkpointing
+(:func:`checkpoint_activations`) recomputes each block's activations in the backward instead
+of keeping them, under any strategy.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ddppipe.core.errors import UserError
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp")  # the strategies FSDP2 trains
+MESH_DIMS = ("replicate", "shard")  # the dimensions of hsdp's 2-D mesh
 
 
 class ShardingError(ValueError, UserError):
     """A model that cannot be sharded as configured."""
 
 
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP shards one by one (see the module's docstring), outermost first."""
+def blocks(model: nn.Module, why: str = "launch.strategy fsdp") -> list[nn.Module]:
+    """The modules FSDP shards one by one (see the module's docstring), outermost first.
+    ``why``: the setting that needs them, for the messages."""
     named = getattr(model, "shard_blocks", None)
     if named is not None:
-        return _named_blocks(model, named)
+        return _named_blocks(model, named, why)
     found: list[nn.Module] = []
     inside: set[int] = set()
     for _, module in model.named_modules():
@@ -43,22 +55,27 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     found = [child for child in model.children() if _has_parameters(child)]
     if not found:
         raise ShardingError(
-            f"launch.strategy fsdp: {type(model).__name__} has no blocks to shard (no "
-            "nn.ModuleList and no child module with parameters): give the model a "
-            "shard_blocks attribute (the submodules to shard, e.g. its layers), or use "
-            "launch.strategy: ddp"
+            f"{why}: {type(model).__name__} has no blocks (no nn.ModuleList and no child "
+            "module with parameters): give the model a shard_blocks attribute (the submodules "
+            f"to shard and checkpoint, e.g. its layers), or {_instead(why)}"
         )
     return found
 
 
-def _named_blocks(model: nn.Module, named: Iterable[nn.Module | str]) -> list[nn.Module]:
+def _instead(why: str) -> str:
+    if why.startswith("train.activation_checkpointing"):
+        return "set train.activation_checkpointing: false"
+    return "use launch.strategy: ddp"
+
+
+def _named_blocks(model: nn.Module, named: Iterable[nn.Module | str], why: str) -> list[nn.Module]:
     modules = dict(model.named_modules())
     chosen = []
     for item in named:
         if isinstance(item, str):
             if item not in modules:
                 raise ShardingError(
-                    f"launch.strategy fsdp: {type(model).__name__}.shard_blocks names "
+                    f"{why}: {type(model).__name__}.shard_blocks names "
                     f"{item!r}, which is not one of its submodules (e.g. "
                     f"{', '.join(list(modules)[1:4])})"
                 )
@@ -66,8 +83,8 @@ def _named_blocks(model: nn.Module, named: Iterable[nn.Module | str]) -> list[nn
         chosen.append(item)
     if not chosen:
         raise ShardingError(
-            f"launch.strategy fsdp: {type(model).__name__}.shard_blocks is empty: name the "
-            "submodules to shard, or use launch.strategy: ddp"
+            f"{why}: {type(model).__name__}.shard_blocks is empty: name the submodules "
+            f"to shard, or {_instead(why)}"
         )
     return chosen
 
@@ -76,21 +93,71 @@ def _has_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
 
-def shard(model: nn.Module, device: torch.device, bf16: bool) -> nn.Module:
-    """Shard ``model`` in place across every rank of the default process group: each block,
-    then the root. ``bf16``: compute in bfloat16 and reduce gradients in float32."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def mesh_shape(strategy: str, nnodes: int, nproc_per_node: int) -> tuple[int, ...]:
+    """The device mesh FSDP2 shards over: ``(world,)`` for ``fsdp`` (every rank holds a shard),
+    ``(nnodes, nproc_per_node)`` for ``hsdp`` (replicate across nodes, shard within one); on
+    one node ``hsdp`` is plain ``fsdp``."""
+    if strategy not in SHARDED:
+        raise ShardingError(
+            f"launch.strategy {strategy!r} shards nothing: a mesh is for "
+            f"{' or '.join(SHARDED)} (hsdp: shard within a node, replicate across nodes)"
+        )
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ShardingError(
+            f"launch.strategy {strategy}: {nnodes} node(s) of {nproc_per_node} process(es): "
+            "both must be at least 1"
+        )
+    if strategy == "hsdp" and nnodes > 1:
+        return (nnodes, nproc_per_node)
+    return (nnodes * nproc_per_node,)
 
+
+def mesh(device: torch.device, shape: tuple[int, ...]) -> Any:
+    """The device mesh of ``shape`` (:func:`mesh_shape`) over the default process group's
+    ranks, of ``device``'s type; raise ShardingError if the ranks are not that many."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = torch.distributed.get_world_size()
+    if math.prod(shape) != world:
+        raise ShardingError(
+            f"a mesh of {' x '.join(map(str, shape))} ranks for a world of {world}: "
+            "launch.nnodes x launch.nproc_per_node must be the world size"
+        )
     # An explicit mesh of the ranks' device type: gloo with CUDA visible crashed without one
     # (pytorch #132471).
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    if len(shape) == 1:
+        return init_device_mesh(device.type, shape)
+    return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def shard(
+    model: nn.Module, device: torch.device, bf16: bool, shape: tuple[int, ...] | None = None,
+    why: str = "launch.strategy fsdp",
+) -> nn.Module:  # fmt: skip
+    """Shard ``model`` in place over the mesh of ``shape`` (:func:`mesh_shape`; None: every
+    rank of the default process group, 1-D): each block, then the root. ``bf16``: compute in
+    bfloat16 and reduce gradients in float32. ``why``: the setting, for the messages."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    ranks = mesh(device, shape or (torch.distributed.get_world_size(),))
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
     )
-    for block in blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for block in blocks(model, why):
+        fully_shard(block, mesh=ranks, mp_policy=policy)
+    fully_shard(model, mesh=ranks, mp_policy=policy)
+    return model
+
+
+def checkpoint_activations(model: nn.Module) -> nn.Module:
+    """Recompute each block's activations (:func:`blocks`) in the backward instead of keeping
+    them (non-reentrant ``torch.utils.checkpoint``, applied in place by the composable
+    ``checkpoint``: parameter names and state dicts stay as they were). Before sharding or DDP.
+    """
+    from torch.distributed._composable import checkpoint
+
+    for block in blocks(model, why="train.activation_checkpointing"):
+        checkpoint(block)
     return model
 
 

@@ -19,8 +19,9 @@ from ddppipe.core import memory
 
 OUTCOME = "out of memory"  # the attempt's outcome
 HINT = (
-    "to fit: train.strategy: fsdp (shards parameters, gradients and optimizer state), a "
-    "smaller train.batch_size, or activation checkpointing"
+    "to fit: launch.strategy: fsdp (shards parameters, gradients and optimizer state), a "
+    "smaller train.batch_size, or train.activation_checkpointing: true (recomputes each "
+    "block's activations in the backward)"
 )
 GPU, HOST = "GPU", "host"
 # torch's message: "... GPU 0 has a total capacity of 79.19 GiB of which 3.06 GiB is free.

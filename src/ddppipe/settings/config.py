@@ -35,6 +35,14 @@ RENAMED = {
     "launch.backend": "launch.device (NCCL on GPUs, gloo on CPUs)",
 }
 
+# Keys a user may guess that no version had, and the setting they mean.
+GUESSED = {
+    "launch.fsdp_hybrid": "launch.strategy: hsdp (sharded within a node, replicated across nodes)",
+    "launch.hybrid": "launch.strategy: hsdp (sharded within a node, replicated across nodes)",
+    "train.strategy": "launch.strategy (ddp, fsdp or hsdp)",
+    "launch.activation_checkpointing": "train.activation_checkpointing",
+}
+
 
 # Top-level sections that moved: where their settings live now.
 MOVED = {
@@ -169,6 +177,10 @@ def _renamed(cfg: dict[str, Any]) -> list[str]:
         section, key = old.split(".")
         if isinstance(cfg.get(section), dict) and key in cfg[section]:
             lines.append(f"  {old}: this key is now {new}; rename it")
+    for guess, meant in GUESSED.items():
+        section, key = guess.split(".")
+        if isinstance(cfg.get(section), dict) and key in cfg[section]:
+            lines.append(f"  {guess}: no such key; set {meant}")
     return lines
 
 

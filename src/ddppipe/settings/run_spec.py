@@ -41,6 +41,7 @@ class Train:
     eval_batch_size: int
     checkpoint_every: int
     keep_checkpoints: int
+    activation_checkpointing: bool = False  # recompute the blocks' activations (parallel.fsdp)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Launch:
     max_restarts: int
     cpus_per_proc: int | None
     hang_timeout_s: float | str  # seconds, or "auto" (ddppipe.launching.watchdog)
-    strategy: str = "ddp"  # ddp | fsdp (ddppipe.parallel.fsdp)
+    strategy: str = "ddp"  # ddp | fsdp | hsdp (ddppipe.parallel.fsdp)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@
     job.checkpoint_dir()     # where to save and find checkpoints (survives requeues)
     job.output_dir()         # files the run produces (published to results/<run>/train/outputs)
     job.log(step, **values)  # rank 0: metrics.jsonl and TensorBoard (and MLflow)
+    model = job.shard(model) # DDP, FSDP2 or HSDP on this rank's device, per launch.strategy
     sys.exit(job.STOP)       # after saving on should_stop(): continue in the next slot
 
 Importing this module installs the stop-signal handler (it only sets a flag; all I/O
@@ -46,13 +47,15 @@ ENV = {
     "stop_at": preemption.STOP_AT_ENV,  # Unix time should_stop() turns true ('' without one)
     "stop_signal": preemption.STOP_SIGNAL_ENV,  # the time-limit warning's signal: SIGUSR1
     "use": "DDPPIPE_DEVICE_USE",  # gpu (required) | cpu: the run spec's device
+    "strategy": "DDPPIPE_STRATEGY",  # launch.strategy: ddp | fsdp | hsdp
+    "activation_checkpointing": "DDPPIPE_ACTIVATION_CHECKPOINTING",  # 1 | 0 (train.)
 }
 
 
 def environment(
     run: str, state: StateDir, attempt: int, stop_signal: str, use: str,
     tensorboard: Path | None, mlflow: str | None, end_time: float | None = None,
-    stop_at: float | None = None,
+    stop_at: float | None = None, strategy: str = "ddp", activation_checkpointing: bool = False,
 ) -> dict[str, str]:  # fmt: skip
     """The :data:`ENV` variables of one slot, for the launcher to export."""
     resolved = StateDir(state.root.resolve())
@@ -62,7 +65,8 @@ def environment(
         "mlflow": mlflow or "", "attempt": str(attempt),
         "end_time": "" if end_time is None else f"{end_time:.0f}",
         "stop_at": "" if stop_at is None else f"{stop_at:.0f}", "stop_signal": stop_signal,
-        "use": use,
+        "use": use, "strategy": strategy,
+        "activation_checkpointing": "1" if activation_checkpointing else "0",
     }  # fmt: skip
     return {ENV[key]: value for key, value in values.items()}
 
@@ -110,6 +114,44 @@ def info() -> Info:
         rank=int(os.environ.get("RANK", "0")), local_rank=local_rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
         node=socket.gethostname(), attempt=int(_env("attempt") or 1), device=str(device),
+    )  # fmt: skip
+
+
+def shard(model: Any, bf16: bool = False) -> Any:
+    """``model`` as this run trains it (``launch.strategy``), moved to this rank's device
+    (:func:`info`): its ``DistributedDataParallel`` wrapper (ddp), or the model itself sharded
+    in place by FSDP2 (fsdp: across every rank; hsdp: within a node, replicated across nodes),
+    its blocks' activations checkpointed first with ``train.activation_checkpointing``. The
+    blocks are those of the training loop (the model's ``shard_blocks``, else its
+    ``nn.ModuleList``s' modules, else its children with parameters).
+
+    Collective: call it on every rank after ``init_process_group``, and build the optimizer
+    from what it returns. ``bf16``: FSDP computes in bfloat16 and reduces gradients in
+    float32, DDP all-reduces bf16 gradients. Save and load an FSDP model's state with
+    ``torch.distributed.checkpoint`` (its parameters are shards).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ddppipe.parallel import wrapping
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "job.shard() needs the process group: call "
+            "torch.distributed.init_process_group() first (torchrun's environment says where "
+            "to meet)"
+        )
+    world = dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if local < 1 or world % local:
+        raise RuntimeError(
+            f"job.shard(): LOCAL_WORLD_SIZE {local} does not divide the world size {world}: "
+            "start the script with torchrun (ddppipe launch does), one node's processes each"
+        )
+    device = torch.device(info().device)
+    return wrapping.wrap(
+        model.to(device), device, _env("strategy") or "ddp", world // local, local, bf16=bf16,
+        activation_checkpointing=_env("activation_checkpointing") == "1",
     )  # fmt: skip
 
 

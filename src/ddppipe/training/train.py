@@ -1,7 +1,7 @@
 """The data-parallel training loop of any task: sharded batches, checkpoints, evaluation.
 
 The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the loss,
-metrics and optimizer; everything else is here: device, DDP or FSDP (``launch.strategy``),
+metrics and optimizer; everything else is here: device, DDP, FSDP or HSDP (``launch.strategy``),
 mixed precision, the sharded and resumable data order, sharded asynchronous checkpoints, stop
 on signal, evaluation, metrics and tracking.
 """
@@ -21,14 +21,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
 from ddppipe.data import batches, manifest, sharding
-from ddppipe.parallel import devices, distributed, fsdp, software
+from ddppipe.parallel import devices, distributed, fsdp, software, wrapping
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
@@ -103,24 +101,19 @@ class Trainer:
         if cuda:
             speed_up_cuda()
         self.loss_fn = evaluate.training_loss(self.task, self.recipe.label_smoothing)
-        self.sharded = spec.launch.strategy == "fsdp"
+        self.sharded = spec.launch.strategy in fsdp.SHARDED
         if ctx.is_main:  # on the whole model: before FSDP shards it (its forward is collective)
             self.meter.flops_per_image = probes.flops_per_image(
                 model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,
                 self.memory_format,
             )  # fmt: skip
         # What trains: the FSDP-sharded model itself, or its DDP wrapper.
-        self.net: torch.nn.Module
-        if self.sharded:
-            self.net = fsdp.shard(model, ctx.device, bf16=self.dtype == torch.bfloat16)
-        else:
-            # Gradients live in DDP's all-reduce buckets: no copy in or out of them per step.
-            self.net = DDP(model, device_ids=[ctx.device.index] if cuda else None,
-                           gradient_as_bucket_view=True)  # fmt: skip
-            if self.dtype == torch.bfloat16 and ctx.world_size > 1:
-                # bf16 training all-reduces bf16 gradients: half the bytes of every step's
-                # all-reduce (DDP's compression hook; gloo and NCCL reduce bf16).
-                self.net.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        launch = spec.launch
+        self.net = wrapping.wrap(
+            model, ctx.device, launch.strategy, launch.nnodes, launch.nproc_per_node,
+            bf16=self.dtype == torch.bfloat16,
+            activation_checkpointing=self.recipe.activation_checkpointing,
+        )  # fmt: skip
         self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
         self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
         if self.task.has("optimizer"):
@@ -151,6 +144,7 @@ class Trainer:
         self.prunes = trial is not None
         self.pruner = pruning.TrialPruner(trial) if trial is not None and ctx.is_main else None
         self.pruned_at: int | None = None  # the epoch whose end pruned the run
+        self._stop_signal = 0  # the stop signal any rank got, as the ranks agreed on it
 
     def _tracker(self) -> Any:
         """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
@@ -314,11 +308,14 @@ class Trainer:
     def _stop_requested(self, guard: preemption.Guard) -> bool:
         """Collective: whether any rank got the stop signal; raise NonFiniteLoss when any
         rank's loss was non-finite since the last check (the earliest such step)."""
-        flag = torch.tensor([1 if guard.requested() else 0, 0], device=self.ctx.device)
+        flag = torch.tensor([1 if guard.requested() else 0, 0, guard.received or 0],
+                            device=self.ctx.device)  # fmt: skip
         flag[1] = -self._first_nonfinite  # MAX of the negated index: the earliest step
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop, first = flag.tolist()
+        stop, first, signum = flag.tolist()
         self._raise_if_nonfinite(-first)
+        # The signal that stopped the run, on every rank: it may have reached only one of them.
+        self._stop_signal = signum
         return bool(stop)
 
     def _raise_if_nonfinite(self, first: int) -> None:
@@ -517,7 +514,7 @@ class Trainer:
 
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
-        signum = guard.received or 0
+        signum = guard.received or self._stop_signal
         self._record_efficiency()
         if self.tracker is not None:
             self.tracker.close()

@@ -209,7 +209,7 @@ def test_hopeless_trials_are_pruned_at_epoch_1_and_the_good_one_completes(sweep:
         assert found["pruned_at_epoch"] == 1 and found["epochs"] == 1, (lr, found)
         assert found["test_accuracy"] < FINISHED[1], found
         ckpts = sorted(p.name for p in (trial_dir(wd, lr) / "state" / "checkpoints").iterdir())
-        assert ckpts == ["ckpt-e0001-s000000.pt"], (lr, ckpts)
+        assert ckpts == ["ckpt-e0001-s000000"], (lr, ckpts)
         assert (trial_dir(wd, lr) / "export" / "model.pt").is_file()
         text = summary.text(trial_dir(wd, lr))
         assert "pruned at epoch 1 (median rule of sweep lr on accuracy)" in text, text

@@ -3,8 +3,10 @@
 Starts a throwaway two-node cluster (tests/slurm_cluster.py: nodes pk01, pk02 of 2 CPUs,
 training in the non-default partition `batch`) with Slurm's DEFAULT scheduler settings (no
 SchedulerParameters: sched_interval 60 s, bf_interval 30 s, as real sites keep them), and runs
-a grid sweep of ``--trials`` one-epoch trials of the digits task (train.seed 0..N-1: the same
-work each, one process on one CPU) twice with `--profile profiles/slurm`:
+a grid sweep of ``--trials`` one-epoch trials (train.seed 0..N-1: the same work each, one
+process on one CPU) of MNIST served from a local mirror (``--task digits``: scikit-learn's
+8x8 digits, a trial of about a second, where the submitting side's per-trial rules dominate)
+twice with `--profile profiles/slurm`:
 
 - packed: ``sweep.pack`` = 2 allocations of one node, 2 trials side by side on each;
 - one job per trial: the same sweep without ``pack``, ``max_parallel`` 4 (the same 4 CPUs).
@@ -15,8 +17,8 @@ accounting of the trials' attempts) and, packed, how idle the slots were while t
 
 Needs root and the Slurm packages, and no other test cluster on the machine; ~10 minutes.
 
-    python bench/sweep_packing.py                 # 24 trials
-    python bench/sweep_packing.py --trials 8
+    python bench/sweep_packing.py                 # 24 one-epoch MNIST trials
+    python bench/sweep_packing.py --trials 8 --task digits
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
+from overhead import SHARED_MNIST, sha256sums  # noqa: E402
+
 from tests.slurm_cluster import CTLD_PORT, SlurmCluster, port_listening  # noqa: E402
 from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
 
@@ -52,23 +56,41 @@ PROFILE = REPO / "profiles" / "slurm"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--task", choices=["mnist", "digits"], default="mnist")
+    ap.add_argument("--mirror", type=Path, default=SHARED_MNIST, help="folder of the *.gz files")
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
     return ap.parse_args(argv)
 
 
-def config_for(trials: int, packed: bool) -> dict[str, Any]:
+def config_for(args: argparse.Namespace, packed: bool) -> dict[str, Any]:
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    cfg.update(run="base", task="ddppipe.tasks.digits", task_args={"width": 8})
-    cfg["train"].update(epochs=1, batch_size=64)
+    cfg["run"] = "base"
+    if args.task == "digits":
+        cfg.update(task="ddppipe.tasks.digits", task_args={"width": 8})
+        cfg["train"].update(batch_size=64)
+    else:
+        cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
+                            "sha256": sha256sums(args.mirror)}  # fmt: skip
+    cfg["train"].update(epochs=1)
     cfg["launch"].update(nnodes=1, nproc_per_node=1, cpus_per_proc=1, max_restarts=0,
                          device="cpu")  # fmt: skip
     cfg["slurm"].update(mem_mb=1500, runtime=10, partition="batch")
-    cfg["sweep"] = {"name": "packing", "parameters": {"train.seed": list(range(trials))},
+    cfg["sweep"] = {"name": "packing", "parameters": {"train.seed": list(range(args.trials))},
                     "max_parallel": 4}  # fmt: skip
     if packed:
         cfg["sweep"]["pack"] = {"allocations": 2, "nodes": 1, "trials_per_node": 2,
                                 "time_min": 30}  # fmt: skip
     return cfg
+
+
+def job_seconds(cluster: SlurmCluster, job: str) -> float:
+    """How long SLURM held job ``job``: its StartTime to its EndTime (slurmctld keeps a
+    finished job for MinJobAge)."""
+    from ddppipe.slurm import scontrol
+
+    record = scontrol.parse_record(cluster.run(["scontrol", "-o", "show", "job", job]).stdout)
+    start, end = (scontrol.timestamp(record[k]) for k in ("StartTime", "EndTime"))
+    return (end or 0.0) - (start or 0.0)
 
 
 def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +101,8 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
            "--configfile", str(work / "config.yaml"), "--profile", str(PROFILE)]  # fmt: skip
     env = cluster.environ({"PATH": f"{bindir}:/usr/bin:/bin:/usr/sbin"})
     # the data and every trial's config first: the figures are the trainings'
-    subprocess.run([*smk, "resources/digits/manifest.json"], cwd=work, env=env, check=True,
+    data = "digits" if cfg["task"] == "ddppipe.tasks.digits" else "mnist"
+    subprocess.run([*smk, f"resources/{data}/manifest.json"], cwd=work, env=env, check=True,
                    capture_output=True)  # fmt: skip
     started = time.monotonic()
     result = subprocess.run([*smk, "sweep"], cwd=work, capture_output=True, text=True,
@@ -100,10 +123,11 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
         assert cost is not None
         out.update(jobs=len(cost.jobs), cpu_hours=cost.held_hours,
                    idle=cost.idle_while_trials, queue=max(cost.queue_s))  # fmt: skip
-    else:  # each trial's job held its one CPU from its start to its end
-        out["cpu_hours"] = sum(a["end"] - a["start"] for a in attempts) / 3600
-        out["queue"] = max(a["queue_s"] or 0.0 for a in attempts)
+    else:  # each trial's job held its one CPU from its start to its end (scontrol)
         submitted = re.findall(r"submitted with SLURM jobid (\d+)", result.stderr)
+        held = [job_seconds(cluster, job) for job in submitted]
+        out["cpu_hours"] = sum(held) / 3600
+        out["queue"] = max(a["queue_s"] or 0.0 for a in attempts)
         out["jobs"] = len(submitted)
     return out
 
@@ -123,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
                                settings={"SchedulerParameters": None})  # fmt: skip
         with cluster:
             print(f"ddppipe packed sweep, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "
-                  f"{os.cpu_count()} CPUs; {args.trials} one-epoch digits trials, 2 nodes x 2 "
+                  f"{os.cpu_count()} CPUs; {args.trials} one-epoch {args.task} trials, 2 nodes x 2 "
                   "CPUs, Slurm's default scheduler settings")  # fmt: skip
             for name, packed in (("packed (2 allocations x 2 slots)", True),
                                  ("one job per trial (max_parallel 4)", False)):  # fmt: skip
                 f = run_sweep(cluster, root / ("packed" if packed else "jobs"),
-                              config_for(args.trials, packed))  # fmt: skip
+                              config_for(args, packed))  # fmt: skip
                 print(f"  {name}")
                 print(f"    trials completed          {f['trials']:6d}")
                 print(f"    sbatch calls (SLURM jobs) {f['jobs']:6d}")

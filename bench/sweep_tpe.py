@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
+    ap.add_argument("--scheduler", default=None, help="snakemake --scheduler (ilp, greedy)")
     args = ap.parse_args(argv)
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg.update(run="base", task="ddppipe.tasks.digits", task_args={"width": 8})
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
-             "--configfile", str(work / "config.yaml"), "--cores", "2", "sweep"],
+             "--configfile", str(work / "config.yaml"), "--cores", "2", "sweep",
+             *(["--scheduler", args.scheduler] if args.scheduler else [])],
             cwd=work, capture_output=True, text=True, check=False, env=env,
         )  # fmt: skip
         wall = time.monotonic() - started

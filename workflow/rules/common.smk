@@ -25,6 +25,7 @@ from ddppipe.launching import launch as ddp_launch
 from ddppipe.launching import warm as ddp_warm
 from ddppipe.packing import allocation as ddp_allocation
 from ddppipe.packing import pool as ddp_pool
+from ddppipe.settings import run_spec as ddp_run_spec
 from ddppipe.settings import runs as ddp_runs
 from ddppipe.settings import sweep as ddp_sweep
 from ddppipe.settings import data_sets as ddp_data_sets
@@ -240,10 +241,10 @@ def warm_datasets(most=4):
     for run in [
         *reversed(RUNS.names())
     ]:  # the trials first: a sweep's call trains them
-        item = {
+        item = {  # its task_args as its spec has them (its preset's too)
             "task": config["task"],
             "data_dir": run_data(run),
-            "args": RUNS.config(run)["task_args"],
+            "args": ddp_run_spec.plain(RUNS.spec(run).task_args),
         }
         if item not in found:
             found.append(item)

@@ -116,6 +116,16 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
     jobs = sorted({a["job"] for a in attempts}, key=int)
     out: dict[str, Any] = {"wall": wall, "trials": len(trials), "jobs": len(jobs)}
     pool = work / "results/sweeps/packing/pack"
+    deadline = time.monotonic() + 120  # the call's end closed the pool: its nodes end
+    while (
+        pool.is_dir()
+        and time.monotonic() < deadline
+        and not all(
+            "ended" in json.loads(p.read_text())
+            for p in (pool / "allocations/nodes").glob("*.json")
+        )
+    ):
+        time.sleep(0.5)
     if pool.is_dir():
         from ddppipe.packing import accounting
 

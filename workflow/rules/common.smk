@@ -220,8 +220,8 @@ def start_warm_ranks():
     """
     if on_slurm() or ddp_apptainer.enabled(RUNS.spec(RUN).container):
         return
-    if RUNS.sweep is None and RUNS.scaling is None:
-        return
+    if os.environ.get("SLURM_JOB_ID") or not trains_several():
+        return  # (a job's own snakemake, or one training: no import to share)
     socket = ddp_warm.local_socket()
     server = ddp_warm.start(
         socket, ddp_layout.LOGS / "warm-server.log", warm_datasets()
@@ -249,6 +249,12 @@ def warm_datasets(most=4):
         if item not in found:
             found.append(item)
     return found[:most]
+
+
+def trains_several():
+    """Whether this call trains more than one run (or suggests trials still to train)."""
+    todo = [j.rule.name for j in workflow.dag.needrun_jobs()]
+    return todo.count("train") + todo.count("train_packed") > 1 or "sweep_round" in todo
 
 
 def stop_warm_ranks():

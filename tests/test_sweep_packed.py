@@ -14,6 +14,7 @@ job submits, from the step it stopped at.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -102,7 +103,9 @@ def test_the_trials_train_in_one_allocation(packed: dict) -> None:
     assert len({s.split("/")[0] for s in slots}) == 1, slots
     assert {s.split("/")[1] for s in slots} == {"0", "1"}, slots
     # the call's last lines: the allocation's cost
-    assert f"allocations: 1 (SLURM job {job}), 2 slot(s); held " in packed["text"]
+    line = re.search(rf"allocations: 1 \(SLURM job {job}\), 2 slot\(s\); held ([\d.]+) CPU-hours",
+                     packed["text"])  # fmt: skip
+    assert line and float(line[1]) > 0, packed["text"][-2000:]  # its nodes' time, counted
     node = json.loads(next((pool / "allocations/nodes").glob("*.json")).read_text())
     assert node["ended"] > node["started"]  # the node gave the allocation back, recorded
     assert sorted(t for s in node["slot_records"] for t in s["trials"]) == sorted(

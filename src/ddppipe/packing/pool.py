@@ -92,10 +92,17 @@ class Pool:
         except (FileNotFoundError, ValueError):
             return None
 
-    def close(self) -> None:
-        """No trial comes any more (the call ended): idle allocations give their nodes back."""
-        if self.root.is_dir():
-            self.closed.touch()
+    def close(self, wait_s: float = 30.0) -> None:
+        """No trial comes any more (the call ended): idle allocations give their nodes back;
+        wait up to ``wait_s`` seconds for their nodes to record their end (their cost)."""
+        if not self.root.is_dir():
+            return
+        self.closed.touch()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(
+            "ended" not in r for r in self.records(self.allocations / "nodes")
+        ):
+            time.sleep(0.2)
 
     def withdraw(self, run: str) -> None:
         """Take a trial that waits out of the queue (its train job was cancelled)."""

@@ -13,6 +13,7 @@ job submits, from the step it stopped at.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -122,12 +123,15 @@ def test_a_trial_outliving_its_allocation_goes_on_in_the_next(packed: dict) -> N
     """Warned before its allocation's end, the trial checkpoints and waits for the next
     allocation (submitted while it waited, by its train job), which continues it."""
     trial = packed["limited"] / "results/sweeps/limited/lr=0.05"
-    first, second = json.loads((trial / "train/attempts.json").read_text())
-    assert first["job"] != second["job"], (first, second)
-    assert first["outcome"] != "completed" and second["outcome"] == "completed", first
-    assert second["resumed_from"] == first["checkpoint"] is not None  # the stop's checkpoint
-    assert second["start_step"] == first["end_step"] > 0  # no step trained twice
+    *stopped, last = json.loads((trial / "train/attempts.json").read_text())
+    assert stopped and last["outcome"] == "completed", (stopped, last)  # (more on a slow day)
+    assert all(a["outcome"] == "stopped on SIGUSR1" for a in stopped), stopped
+    history = [*stopped, last]
+    assert len({a["job"] for a in history}) == len(history)  # each slot its own allocation
+    for before, after in itertools.pairwise(history):
+        assert after["resumed_from"] == before["checkpoint"] is not None  # the stop's checkpoint
+        assert after["start_step"] == before["end_step"] > 0  # no step trained twice
     lines = (trial / "train/metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == list(range(1, EPOCHS_LIMITED + 1))
     pool = packed["limited"] / layout.SweepLayout("limited").pack
-    assert len(list((pool / "allocations").glob("*.json"))) == 2  # two sbatch calls
+    assert len(list((pool / "allocations").glob("*.json"))) == len(history)  # one sbatch each

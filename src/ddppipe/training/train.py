@@ -446,6 +446,15 @@ class Trainer:
         loads data, joins the group or resumes stops it at its first step check.
         """
         self.resume()
+        try:
+            self._train_epochs(guard)
+        except failures.NonFiniteLoss:
+            # every rank stops here together: the checkpoint still being written in the
+            # background is completed (committed), the one the next slot could resume from
+            self._checkpoint_written(self.store.wait())
+            raise
+
+    def _train_epochs(self, guard: preemption.Guard) -> None:
         while self.epoch < self.recipe.epochs:
             train_seconds = self._run_epoch(guard)
             if train_seconds is None:

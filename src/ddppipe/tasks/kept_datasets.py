@@ -51,7 +51,3 @@ def datasets(task: Task, data_dir: Path, args: dict[str, Any]) -> Any:
         return task.call("datasets", data_dir, args)
     log.info("the datasets of %s kept by the warm server (not loaded again)", data_dir)
     return kept
-
-
-def count() -> int:
-    return len(_KEPT)

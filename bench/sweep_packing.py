@@ -11,9 +11,11 @@ twice with `--profile profiles/slurm`:
 - packed: ``sweep.pack`` = 2 allocations of one node, 2 trials side by side on each;
 - one job per trial: the same sweep without ``pack``, ``max_parallel`` 4 (the same 4 CPUs).
 
-It prints, for each: the sweep's wall time, the sbatch calls (SLURM jobs of the sweep), and
-the CPU-hours held (packed: the allocations'; per trial: each training job's, submit-side
-accounting of the trials' attempts) and, packed, how idle the slots were while trials remained.
+It prints, for each: the sweep's wall time, the sbatch calls (SLURM jobs of the sweep), the
+CPU-hours held (packed: the allocations'; per trial: each training job's, submit-side
+accounting of the trials' attempts), the scheduler's load (the calls of squeue, sacct,
+scontrol and sbatch that the sweep made, anywhere: on the submitting machine and in its jobs;
+per minute of the sweep) and, packed, how idle the slots were while trials remained.
 
 Needs root and the Slurm packages, and no other test cluster on the machine; ~10 minutes.
 
@@ -51,6 +53,17 @@ PARTITIONS = {
     "batch": "MaxTime=INFINITE State=UP",
 }
 PROFILE = REPO / "profiles" / "slurm"
+COUNTED = ("squeue", "sacct", "scontrol", "sbatch")  # the calls that load slurmctld/slurmdbd
+
+
+def counting_shims(folder: Path, log: Path) -> Path:
+    """A folder of stand-ins for :data:`COUNTED` that log each call, then run the real one."""
+    folder.mkdir(parents=True)
+    for name in COUNTED:
+        shim = folder / name
+        shim.write_text(f'#!/bin/sh\necho "{name}" >> {log}\nexec /usr/bin/{name} "$@"\n')
+        shim.chmod(0o755)
+    return folder
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -99,22 +112,27 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
     bindir = str(Path(sys.executable).parent)
     smk = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
            "--configfile", str(work / "config.yaml"), "--profile", str(PROFILE)]  # fmt: skip
-    env = cluster.environ({"PATH": f"{bindir}:/usr/bin:/bin:/usr/sbin"})
+    calls = work / "scheduler-calls.log"
+    shims = counting_shims(work / "shims", calls)
+    env = cluster.environ({"PATH": f"{shims}:{bindir}:/usr/bin:/bin:/usr/sbin"})
     # the data and every trial's config first: the figures are the trainings'
     data = "digits" if cfg["task"] == "ddppipe.tasks.digits" else "mnist"
     subprocess.run([*smk, f"resources/{data}/manifest.json"], cwd=work, env=env, check=True,
                    capture_output=True)  # fmt: skip
+    calls.write_text("")
     started = time.monotonic()
     result = subprocess.run([*smk, "sweep"], cwd=work, capture_output=True, text=True,
                             check=False, env=env)  # fmt: skip
     wall = time.monotonic() - started
+    made = calls.read_text().split()
     (work / "snakemake.log").write_text(result.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"snakemake failed:\n{result.stderr[-5000:]}")
     trials = sorted((work / "results/sweeps/packing").glob("seed=*/train/attempts.json"))
     attempts = [a for t in trials for a in json.loads(t.read_text())]
     jobs = sorted({a["job"] for a in attempts}, key=int)
-    out: dict[str, Any] = {"wall": wall, "trials": len(trials), "jobs": len(jobs)}
+    out: dict[str, Any] = {"wall": wall, "trials": len(trials), "jobs": len(jobs),
+                           "calls": {name: made.count(name) for name in COUNTED}}  # fmt: skip
     pool = work / "results/sweeps/packing/pack"
     deadline = time.monotonic() + 120  # the call's end closed the pool: its nodes end
     while (
@@ -169,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    sweep wall                {f['wall']:6.0f} s")
                 print(f"    CPU-hours held            {f['cpu_hours']:8.4f}")
                 print(f"    longest queue wait        {f['queue']:6.0f} s")
+                per_min = {k: n / (f["wall"] / 60) for k, n in f["calls"].items()}
+                print("    scheduler calls per minute " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in per_min.items()) + " (in all: " + ", ".join(
+                    f"{k} {n}" for k, n in f["calls"].items()) + ")")  # fmt: skip
                 if "idle" in f:
                     print(f"    slots idle while trials remained {f['idle']:.1%}")
     return 0

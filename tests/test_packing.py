@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -16,8 +17,11 @@ import pytest
 
 from ddppipe.packing import accounting, worker
 from ddppipe.packing.allocation import Allocation, PackError
+from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool, Ticket
 from ddppipe.settings import config, run_spec, sweep
+from ddppipe.slurm.placement import Placement
+from ddppipe.slurm.request import Request
 from tests.tiny import default_config
 
 SLOT = {"job": "7", "node": "gpu-a01", "slot": 0}
@@ -105,10 +109,71 @@ def test_an_allocations_sbatch_line_holds_its_trials(tmp_path: Path) -> None:
     )
 
 
-def test_a_multi_node_trial_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    spec = packed_spec(tmp_path, launch={"nnodes": 2, "device": "cpu"})
-    with pytest.raises(PackError, match=r"sweep.pack runs one-node trials.*launch.nnodes 2"):
+def test_a_trial_larger_than_its_allocations_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    spec = packed_spec(tmp_path, launch={"nnodes": 4, "device": "cpu"})
+    with pytest.raises(PackError, match=r"launch.nnodes 4.*sweep.pack.nodes 3: raise"):
         Allocation.of(spec)
+    spec = packed_spec(tmp_path, launch={"nnodes": 2, "device": "cpu"},
+                       slurm={"rendezvous_host": "ib-cn07"})  # fmt: skip
+    with pytest.raises(PackError, match=r"rendezvous_host \(ib-cn07\).*set slurm.rendezvous_h"):
+        Allocation.of(spec)
+    fits = packed_spec(tmp_path, launch={"nnodes": 3, "device": "cpu"}, train={"batch_size": 96})
+    assert Allocation.of(fits).trial.nodes == 3
+
+
+def test_a_multi_node_trial_holds_a_slot_on_each_of_its_nodes(tmp_path: Path) -> None:
+    """A 3-node trial's gang, led by slot 1 of cn07: one seat each on two other nodes (a node
+    sits once, no seat twice); full, it places the trial's step; closed, the seats are free."""
+    pool = Pool(tmp_path / "pack")
+    pool.put(Ticket("sweeps/s/big", ["true"], str(tmp_path), queued=1.0, nodes=3))
+    pool.put(Ticket("sweeps/s/small", ["true"], str(tmp_path), queued=2.0))
+    assert (pool.waiting(), pool.training()) == (4, 0)  # slots: 3 + 1
+    small = pool.take({"slot": 0}, max_nodes=1)  # (a node that leads no gang)
+    assert small is not None and small.run == "sweeps/s/small"
+    big = pool.take({"slot": 1}, max_nodes=3)
+    assert big is not None and big.nodes == 3 and pool.training() == 4
+    gang = Gang.open(pool, "4242", big, Seat("cn07", 1, [2, 3], ["1"]))
+    assert open_gangs(pool, "4242") == [gang] and open_gangs(pool, "99") == []
+    assert gang.sit(Seat("cn08", 0, [0, 1], ["0"]))
+    assert not gang.sit(Seat("cn08", 1, [2, 3], ["1"]))  # cn08 has its seat
+    assert not gang.full
+    assert gang.sit(Seat("cn09", 1, [2, 3], ["1"]))
+    assert not gang.sit(Seat("cn10", 0, [0, 1], ["0"]))  # no seat left
+    assert gang.full and gang.slots() == "cn07/1+cn08/0+cn09/1"
+    placed = gang.placement()
+    assert placed.nodes == ["cn07", "cn08", "cn09"]
+    assert placed.cpus == {"cn07": [2, 3], "cn08": [0, 1], "cn09": [2, 3]}
+    assert Placement.from_env(placed.to_env()) == placed
+    assert placed.to_env()["SLURM_JOB_ID"] == "4242"
+    gang.close()
+    assert not gang.is_open and open_gangs(pool, "4242") == []
+    assert not gang.sit(Seat("cn10", 0, [0, 1], ["0"]))
+
+
+def test_a_placed_steps_srun_and_each_nodes_share(tmp_path: Path) -> None:
+    """The trial's srun step runs on its gang's nodes beside the workers' step; each node's
+    agent keeps to its slot's CPUs and GPUs there."""
+    spec = packed_spec(tmp_path, launch={"nnodes": 2, "nproc_per_node": 1, "device": "cpu"})
+    placed = Placement("77", ["cn07", "cn08"], {"cn07": [0], "cn08": [1]},
+                       {"cn07": ["2"], "cn08": []})  # fmt: skip
+    srun = Request.from_spec(spec).srun("77", placement=placed)
+    assert srun[-2:] == ["--nodelist=cn07,cn08", "--overlap"] and "--nodes=2" in srun
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    check = (
+        "import os; from ddppipe.slurm.placement import Placement as P; "
+        "P.from_env(os.environ).apply(os.environ); "
+        "print(sorted(os.sched_getaffinity(0)), os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    )
+    for node, gpus in (("cn07", "2"), ("cn08", "None")):
+        one = Placement("77", ["cn07", "cn08"], {"cn07": [cpu], "cn08": [cpu]}, placed.gpus)
+        env = {**os.environ, **one.to_env(), "SLURMD_NODENAME": node}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        out = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        assert out.split() == [f"[{cpu}]", gpus], out
+    env = {**os.environ, **placed.to_env(), "SLURMD_NODENAME": "cn09"}
+    bad = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "node cn09 is none of the placement's cn07, cn08" in bad.stderr
 
 
 PROGRAM = """

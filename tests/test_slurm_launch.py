@@ -47,6 +47,9 @@ def test_rendezvous_from_the_steps_nodes() -> None:
     }  # fmt: skip
     assert slurm_request.step_rendezvous(env) == "gpu-a03:15007"
     assert slurm_request.step_rendezvous({**env, "SLURM_STEP_NODELIST": ""}) == "gpu-a01:15007"
+    # two steps at once on one first node (a packed allocation's trials): each its own port
+    assert slurm_request.step_rendezvous({**env, "SLURM_STEP_ID": "3"}) == "gpu-a03:18034"
+    assert slurm_request.step_rendezvous({**env, "SLURM_STEP_ID": "4"}) == "gpu-a03:19043"
 
 
 def test_scontrol_records_and_hostlists() -> None:

@@ -1,14 +1,16 @@
 """A packed sweep on the session's SLURM cluster (cn07, cn08; partition ``train``): 4 trials
-of the digits task in one held allocation of one node that trains two of them side by side
-(``sweep.pack``), instead of one SLURM job per trial.
+of the digits task, swept over two keys (``train.lr`` and ``launch.nnodes``), in one held
+allocation of both nodes with one slot each (``sweep.pack``), instead of one SLURM job per
+trial. The one-node trials train side by side, one per node; a two-node trial takes a slot on
+each node and runs as an srun step of the allocation on both.
 
 One sbatch call (the allocation: squeue never shows another job of the workdir); every trial
-completes as an ordinary run: its attempt names the allocation and its slot, its ranks were
-forked warm; a second call has nothing to do.
+completes as an ordinary run: its attempt names the allocation and its slot(s), the one-node
+trials' ranks were forked warm; a second call has nothing to do.
 
-Side by side, on the other node: a packed trial that outlives its allocation (one minute):
-warned before the end, it checkpoints and goes on in the next allocation, which its train
-job submits, from the step it stopped at.
+Side by side, on the nodes' other CPU: a packed trial that outlives its allocation (one
+minute): warned before the end, it checkpoints and goes on in the next allocation, which its
+train job submits, from the step it stopped at.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from tests.tiny import default_config
 pytestmark = pytest.mark.slurm
 
 SWEEP = "packed"
-LRS = [0.02, 0.05, 0.1, 0.2]
+LRS = [0.02, 0.05]
+NODES = [1, 2]
+TRIALS = [(lr, nodes) for lr in LRS for nodes in NODES]
 EPOCHS_LIMITED = 120
 
 
@@ -42,8 +46,9 @@ def packed_config(cluster) -> dict:
     cfg["train"].update(epochs=1, batch_size=64)
     cfg = on_cluster(cfg, cluster, nodes=1, procs=1)
     cfg["sweep"] = {
-        "name": SWEEP, "parameters": {"train.lr": LRS}, "max_parallel": 4,
-        "pack": {"allocations": 1, "nodes": 1, "trials_per_node": 2, "time_min": 10},
+        "name": SWEEP, "parameters": {"train.lr": LRS, "launch.nnodes": NODES},
+        "max_parallel": 4,
+        "pack": {"allocations": 1, "nodes": 2, "trials_per_node": 1, "time_min": 10},
     }  # fmt: skip
     return cfg
 
@@ -55,7 +60,7 @@ def limited_config(cluster) -> dict:
     cfg["train"].update(epochs=EPOCHS_LIMITED)
     cfg["slurm"].update(signal_seconds=48)
     cfg["sweep"].update(name="limited", parameters={"train.lr": [0.05]})
-    cfg["sweep"]["pack"].update(trials_per_node=1, time_min=1)
+    cfg["sweep"]["pack"].update(nodes=1, time_min=1)
     return cfg
 
 
@@ -82,8 +87,8 @@ def packed(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> I
            "limited": limited_dir}  # fmt: skip
 
 
-def trial_dir(workdir: Path, lr: float) -> Path:
-    return workdir / "results/sweeps" / SWEEP / f"lr={lr!r}"
+def trial_name(lr: float, nodes: int) -> str:
+    return f"lr={lr!r}+nnodes={nodes}"
 
 
 def test_the_trials_train_in_one_allocation(packed: dict) -> None:
@@ -92,25 +97,34 @@ def test_the_trials_train_in_one_allocation(packed: dict) -> None:
     (job,) = queue.seen
     pool = packed["workdir"] / layout.SweepLayout(SWEEP).pack
     assert json.loads((pool / "allocations" / f"{job}.json").read_text())["job"] == job
-    slots = set()
-    for lr in LRS:
-        history = json.loads((trial_dir(packed["workdir"], lr) / "train/attempts.json").read_text())
+    slots = {}
+    for lr, nodes in TRIALS:
+        trial = packed["workdir"] / "results/sweeps" / SWEEP / trial_name(lr, nodes)
+        history = json.loads((trial / "train/attempts.json").read_text())
         assert [(a["job"], a["outcome"]) for a in history] == [(job, "completed")], history
-        slots.add(history[0]["slot"])
-        assert (trial_dir(packed["workdir"], lr) / "export/model.pt").is_file()
-        log = (packed["workdir"] / f"logs/sweeps/{SWEEP}/lr={lr!r}/train.log").read_text()
-        assert "1 of 1 rank(s) forked warm by the warm server" in log, log[-3000:]
-    # both slots of the allocation's one node took trials (two train side by side)
-    assert len({s.split("/")[0] for s in slots}) == 1, slots
-    assert {s.split("/")[1] for s in slots} == {"0", "1"}, slots
+        assert len(history[0]["nodes"]) == nodes, history
+        slots[trial_name(lr, nodes)] = history[0]["slot"]
+        assert (trial / "export/model.pt").is_file()
+        log = (packed["workdir"] / f"logs/sweeps/{SWEEP}/{trial_name(lr, nodes)}/train.log")
+        if nodes == 1:
+            assert "1 of 1 rank(s) forked warm" in log.read_text(), log.read_text()[-3000:]
+    # the one-node trials took either node's slot; each two-node trial one slot of each
+    # node, led by the allocation's first
+    assert {slots[trial_name(lr, 1)] for lr in LRS} <= {"cn07/0", "cn08/0"}, slots
+    assert {slots[trial_name(lr, 2)] for lr in LRS} == {"cn07/0+cn08/0"}, slots
     # the call's last lines: the allocation's cost
     line = re.search(rf"allocations: 1 \(SLURM job {job}\), 2 slot\(s\); held ([\d.]+) CPU-hours",
                      packed["text"])  # fmt: skip
     assert line and float(line[1]) > 0, packed["text"][-2000:]  # its nodes' time, counted
-    node = json.loads(next((pool / "allocations/nodes").glob("*.json")).read_text())
-    assert node["ended"] > node["started"]  # the node gave the allocation back, recorded
-    assert sorted(t for s in node["slot_records"] for t in s["trials"]) == sorted(
-        f"sweeps/{SWEEP}/lr={lr!r}" for lr in LRS
+    records = [json.loads(p.read_text()) for p in (pool / "allocations/nodes").glob("*.json")]
+    assert sorted(r["node"] for r in records) == ["cn07", "cn08"]
+    for node in records:
+        assert node["ended"] > node["started"]  # the node gave the allocation back, recorded
+        trained = [t for s in node["slot_records"] for t in s["trials"]]
+        assert {f"sweeps/{SWEEP}/{trial_name(lr, 2)}" for lr in LRS} <= set(trained), trained
+    assert sorted(t for r in records for s in r["slot_records"] for t in s["trials"]) == sorted(
+        [f"sweeps/{SWEEP}/{trial_name(lr, 1)}" for lr in LRS]
+        + [f"sweeps/{SWEEP}/{trial_name(lr, 2)}" for lr in LRS] * 2
     )
 
 

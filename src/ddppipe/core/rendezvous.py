@@ -39,3 +39,9 @@ def first_host(nodelist: str) -> str:
 def job_port(job_id: int) -> int:
     """A rendezvous port derived from a SLURM job id (distinct for jobs sharing a node)."""
     return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+
+
+def step_port(job_id: int, step_id: int) -> int:
+    """A rendezvous port of one step of a job: two steps running at once on one node (a packed
+    allocation's multi-node trials) get their own; step 0 (or none) gets the job's port."""
+    return SLURM_PORT_BASE + (job_id + 1009 * step_id) % SLURM_PORT_SPAN

@@ -32,6 +32,7 @@ from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
 from ddppipe.slurm import scontrol
+from ddppipe.slurm.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Plan:
     job: str | None  # the SLURM job, None for a local run
     hosts: list[str]
     request: slurm_request.Request
+    placement: Placement | None = None  # a packed multi-node trial's nodes of its allocation
 
     @property
     def workers(self) -> int:
@@ -84,7 +86,8 @@ def plan(
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
 
     ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
-    ``hosts`` are the job's nodes (looked up with scontrol when not given).
+    ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
+    (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own.
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
@@ -100,7 +103,8 @@ def plan(
         command = [*running.python_command(spec), *program]
         env = thread_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
-    hosts = hosts or scontrol.job_nodes(job)
+    placement = Placement.from_env(env)
+    hosts = hosts or (placement.nodes if placement else scontrol.job_nodes(job))
     if len(hosts) < request.nodes:
         raise slurm_request.SlurmRequestError(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
@@ -108,11 +112,11 @@ def plan(
         )
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
-        *request.srun(job), *running.python_command(spec), *agent,
+        *request.srun(job, placement=placement), *running.python_command(spec), *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
-    return Plan(command, thread_environment(threads, env), job, hosts, request)
+    return Plan(command, thread_environment(threads, env), job, hosts, request, placement)
 
 
 def _addresses(host: str) -> set[str]:
@@ -289,6 +293,9 @@ def run_agent(torchrun_argv: list[str]) -> int:
     from torch.distributed.run import main as torchrun_main
 
     signal.signal(preemption.stop_signal(), signal.SIG_IGN)
+    placement = Placement.from_env(os.environ)
+    if placement is not None:  # a packed trial: this node's slot of the allocation
+        placement.apply(os.environ)
     os.environ[preemption.UNDER_AGENT_ENV] = "1"  # workers that stop on a signal exit 0
     if "--rdzv-backend=c10d" in torchrun_argv and not any(
         a.startswith("--rdzv-endpoint") for a in torchrun_argv

@@ -108,8 +108,8 @@ def _slot(
     refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
-    if plan.job:
-        peak_file = state.peak
+    if plan.job and plan.placement is None:  # (a placed trial: its allocation's workers
+        peak_file = state.peak  # checked its nodes, and warn it of the allocation's end)
         peak_file.unlink(missing_ok=True)
         try:
             checks = preflight.run(spec, plan, peak_file, state)
@@ -247,19 +247,20 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
     hung = note.get("hung")
     if hung and outcome not in continuation.REQUEUED_BY_SLURM:
         outcome = "hung"
-    exit_status = HUNG_EXIT if hung and not job else preemption.EXIT_CODE
+    own_job = job is not None and plan.placement is None  # not a packed trial's allocation
+    exit_status = HUNG_EXIT if hung and not own_job else preemption.EXIT_CODE
     history = attempts.finish(state, outcome, exit_status, hung["detail"] if hung else "")
     log.warning(
         "training stopped (%s) %s; attempts:\n%s", outcome,
         f"after writing {note['checkpoint']}" if note.get("checkpoint") else
-        "without a stop checkpoint" + ("" if hung and not job else
+        "without a stop checkpoint" + ("" if hung and not own_job else
                                        ": the next slot resumes from the last one"),
         attempts.table(history),
     )  # fmt: skip
-    if not job:
+    if not own_job:
         if hung:
             log.error("the slot hung: %s", hung["detail"])
-        return exit_status  # 75: run it again to resume
+        return exit_status  # 75: run it again (a packed trial: its next slot) to resume
     decision = continuation.decide(history, request.slurm.max_continuations)
     if decision.requeue:
         try:

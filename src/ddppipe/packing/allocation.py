@@ -29,7 +29,8 @@ class PackError(ValueError, UserError):
 @dataclass(frozen=True)
 class Allocation:
     """One held allocation's request: ``pack.nodes`` nodes, each with ``pack.trials_per_node``
-    trials' CPUs, memory and GPUs (a trial's own: :class:`ddppipe.slurm.request.Request`)."""
+    trials' CPUs, memory and GPUs (a trial's own on each of its nodes:
+    :class:`ddppipe.slurm.request.Request`)."""
 
     trial: Request
     pack: Pack
@@ -43,11 +44,17 @@ class Allocation:
         if pack is None or spec.trial is None:
             raise PackError(f"run {spec.run} is no trial of a packed sweep (sweep.pack)")
         request = Request.from_spec(spec)
-        if request.nodes != 1:
+        if request.nodes > pack.nodes:
             raise PackError(
-                f"sweep.pack runs one-node trials, but {spec.run} asks for launch.nnodes "
-                f"{request.nodes}: set launch.nnodes: 1, or remove sweep.pack (one SLURM job "
-                "per trial, right for multi-node trials)"
+                f"{spec.run} asks for launch.nnodes {request.nodes}, but the sweep's allocations "
+                f"have sweep.pack.nodes {pack.nodes}: raise sweep.pack.nodes to at least "
+                f"{request.nodes}, or remove sweep.pack (one SLURM job per trial)"
+            )
+        if request.nodes > 1 and request.rendezvous_host:
+            raise PackError(
+                f"slurm.rendezvous_host ({request.rendezvous_host}) names one node, but a packed "
+                f"trial of {request.nodes} nodes runs on whichever nodes of its allocation have "
+                "a free slot: set slurm.rendezvous_host: null (its first node hosts it)"
             )
         if request.signal_seconds >= pack.time_min * 60:
             raise PackError(

@@ -27,7 +27,7 @@ def run(pool_root: Path, config_path: Path, command: list[str]) -> int:
     held = allocations.Allocation.of(spec)
     pool = Pool(pool_root)
     workdir = os.getcwd()
-    if pool.put(Ticket(spec.run, command, workdir)):
+    if pool.put(Ticket(spec.run, command, workdir, nodes=held.trial.nodes)):
         log.info("%s waits for a slot of the sweep's allocations (%s)", spec.run, pool.root)
     else:
         log.info("%s trains in an allocation already: waiting for it", spec.run)

@@ -22,12 +22,13 @@ from ddppipe.core import atomic
 
 @dataclass(frozen=True)
 class Ticket:
-    """A trial to train: its run, its launch command and the folder it runs in."""
+    """A trial to train: its run, its launch command, the folder it runs in and its nodes."""
 
     run: str
     command: list[str]
     cwd: str
     queued: float = field(default_factory=time.time)
+    nodes: int = 1
 
     @property
     def name(self) -> str:
@@ -109,10 +110,12 @@ class Pool:
         self._path(self.queue, run).unlink(missing_ok=True)
 
     def waiting(self) -> int:
-        return len(list(self.queue.glob("*.json"))) if self.queue.is_dir() else 0
+        """Slots the waiting trials need (a multi-node trial one on each of its nodes)."""
+        return sum(r.get("nodes", 1) for r in self.records(self.queue))
 
     def training(self) -> int:
-        return len(list(self.running.glob("*.json"))) if self.running.is_dir() else 0
+        """Slots the training trials hold."""
+        return sum(r.get("nodes", 1) for r in self.records(self.running))
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -127,11 +130,13 @@ class Pool:
 
     # -- a slot's side -----------------------------------------------------------------------
 
-    def take(self, slot: dict[str, Any]) -> Ticket | None:
-        """The oldest waiting trial, now this slot's (an atomic rename: no other slot gets
-        it); None when none waits."""
+    def take(self, slot: dict[str, Any], max_nodes: int = 1) -> Ticket | None:
+        """The oldest waiting trial of at most ``max_nodes`` nodes, now this slot's (an atomic
+        rename: no other slot gets it); None when none waits."""
         waiting = sorted(self.queue.glob("*.json"), key=_queued) if self.queue.is_dir() else []
         for path in waiting:
+            if _nodes(path) > max_nodes:
+                continue
             target = self.running / path.name
             try:
                 os.rename(path, target)
@@ -139,7 +144,8 @@ class Pool:
                 continue
             found = json.loads(target.read_text())
             atomic.write_json(target, {**found, "slot": slot, "started": time.time()})
-            return Ticket(found["run"], found["command"], found["cwd"], found["queued"])
+            return Ticket(found["run"], found["command"], found["cwd"], found["queued"],
+                          found.get("nodes", 1))  # fmt: skip
         return None
 
     def finish(self, ticket: Ticket, record: dict[str, Any]) -> None:
@@ -182,6 +188,13 @@ class Pool:
             with contextlib.suppress(FileNotFoundError, ValueError):
                 found.append(json.loads(path.read_text()))
         return found
+
+
+def _nodes(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text()).get("nodes", 1))
+    except (FileNotFoundError, ValueError):
+        return 1
 
 
 def _queued(path: Path) -> float:

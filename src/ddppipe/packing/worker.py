@@ -2,7 +2,9 @@
 
 The node's CPUs (and GPUs) are cut into ``slots`` equal parts; each slot takes the oldest
 waiting trial from the pool the moment it is free and runs the trial's launch command there,
-as a one-node local run (its ranks forked by this node's warm server). Before the allocation's
+as a one-node local run (its ranks forked by this node's warm server). A multi-node trial
+takes a slot on each of that many nodes (:mod:`ddppipe.packing.gang`, led by the allocation's
+first node) and runs as an srun step on them. Before the allocation's
 end (``slurm.signal_seconds``) the running trials get the stop signal: they checkpoint and go
 back to the queue, for the next allocation. The worker ends at its time limit, or when no
 trial runs and none waits, once the submitting Snakemake's call ended (or none came for
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from ddppipe.core import atomic
 from ddppipe.launching import warm
+from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool, Ticket
 from ddppipe.runstate import attempts, preemption
 from ddppipe.slurm import continuation, scontrol
@@ -48,6 +51,14 @@ class Slot:
     busy_s: float = 0.0
     last_end: float | None = None  # when its last trial ended
     trials: list[str] = field(default_factory=list)
+    gang: Gang | None = None  # a multi-node trial's: led (``trial`` set) or seated in
+
+    @property
+    def busy(self) -> bool:
+        return self.process is not None or self.gang is not None
+
+    def seat(self, node: str) -> Seat:
+        return Seat(node, self.index, self.cpus, self.gpus)
 
 
 def shares(items: list, parts: int) -> list[list]:
@@ -102,7 +113,8 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
     pool = Pool(pool_root)
     env = dict(os.environ)
     job = scontrol.job_id(env) or "local"
-    node = socket.gethostname()
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    leads = job == "local" or scontrol.job_nodes(job)[0] == node  # leads the gangs
     record_path = pool.allocations / "nodes" / f"{job}-{node}.json"
     record_path.parent.mkdir(parents=True, exist_ok=True)
     left = continuation.seconds_left(scontrol.job_record(job)) if job != "local" else None
@@ -145,11 +157,20 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
             for s in own:
                 if s.process is not None and s.process.poll() is not None:
                     _ended(pool, s, job, node)
+                elif s.gang is not None and s.trial is None and not s.gang.is_open:
+                    _unseated(s)
+                elif s.gang is not None and s.trial is not None and s.process is None:
+                    if stopping:  # (it leads a gang still forming)
+                        pool.give_back(s.trial)
+                        s.gang.close()
+                        s.trial, s.gang = None, None
+                    elif s.gang.full:
+                        _launch(s, job, node, env, sock, server.pid)
             if not stopping:
                 for s in own:
-                    if s.process is None:
-                        _start(pool, s, job, node, env, sock, server.pid)
-            busy = any(s.process is not None for s in own)
+                    if not s.busy:
+                        _start(pool, s, job, node, leads, own, env, sock, server.pid)
+            busy = any(s.busy for s in own)
             if busy or pool.waiting():
                 idle_since = time.monotonic()
             idle = time.monotonic() - idle_since
@@ -173,6 +194,10 @@ def _stop_trials(pool: Pool, own: list[Slot], sig: signal.Signals, job: str, nod
     """The allocation is cut short (scancel, or SLURM ends it): the running trials get the
     stop signal and :data:`STOP_WAIT_S` seconds to checkpoint; those that did go back to the
     queue (the others are reclaimed when SLURM no longer holds the allocation)."""
+    for s in own:
+        if s.gang is not None and s.process is None and s.trial is not None:  # still forming
+            pool.give_back(s.trial)
+            s.gang.close()
     running = [s for s in own if s.process is not None]
     for s in running:
         with contextlib.suppress(ProcessLookupError):
@@ -185,20 +210,68 @@ def _stop_trials(pool: Pool, own: list[Slot], sig: signal.Signals, job: str, nod
         time.sleep(POLL_S)
 
 
-def _start(pool: Pool, slot: Slot, job: str, node: str, env: dict[str, str], sock: Path,
-           server: int) -> None:  # fmt: skip
-    where = {"job": job, "node": node, "slot": slot.index}
-    ticket = pool.take(where)
+def _start(pool: Pool, slot: Slot, job: str, node: str, leads: bool, own: list[Slot],
+           env: dict[str, str], sock: Path, server: int) -> None:  # fmt: skip
+    """A free slot: a seat of a forming gang first (another node leads it), else the next
+    trial (the leading node: of as many nodes as the allocation has working, one gang forming
+    at a time)."""
+    if not leads:
+        for gang in open_gangs(pool, job):
+            if gang.sit(slot.seat(node)):
+                log.info("slot %d: a seat of %s's gang", slot.index, gang.run)
+                slot.gang, slot.started = gang, time.time()
+                slot.trials.append(gang.run)
+                return
+    forming = any(s.gang is not None and s.trial is not None and s.process is None for s in own)
+    max_nodes = _working_nodes(pool, job) if leads and not forming else 1
+    ticket = pool.take({"job": job, "node": node, "slot": slot.index}, max_nodes)
     if ticket is None:
         return
-    own = trial_environment(env, job, node, slot, sock, server)
     log.info("slot %d: %s (waited %.1f s)", slot.index, ticket.run, time.time() - ticket.queued)
-    cpus = slot.cpus
     slot.trial, slot.started = ticket, time.time()
+    if ticket.nodes > 1:
+        slot.gang = Gang.open(pool, job, ticket, slot.seat(node))
+        log.info("slot %d: %s waits for a slot on %d other node(s)", slot.index, ticket.run,
+                 ticket.nodes - 1)  # fmt: skip
+        return
+    _popen(slot, trial_environment(env, job, node, slot, sock, server))
+
+
+def _launch(slot: Slot, job: str, node: str, env: dict[str, str], sock: Path,
+            server: int) -> None:  # fmt: skip
+    """The leader's gang is complete: the trial's launcher runs its srun step on the gang's
+    nodes."""
+    assert slot.gang is not None and slot.trial is not None
+    placement = slot.gang.placement()
+    own = trial_environment(env, job, node, slot, sock, server)
+    own.update({**placement.to_env(), attempts.PACKED_SLOT_ENV: f"{job} {slot.gang.slots()}"})
+    log.info("slot %d: %s on %s", slot.index, slot.trial.run, ",".join(placement.nodes))
+    _popen(slot, own)
+
+
+def _popen(slot: Slot, env: dict[str, str]) -> None:
+    assert slot.trial is not None
+    cpus = slot.cpus
     slot.process = subprocess.Popen(
-        ticket.command, cwd=ticket.cwd, env=own, start_new_session=True,
+        slot.trial.command, cwd=slot.trial.cwd, env=env, start_new_session=True,
         preexec_fn=lambda: os.sched_setaffinity(0, cpus),
     )  # fmt: skip
+
+
+def _working_nodes(pool: Pool, job: str) -> int:
+    """Nodes of allocation ``job`` that take trials now (checked, not ending)."""
+    out = {"preflight", "stopping", "ended"}
+    nodes = pool.records(pool.allocations / "nodes")
+    return sum(1 for r in nodes if r.get("job") == job and not out & r.keys())
+
+
+def _unseated(slot: Slot) -> None:
+    """The gang this slot sat in closed: its trial ended, or went back to the queue."""
+    assert slot.gang is not None
+    ended = time.time()
+    slot.busy_s += ended - slot.started
+    slot.last_end = ended
+    slot.gang = None
 
 
 def _ended(pool: Pool, slot: Slot, job: str, node: str) -> None:
@@ -217,4 +290,6 @@ def _ended(pool: Pool, slot: Slot, job: str, node: str) -> None:
                  ended - slot.started)  # fmt: skip
         pool.finish(slot.trial, {"exit": code, "job": job, "node": node, "slot": slot.index,
                                  "started": slot.started, "ended": ended})  # fmt: skip
-    slot.trial, slot.process = None, None
+    if slot.gang is not None:
+        slot.gang.close()
+    slot.trial, slot.process, slot.gang = None, None, None

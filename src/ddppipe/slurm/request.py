@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddppipe.core.errors import UserError
-from ddppipe.core.rendezvous import first_host, job_port, step_nodelist
+from ddppipe.core.rendezvous import first_host, job_port, step_nodelist, step_port
 from ddppipe.settings import run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.settings.runs import Runs
+from ddppipe.slurm.placement import Placement
 from ddppipe.slurm.scontrol import job_id
 
 # Every resource Request.resources() may set (None where a request leaves it out).
@@ -153,8 +154,11 @@ class Request:
             res.update(gres=f"gpu:{self.gpus_per_node}", tasks_per_gpu=0)
         return {k: v for k, v in res.items() if v is not None}
 
-    def srun(self, job_id: str, kill_on_bad_exit: bool = True) -> list[str]:
-        """``srun`` of one task per node of the job, each with its node's CPUs (and GPUs)."""
+    def srun(
+        self, job_id: str, kill_on_bad_exit: bool = True, placement: Placement | None = None
+    ) -> list[str]:
+        """``srun`` of one task per node of the job, each with its node's CPUs (and GPUs);
+        with ``placement``, on its nodes of the allocation, beside the steps there."""
         command = [
             "srun",
             f"--jobid={job_id}",
@@ -165,6 +169,8 @@ class Request:
             f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
             "--export=ALL",
         ]
+        if placement is not None:
+            return [*command, *placement.srun_options()]  # its GPUs: the agents narrow them
         if self.gpus_per_node:
             command.append(f"--gres=gpu:{self.gpus_per_node}")
         return command
@@ -198,7 +204,7 @@ class Request:
 
 
 def step_rendezvous(env: dict[str, str] | os._Environ) -> str:
-    """``host:port`` of a step's rendezvous: its first node, the port from its job."""
+    """``host:port`` of a step's rendezvous: its first node, the port from its job and step."""
     nodelist = step_nodelist(env)
     job = job_id(dict(env))
     if not nodelist or not job:
@@ -206,7 +212,8 @@ def step_rendezvous(env: dict[str, str] | os._Environ) -> str:
             "no SLURM step here (SLURM_STEP_NODELIST / SLURM_JOB_ID unset): give torchrun "
             "--rdzv-endpoint, or set slurm.rendezvous_host"
         )
-    return f"{first_host(nodelist)}:{job_port(int(job))}"
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+    return f"{first_host(nodelist)}:{step_port(int(job), int(step) if step.isdigit() else 0)}"
 
 
 def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:

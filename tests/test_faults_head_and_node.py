@@ -39,6 +39,7 @@ TASK = '''\
 """Noisy points in 64 dimensions, 4 classes; a small MLP learns them."""
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,14 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 DIM, CLASSES = 64, 4
+HOLD = Path(__file__).with_name("hold")  # while it exists, the training waits (the test's)
+
+
+class Held(nn.Module):
+    def forward(self, x):
+        while HOLD.exists():
+            time.sleep(0.2)
+        return x
 
 
 def prepare(data_dir: Path, args: dict) -> None:
@@ -70,7 +79,7 @@ def datasets(data_dir: Path, args: dict):
 
 
 def model(args: dict) -> nn.Module:
-    return nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, CLASSES))
+    return nn.Sequential(Held(), nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, CLASSES))
 '''
 
 
@@ -138,6 +147,7 @@ def test_bad_node_excluded_then_restarted_heads_attach(
     cfg = default_config()
     cfg.update(run="points", task="points.py", task_args={"samples": 20000})
     cfg["train"].update(epochs=18, batch_size=32, eval_batch_size=500, checkpoint_every=1)
+    cfg["launch"]["hang_timeout_s"] = 900  # the training is held (wd/hold) while heads come
     with slurm_slot.suspended(), slurm_slot.new_cluster("slurm-gpu3", nodes=NODES) as cluster:
         on_cluster(cfg, cluster, nodes=2, procs=1)
         (wd / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -148,6 +158,7 @@ def test_bad_node_excluded_then_restarted_heads_attach(
         checkpoints = wd / "results/points/state/checkpoints"
         wait_for(lambda: list(checkpoints.glob("ckpt-e0001-*/COMMITTED")), first,
                  tmp_path / "first.out", 240, "the first epoch's checkpoint")  # fmt: skip
+        (wd / "hold").touch()  # the training waits until the head job has attached (3)
         jobs = train_jobs(cluster)
         assert [(s, n) for _, s, n in jobs] == [("FAILED", "gpu[1-2]"), ("RUNNING", "gpu[1,3]")]
         cluster.run(["umount", str(wd)], node=BAD)  # repaired: the head job may run there
@@ -185,6 +196,7 @@ def test_bad_node_excluded_then_restarted_heads_attach(
         wait_for(lambda: head_log.exists() and attach in head_log.read_text(), None,
                  head_log, 120, "the head job attaching")  # fmt: skip
         head_attached = time.monotonic()
+        (wd / "hold").unlink()  # the training goes on
         # (4) its time-limit warning, as SLURM sends it (B:USR1): it requeues itself
         cluster.run(["scancel", "--batch", "--signal=USR1", head_job])
         deadline = time.monotonic() + 300

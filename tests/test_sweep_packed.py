@@ -88,7 +88,7 @@ def packed(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def trial_name(lr: float, nodes: int) -> str:
-    return f"lr={lr!r}+nnodes={nodes}"
+    return f"nnodes={nodes}+lr={lr!r}"  # (the parameters in config.yaml's order: sorted)
 
 
 def test_the_trials_train_in_one_allocation(packed: dict) -> None:

@@ -21,14 +21,29 @@ from tests.tiny import REPO, TinyData, make_tiny
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+CLUSTER_FIXTURES = frozenset({"slurm_slot", "image_run"})  # (their dependants' too)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on the SLURM test cluster or with Apptainer is slow too: `-m "not slow"` (the
-    quick loop of docs/tests.md) leaves it out."""
+    quick loop of docs/tests.md) leaves it out.
+
+    With pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) every test is in a group that
+    one worker runs: the tests of the SLURM test cluster (one per machine) and of the images
+    (one of them runs on the cluster) together, the end-to-end tests of the shared DAG build
+    together (built once), every other file's tests together (its module fixtures once)."""
     for item in items:
         marked = any(item.get_closest_marker(name) for name in ("slurm", "apptainer"))
-        if marked or "slurm_slot" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if marked or fixtures & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.slow)
+            group = "cluster"
+        elif "shared_build" in fixtures:
+            group = "shared_build"
+        else:
+            group = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -105,7 +104,7 @@ def test_the_trials_train_in_one_allocation(packed: dict) -> None:
         assert len(history[0]["nodes"]) == nodes, history
         slots[trial_name(lr, nodes)] = history[0]["slot"]
         assert (trial / "export/model.pt").is_file()
-        log = (packed["workdir"] / f"logs/sweeps/{SWEEP}/{trial_name(lr, nodes)}/train.log")
+        log = packed["workdir"] / f"logs/sweeps/{SWEEP}/{trial_name(lr, nodes)}/train.log"
         if nodes == 1:
             assert "1 of 1 rank(s) forked warm" in log.read_text(), log.read_text()[-3000:]
     # the one-node trials took either node's slot; each two-node trial one slot of each

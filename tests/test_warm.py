@@ -27,7 +27,8 @@ out = os.environ["PROBE_OUT"]
 with open(os.path.join(out, os.environ.get("RANK", "x") + ".json"), "w") as f:
     json.dump({"torch_before": torch_before, "cwd": os.getcwd(), "ppid": os.getppid(),
                "cpus": sorted(os.sched_getaffinity(0)), "rank": os.environ.get("RANK"),
-               "world": os.environ.get("WORLD_SIZE"), "argv": sys.argv[1:]}, f)
+               "world": os.environ.get("WORLD_SIZE"), "argv": sys.argv[1:],
+               "nice": os.getpriority(os.PRIO_PROCESS, 0)}, f)
 print("hello from", os.environ.get("RANK"))
 mode = os.environ.get("PROBE_MODE", "")
 if mode == "exit":
@@ -84,7 +85,32 @@ def test_a_worker_group_forks_its_ranks_from_the_server(server: dict, tmp_path: 
     assert {s["cwd"] for s in seen} == {os.getcwd()}
     assert {tuple(s["cpus"]) for s in seen} == {tuple(sorted(os.sched_getaffinity(0)))}
     assert {tuple(s["argv"]) for s in seen} == {("--flag",)}
+    assert {s["nice"] for s in seen} == {os.getpriority(os.PRIO_PROCESS, 0)}
     assert sorted(log.read_text().splitlines()) == ["hello from 0", "hello from 1"]
+
+
+def test_a_forked_command_takes_its_callers_priority(server: dict, tmp_path: Path) -> None:
+    """A rule's command beside a training (`ddppipe summary`, ...) lowers its priority
+    (niceness 10), then asks the server: the fork runs at that niceness, not the server's."""
+    caller = (
+        "import os, sys; from ddppipe.launching import warm; os.nice(7); "
+        "sys.exit(warm.spawn([sys.executable, '-m', 'probe'], dict(os.environ)).wait())"
+    )
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    subprocess.run([sys.executable, "-c", caller], env={**probe(server, tmp_path), "RANK": "0"},
+                   check=True, timeout=60)  # fmt: skip
+    assert json.loads((tmp_path / "0.json").read_text())["nice"] == min(base + 7, 19)
+
+
+def test_the_commands_beside_a_training_run_at_a_lower_priority(monkeypatch) -> None:
+    from ddppipe.cli import main
+
+    niced: list[int] = []
+    monkeypatch.setattr(os, "nice", niced.append)
+    for command in ("summary", "plot-training", "export", "launch", "resolve-config"):
+        with pytest.raises(SystemExit):
+            main.main([command, "--help"])
+    assert niced == [10, 10, 10]  # not the training, nor the next trial's config
 
 
 def test_a_ranks_exit_status_and_signal_come_back(server: dict, tmp_path: Path) -> None:

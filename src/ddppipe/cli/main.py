@@ -74,8 +74,18 @@ COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "
                   "selfcheck"})  # fmt: skip
 
 
+# The commands of the rules that run beside a training, holding no core of their own (`threads:
+# 0`: plots, the attempt page, export, the summary): at a lower CPU priority, so the training
+# whose cores they share keeps its speed and they take what it leaves idle.
+BESIDE_TRAINING = frozenset({"plot-evaluation", "evaluate-logged", "plot-training", "attempts",
+                             "export", "summary"})  # fmt: skip
+BESIDE_NICE = 10
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in BESIDE_TRAINING:
+        os.nice(BESIDE_NICE)  # (a warm server's fork takes its caller's priority)
     if argv and argv[0] not in COLD and os.environ.get(warm.SOCKET_ENV):
         code = warm.delegate(argv)
         if code is not None:

@@ -219,6 +219,8 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
         os.environ.update(request["env"])
         if request.get("cpus"):
             os.sched_setaffinity(0, request["cpus"])
+        with contextlib.suppress(PermissionError):  # (a lower niceness than the server's)
+            os.setpriority(os.PRIO_PROCESS, 0, request.get("nice", 0))
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         for handler in logging.root.handlers[:]:  # the command sets up its own (its rank's)
@@ -306,7 +308,7 @@ class Rank:
         self._conn.connect(env[SOCKET_ENV])
         request = {
             "module": command[2], "args": command[3:], "env": env, "cwd": os.getcwd(),
-            "cpus": sorted(os.sched_getaffinity(0)),
+            "cpus": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0),
         }  # fmt: skip
         socket.send_fds(self._conn, [json.dumps(request).encode()], [0, 1, 2])
         self._buffer = b""

@@ -8,9 +8,9 @@ One sbatch call (the allocation: squeue never shows another job of the workdir);
 completes as an ordinary run: its attempt names the allocation and its slot(s), the one-node
 trials' ranks were forked warm; a second call has nothing to do.
 
-Side by side, on the nodes' other CPU: a packed trial that outlives its allocation (one
-minute): warned before the end, it checkpoints and goes on in the next allocation, which its
-train job submits, from the step it stopped at.
+Side by side, on the nodes' other CPU: two packed trials that outlive their allocation (one
+minute, a slot on each node): warned before the end, both checkpoint and go on in the next
+allocation, which their train jobs submit, from the step they stopped at.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ LRS = [0.02, 0.05]
 NODES = [1, 2]
 TRIALS = [(lr, nodes) for lr in LRS for nodes in NODES]
 EPOCHS_LIMITED = 120
+LIMITED_LRS = [0.05, 0.1]
 
 
 def packed_config(cluster) -> dict:
@@ -53,13 +54,14 @@ def packed_config(cluster) -> dict:
 
 
 def limited_config(cluster) -> dict:
-    """One trial that outlives its allocation: digits, 120 epochs on one CPU, in allocations
-    of one minute whose trials are warned 48 s before the end (after 12 s)."""
+    """Two trials that outlive their allocation: digits, 120 epochs on one CPU each, in
+    allocations of one minute (a slot on each node) whose trials are warned 48 s before the
+    end (after 12 s)."""
     cfg = packed_config(cluster)
     cfg["train"].update(epochs=EPOCHS_LIMITED)
     cfg["slurm"].update(signal_seconds=48)
-    cfg["sweep"].update(name="limited", parameters={"train.lr": [0.05]})
-    cfg["sweep"]["pack"].update(nodes=1, time_min=1)
+    cfg["sweep"].update(name="limited", parameters={"train.lr": LIMITED_LRS})
+    cfg["sweep"]["pack"].update(time_min=1)
     return cfg
 
 
@@ -132,19 +134,29 @@ def test_a_second_call_has_nothing_to_do(packed: dict) -> None:
     assert rc == 0 and "Nothing to be done" in text, text[-3000:]
 
 
-def test_a_trial_outliving_its_allocation_goes_on_in_the_next(packed: dict) -> None:
-    """Warned before its allocation's end, the trial checkpoints and waits for the next
-    allocation (submitted while it waited, by its train job), which continues it."""
-    trial = packed["limited"] / "results/sweeps/limited/lr=0.05"
-    *stopped, last = json.loads((trial / "train/attempts.json").read_text())
-    assert stopped and last["outcome"] == "completed", (stopped, last)  # (more on a slow day)
-    assert all(a["outcome"] == "stopped on SIGUSR1" for a in stopped), stopped
-    history = [*stopped, last]
-    assert len({a["job"] for a in history}) == len(history)  # each slot its own allocation
-    for before, after in itertools.pairwise(history):
-        assert after["resumed_from"] == before["checkpoint"] is not None  # the stop's checkpoint
-        assert after["start_step"] == before["end_step"] > 0  # no step trained twice
-    lines = (trial / "train/metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["epoch"] for line in lines] == list(range(1, EPOCHS_LIMITED + 1))
+def test_trials_outliving_their_allocation_go_on_in_the_next(packed: dict) -> None:
+    """Warned before their allocation's end, both trials checkpoint and wait for the next
+    allocation (submitted while they waited, by their train jobs), which continues them; no
+    step is trained twice, the table lists each trial once."""
     pool = packed["limited"] / layout.SweepLayout("limited").pack
-    assert len(list((pool / "allocations").glob("*.json"))) == len(history)  # one sbatch each
+    allocations = {json.loads(p.read_text())["job"] for p in (pool / "allocations").glob("*.json")}
+    longest, firsts = 0, set()
+    for lr in LIMITED_LRS:
+        trial = packed["limited"] / f"results/sweeps/limited/lr={lr!r}"
+        *stopped, last = json.loads((trial / "train/attempts.json").read_text())
+        firsts.add([*stopped, last][0]["job"])
+        assert stopped and last["outcome"] == "completed", (stopped, last)  # (more on a slow day)
+        assert all(a["outcome"] == "stopped on SIGUSR1" for a in stopped), stopped
+        history = [*stopped, last]
+        assert len({a["job"] for a in history}) == len(history)  # each slot its own allocation
+        assert {a["job"] for a in history} <= allocations
+        for before, after in itertools.pairwise(history):
+            assert after["resumed_from"] == before["checkpoint"] is not None  # the stop's
+            assert after["start_step"] == before["end_step"] > 0  # no step trained twice
+        lines = (trial / "train/metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in lines] == list(range(1, EPOCHS_LIMITED + 1))
+        longest = max(longest, len(history))
+    # both trained in the first allocation side by side, one sbatch per allocation
+    assert len(firsts) == 1 and len(allocations) == longest, (firsts, allocations)
+    table = (packed["limited"] / "results/sweeps/limited/trials.csv").read_text().splitlines()
+    assert len(table) == 1 + len(LIMITED_LRS), table

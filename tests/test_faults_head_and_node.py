@@ -85,13 +85,14 @@ def model(args: dict) -> nn.Module:
 
 def start_head(cluster: SlurmCluster, wd: Path, out: Path, *args: str) -> subprocess.Popen:
     """``snakemake --profile profiles/slurm`` in ``wd`` in a session of its own (as a login
-    shell's), its output to ``out``."""
+    shell's: SIGHUP ends it, also where the tests run under nohup), its output to ``out``."""
     env = cluster.environ({"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin:/usr/sbin"})
     with out.open("w") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(wd),
              "--configfile", str(wd / "config.yaml"), "--profile", PROFILE, *args],
             cwd=wd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         )  # fmt: skip
 
 

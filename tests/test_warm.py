@@ -130,11 +130,13 @@ def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> N
         time.sleep(120)
     """)  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE,
                             env={**probe(server, tmp_path, "sleep"), "RANK": "0"})  # fmt: skip
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     line = ""
     while not line.startswith("pid "):  # (the rank prints to the same stdout)
         line = proc.stdout.readline()
+        assert line, f"the launcher ended without a rank: {proc.stderr.read()[-3000:]}"
     pid = int(line.split()[1])
     assert Path(f"/proc/{pid}").exists()
     proc.kill()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ddppipe.core import atomic
 from ddppipe.packing import accounting, worker
 from ddppipe.packing.allocation import Allocation, PackError
 from ddppipe.packing.gang import Gang, Seat, open_gangs
@@ -267,3 +268,30 @@ def test_the_cost_of_the_allocations(tmp_path: Path) -> None:
             "the slots' time while trials remained, queue wait 30 s at most"
         )
     )
+
+
+def test_the_scheduler_is_asked_at_once_only_while_no_allocation_comes(tmp_path: Path) -> None:
+    """A packed trial's train job checks the allocations at once (squeue, sbatch) only while
+    none is queued or running; else at the pool's pace, however many trials arrive."""
+    pool = Pool(tmp_path / "pack")
+    pool.put(Ticket("sweeps/s/a", ["true"], str(tmp_path)))
+    assert not pool.expected()  # nothing submitted yet
+    atomic.write_json(pool.allocations / "5.json", {"job": "5"})
+    assert pool.expected()  # queued: no node record yet
+    nodes = pool.allocations / "nodes"
+    atomic.write_json(nodes / "5-cn07.json", {"job": "5", "node": "cn07", "started": 1.0})
+    atomic.write_json(nodes / "5-cn08.json", {"job": "5", "node": "cn08", "started": 1.0})
+    assert pool.expected()
+    atomic.write_json(nodes / "5-cn07.json", {"job": "5", "node": "cn07", "ended": 2.0})
+    assert pool.expected()  # cn08 still takes trials
+    atomic.write_json(nodes / "5-cn08.json", {"job": "5", "node": "cn08", "ended": 2.0})
+    assert not pool.expected()
+
+
+def test_a_packed_trials_summary_asks_sacct_nothing_of_its_allocation() -> None:
+    """The allocation's job holds other trials too: sacct's figures of it are not the run's."""
+    from ddppipe.reports.run_files import RunFiles
+
+    attempts = [{"job": "7", "slot": "cn07/1"}, {"job": "9", "slot": None}, {"job": "local"}]
+    files = RunFiles(None, None, [], attempts, {})  # type: ignore[arg-type]
+    assert files.jobs == ["9"]

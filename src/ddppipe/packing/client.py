@@ -38,7 +38,9 @@ def run(pool_root: Path, config_path: Path, command: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, cancelled)
-    allocations.ensure(pool, held, workdir, force=True)
+    # at once only when no allocation is coming: the scheduler's load (squeue) stays one call
+    # every CHECK_EVERY_S seconds, however many trials the sweep has
+    allocations.ensure(pool, held, workdir, force=not pool.expected())
     while (result := pool.result(spec.run)) is None:
         time.sleep(POLL_S)
         allocations.ensure(pool, held, workdir)

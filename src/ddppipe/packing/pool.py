@@ -177,6 +177,15 @@ class Pool:
         nodes = [r for r in self.records(self.allocations / "nodes") if r.get("job") == job]
         return bool(nodes) and all("stopping" in r or "ended" in r for r in nodes)
 
+    def expected(self) -> bool:
+        """Whether an allocation of this pool may still take trials: one submitted whose nodes
+        have not all recorded their end (queued, or running)."""
+        ended: dict[str, bool] = {}
+        for r in self.records(self.allocations / "nodes"):
+            ended[r["job"]] = ended.get(r["job"], True) and "ended" in r
+        jobs = [r["job"] for r in self.records(self.allocations) if "job" in r]
+        return any(not ended.get(job, False) for job in jobs)
+
     def failed_nodes(self) -> list[str]:
         """Nodes whose preflight failed in an allocation of this pool (not used again)."""
         nodes = self.records(self.allocations / "nodes")

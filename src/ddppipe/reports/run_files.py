@@ -50,8 +50,10 @@ class RunFiles:
 
     @property
     def jobs(self) -> list[str]:
-        """The SLURM job ids of the slots (a job once per slot it ran)."""
-        return [a["job"] for a in self.attempts if a.get("job", "local") != "local"]
+        """The SLURM job ids of the slots (a job once per slot it ran); not a packed trial's
+        allocation (its job holds other trials too: sacct's figures of it are not the run's)."""
+        return [a["job"] for a in self.attempts
+                if a.get("job", "local") != "local" and not a.get("slot")]  # fmt: skip
 
 
 def spec_of(cfg: Mapping[str, Any]) -> RunSpec | None:

@@ -21,6 +21,7 @@ Needs root and the Slurm packages, and no other test cluster on the machine; ~10
 
     python bench/sweep_packing.py                 # 24 one-epoch MNIST trials
     python bench/sweep_packing.py --trials 8 --task digits
+    python bench/sweep_packing.py --task digits --only packed
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--task", choices=["mnist", "digits"], default="mnist")
     ap.add_argument("--mirror", type=Path, default=SHARED_MNIST, help="folder of the *.gz files")
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
+    ap.add_argument("--only", choices=["packed", "jobs"], help="run the sweep one way only")
     return ap.parse_args(argv)
 
 
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                   "CPUs, Slurm's default scheduler settings")  # fmt: skip
             for name, packed in (("packed (2 allocations x 2 slots)", True),
                                  ("one job per trial (max_parallel 4)", False)):  # fmt: skip
+                if args.only and args.only != ("packed" if packed else "jobs"):
+                    continue
                 f = run_sweep(cluster, root / ("packed" if packed else "jobs"),
                               config_for(args, packed))  # fmt: skip
                 print(f"  {name}")

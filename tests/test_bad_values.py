@@ -3,6 +3,10 @@ started, with a message naming the key and the fix."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,3 +102,46 @@ def test_config_json_that_is_no_object_writes_nothing(
     result = run_cli(command, f"--json={text}", f"--out={out}", check=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+COUNTED_TASK = '''\
+"""A task whose model() counts its builds (the test's file), slowly."""
+import os
+import time
+
+from torch import nn
+
+
+def prepare(data_dir, args):
+    raise NotImplementedError
+
+
+def datasets(data_dir, args):
+    raise NotImplementedError
+
+
+def model(args):
+    with open(os.environ["BUILDS"], "a") as f:
+        f.write("built\\n")
+    time.sleep(1.0)
+    return nn.Linear(4, 2)
+'''
+
+
+def test_write_configs_that_start_together_check_the_task_once(tmp_path: Path) -> None:
+    """A sweep's write_configs start together: the first builds the task's model, the others
+    wait for its check and keep it (one build, not one each beside it)."""
+    (tmp_path / "counted.py").write_text(COUNTED_TASK)
+    env = {**os.environ, "BUILDS": str(tmp_path / "builds")}
+    procs = []
+    for k in range(3):
+        cfg = default_config()
+        cfg.update(run=f"r{k}", task="counted.py", task_args={})
+        command = [sys.executable, "-m", "ddppipe", "resolve-config", "--json", json.dumps(cfg),
+                   "--gpus", "no", "--out", str(tmp_path / f"r{k}.yaml")]  # fmt: skip
+        procs.append(subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                                      text=True))  # fmt: skip
+    logs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], logs
+    assert (tmp_path / "builds").read_text() == "built\n"
+    assert sum("checked before" in log for log in logs) == 2, logs

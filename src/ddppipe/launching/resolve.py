@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -51,17 +52,22 @@ def checked_task(ref: str, args: dict[str, Any]) -> dict[str, Any]:
 
     A check that passed is kept (layout.TASK_CHECKS, by the task's file, arguments, Python
     and image), so the trials of a sweep that share their task_args import the task and
-    torch once, not once each.
+    torch once, not once each; the trials' write_configs that start together wait for the
+    first one's check (a lock) instead of each building the model beside it.
     """
     source = tasks.locate(ref)
     kept = layout.TASK_CHECKS / f"{_check_key(source, args)}.json"
-    if kept.is_file():
-        found = json.loads(kept.read_text())
-        log.info("%s (checked before: %s)", found.pop("model"), kept)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with open(kept.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if kept.is_file():
+            found = json.loads(kept.read_text())
+            log.info("%s (checked before: %s)", found.pop("model"), kept)
+            return found
+        task = tasks.load(ref, step="write_config (ddppipe resolve-config)")
+        found = {"task_args": tasks.validate_args(task, args),
+                 "task_source": task.source.as_dict()}  # fmt: skip
+        line = tasks.check_model(task, found["task_args"])
+        log.info("%s", line)
+        atomic.write_text(kept, json.dumps({**found, "model": line}))  # in order: one config
         return found
-    task = tasks.load(ref, step="write_config (ddppipe resolve-config)")
-    found = {"task_args": tasks.validate_args(task, args), "task_source": task.source.as_dict()}
-    line = tasks.check_model(task, found["task_args"])
-    log.info("%s", line)
-    atomic.write_text(kept, json.dumps({**found, "model": line}))  # in order: the same config
-    return found

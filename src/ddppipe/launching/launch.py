@@ -68,6 +68,12 @@ class Plan:
     placement: Placement | None = None  # a packed multi-node trial's nodes of its allocation
 
     @property
+    def own_job(self) -> bool:
+        """Whether it runs in a SLURM job of its own (not a packed trial's allocation, whose
+        workers check its nodes, warn it of the end and take it back when it stops)."""
+        return self.job is not None and self.placement is None
+
+    @property
     def workers(self) -> int:
         """Processes the launcher starts with ``command``: the local ranks, or one srun."""
         return self.request.procs_per_node if self.job is None else 1

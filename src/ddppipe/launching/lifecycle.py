@@ -108,8 +108,8 @@ def _slot(
     refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
-    if plan.job and plan.placement is None:  # (a placed trial: its allocation's workers
-        peak_file = state.peak  # checked its nodes, and warn it of the allocation's end)
+    if plan.own_job:
+        peak_file = state.peak
         peak_file.unlink(missing_ok=True)
         try:
             checks = preflight.run(spec, plan, peak_file, state)
@@ -247,7 +247,7 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
     hung = note.get("hung")
     if hung and outcome not in continuation.REQUEUED_BY_SLURM:
         outcome = "hung"
-    own_job = job is not None and plan.placement is None  # not a packed trial's allocation
+    own_job = plan.own_job
     exit_status = HUNG_EXIT if hung and not own_job else preemption.EXIT_CODE
     history = attempts.finish(state, outcome, exit_status, hung["detail"] if hung else "")
     log.warning(

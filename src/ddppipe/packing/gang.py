@@ -52,8 +52,7 @@ class Gang:
         """(The leading node) Open the gang of ``ticket``'s trial, led by ``leader``."""
         folder = _gangs(pool, job) / urllib.parse.quote(ticket.run, safe="")
         folder.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(folder / "gang.json", {"run": ticket.run, "job": job,
-                                                 "seats": ticket.nodes - 1,
+        atomic.write_json(folder / "gang.json", {"run": ticket.run, "seats": ticket.nodes - 1,
                                                  "leader": asdict(leader)})  # fmt: skip
         return cls(folder)
 
@@ -110,20 +109,22 @@ class Gang:
         finally:
             draft.unlink(missing_ok=True)
 
+    def _slots(self) -> list[Seat]:
+        """The leader's slot, then each seat's; none once the gang is gone."""
+        about = self._about()
+        return [Seat(**about["leader"]), *self.seats()] if about else []
+
     def placement(self) -> Placement:
         """Where the trial runs: the leader's node first, then each seat's."""
-        about = self._about()
-        assert about is not None, f"gang {self.folder} is gone"
-        slots = [Seat(**about["leader"]), *self.seats()]
-        cpus = {s.node: s.cpus for s in slots}
-        return Placement(about["job"], [s.node for s in slots], cpus,
+        slots = self._slots()
+        assert slots, f"gang {self.folder} is gone"
+        job = self.folder.parent.name  # (gangs/<job>/<run>)
+        return Placement(job, [s.node for s in slots], {s.node: s.cpus for s in slots},
                          {s.node: s.gpus for s in slots})  # fmt: skip
 
     def slots(self) -> str:
         """The slots it holds, for the attempt history: ``cn07/0+cn08/1``."""
-        about = self._about() or {}
-        leader = [Seat(**about["leader"])] if "leader" in about else []
-        return "+".join(s.name for s in [*leader, *self.seats()])
+        return "+".join(s.name for s in self._slots())
 
     def close(self) -> None:
         """Free the seats: the trial ended, or went back to the queue. (Renamed first: the

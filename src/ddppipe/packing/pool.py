@@ -133,16 +133,18 @@ class Pool:
     def take(self, slot: dict[str, Any], max_nodes: int = 1) -> Ticket | None:
         """The oldest waiting trial of at most ``max_nodes`` nodes, now this slot's (an atomic
         rename: no other slot gets it); None when none waits."""
-        waiting = sorted(self.queue.glob("*.json"), key=_queued) if self.queue.is_dir() else []
-        for path in waiting:
-            if _nodes(path) > max_nodes:
+        waiting = []
+        for path in self.queue.glob("*.json") if self.queue.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                waiting.append((json.loads(path.read_text()), path))
+        for found, path in sorted(waiting, key=lambda w: w[0].get("queued", float("inf"))):
+            if found.get("nodes", 1) > max_nodes:
                 continue
             target = self.running / path.name
             try:
                 os.rename(path, target)
             except FileNotFoundError:  # another slot took it
                 continue
-            found = json.loads(target.read_text())
             atomic.write_json(target, {**found, "slot": slot, "started": time.time()})
             return Ticket(found["run"], found["command"], found["cwd"], found["queued"],
                           found.get("nodes", 1))  # fmt: skip
@@ -177,6 +179,12 @@ class Pool:
         nodes = [r for r in self.records(self.allocations / "nodes") if r.get("job") == job]
         return bool(nodes) and all("stopping" in r or "ended" in r for r in nodes)
 
+    def working_nodes(self, job: str) -> int:
+        """Nodes of allocation ``job`` that take trials now (checked, not ending)."""
+        out = {"preflight", "stopping", "ended"}
+        nodes = self.records(self.allocations / "nodes")
+        return sum(1 for r in nodes if r.get("job") == job and not out & r.keys())
+
     def expected(self) -> bool:
         """Whether an allocation of this pool may still take trials: one submitted whose nodes
         have not all recorded their end (queued, or running)."""
@@ -197,17 +205,3 @@ class Pool:
             with contextlib.suppress(FileNotFoundError, ValueError):
                 found.append(json.loads(path.read_text()))
         return found
-
-
-def _nodes(path: Path) -> int:
-    try:
-        return int(json.loads(path.read_text()).get("nodes", 1))
-    except (FileNotFoundError, ValueError):
-        return 1
-
-
-def _queued(path: Path) -> float:
-    try:
-        return float(json.loads(path.read_text())["queued"])
-    except (FileNotFoundError, ValueError, KeyError):
-        return float("inf")

@@ -57,6 +57,11 @@ class Slot:
     def busy(self) -> bool:
         return self.process is not None or self.gang is not None
 
+    @property
+    def forming(self) -> bool:
+        """It leads a gang whose seats are not all taken yet (its trial not started)."""
+        return self.gang is not None and self.trial is not None and self.process is None
+
     def seat(self, node: str) -> Seat:
         return Seat(node, self.index, self.cpus, self.gpus)
 
@@ -159,12 +164,10 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
                     _ended(pool, s, job, node)
                 elif s.gang is not None and s.trial is None and not s.gang.is_open:
                     _unseated(s)
-                elif s.gang is not None and s.trial is not None and s.process is None:
-                    if stopping:  # (it leads a gang still forming)
-                        pool.give_back(s.trial)
-                        s.gang.close()
-                        s.trial, s.gang = None, None
-                    elif s.gang.full:
+                elif s.forming:
+                    if stopping:
+                        _disband(pool, s)
+                    elif s.gang.full:  # type: ignore[union-attr]
                         _launch(s, job, node, env, sock, server.pid)
             if not stopping:
                 for s in own:
@@ -195,9 +198,8 @@ def _stop_trials(pool: Pool, own: list[Slot], sig: signal.Signals, job: str, nod
     stop signal and :data:`STOP_WAIT_S` seconds to checkpoint; those that did go back to the
     queue (the others are reclaimed when SLURM no longer holds the allocation)."""
     for s in own:
-        if s.gang is not None and s.process is None and s.trial is not None:  # still forming
-            pool.give_back(s.trial)
-            s.gang.close()
+        if s.forming:
+            _disband(pool, s)
     running = [s for s in own if s.process is not None]
     for s in running:
         with contextlib.suppress(ProcessLookupError):
@@ -222,8 +224,8 @@ def _start(pool: Pool, slot: Slot, job: str, node: str, leads: bool, own: list[S
                 slot.gang, slot.started = gang, time.time()
                 slot.trials.append(gang.run)
                 return
-    forming = any(s.gang is not None and s.trial is not None and s.process is None for s in own)
-    max_nodes = _working_nodes(pool, job) if leads and not forming else 1
+    forming = any(s.forming for s in own)
+    max_nodes = pool.working_nodes(job) if leads and not forming else 1
     ticket = pool.take({"job": job, "node": node, "slot": slot.index}, max_nodes)
     if ticket is None:
         return
@@ -258,11 +260,13 @@ def _popen(slot: Slot, env: dict[str, str]) -> None:
     )  # fmt: skip
 
 
-def _working_nodes(pool: Pool, job: str) -> int:
-    """Nodes of allocation ``job`` that take trials now (checked, not ending)."""
-    out = {"preflight", "stopping", "ended"}
-    nodes = pool.records(pool.allocations / "nodes")
-    return sum(1 for r in nodes if r.get("job") == job and not out & r.keys())
+def _disband(pool: Pool, slot: Slot) -> None:
+    """The leader's gang still forming ends (the allocation is ending): its trial waits in
+    the queue again, first in line, and the seats taken are free."""
+    assert slot.gang is not None and slot.trial is not None
+    pool.give_back(slot.trial)
+    slot.gang.close()
+    slot.trial, slot.gang = None, None
 
 
 def _unseated(slot: Slot) -> None:

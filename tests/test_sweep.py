@@ -182,7 +182,7 @@ def test_a_random_sweep_draws_the_same_trials_again(
 
 
 TPE = {
-    "name": "tpe", "method": "tpe", "trials": 2, "max_parallel": 1, "seed": 0,
+    "name": "tpe", "method": "tpe", "trials": 3, "max_parallel": 2, "seed": 0,
     "parameters": {"train.lr": {"low": 0.01, "high": 0.3, "log": True}},
 }  # fmt: skip
 
@@ -193,24 +193,35 @@ def tpe_sweep(workdir: Path) -> dict[str, subprocess.CompletedProcess]:
     return {"run": sweep(workdir, cfg), "again": sweep(workdir, cfg)}
 
 
-def test_a_tpe_sweep_suggests_round_after_round(tpe_sweep: dict, workdir: Path) -> None:
+def attempt(workdir: Path, name: str) -> dict[str, Any]:
+    """The one attempt of the trial ``name`` of the tpe sweep (its start and end times)."""
+    path = workdir / "results/sweeps/tpe" / name / "train/attempts.json"
+    (found,) = json.loads(path.read_text())
+    return found
+
+
+def test_a_tpe_sweep_suggests_a_trial_when_a_slot_frees(tpe_sweep: dict, workdir: Path) -> None:
     assert tpe_sweep["run"].returncode == 0, tpe_sweep["run"].stderr
     rounds = workdir / "results/sweeps/tpe/rounds"
     docs = [json.loads((rounds / f"{k}.json").read_text()) for k in (0, 1)]
-    assert [len(d["trials"]) for d in docs] == [1, 1]
-    assert [d["trials"][0]["number"] for d in docs] == [0, 1]
-    names = [d["trials"][0]["name"] for d in docs]
-    assert all(re.fullmatch(r"lr=0\.\d+", n) for n in names) and names[0] != names[1]
+    assert [len(d["trials"]) for d in docs] == [2, 1]
+    assert [t["number"] for d in docs for t in d["trials"]] == [0, 1, 2]
+    names = [t["name"] for d in docs for t in d["trials"]]
+    assert all(re.fullmatch(r"lr=0\.\d+", n) for n in names) and len(set(names)) == 3
     assert evaluated(workdir, "tpe") == set(names)
-    # round 1 was suggested once round 0's trial had been evaluated, told to the study
+    # round 0's two trials trained side by side (max_parallel 2), not one after the other
+    first, second, third = (attempt(workdir, n) for n in names)
+    assert max(first["start"], second["start"]) < min(first["end"], second["end"]), names
+    # round 1 was suggested once the first trial's training had ended, told to the study
+    assert (rounds / "1.json").stat().st_mtime >= first["end"] and third["start"] > first["end"]
     study = optuna.load_study(study_name="tpe", storage=JournalStorage(
         JournalFileBackend(str(workdir / "results/sweeps/tpe/optuna.journal"))))  # fmt: skip
-    first, second = study.get_trials()
+    trials = study.get_trials()
     metrics = json.loads(
         (workdir / "results/sweeps/tpe" / names[0] / "eval/metrics.json").read_text()
     )
-    assert first.state == TrialState.COMPLETE and first.value == metrics["test_accuracy"]
-    assert second.state == TrialState.RUNNING  # the last round: no round after it asks
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == metrics["test_accuracy"]
+    assert trials[2].state == TrialState.RUNNING  # the last round: no round after it asks
 
 
 def test_a_finished_tpe_sweep_reruns_nothing(tpe_sweep: dict) -> None:

@@ -266,6 +266,15 @@ def stop_warm_ranks():
     os.environ.pop(ddp_warm.SERVER_ENV, None)
 
 
+# The rules beside a training (`threads: 0`: evaluation, plots, the attempt page, export, the
+# summary) take one of BESIDE_AT_ONCE slots: Snakemake's local executor runs each job in one of
+# cores + 5 threads, and a zero-thread job past them waits in its queue, so a finished trial's
+# plots would hold back the next trial's config and the round that suggests it.
+BESIDE = "ddppipe_beside"
+BESIDE_AT_ONCE = 3
+workflow.register_resource(BESIDE, BESIDE_AT_ONCE)
+
+
 # -- the Apptainer image (rule build_image, container.mode) --------------------------------
 
 ROOT = (
@@ -434,6 +443,32 @@ def sweep_trial_runs():
     if SWEEP is not None and SWEEP.method == "tpe":
         return rounds_trial_runs(len(ddp_sweep.round_sizes(SWEEP)))
     return [t.run for t in RUNS.trials]
+
+
+def sweep_targets(wildcards):
+    """Rule sweep's input: the table, best trial and figures, and the outputs of every trial
+    known now; while a model-based sweep has a round to suggest, that round's file too, so
+    each trial trains (and is evaluated) as soon as its round is suggested, next to the
+    trials before it, not once every round is."""
+    layout = sweep_layout()
+    runs, next_round = [t.run for t in RUNS.trials], []
+    if SWEEP.method == "tpe":
+        k = ddp_sweep.unsuggested_round(SWEEP)
+        if k is None:
+            runs = rounds_trial_runs(len(ddp_sweep.round_sizes(SWEEP)))
+        else:
+            runs, next_round = rounds_trial_runs(k), [ddp_sweep.round_file(SWEEP, k)]
+    targets = [t for run in runs for t in ddp_layout.RunLayout(run).targets(KIND)]
+    return [
+        str(p)
+        for p in (
+            layout.trials_csv,
+            layout.best,
+            layout.overview,
+            *next_round,
+            *targets,
+        )
+    ]
 
 
 def rounds_trial_runs(upto):

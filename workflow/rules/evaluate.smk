@@ -23,6 +23,8 @@ if KIND == "script":
             RUN_LAYOUT.benchmark("evaluate")
         localrule: True
         threads: 0  # no core of its own: a little Python beside a training
+        resources:
+            ddppipe_beside=1,  # (BESIDE, rules/common.smk)
         shell:
             "ddppipe evaluate-logged --metrics {input} --out {output.metrics}"
             " --plot {output.plot} 2> {log}"
@@ -57,6 +59,8 @@ else:
             RUN_LAYOUT.benchmark("evaluate")
         localrule: True
         threads: 0  # no core of its own: a little Python beside a training
+        resources:
+            ddppipe_beside=1,  # (BESIDE, rules/common.smk)
         shell:
             "ddppipe plot-evaluation --evaluation {input} --metrics {output.metrics}"
             " --plot {output.plot} 2> {log}"
@@ -77,6 +81,8 @@ rule plot_training:
         RUN_LAYOUT.log("plot_training"),
     localrule: True
     threads: 0  # no core of its own: a little Python beside a training
+    resources:
+        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
     shell:
         "ddppipe plot-training --metrics {input} --out {output} 2> {log}"
 
@@ -96,6 +102,8 @@ rule attempt_history:
         RUN_LAYOUT.log("attempt_history"),
     localrule: True
     threads: 0  # no core of its own: a little Python beside a training
+    resources:
+        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
     shell:
         "ddppipe attempts --history {input} --run {wildcards.run} --html {output} 2> {log}"
 
@@ -131,6 +139,8 @@ rule export:
         RUN_LAYOUT.benchmark("export")
     localrule: True  # copies and hashes files: no compute node to wait for
     threads: 0  # no core of its own: a little Python beside a training
+    resources:
+        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
     params:
         data=lambda wc, input: (
             f"--data {os.path.dirname(input.data)}" if input.data else ""
@@ -164,5 +174,7 @@ rule summarize:
         RUN_LAYOUT.log("summarize"),
     localrule: True
     threads: 0  # no core of its own: a little Python beside a training
+    resources:
+        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
     shell:
         "ddppipe summary {wildcards.run} --html {output} 2> {log}"

@@ -6,16 +6,7 @@
 rule sweep:
     """Target: the sweep's table, best trial and figures, and every trial's run outputs."""
     input:
-        lambda wc: [
-            sweep_layout().trials_csv,
-            sweep_layout().best,
-            sweep_layout().overview,
-            *[
-                str(target)
-                for run in sweep_trial_runs()
-                for target in ddp_layout.RunLayout(run).targets(KIND)
-            ],
-        ],
+        sweep_targets,
 
 
 rule sweep_trials:

@@ -417,6 +417,12 @@ def waits_for(sweep: Sweep, k: int, rounds: Path | None = None) -> list[int] | N
     return [k - 1] if k else []
 
 
+def unsuggested_round(sweep: Sweep, rounds: Path | None = None) -> int | None:
+    """A model-based sweep's first round not suggested yet; None once every round is."""
+    sizes = round_sizes(sweep, rounds)
+    return next((k for k in range(len(sizes)) if not round_file(sweep, k, rounds).is_file()), None)
+
+
 def round_file(sweep: Sweep, k: int, rounds: Path | None = None) -> Path:
     """Round ``k``'s file: the trials it suggested (``{"round", "trials": [{"name",
     "values", "number"}]}``, ``number``: the Optuna trial's)."""

@@ -393,12 +393,13 @@ def slot_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
     return make_tiny(tmp_path_factory.mktemp("slot-data"), n_train=16 * SLOT_STEPS)
 
 
-def with_task_file(workdir: Path) -> Path:
+def with_task_file(workdir: Path, paced: bool = True) -> Path:
     """``workdir`` holding tasks/paced.py: the example task file as a user keeps it, each
-    training step TASK_PACE_S longer."""
+    training step TASK_PACE_S longer (``paced``; else the example as it is: a sleep changes no
+    weight, so an uninterrupted reference run trains it unpaced, 18 s sooner)."""
     (workdir / "tasks").mkdir(parents=True, exist_ok=True)
     example = (REPO / "examples" / "tasks" / "tinycnn.py").read_text()
-    (workdir / "tasks" / "paced.py").write_text(example + PACED_LOSS)
+    (workdir / "tasks" / "paced.py").write_text(example + (PACED_LOSS if paced else ""))
     return workdir
 
 
@@ -432,7 +433,10 @@ def _time_limit_slots(
     ``make_config(runtime)``: the run's config; ``steps``: its optimizer steps in all."""
     cfg = make_config(SLOT_MINUTES)
     nodes = cfg["launch"]["nnodes"]
-    wd, reference = with_task_file(tmp_path / "slots"), with_task_file(tmp_path / "reference")
+    wd, reference = (
+        with_task_file(tmp_path / "slots"),
+        with_task_file(tmp_path / "reference", False),
+    )
     started = time.monotonic()
     proc, out = _start_snakemake(cluster, wd, cfg, FINAL, *args)
     _poll(lambda: (wd / FINAL).exists(), proc, 840, "the trained model", out)

@@ -27,8 +27,10 @@ run: env
 system-deps:
 	bash .ci/install_system_deps.sh
 
+# Two pytest workers (the 2 cores): the SLURM test cluster's tests, mostly waiting for SLURM,
+# beside the rest, mostly computing (tests/conftest.py groups them).
 test: env system-deps lint
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2
 
 # ruff; the packages' layering (import-linter, pyproject.toml); Snakemake's lint (only the
 # documented finding) and snakefmt (tests/test_lint.py).

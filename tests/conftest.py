@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,14 +24,71 @@ from tests.tiny import REPO, TinyData, make_tiny
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+GROUPS_ENV = "DDPPIPE_TEST_GROUPS"  # the file of each test's group (pytest-xdist, below)
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test on the SLURM test cluster or with Apptainer is slow too: `-m "not slow"` (the
-    quick loop of docs/tests.md) leaves it out."""
+    quick loop of docs/tests.md) leaves it out.
+
+    Under pytest-xdist (``make test``: ``-n 2``) each test is in a group that one worker runs
+    whole, in order (:func:`pytest_xdist_make_scheduler`): the SLURM test cluster's tests (one
+    cluster per machine; mostly waiting for SLURM) in one, beside every other file's tests
+    (the images', the shared DAG build's end-to-end tests, ...: mostly computing). The cluster
+    test that runs in an image comes last, when the image is long built by the other worker
+    (tests/across_workers.py)."""
+    groups = {}
     for item in items:
+        fixtures = _fixtures(item)
         marked = any(item.get_closest_marker(name) for name in ("slurm", "apptainer"))
-        if marked or "slurm_slot" in getattr(item, "fixturenames", ()):
+        if marked or "slurm_slot" in fixtures:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slurm") or "slurm_slot" in fixtures:
+            groups[item.nodeid] = "cluster"
+        elif "shared_build" in fixtures:
+            groups[item.nodeid] = "shared_build"
+        else:
+            groups[item.nodeid] = item.nodeid.split("::")[0]
+    in_image = [i for i in items if groups[i.nodeid] == "cluster" and "image_run" in _fixtures(i)]
+    items[:] = [i for i in items if i not in in_image] + in_image
+    if hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):  # a worker's collection
+        path = Path(os.environ[GROUPS_ENV])
+        draft = path.with_name(f"{path.name}.{os.getpid()}")
+        draft.write_text(json.dumps(groups))
+        os.replace(draft, path)
+
+
+def _fixtures(item: pytest.Item) -> set[str]:
+    return set(getattr(item, "fixturenames", ()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        handle, path = tempfile.mkstemp(prefix="ddppipe-test-groups-", suffix=".json")
+        os.close(handle)
+        os.environ[GROUPS_ENV] = path  # (the workers inherit it)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):
+        Path(os.environ.pop(GROUPS_ENV)).unlink(missing_ok=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler by scope, each test's scope its group (the workers wrote them
+    when they collected; xdist's own ``--dist loadgroup`` does not group under pytest 9: it
+    sets ``item._nodeid``, which pytest 9 no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not hasattr(self, "_groups"):
+                self._groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+            return self._groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ CPU); the other tests reuse that image and workdir.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from ddppipe.apptainer import (
 from ddppipe.core import hashing
 from ddppipe.parallel import software
 from ddppipe.settings import config, run_spec
+from tests import across_workers
 from tests.slurm_cluster import SlurmCluster
 from tests.test_slurm import logs, on_cluster, snakemake_slurm
 from tests.tiny import REPO, TinyData, default_config, tiny_config
@@ -68,18 +71,37 @@ class ImageRun:
 
 @pytest.fixture(scope="session")
 def image_run(tmp_path_factory: pytest.TempPathFactory, tiny: TinyData) -> ImageRun:
-    """The local DAG, image build included, run end to end through the image (once)."""
+    """The local DAG, image build included, run end to end through the image (once, by the
+    first of the test workers that needs it: tests/across_workers.py)."""
     require_apptainer()
-    root = tmp_path_factory.mktemp("container")
-    recipe = root / "recipe" / "ddppipe.def"
-    recipe.parent.mkdir()
-    shutil.copy2(REPO / "containers" / "ddppipe.def", recipe)
-    cfg = tiny_config(tiny)
-    cfg["container"] = {"mode": "apptainer", "recipe": str(recipe), "image": IMAGE, "exec_args": []}
-    workdir = root / "work"
-    start = time.monotonic()
-    snakemake(workdir, cfg, "--cores", "2", timeout=2400)
-    return ImageRun(workdir, cfg, recipe, time.monotonic() - start)
+
+    def build(root: Path) -> dict[str, Any]:
+        recipe = root / "recipe" / "ddppipe.def"
+        recipe.parent.mkdir()
+        shutil.copy2(REPO / "containers" / "ddppipe.def", recipe)
+        cfg = tiny_config(tiny)
+        cfg["container"] = {"mode": "apptainer", "recipe": str(recipe), "image": IMAGE,
+                            "exec_args": []}  # fmt: skip
+        start = time.monotonic()
+        snakemake(root / "work", cfg, "--cores", "2", timeout=2400)
+        return {"workdir": str(root / "work"), "cfg": cfg, "recipe": str(recipe),
+                "seconds": time.monotonic() - start}  # fmt: skip
+
+    found = across_workers.once(tmp_path_factory, "container", build)
+    return ImageRun(Path(found["workdir"]), found["cfg"], Path(found["recipe"]), found["seconds"])
+
+
+@pytest.fixture(autouse=True)
+def image_workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test here alone in the image's working directory, whichever worker runs it (the
+    SLURM run of a task image runs with the cluster's tests)."""
+    with work_locked(tmp_path_factory):
+        yield
+
+
+def work_locked(factory: pytest.TempPathFactory) -> contextlib.AbstractContextManager[None]:
+    """The image's working directory, for this process alone while the block runs."""
+    return across_workers.locked(across_workers.shared_root(factory) / "container.work")
 
 
 # -- without an image --------------------------------------------------------------------------
@@ -359,21 +381,28 @@ def blobs_config(base: dict[str, Any], run: str, *reqs: str) -> dict[str, Any]:
     return cfg
 
 
-@pytest.fixture(scope="module")
-def task_image_run(image_run: ImageRun) -> TaskImageRun:
+@pytest.fixture(scope="session")
+def task_image_run(image_run: ImageRun, tmp_path_factory: pytest.TempPathFactory) -> TaskImageRun:
     """`snakemake --cores 2` of a task file that imports humanize, with container.requirements:
     [humanize==4.17.0]: the derived image built once, then the whole local DAG, with Python's
     import profile (PYTHONPROFILEIMPORTTIME) in every rule's log."""
     assert importlib.util.find_spec("humanize") is None, "humanize must be absent from the host"
-    w = image_run.workdir
-    (w / "mytasks").mkdir()
-    shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep.py")
-    cfg = blobs_config(image_run.cfg, "blobs", HUMANIZE)
-    start = time.monotonic()
-    result = snakemake(w, cfg, "--cores", "2", "-p", *BUT_THE_BASE_IMAGE,
-                       env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+
+    def build(_: Path) -> dict[str, Any]:
+        w = image_run.workdir
+        (w / "mytasks").mkdir()
+        shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep.py")
+        cfg = blobs_config(image_run.cfg, "blobs", HUMANIZE)
+        start = time.monotonic()
+        with work_locked(tmp_path_factory):
+            result = snakemake(w, cfg, "--cores", "2", "-p", *BUT_THE_BASE_IMAGE,
+                               env={"PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+        return {"cfg": cfg, "output": result.stdout + result.stderr,
+                "seconds": time.monotonic() - start}  # fmt: skip
+
+    found = across_workers.once(tmp_path_factory, "task-image", build)
     derived = str(requirements.derived_image(IMAGE, [HUMANIZE]))
-    return TaskImageRun(w, cfg, derived, result.stdout + result.stderr, time.monotonic() - start)
+    return TaskImageRun(image_run.workdir, found["cfg"], derived, found["output"], found["seconds"])
 
 
 def where_rules_ran(output: str, image: str) -> dict[str, str]:

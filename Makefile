@@ -28,9 +28,12 @@ system-deps:
 	bash .ci/install_system_deps.sh
 
 # Two pytest workers (the 2 cores): the SLURM test cluster's tests, mostly waiting for SLURM,
-# beside the rest, mostly computing (tests/conftest.py groups them).
+# beside the rest, mostly computing (tests/conftest.py groups them); then, alone, the tests
+# whose slots train until a time limit's warning (marked solo: beside others, each slot
+# trains less and they need several times the slots).
 test: env system-deps lint
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 -m "not solo"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m solo
 
 # ruff; the packages' layering (import-linter, pyproject.toml); Snakemake's lint (only the
 # documented finding) and snakefmt (tests/test_lint.py).

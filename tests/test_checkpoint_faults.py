@@ -42,6 +42,22 @@ def test_a_save_that_does_not_fit_raises_enospc_and_keeps_the_previous(small_dis
     assert store.latest("abc")["epoch"] == 1
 
 
+def test_a_small_file_on_a_full_disk_is_named_with_the_space_left(small_disk: Path) -> None:
+    """A sharded checkpoint's state file (a few hundred bytes, the first write of a save) on a
+    disk that other files filled: the OSError names it, the message the space left (torch's
+    own writer said only "unexpected pos 704 vs 598")."""
+    (small_disk / "filler").write_bytes(b"\0" * (2 * 2**20 - 4096))
+    path = small_disk / "ckpt-e0001-s000000.saving" / sharded_checkpoint.STATE
+    path.parent.mkdir()
+    with pytest.raises(OSError) as raised:
+        checkpoint.save({"epoch": 1, "notes": "x" * 8192}, path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    message = checkpoint.write_failure(raised.value)
+    assert message.startswith(f"rank 0 could not write {path}: [Errno 28] No space left")
+    assert "MiB free (of 2.0 MiB): make room there" in message
+    assert list(path.parent.iterdir()) == []  # no partial file, no temp file
+
+
 def test_disk_full_fails_every_rank_promptly_with_rank_0s_message(
     tiny: TinyData, tmp_path: Path, small_disk: Path
 ) -> None:

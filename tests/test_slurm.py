@@ -474,6 +474,7 @@ def _time_limit_slots(
     _assert_same_weights(wd / FINAL, reference / FINAL)
 
 
+@pytest.mark.solo
 def test_time_limit_slots_on_two_nodes(
     slurm_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
 ) -> None:
@@ -589,6 +590,7 @@ def test_sacct_status_mode_with_accounting(
                      result.stderr), result.stderr[-3000:]  # fmt: skip
 
 
+@pytest.mark.solo
 def test_time_limit_slots_on_one_node_with_sacct(
     slurm_accounting_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
 ) -> None:

@@ -96,13 +96,17 @@ def file_name(epoch: int, step: int) -> str:
 
 def save(snapshot: dict[str, Any], path: Path) -> None:
     """Write a snapshot atomically (temp file, fsync, rename); OSError naming ``path`` if not."""
-    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
-        try:
+    try:
+        with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(snapshot, f)
-        except RuntimeError as e:  # torch's writer hides a failed write's OSError (disk full)
-            if isinstance(e.__context__, OSError):
-                raise OSError(e.__context__.errno, e.__context__.strerror) from e
-            raise
+    except RuntimeError as e:  # torch's writer hides a failed write's OSError (disk full)
+        if isinstance(e.__context__, OSError):
+            raise OSError(e.__context__.errno, e.__context__.strerror, str(path)) from e
+        raise
+    except OSError as e:  # (a file's write names no file)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
 
 
 def save_weights(snapshot: dict[str, Any], path: Path) -> None:

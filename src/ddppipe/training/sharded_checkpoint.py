@@ -19,6 +19,7 @@ but leftovers of killed saves and checkpoints beyond ``keep``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -160,7 +161,7 @@ class Store:
         def prepare() -> None:
             self._remove_leftovers()
             saving.mkdir(parents=True)
-            atomic_torch_save({**state, "format": FORMAT}, saving / STATE)
+            checkpoint.save({**state, "format": FORMAT}, saving / STATE)  # disk full named
 
         checkpoint.rank0_writes(prepare)  # every rank waits for the folder (and its outcome)
         import torch.distributed.checkpoint as dcp
@@ -277,12 +278,27 @@ def full_state_dicts(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[s
             get_optimizer_state_dict(model, optimizer, options=options))  # fmt: skip
 
 
+# torch's writer when a write came short; DCP hands each rank's exception to the others
+# pickled, without the OSError behind it, so a full disk reads "unexpected pos 704 vs 598".
+SHORT_WRITE = "unexpected pos"
+NEARLY_FULL_BYTES = 2**20  # less free than this: the disk is full
+
+
 def _failure(e: BaseException, rank: int, where: Path) -> str:
     """A rank's message for its failed save, naming the folder (and the space left)."""
     found = _os_error(e)
+    if not isinstance(found, OSError) and SHORT_WRITE in str(e) and _nearly_full(where):
+        found = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if isinstance(found, OSError) and found.filename is None:
         found = OSError(found.errno, found.strerror, str(where))
     return checkpoint.write_failure(found, rank)
+
+
+def _nearly_full(folder: Path) -> bool:
+    """Whether the file system of ``folder`` (or of its nearest existing parent) is full."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free < NEARLY_FULL_BYTES
 
 
 def _os_error(e: BaseException) -> BaseException:
@@ -318,11 +334,6 @@ def read_state(path: Path) -> dict[str, Any]:
     if state["format"] != FORMAT:
         raise checkpoint.CheckpointError(f"{path}: format {state['format']}, expected {FORMAT}")
     return state
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    with atomic.atomic_path(path) as tmp:
-        torch.save(obj, tmp)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -358,8 +358,9 @@ SLOT_WARNING_S = {1: 40, 2: 35}
 # AMX machine (2026-11-25) all 2,400 steps of 24 epochs fitted the first slot. So each step is
 # paced to last TASK_PACE_S more (a sleep in the task's loss): the training then lasts ~20 s
 # on any machine: 3 slots of 360-440 steps in 74 s on the AMX machine (2026-11-25), and
-# about 8 on a slow day.
-TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 12
+# about 8 on a slow day. Alone (make test's solo part, 2026-11-27): slots of 510, 400 and 290
+# steps; 8 epochs (800 steps) take 2 slots unless one trains 800 (the most seen: 550).
+TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 8
 TASK_PACE_S = 0.015
 PACED_LOSS = f"""
 

@@ -38,29 +38,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (the images', the shared DAG build's end-to-end tests, ...: mostly computing). The cluster
     test that runs in an image comes last, when the image is long built by the other worker
     (tests/across_workers.py)."""
-    groups = {}
+    groups, in_image = {}, []
     for item in items:
-        fixtures = _fixtures(item)
+        fixtures = set(getattr(item, "fixturenames", ()))
         marked = any(item.get_closest_marker(name) for name in ("slurm", "apptainer"))
         if marked or "slurm_slot" in fixtures:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slurm") or "slurm_slot" in fixtures:
             groups[item.nodeid] = "cluster"
+            if "image_run" in fixtures:
+                in_image.append(item)
         elif "shared_build" in fixtures:
             groups[item.nodeid] = "shared_build"
         else:
             groups[item.nodeid] = item.nodeid.split("::")[0]
-    in_image = [i for i in items if groups[i.nodeid] == "cluster" and "image_run" in _fixtures(i)]
     items[:] = [i for i in items if i not in in_image] + in_image
     if hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):  # a worker's collection
         path = Path(os.environ[GROUPS_ENV])
         draft = path.with_name(f"{path.name}.{os.getpid()}")
         draft.write_text(json.dumps(groups))
         os.replace(draft, path)
-
-
-def _fixtures(item: pytest.Item) -> set[str]:
-    return set(getattr(item, "fixturenames", ()))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -451,13 +451,11 @@ def sweep_targets(wildcards):
     each trial trains (and is evaluated) as soon as its round is suggested, next to the
     trials before it, not once every round is."""
     layout = sweep_layout()
-    runs, next_round = [t.run for t in RUNS.trials], []
-    if SWEEP.method == "tpe":
-        k = ddp_sweep.unsuggested_round(SWEEP)
-        if k is None:
-            runs = rounds_trial_runs(len(ddp_sweep.round_sizes(SWEEP)))
-        else:
-            runs, next_round = rounds_trial_runs(k), [ddp_sweep.round_file(SWEEP, k)]
+    k = ddp_sweep.unsuggested_round(SWEEP) if SWEEP.method == "tpe" else None
+    if k is None:
+        runs, next_round = sweep_trial_runs(), []
+    else:
+        runs, next_round = rounds_trial_runs(k), [ddp_sweep.round_file(SWEEP, k)]
     targets = [t for run in runs for t in ddp_layout.RunLayout(run).targets(KIND)]
     return [
         str(p)

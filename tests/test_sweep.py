@@ -183,8 +183,10 @@ def test_a_random_sweep_draws_the_same_trials_again(
 
 TPE = {
     "name": "tpe", "method": "tpe", "trials": 3, "max_parallel": 2, "seed": 0,
-    "parameters": {"train.lr": {"low": 0.01, "high": 0.3, "log": True}},
+    "parameters": {"task_args.pause_s": {"choices": [0.0, 1.0]},
+                   "train.lr": {"low": 0.01, "high": 0.3, "log": True}},
 }  # fmt: skip
+# (seed 0: round 0 draws a slow trial first, paused 1 s a training step, then a quick one)
 
 
 @pytest.fixture(scope="module")
@@ -201,26 +203,32 @@ def attempt(workdir: Path, name: str) -> dict[str, Any]:
 
 
 def test_a_tpe_sweep_suggests_a_trial_when_a_slot_frees(tpe_sweep: dict, workdir: Path) -> None:
+    """Round 1 takes the slot that frees first: the quick second trial's, while the slow first
+    trial still trains (not the first trial's slot, fixed in advance)."""
     assert tpe_sweep["run"].returncode == 0, tpe_sweep["run"].stderr
     rounds = workdir / "results/sweeps/tpe/rounds"
     docs = [json.loads((rounds / f"{k}.json").read_text()) for k in (0, 1)]
     assert [len(d["trials"]) for d in docs] == [2, 1]
     assert [t["number"] for d in docs for t in d["trials"]] == [0, 1, 2]
     names = [t["name"] for d in docs for t in d["trials"]]
-    assert all(re.fullmatch(r"lr=0\.\d+", n) for n in names) and len(set(names)) == 3
-    assert evaluated(workdir, "tpe") == set(names)
+    assert all(re.fullmatch(r"pause_s=[01]\.0\+lr=0\.\d+", n) for n in names), names
+    assert len(set(names)) == 3 and evaluated(workdir, "tpe") == set(names)
+    assert [t["values"]["task_args.pause_s"] for t in docs[0]["trials"]] == [1.0, 0.0]
+    slow, quick, third = (attempt(workdir, n) for n in names)
     # round 0's two trials trained side by side (max_parallel 2), not one after the other
-    first, second, third = (attempt(workdir, n) for n in names)
-    assert max(first["start"], second["start"]) < min(first["end"], second["end"]), names
-    # round 1 was suggested once the first trial's training had ended, told to the study
-    assert (rounds / "1.json").stat().st_mtime >= first["end"] and third["start"] > first["end"]
+    assert max(slow["start"], quick["start"]) < quick["end"] < slow["end"], names
+    # round 1 was suggested once the quick trial had ended (told to the study), and its trial
+    # trained in that slot beside the slow one
+    assert docs[1]["after_ended"] == [names[1]], docs[1]
+    suggested = (rounds / "1.json").stat().st_mtime
+    assert quick["end"] <= suggested < slow["end"] and third["start"] < slow["end"]
     study = optuna.load_study(study_name="tpe", storage=JournalStorage(
         JournalFileBackend(str(workdir / "results/sweeps/tpe/optuna.journal"))))  # fmt: skip
     trials = study.get_trials()
     metrics = json.loads(
-        (workdir / "results/sweeps/tpe" / names[0] / "eval/metrics.json").read_text()
+        (workdir / "results/sweeps/tpe" / names[1] / "eval/metrics.json").read_text()
     )
-    assert trials[0].state == TrialState.COMPLETE and trials[0].value == metrics["test_accuracy"]
+    assert trials[1].state == TrialState.COMPLETE and trials[1].value == metrics["test_accuracy"]
     assert trials[2].state == TrialState.RUNNING  # the last round: no round after it asks
 
 

@@ -150,9 +150,9 @@ def test_runs_knows_every_trial_and_refuses_an_unknown_run() -> None:
 def test_tpe_rounds_and_the_trials_their_files_name(tmp_path: Path) -> None:
     found = parse(name="t", method="tpe", trials=5, max_parallel=2,
                   parameters={"train.lr": {"low": 0.01, "high": 0.1}})  # fmt: skip
-    # 2 at once, then one a round: round k takes the slot of trial k - 1, once it trained
+    # 2 at once, then one a round: round k once k trials have ended (a slot free for it)
     assert sweeps.round_sizes(found, tmp_path) == [2, 1, 1, 1]
-    assert [sweeps.waits_for(found, k, tmp_path) for k in range(4)] == [[], [0], [1], [2]]
+    assert [sweeps.ended_before(found, k, tmp_path) for k in range(4)] == [0, 1, 2, 3]
     assert sweeps.trials(found, rounds=tmp_path) == []
     trial = {"name": "lr=0.05", "values": {"train.lr": 0.05}, "number": 0}
     (tmp_path / "0.json").write_text(json.dumps({"round": 0, "trials": [trial]}))
@@ -170,7 +170,7 @@ def test_a_tpe_sweep_suggested_in_whole_rounds_before_keeps_them(tmp_path: Path)
     (tmp_path / "0.json").write_text(json.dumps({"round": 0, "trials": trials[:2]}))
     (tmp_path / "1.json").write_text(json.dumps({"round": 1, "trials": trials[2:]}))
     assert sweeps.round_sizes(found, tmp_path) == [2, 2, 1]
-    assert sweeps.waits_for(found, 2, tmp_path) is None
+    assert sweeps.ended_before(found, 2, tmp_path) == 4  # every trial before it
     assert len(sweeps.trials(found, rounds=tmp_path)) == 4
 
 
@@ -234,9 +234,17 @@ def test_a_sweep_name_used_by_another_sweep_is_refused(tmp_path: Path) -> None:
 # -- a model-based sweep's rounds (ddppipe.sweeps.rounds) --------------------------------
 
 
+def ended(results: Path, trial: dict[str, Any]) -> Path:
+    """What a trial's finished training leaves: its attempt history; its run folder."""
+    run = results / "sweeps" / "t" / trial["name"]
+    (run / "train").mkdir(parents=True, exist_ok=True)
+    (run / "train/attempts.json").write_text("[]")
+    return run
+
+
 def evaluate(results: Path, trial: dict[str, Any], accuracy: float) -> None:
-    """What a finished trial's evaluation leaves: its eval/metrics.json."""
-    path = results / "sweeps" / "t" / trial["name"] / "eval" / "metrics.json"
+    """What a finished trial's training and evaluation leave: its eval/metrics.json."""
+    path = ended(results, trial) / "eval" / "metrics.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"test_accuracy": accuracy, "test_loss": 1 - accuracy}))
 
@@ -288,9 +296,8 @@ def test_a_slot_that_frees_gets_a_trial_while_the_other_trains(tmp_path: Path) -
                   parameters={"train.lr": {"low": 0.01, "high": 0.1}})  # fmt: skip
     folder, journal = tmp_path / "rounds", tmp_path / "optuna.journal"
     first = rounds.write_round(found, 0, folder / "0.json", tmp_path, journal)["trials"]
-    ended = tmp_path / "sweeps/t" / first[0]["name"] / "train/evaluation.json"
-    ended.parent.mkdir(parents=True)
-    ended.write_text(json.dumps({"test_accuracy": 0.6, "test_loss": 0.4}))
+    evaluation = ended(tmp_path, first[0]) / "train/evaluation.json"
+    evaluation.write_text(json.dumps({"test_accuracy": 0.6, "test_loss": 0.4}))
     (third,) = rounds.write_round(found, 1, folder / "1.json", tmp_path, journal)["trials"]
     states = {t.number: t.state for t in rounds.open_study(found, journal).get_trials()}
     assert states == {0: TrialState.COMPLETE, 1: TrialState.RUNNING,

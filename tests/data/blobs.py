@@ -4,12 +4,14 @@ a user would; tests/test_sweep.py sweeps it).
 ``task_args``: ``hidden`` (16), the width of the hidden layer; ``activation`` ("relu"), the
 name of a function of ``torch.nn.functional`` applied after it, looked up when the model runs
 (a name it lacks fails at the first step); ``samples`` (512) and ``seed`` (0) of the data,
-which ``prepare`` reads (``PREPARE_ARGS``).
+which ``prepare`` reads (``PREPARE_ARGS``); ``pause_s`` (0), seconds each training step
+sleeps (a slower trial: the tests that time a sweep's slots).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ ARGS_SCHEMA = {
         "activation": {"type": "string", "default": "relu"},
         "samples": {"type": "integer", "minimum": 8, "default": 512},
         "seed": {"type": "integer", "default": 0},
+        "pause_s": {"type": "number", "minimum": 0, "default": 0},
     },
 }
 
@@ -54,8 +57,9 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Tensors, Tensors]:
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, activation: str) -> None:
+    def __init__(self, hidden: int, activation: str, pause_s: float) -> None:
         super().__init__()
+        self.pause_s = pause_s
         self.hidden = nn.Linear(2, hidden)
         self.out = nn.Linear(hidden, len(CENTRES))
         self.activation = activation
@@ -66,8 +70,10 @@ class MLP(nn.Module):
             raise ValueError(
                 f"activation {self.activation!r}: torch.nn.functional has no such function"
             )
+        if self.training and self.pause_s:
+            time.sleep(self.pause_s)
         return self.out(activation(self.hidden(x)))
 
 
 def model(args: dict[str, Any]) -> nn.Module:
-    return MLP(args["hidden"], args["activation"])
+    return MLP(args["hidden"], args["activation"], args["pause_s"])

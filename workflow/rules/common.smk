@@ -479,15 +479,15 @@ def rounds_trial_runs(upto):
 
 
 def finished_rounds(wildcards):
-    """Round k's input: the training of the trial whose slot it takes (its attempt history,
-    written when it ends); a sweep suggested in whole rounds: every trial before it,
-    evaluated (ddppipe.settings.sweep.waits_for)."""
+    """Round k's input: round k - 1's file (its job then waits inside for a free slot,
+    ddppipe.sweeps.slots); a sweep suggested in whole rounds: every trial before it,
+    evaluated."""
     k = int(wildcards.round)
-    runs = rounds_trial_runs(k)
-    waits = ddp_sweep.waits_for(SWEEP, k)
-    if waits is None:
-        return [str(ddp_layout.RunLayout(run).eval.metrics) for run in runs]
-    return [str(ddp_layout.RunLayout(runs[i]).train.attempts) for i in waits]
+    if ddp_sweep.whole_rounds(SWEEP):
+        return [
+            str(ddp_layout.RunLayout(run).eval.metrics) for run in rounds_trial_runs(k)
+        ]
+    return [str(ddp_sweep.round_file(SWEEP, k - 1))] if k else []
 
 
 def all_rounds(wildcards):

@@ -92,7 +92,8 @@ rule plot_sweep:
 
 checkpoint sweep_round:
     """A model-based sweep's round: its trials, suggested by Optuna's TPE sampler from the
-    finished trials of the rounds before it (ddppipe.sweeps.rounds)."""
+    finished trials before it, once a slot is free (ddppipe.sweeps.rounds: the job waits for
+    one, beside the trainings)."""
     input:
         finished_rounds,
     output:
@@ -102,6 +103,7 @@ checkpoint sweep_round:
     wildcard_constraints:
         round=r"\d+",
     localrule: True
+    threads: 0  # no core of its own: it waits beside the trainings
     params:
         config=json.dumps(config),
     shell:

@@ -279,6 +279,7 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
         log.warning("%s", decision.reason)
         return preemption.EXIT_CODE
     history[-1].detail = "; ".join(filter(None, [history[-1].detail, decision.reason]))
+    history[-1].exit_status = NO_PROGRESS_EXIT  # not going on: the run ends here
     attempts.save(state, history)
     log.error("not continuing: %s", decision.reason)
     return NO_PROGRESS_EXIT

@@ -392,7 +392,7 @@ def _random(sweep: Sweep) -> list[dict[str, Any]]:
 
 def round_sizes(sweep: Sweep, rounds: Path | None = None) -> list[int]:
     """A model-based sweep's rounds: the first ``max_parallel`` trials together, then one
-    trial a round, suggested the moment a slot frees (:func:`waits_for`). A sweep suggested in
+    trial a round, suggested the moment a slot frees (:func:`ended_before`). A sweep suggested in
     whole rounds of ``max_parallel`` before (its round 1 holds more than one trial) keeps them."""
     if whole_rounds(sweep, rounds):
         full, rest = divmod(sweep.trials, sweep.max_parallel)
@@ -408,13 +408,14 @@ def whole_rounds(sweep: Sweep, rounds: Path | None = None) -> bool:
     return path.is_file() and len(json.loads(path.read_text())["trials"]) > 1
 
 
-def waits_for(sweep: Sweep, k: int, rounds: Path | None = None) -> list[int] | None:
-    """The trials (their indices, in suggestion order) whose training round ``k`` is suggested
-    after: the trial whose slot it takes (round ``k`` >= 1 is trial ``max_parallel + k - 1``,
-    in the slot of trial ``k - 1``). None: every trial before it, evaluated (whole rounds)."""
+def ended_before(sweep: Sweep, k: int, rounds: Path | None = None) -> int:
+    """How many of the trials before round ``k`` must have ended before it is suggested: one
+    a trial of the round, so each has a free slot (round ``k`` >= 1 takes the slot the ``k``-th
+    trial to end freed, whichever it is; :mod:`ddppipe.sweeps.slots`). A sweep suggested in
+    whole rounds: every trial before it (the workflow waits for their evaluations)."""
     if whole_rounds(sweep, rounds):
-        return None
-    return [k - 1] if k else []
+        return sum(round_sizes(sweep, rounds)[:k])
+    return k
 
 
 def unsuggested_round(sweep: Sweep, rounds: Path | None = None) -> int | None:

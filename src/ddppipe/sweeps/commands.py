@@ -45,8 +45,8 @@ def plot_sweep(sweep_path: Path, out_dir: Path) -> int:
 
 
 def sweep_round(config_json: str, round: int, out: Path) -> int:
-    """``ddppipe sweep-round``: a model-based sweep's round ``round``: tell the study the
-    finished trials of the rounds before it, ask its sampler for this round's trials."""
+    """``ddppipe sweep-round``: a model-based sweep's round ``round``: wait for a free slot,
+    tell the study the finished trials before it, ask its sampler for this round's trials."""
     from ddppipe.sweeps import rounds
 
     found = sweep.from_config(validate(json_config(config_json)))
@@ -54,5 +54,7 @@ def sweep_round(config_json: str, round: int, out: Path) -> int:
         raise ConfigError("sweep-round: the config has no sweep of method tpe")
     doc = rounds.write_round(found, round, out)
     names = ", ".join(t["name"] for t in doc["trials"])
-    print(f"sweep {found.name}: round {round} suggests {names}")
+    after = f" ({doc['after_ended'][-1]} ended)" if doc["after_ended"] else ""
+    print(f"sweep {found.name}: round {round} suggests {names}, its slot free after "
+          f"{doc['waited_s']} s{after}")  # fmt: skip
     return 0

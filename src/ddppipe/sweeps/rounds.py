@@ -1,14 +1,16 @@
 """A model-based sweep's rounds: Optuna's TPE sampler suggests each trial the moment a slot frees.
 
-Round 0 holds the first ``sweep.max_parallel`` trials; every later round one trial, suggested
-(the workflow's checkpoint ``sweep_round``) as soon as the training whose slot it takes has
-ended (:func:`ddppipe.settings.sweep.waits_for`), not at the end of a round of trials. It
-opens the sweep's Optuna study (the journal file ``results/sweeps/<sweep>/optuna.journal``:
-no database server, safe on shared filesystems), tells it the final metric of each finished
-trial it does not know yet (the training's pruning may have told it already that a trial
-completed or was pruned: a finished Optuna trial is never told twice), and asks the sampler,
-which takes the trials still training for the worst (TPE's constant liar) rather than
-suggesting their neighbourhood again; it writes ``rounds/<k>.json``.
+Round 0 holds the first ``sweep.max_parallel`` trials; every later round one trial. Round k's
+job (the workflow's checkpoint ``sweep_round``) starts once round k - 1 is written and waits
+for a free slot: ``k`` of the trials before it ended, whichever they are
+(:mod:`ddppipe.sweeps.slots`), not the end of a round of trials nor one trial fixed in advance.
+It then opens the sweep's Optuna study (the journal file
+``results/sweeps/<sweep>/optuna.journal``: no database server, safe on shared filesystems),
+tells it the final metric of each finished trial it does not know yet (the training's pruning
+may have told it already that a trial completed or was pruned: a finished Optuna trial is never
+told twice), and asks the sampler, which takes the trials still training for the worst (TPE's
+constant liar) rather than suggesting their neighbourhood again; it writes ``rounds/<k>.json``
+(with the trials it saw end and how long it waited for the slot).
 
 Asking is idempotent: each Optuna trial records its ddppipe trial and round (user
 attributes), so writing round ``k`` again (its checkpoint re-run) gives the same trials.
@@ -24,6 +26,7 @@ from ddppipe.core import atomic
 from ddppipe.settings import layout as run_layout
 from ddppipe.settings import sweep as sweeps
 from ddppipe.settings.config import ConfigError
+from ddppipe.sweeps import slots
 
 ROUND_ATTR = "ddppipe_round"  # the round that suggested an Optuna trial
 DUPLICATE_ATTR = "ddppipe_duplicate_of"  # a draw whose trial exists already: not trained
@@ -142,8 +145,8 @@ def suggest(sweep: sweeps.Sweep, study: Any, k: int, size: int,
 
 def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layout.RESULTS,
                 journal: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """Round ``k``: tell the study the trials of the rounds before it, ask for its trials,
-    write its file (atomically); its document."""
+    """Round ``k``: wait for a free slot, tell the study the trials of the rounds before it,
+    ask for its trials, write its file (atomically); its document."""
     import optuna
 
     rounds = out.parent
@@ -155,6 +158,7 @@ def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layo
         )
     if k > 0 and not sweeps.round_file(sweep, k - 1, rounds).is_file():
         raise ConfigError(f"sweep {sweep.name}: round {k - 1} has not been suggested yet")
+    freed = slots.wait(sweep, k, rounds, results)
     finished = sweeps.trials(sweep, upto=k, rounds=rounds)
     # A seed per round: the sampler's first (random) draws differ from one round to the next;
     # the trials still training count as the worst (constant liar), so it looks elsewhere.
@@ -163,6 +167,7 @@ def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layo
     tell_finished(sweep, study, finished, results)
     before = [dict(t.values) for t in finished]
     picked = suggest(sweep, study, k, sizes[k], before)
-    doc = {"round": k, "trials": picked}
+    doc = {"round": k, "trials": picked, "after_ended": freed.ended,
+           "waited_s": round(freed.waited_s, 2)}  # fmt: skip
     atomic.write_text(out, json.dumps(doc, indent=1) + "\n")
     return doc

@@ -193,3 +193,24 @@ def test_sigkill_of_the_launcher_stops_training_with_a_checkpoint(tmp_path: Path
         time.sleep(0.2)
     assert sharded_checkpoint.Store(run_dir / "state" / "checkpoints").paths(), log.read_text()
     assert StateDir(run_dir / "state").stop_note.exists()  # nobody took it: the launcher died
+
+
+def test_a_packed_trial_started_at_its_allocations_warning_stops_by_its_own_clock(
+    tiny: TinyData, tmp_path: Path
+) -> None:
+    """A packed trial whose allocation warns as it starts (no signal comes: its ranks could
+    not take one yet) stops at its first steps with a checkpoint, exit 75, goes on later."""
+    from ddppipe.runstate import attempts
+
+    run_dir = tmp_path / "packed"
+    now = time.time()
+    packed = {attempts.PACKED_SLOT_ENV: "7 cn07/0",
+              preemption.ALLOCATION_END_ENV: f"{now - 1:.3f} {now + 60:.3f}"}  # fmt: skip
+    args = cli_args(tiny_config(tiny, epochs=50), tiny, run_dir)
+    result = run_cli("launch", *args, check=False, env=packed, timeout=120)
+    assert result.returncode == preemption.EXIT_CODE, result.stderr[-3000:]
+    (slot,) = attempts.read(run_dir / "state/attempts.json")
+    assert (slot.job, slot.slot, slot.outcome) == ("7", "cn07/0", "stopped on SIGUSR1")
+    assert slot.checkpoint is not None and slot.end_step is not None
+    assert slot.end_step < 50 * 10  # stopped within its first epoch, not at the end
+    assert not (run_dir / "final.pt").exists()

@@ -176,6 +176,16 @@ def _die_with_parent() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
+def _start_rank() -> None:
+    """(In a local rank, before exec) :func:`_die_with_parent`, and ignore the stop signals
+    until the rank's own handler takes them (ddppipe.runstate.preemption.Guard), as a rank
+    forked warm does: a warning due as the slot starts must not kill a rank still starting (it
+    stops by the clock instead, ``DDPPIPE_STOP_AT``)."""
+    _die_with_parent()
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def supervise(
     plan: Plan, env: dict[str, str], state: StateDir, warn_in: float | None = None,
     watch: watchdog.Watchdog | None = None,
@@ -208,7 +218,7 @@ def supervise(
     sys.stderr.flush()
     if plan.job is None:
         child: workers.Group | subprocess.Popen = workers.Group(
-            plan.command, env, plan.workers, plan.request.launch.max_restarts, _die_with_parent
+            plan.command, env, plan.workers, plan.request.launch.max_restarts, _start_rank
         )
     else:
         child = subprocess.Popen(

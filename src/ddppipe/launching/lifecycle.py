@@ -128,6 +128,8 @@ def _slot(
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
     packed = os.environ.get(attempts.PACKED_SLOT_ENV)  # a packed trial: its allocation's slot
+    if packed and end is None:  # warned before its allocation's end, by its own timer
+        warn_in, end = preemption.allocation_warning()
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
                              packed)  # fmt: skip
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))

@@ -5,10 +5,13 @@ waiting trial from the pool the moment it is free and runs the trial's launch co
 as a one-node local run (its ranks forked by this node's warm server). A multi-node trial
 takes a slot on each of that many nodes (:mod:`ddppipe.packing.gang`, led by the allocation's
 first node) and runs as an srun step on them. Before the allocation's
-end (``slurm.signal_seconds``) the running trials get the stop signal: they checkpoint and go
-back to the queue, for the next allocation. The worker ends at its time limit, or when no
-trial runs and none waits, once the submitting Snakemake's call ended (or none came for
-:data:`IDLE_EXIT_S` seconds).
+end (``slurm.signal_seconds``) the running trials stop: they checkpoint and go back to the
+queue, for the next allocation. Each trial's launcher times that warning itself, from the
+allocation's end in its environment (:data:`ddppipe.runstate.preemption.ALLOCATION_END_ENV`),
+as in a job of its own: a signal sent by this worker could reach a trial started a moment
+before, whose handlers are not set yet. No trial starts after the warning. The worker ends at
+its time limit, or when no trial runs and none waits, once the submitting Snakemake's call
+ended (or none came for :data:`IDLE_EXIT_S` seconds).
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
     record_path.parent.mkdir(parents=True, exist_ok=True)
     left = continuation.seconds_left(scontrol.job_record(job)) if job != "local" else None
     end = None if left is None else time.time() + left
+    if end is not None:  # the trials' launchers warn their ranks (preemption.allocation_warning)
+        env[preemption.ALLOCATION_END_ENV] = f"{end - signal_seconds:.3f} {end:.3f}"
     sock = warm.local_socket().with_name(f"ddppipe-warm-{job}-{node}.sock")
     server = warm.start(sock, pool.allocations / "nodes" / f"{job}-{node}.warm.log")
     own = slots_of_node(slots, env)
@@ -153,12 +158,9 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
     try:
         while True:
             if not stopping and end is not None and time.time() >= end - signal_seconds:
-                stopping = True
-                log.warning("time-limit warning: %s to the running trials", sig.name)
+                stopping = True  # the running trials stop by their own timers
+                log.warning("time-limit warning: no new trial; the running ones stop")
                 atomic.write_json(record_path, {**record, "stopping": time.time()})
-                for s in own:
-                    if s.process is not None:
-                        s.process.send_signal(sig)
             for s in own:
                 if s.process is not None and s.process.poll() is not None:
                     _ended(pool, s, job, node)

@@ -25,6 +25,20 @@ EXIT_CODE = 75  # EX_TEMPFAIL
 STOP_SIGNAL_ENV = "DDPPIPE_STOP_SIGNAL"
 # Unix time from which a stop is due even if no signal came (the job's end is near).
 STOP_AT_ENV = "DDPPIPE_STOP_AT"
+# Set by a packed sweep's allocation for its trials' launchers: "<warning> <end>", Unix times.
+ALLOCATION_END_ENV = "DDPPIPE_ALLOCATION_END"
+
+
+def allocation_warning(env: dict[str, str] | None = None) -> tuple[float | None, float | None]:
+    """A packed trial's seconds to its allocation's time-limit warning and the allocation's
+    end (Unix time), from :data:`ALLOCATION_END_ENV`; (None, None) without a time limit. The
+    trial's launcher times the warning itself, as in a job of its own: a signal from the
+    allocation could reach it before its handlers are set (a trial started just before)."""
+    found = (os.environ if env is None else env).get(ALLOCATION_END_ENV, "").split()
+    if len(found) != 2:
+        return None, None
+    warning, end = (float(t) for t in found)
+    return max(0.0, warning - time.time()), end
 
 
 def stop_signal(env: dict[str, str] | None = None) -> signal.Signals:

@@ -39,6 +39,7 @@ onstart:
     extend_slurm_executor()  # SLURM executor: ddppipe's extension (ddppipe.slurm.executor)
     keep_going_past_failed_trials()  # a sweep: a failed trial does not stop the others
     start_warm_ranks()  # local sweeps and studies: ranks forked warm (ddppipe.launching.warm)
+    start_jobs_beside_trainings()  # zero-thread rules while trainings hold every core
 
 
 onsuccess:

@@ -23,6 +23,7 @@ from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.launching import warm as ddp_warm
+from ddppipe.launching import beside as ddp_beside
 from ddppipe.packing import allocation as ddp_allocation
 from ddppipe.packing import pool as ddp_pool
 from ddppipe.settings import run_spec as ddp_run_spec
@@ -208,6 +209,15 @@ def extend_slurm_executor():
         extension.install(workflow.executor_plugin.executor)
     except ddp_executor.PluginVersionError as e:
         raise WorkflowError(str(e)) from None
+
+
+def start_jobs_beside_trainings():
+    """The zero-thread rules (a trial's evaluation, plots, summary, the next config, a tpe
+    round) start while the trainings hold every core (ddppipe.launching.beside): Snakemake
+    selects no job without a free core."""
+    from snakemake.scheduling.job_scheduler import JobScheduler
+
+    ddp_beside.install(JobScheduler)
 
 
 WARM_SERVER = []  # the warm-rank server of this call, when it started one

@@ -7,7 +7,8 @@ in a scratch folder, MNIST served from a local mirror, then trains each trial ag
 - the sweep's wall time;
 - the sum of the trials' training times, each trained alone (rank 0's training and
   per-epoch evaluation timers, the slot's attempt record);
-- their ratio (issue #34 asks <= 1.1), and each rule's own wall time in the sweep;
+- their ratio (issue #34 asks <= 1.1), and each rule's own wall time in the sweep; the same
+  trainings' launch commands alone (their wall time: start-up and end too) and that ratio;
 - where the sweep's time outside the trainings went, from the trials' attempt records: before
   the first slot's launcher started, in the slots around rank 0's timers (start-up to the
   first step, the final checkpoint and exit), between one slot's end and the next one's
@@ -77,19 +78,21 @@ def training_s(attempts: Path) -> float:
                for a in json.loads(attempts.read_text()))  # fmt: skip
 
 
-def alone(work: Path, trial: Path) -> float:
-    """Train ``trial`` again alone (its train rule's command, into a scratch state); its
-    training seconds."""
+def alone(work: Path, trial: Path) -> tuple[float, float]:
+    """Train ``trial`` again alone (its train rule's command, into a scratch state, started
+    cold as one run alone starts); its training seconds and the command's wall seconds."""
     scratch = work / "alone" / trial.name
     scratch.mkdir(parents=True)
+    started = time.monotonic()
     result = run([sys.executable, "-m", "ddppipe", "launch", "--config", str(trial / "config.yaml"),
                   "--data", "resources/mnist", "--state", str(scratch / "state"),
                   "--checkpoint", str(scratch / "final.pt"), "--metrics",
                   str(scratch / "metrics.jsonl"), "--attempts", str(scratch / "attempts.json"),
                   "--log", str(scratch / "train.log")], work)  # fmt: skip
+    wall = time.monotonic() - started
     if result.returncode != 0:
         raise SystemExit(f"training {trial.name} alone failed:\n{result.stderr[-3000:]}")
-    return training_s(scratch / "attempts.json")
+    return training_s(scratch / "attempts.json"), wall
 
 
 def breakdown(trials: list[Path], start: float, end: float) -> dict[str, float]:
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         trials = sorted(p.parent for p in (work / "results/sweeps" / SWEEP).glob("*/config.yaml"))
         in_sweep = [training_s(t / "train" / "attempts.json") for t in trials]
-        each = [alone(work, t) for t in trials]
+        each, walls = zip(*(alone(work, t) for t in trials), strict=True)
         total = sum(each)
         data = "tiny data" if args.quick else "MNIST"
         print(f"ddppipe sweep overhead, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
@@ -155,10 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  sweep wall (snakemake sweep)            {wall:7.1f} s")
         print(f"  sum of training, each trained alone     {total:7.1f} s  (rank 0's timers; "
               f"{statistics.mean(each):.1f} s a trial)")  # fmt: skip
+        print(f"  the same, each run alone: launch's wall  {sum(walls):7.1f} s  (its start-up "
+              f"and end too: {sum(walls) / len(walls):.1f} s a trial, cold)")  # fmt: skip
         print(f"  the same trials' training in the sweep  {sum(in_sweep):7.1f} s")
         print(
             f"  ratio wall / training alone             {wall / total:7.2f}   (issue #34: <= 1.1)"
         )
+        print(f"  ratio wall / launch alone               {wall / sum(walls):7.2f}")
         print("  the sweep's time outside the trainings (the slots' attempt records):")
         for what, seconds in breakdown(trials, unix_start, unix_end).items():
             print(f"    {what:<44} {seconds:6.1f} s")

@@ -3,9 +3,10 @@
 Runs `snakemake --cores 2 sweep` of a tpe sweep (``--trials`` trials of the digits task,
 ``max_parallel`` 2, ``--epochs`` epochs each) in a scratch folder and prints, for every trial
 after the first two, the seconds from the end of the training whose slot it takes (the trial
-whose end freed it, which its round's file names: ``after_ended``) to the start of its own
-training (its attempt's start), and the largest of them. Before slot-wise suggestions a round
-of ``max_parallel`` trials waited for the slowest trial of the round before it.
+i, suggested by round i - 1, takes the slot freed by the (i - 1)-th of the trials before it to
+end) to the start of its own training (its attempt's start), and the largest of them. Before
+slot-wise suggestions a round of ``max_parallel`` trials waited for the slowest trial of the
+round before it.
 
     python bench/sweep_tpe.py                  # 8 trials of 5 epochs
     python bench/sweep_tpe.py --trials 6 --epochs 2
@@ -67,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         ]
         order = [t["name"] for r in rounds for t in r["trials"]]
-        freed_by = {t["name"]: r["after_ended"][-1] for r in rounds[1:] for t in r["trials"]}
         attempt = {n: json.loads((work / f"results/sweeps/tpe/{n}/train/attempts.json")
                                  .read_text())[0] for n in order}  # fmt: skip
+        # trial i (round i - 1) takes the slot freed by the (i - 1)-th trial before it to end
+        freed_by = {order[i]: sorted(order[:i], key=lambda n: attempt[n]["end"])[i - 2]
+                    for i in range(2, len(order))}  # fmt: skip
         gaps = [attempt[order[i]]["start"] - attempt[freed_by[order[i]]]["end"]
                 for i in range(2, len(order))]  # fmt: skip
         print(f"ddppipe tpe sweep, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "

@@ -33,7 +33,7 @@ from ddppipe.settings import layout as run_layout
 from ddppipe.settings import sweep as sweeps
 
 log = logging.getLogger(__name__)
-POLL_S = 0.5  # how often a waiting round looks at the trials' files
+POLL_S = 0.2  # how often a waiting round looks at the trials' files
 IDLE_S = 120.0  # no training running for this long: suggest without waiting longer
 
 

@@ -19,6 +19,7 @@ attributes), so writing round ``k`` again (its checkpoint re-run) gives the same
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from ddppipe.settings import sweep as sweeps
 from ddppipe.settings.config import ConfigError
 from ddppipe.sweeps import slots
 
+log = logging.getLogger(__name__)
 ROUND_ATTR = "ddppipe_round"  # the round that suggested an Optuna trial
 DUPLICATE_ATTR = "ddppipe_duplicate_of"  # a draw whose trial exists already: not trained
 ASKS_PER_TRIAL = 20  # draws before a small space is taken as exhausted
@@ -159,6 +161,8 @@ def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layo
     if k > 0 and not sweeps.round_file(sweep, k - 1, rounds).is_file():
         raise ConfigError(f"sweep {sweep.name}: round {k - 1} has not been suggested yet")
     freed = slots.wait(sweep, k, rounds, results)
+    if k:
+        log.info("round %d: %s", k, freed.words())
     finished = sweeps.trials(sweep, upto=k, rounds=rounds)
     # A seed per round: the sampler's first (random) draws differ from one round to the next;
     # the trials still training count as the worst (constant liar), so it looks elsewhere.

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,19 +79,18 @@ def wait(
     results: Path = run_layout.RESULTS,
     poll_s: float = POLL_S,
     idle_s: float = IDLE_S,
-    clock: Callable[[], float] = time.monotonic,
 ) -> Freed:
     """Wait until round ``k`` has a free slot: ``k`` of the trials before it ended."""
     before = sweeps.trials(sweep, upto=k, rounds=rounds)
     need = sweeps.ended_before(sweep, k, rounds)
-    start = clock()
+    start = time.monotonic()
     ended: list[str] = []
     idle_since: float | None = None
     told = False
     while True:
         ended += [t.name for t in before
                   if t.name not in ended and training_ended(t.run, results)]  # fmt: skip
-        now = clock()
+        now = time.monotonic()
         if len(ended) >= need:
             return Freed(ended, now - start)
         if any(_running(t.run, results) for t in before if t.name not in ended):

@@ -36,25 +36,31 @@ POLL_S = 0.2  # how often a waiting round looks at the trials' files
 IDLE_S = 120.0  # no training running for this long: suggest without waiting longer
 
 
-def training_ended(run: str, results: Path = run_layout.RESULTS) -> bool:
-    """Whether the training of ``run`` has ended for good (completed, pruned or failed)."""
+ENDED, TRAINING, WAITING = "ended", "training", "waiting"
+
+
+def training_state(run: str, results: Path = run_layout.RESULTS) -> str:
+    """Where the training of ``run`` stands: :data:`ENDED` for good (completed, pruned or
+    failed), :data:`TRAINING` (a launcher holds its lock) or :data:`WAITING` (not started
+    yet, or stopped to go on in a next slot)."""
     layout = run_layout.RunLayout(run, results)
     if layout.train.attempts.is_file():
-        return True  # the train rule's output: written when its training completed
+        return ENDED  # the train rule's output: written when its training completed
     state = StateDir(layout.state)
     if not state.lock.exists():
-        return False  # no launcher has started: its job is about to
+        return WAITING  # no launcher has started: its job is about to
     if state_lock.held(state):
-        return False
+        return TRAINING
     history = attempts.read(state.attempts)
     if not history:
-        return True  # its launcher ended before training (a preflight, a refused retry)
+        return ENDED  # its launcher ended before training (a preflight, a refused retry)
     last = history[-1]
-    return last.end is None or last.exit_status != preemption.EXIT_CODE
+    return ENDED if last.end is None or last.exit_status != preemption.EXIT_CODE else WAITING
 
 
-def _running(run: str, results: Path) -> bool:
-    return state_lock.held(StateDir(run_layout.RunLayout(run, results).state))
+def training_ended(run: str, results: Path = run_layout.RESULTS) -> bool:
+    """Whether the training of ``run`` has ended for good (completed, pruned or failed)."""
+    return training_state(run, results) == ENDED
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,12 @@ def wait(
     idle_since: float | None = None
     told = False
     while True:
-        ended += [t.name for t in before
-                  if t.name not in ended and training_ended(t.run, results)]  # fmt: skip
+        states = {t.name: training_state(t.run, results) for t in before if t.name not in ended}
+        ended += [name for name, found in states.items() if found == ENDED]
         now = time.monotonic()
         if len(ended) >= need:
             return Freed(ended, now - start)
-        if any(_running(t.run, results) for t in before if t.name not in ended):
+        if TRAINING in states.values():
             idle_since = None
         elif idle_since is None:
             idle_since = now

@@ -8,19 +8,23 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from ddppipe.core import atomic
-from ddppipe.packing import accounting, worker
+from ddppipe.launching import resolve
+from ddppipe.packing import accounting, tickets, worker
 from ddppipe.packing.allocation import Allocation, PackError
 from ddppipe.packing.gang import Gang, Seat, open_gangs
-from ddppipe.packing.pool import Pool, Ticket
-from ddppipe.settings import config, run_spec, sweep
+from ddppipe.packing.pool import Pool
+from ddppipe.packing.tickets import Ticket, TicketError
+from ddppipe.settings import config, layout, run_spec, sweep
 from ddppipe.slurm.placement import Placement
 from ddppipe.slurm.request import Request
 from tests.tiny import default_config
@@ -29,9 +33,9 @@ SLOT = {"job": "7", "node": "gpu-a01", "slot": 0}
 
 
 def test_each_trial_is_taken_once_oldest_first(tmp_path: Path) -> None:
-    pool = Pool(tmp_path / "pack")
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
     for k, run in enumerate(["sweeps/s/b=2", "sweeps/s/a=1", "sweeps/s/c=3"]):
-        assert pool.put(Ticket(run, ["true"], str(tmp_path), queued=100.0 + k))
+        assert pool.put(Ticket(run, queued=100.0 + k))
     taken: list[str] = []
 
     def take() -> None:
@@ -48,11 +52,11 @@ def test_each_trial_is_taken_once_oldest_first(tmp_path: Path) -> None:
 
 
 def test_a_trial_stopped_by_its_allocations_end_is_first_in_line(tmp_path: Path) -> None:
-    pool = Pool(tmp_path / "pack")
-    pool.put(Ticket("sweeps/s/x=1", ["true"], str(tmp_path), queued=1.0))
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
+    pool.put(Ticket("sweeps/s/x=1", queued=1.0))
     first = pool.take(SLOT)
     assert first is not None
-    pool.put(Ticket("sweeps/s/x=2", ["true"], str(tmp_path), queued=2.0))
+    pool.put(Ticket("sweeps/s/x=2", queued=2.0))
     pool.give_back(first)  # it checkpointed at the time-limit warning
     again = pool.take(SLOT)
     assert again is not None and again.run == "sweeps/s/x=1"
@@ -67,7 +71,7 @@ def test_a_trial_stopped_by_its_allocations_end_is_first_in_line(tmp_path: Path)
     running = pool.take(SLOT)
     assert running is not None and running.run == "sweeps/s/x=2"
     # a second call's train job of a trial that trains already waits for it, queues nothing
-    assert not pool.put(Ticket("sweeps/s/x=2", ["true"], str(tmp_path)))
+    assert not pool.put(Ticket("sweeps/s/x=2"))
     assert pool.waiting() == 0
 
 
@@ -93,18 +97,20 @@ def test_an_allocations_sbatch_line_holds_its_trials(tmp_path: Path) -> None:
         slurm={"partition": "gpu-short", "account": "proj42", "mem_mb": 16000,
                "signal_seconds": 120},
     )  # fmt: skip
-    pool = Pool(tmp_path / "pack")
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
     line = Allocation.of(spec).sbatch(pool, "/work/wd")
     worker_line = line[-1]
     assert line[:-1] == [
         "sbatch", "--parsable", "--job-name=ddppipe-pack-s", "--nodes=3",
         "--ntasks-per-node=1", "--cpus-per-task=32", "--mem=64000M", "--time=90",
         "--partition=gpu-short", "--account=proj42", "--gres=gpu:8",
-        f"--output={tmp_path}/pack/allocations/%j.log", "--chdir=/work/wd", "--wrap",
+        f"--output={tmp_path}/results/sweeps/s/pack/allocations/%j.log", "--chdir=/work/wd",
+        "--wrap",
     ]  # fmt: skip
     assert worker_line == (
         "srun --nodes=3 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 "
-        f"--export=ALL {sys.executable} -m ddppipe pack-worker --pool {tmp_path}/pack "
+        f"--export=ALL {sys.executable} -m ddppipe pack-worker --pool "
+        f"{tmp_path}/results/sweeps/s/pack "
         "--slots 4 --signal-seconds 120 --stop-signal SIGUSR1 --nproc 2 --use gpu "
         "--precision bf16"
     )
@@ -125,9 +131,9 @@ def test_a_trial_larger_than_its_allocations_is_refused_with_what_to_do(tmp_path
 def test_a_multi_node_trial_holds_a_slot_on_each_of_its_nodes(tmp_path: Path) -> None:
     """A 3-node trial's gang, led by slot 1 of cn07: one seat each on two other nodes (a node
     sits once, no seat twice); full, it places the trial's step; closed, the seats are free."""
-    pool = Pool(tmp_path / "pack")
-    pool.put(Ticket("sweeps/s/big", ["true"], str(tmp_path), queued=1.0, nodes=3))
-    pool.put(Ticket("sweeps/s/small", ["true"], str(tmp_path), queued=2.0))
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
+    pool.put(Ticket("sweeps/s/big", queued=1.0, nodes=3))
+    pool.put(Ticket("sweeps/s/small", queued=2.0))
     assert (pool.waiting(), pool.training()) == (4, 0)  # slots: 3 + 1
     small = pool.take({"slot": 0}, max_nodes=1)  # (a node that leads no gang)
     assert small is not None and small.run == "sweeps/s/small"
@@ -177,30 +183,42 @@ def test_a_placed_steps_srun_and_each_nodes_share(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "node cn09 is none of the placement's cn07, cn08" in bad.stderr
 
 
+# A trial's torchrun script (one rank): what its slot gave it, written beside its config.
 PROGRAM = """
 import json, os, sys, time
-out = sys.argv[1]
-with open(out, "w") as f:
+with open(sys.argv[1], "w") as f:
     json.dump({"start": time.time(), "cpus": sorted(os.sched_getaffinity(0)),
                "slot": os.environ.get("DDPPIPE_PACKED_SLOT"),
                "slurm": [k for k in os.environ if k.startswith("SLURM_")]}, f)
-time.sleep(0.5)
+time.sleep(1.0)
 sys.exit(int(sys.argv[2]))
 """
 
 
+def script_trial(name: str, program: Path, code: int) -> Ticket:
+    """The ticket of trial ``name`` of sweep s, a script run of ``program`` exiting ``code``
+    (its resolved config written where the run's layout has it, in this folder)."""
+    cfg = default_config()
+    cfg.update(run=f"sweeps/s/{name}", script=str(program), task_args={},
+               script_args=[str(Path(f"{name}.json").resolve()), str(code)])  # fmt: skip
+    cfg["launch"].update(nproc_per_node=1, device="cpu")
+    cfg["tracking"]["tensorboard"] = False
+    resolve.write_resolved(cfg, layout.RunLayout(cfg["run"]).config)
+    return Ticket(cfg["run"], kind="script")
+
+
 def test_a_nodes_slots_run_trials_side_by_side(tmp_path: Path, monkeypatch) -> None:
-    """Two slots, four trials (one exits 3): each slot on its own CPU, two at once, each
-    trial's status back to its train job; the worker ends once the call closed the pool."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs")  # (the CI machine has 2)
-    pool = Pool(tmp_path / "pack")
+    """Two slots, four trials, one failing (its script exits 3): each trial's own launch
+    command runs in a slot on its own CPU, two at once, in the sweep's order, each trial's
+    status back to its train job; the worker ends once the call closed the pool."""
+    assert len(os.sched_getaffinity(0)) >= 2, "the test needs 2 CPUs (CI's machine has 2)"
+    monkeypatch.chdir(tmp_path)
+    pool = Pool(Path("results/sweeps/s/pack"))
     program = tmp_path / "trial.py"
     program.write_text(PROGRAM)
     codes = {"a": 0, "b": 3, "c": 0, "d": 0}
     for k, name in enumerate(codes):
-        cmd = [sys.executable, str(program), str(tmp_path / f"{name}.json"), str(codes[name])]
-        pool.put(Ticket(f"sweeps/s/{name}", cmd, str(tmp_path), queued=float(k)))
+        pool.put(replace(script_trial(name, program, codes[name]), order=k, queued=10.0 - k))
     pool.close()  # no more trials come: the worker ends when these are done
     monkeypatch.setenv("SLURM_JOB_NAME", "leaks")  # not the trial's job: removed
     cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -211,7 +229,11 @@ def test_a_nodes_slots_run_trials_side_by_side(tmp_path: Path, monkeypatch) -> N
     assert {n: pool.result(f"sweeps/s/{n}")["exit"] for n in codes} == codes
     assert sorted({tuple(s["cpus"]) for s in seen.values()}) == [(cpus[0],), (cpus[1],)]
     assert all(s["slurm"] == [] and s["slot"].startswith("local ") for s in seen.values())
-    assert abs(seen["a"]["start"] - seen["b"]["start"]) < 0.4  # side by side
+    assert abs(seen["a"]["start"] - seen["b"]["start"]) < 1.0  # side by side
+    first, then = (seen["a"]["start"], seen["b"]["start"]), (seen["c"]["start"], seen["d"]["start"])
+    assert max(first) < min(then)  # in the sweep's order, not the queue's
+    history = json.loads(Path("results/sweeps/s/b/state/attempts.json").read_text())
+    assert [a["outcome"] for a in history] == ["crashed (exit 3)"]
     node = json.loads(next((pool.allocations / "nodes").glob("*.json")).read_text())
     assert sorted(t for s in node["slot_records"] for t in s["trials"]) == [
         f"sweeps/s/{n}" for n in codes
@@ -221,8 +243,8 @@ def test_a_nodes_slots_run_trials_side_by_side(tmp_path: Path, monkeypatch) -> N
 def test_a_node_that_fails_its_preflight_takes_no_trial(tmp_path: Path) -> None:
     """GPU trials on a node without a usable GPU (this machine): the node's check fails, the
     trial stays queued for another node, and the pool's next allocation excludes this one."""
-    pool = Pool(tmp_path / "pack")
-    pool.put(Ticket("sweeps/s/a", ["false"], str(tmp_path)))
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
+    pool.put(Ticket("sweeps/s/a"))
     assert worker.serve(pool.root, 1, 60, "SIGUSR1", (1, "gpu", "fp32")) == 0
     assert pool.waiting() == 1 and pool.result("sweeps/s/a") is None
     (node,) = pool.records(pool.allocations / "nodes")
@@ -235,7 +257,7 @@ def test_a_node_that_fails_its_preflight_takes_no_trial(tmp_path: Path) -> None:
 def test_the_cost_of_the_allocations(tmp_path: Path) -> None:
     """Two allocations: one node of 2 slots held 100 s (trials busy 150 slot-s of the 180
     up to each slot's last trial), one node of 2 slots held 50 s; 4 CPUs a node."""
-    pool = Pool(tmp_path / "pack")
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
     (pool.allocations / "nodes").mkdir(parents=True)
     for job, submitted in (("11", 990.0), ("12", 1020.0)):
         (pool.allocations / f"{job}.json").write_text(
@@ -273,8 +295,8 @@ def test_the_cost_of_the_allocations(tmp_path: Path) -> None:
 def test_the_scheduler_is_asked_at_once_only_while_no_allocation_comes(tmp_path: Path) -> None:
     """A packed trial's train job checks the allocations at once (squeue, sbatch) only while
     none is queued or running; else at the pool's pace, however many trials arrive."""
-    pool = Pool(tmp_path / "pack")
-    pool.put(Ticket("sweeps/s/a", ["true"], str(tmp_path)))
+    pool = Pool(tmp_path / "results/sweeps/s/pack")
+    pool.put(Ticket("sweeps/s/a"))
     assert not pool.expected()  # nothing submitted yet
     atomic.write_json(pool.allocations / "5.json", {"job": "5"})
     assert pool.expected()  # queued: no node record yet
@@ -295,3 +317,91 @@ def test_a_packed_trials_summary_asks_sacct_nothing_of_its_allocation() -> None:
     attempts = [{"job": "7", "slot": "cn07/1"}, {"job": "9", "slot": None}, {"job": "local"}]
     files = RunFiles(None, None, [], attempts, {})  # type: ignore[arg-type]
     assert files.jobs == ["9"]
+
+
+# -- who may queue a trial ---------------------------------------------------------------------
+
+
+def test_a_ticket_with_a_command_or_of_another_user_runs_nothing(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Tickets dropped into the queue by hand: one holding a command (the old shape), one of
+    the user nobody naming a trial, one naming a run outside the sweep. A node's worker runs
+    none of them: each is set aside in refused/ with its reason, logged."""
+    monkeypatch.chdir(tmp_path)
+    pool = Pool(Path("results/sweeps/s/pack"))
+    pool.put(Ticket("sweeps/s/real", queued=1.0))
+    pool.withdraw("sweeps/s/real")  # (the queue folders exist, as in a running sweep)
+    marker = tmp_path / "ran"
+    dropped = {
+        "command.json": {"run": "sweeps/s/x", "command": ["touch", str(marker)], "cwd": "/"},
+        "foreign.json": {**asdict(Ticket("sweeps/s/y")), "nodes": 1},
+        "outside.json": asdict(Ticket("sweeps/other/z")),
+        "escape.json": asdict(Ticket("sweeps/s/../../../etc")),
+    }
+    for name, record in dropped.items():
+        (pool.queue / name).write_text(json.dumps(record))
+    os.chown(pool.queue / "foreign.json", 65534, 65534)
+    pool.close(wait_s=0)
+    assert worker.serve(pool.root, 1, 60, "SIGUSR1") == 0
+    assert not marker.exists() and not list(pool.queue.iterdir())
+    assert not (pool.running.exists() and list(pool.running.iterdir()))
+    reasons = {p.name: json.loads(p.read_text())["refused"] for p in pool.refused.iterdir()}
+    queue = pool.queue
+    assert reasons == {
+        "command.json": f"{queue}/command.json is no ticket (a ticket holds run, data, kind, "
+        "nodes, order, queued; no command)",
+        "foreign.json": f"{queue}/foreign.json is owned by uid 65534, not by this user "
+        f"(uid {os.getuid()})",
+        "outside.json": f"{queue}/outside.json names 'sweeps/other/z', no trial of sweep s "
+        "(sweeps/s/<trial>)",
+        "escape.json": f"{queue}/escape.json names 'sweeps/s/../../../etc', no trial of sweep "
+        "s (sweeps/s/<trial>)",
+    }
+    kept = json.loads((pool.refused / "command.json").read_text())["ticket"]
+    assert kept == dropped["command.json"]
+
+
+def test_a_queue_others_may_write_is_refused_with_its_path(tmp_path: Path, monkeypatch) -> None:
+    """Made under umask 002 (a group's shared project folder), the pool's folders are not
+    group-writable; one made so afterwards is refused by the train job and by the node, the
+    path and its mode named."""
+    monkeypatch.chdir(tmp_path)
+    pool = Pool(Path("results/sweeps/s/pack"))
+    umask = os.umask(0o002)
+    try:
+        assert pool.put(Ticket("sweeps/s/a", queued=1.0))
+    finally:
+        os.umask(umask)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (pool.root, pool.queue, pool.done)}
+    assert modes == {"pack": 0o755, "queue": 0o755, "done": 0o755}
+    pool.queue.chmod(0o775)
+    why = ("refusing the packed sweep's queue: results/sweeps/s/pack/queue (drwxrwxr-x) may be "
+           "written by other users, who could queue trials there: chmod go-w "
+           "results/sweeps/s/pack/queue")  # fmt: skip
+    with pytest.raises(TicketError) as refused:
+        pool.put(Ticket("sweeps/s/b"))
+    assert str(refused.value) == why
+    with pytest.raises(TicketError) as refused:
+        pool.take(SLOT)
+    assert str(refused.value) == why
+    assert pool.waiting() == 1  # nothing taken
+
+
+def test_a_ticket_is_the_trial_the_rule_launches(tmp_path: Path) -> None:
+    """The train rule's launch command of a packed trial becomes its ticket (run, data, kind);
+    the node builds the same command back. A command with other paths is refused."""
+    run = "results/sweeps/s/lr=0.1"
+    rule = ["ddppipe", "launch", "--config", f"{run}/config.yaml", "--data", "resources/mnist",
+            "--state", f"{run}/state", "--checkpoint", f"{run}/train/final.pt",
+            "--metrics", f"{run}/train/metrics.jsonl", "--attempts", f"{run}/train/attempts.json",
+            "--log", "logs/sweeps/s/lr=0.1/train.log"]  # fmt: skip
+    ticket = tickets.of_launch("sweeps/s/lr=0.1", "task", 2, 5, rule)
+    assert ticket == Ticket("sweeps/s/lr=0.1", "resources/mnist", "task", 2, 5, ticket.queued)
+    assert tickets.launch_command(ticket) == [sys.executable, "-m", "ddppipe", *rule[1:]]
+    other = [*rule[:-1], "/tmp/elsewhere.log"]
+    with pytest.raises(TicketError, match=(
+        r"trial sweeps/s/lr=0.1's launch command differs from the one its allocation's node "
+        r"builds: --log /tmp/elsewhere.log \(its node gives logs/sweeps/s/lr=0.1/train.log\)"
+    )):  # fmt: skip
+        tickets.of_launch("sweeps/s/lr=0.1", "task", 1, 0, other)

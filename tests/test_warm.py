@@ -1,13 +1,17 @@
 """Warm ranks (ddppipe.launching.warm): one server imports torch once and forks each rank of a
 local slot, with the launcher's environment, folder, CPUs and output; its exit or its signal
-comes back as a child's would; a launcher that dies takes its ranks with it; and the ddppipe
-subcommands that import torch or matplotlib run forked too."""
+comes back as a child's would; a launcher that dies takes its ranks with it; the ddppipe
+subcommands that import torch or matplotlib run forked too; and no one but its user, asking
+for anything but a rank or a subcommand, gets anything forked (the server runs under umask 000
+here, as a user sharing a project folder with everyone might)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -41,23 +45,35 @@ if mode == "sleep":
 """
 
 
+LOG_ENV = "WARM_TEST_LOG"  # (the test's) where the server logs
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A server on a short socket path, with the probe module importable; its environment."""
+    """A server started under umask 000, the probe script beside its log; its environment."""
     folder = tmp_path_factory.mktemp("warm")
     (folder / "probe.py").write_text(PROBE)
-    socket_path = warm.local_socket().with_name(f"ddppipe-warm-test-{os.getpid()}.sock")
-    env = {**os.environ, "PYTHONPATH": f"{folder}:{os.environ.get('PYTHONPATH', '')}"}
-    with open(folder / "server.log", "wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(socket_path)],
-            env=env, stdout=subprocess.DEVNULL, stderr=sink,
-        )  # fmt: skip
+    env = {**os.environ, "PROBE": str(folder / "probe.py"), LOG_ENV: str(folder / "server.log")}
+    umask = os.umask(0)
+    try:
+        socket_path = warm.local_socket(f"ddppipe-warm-test-{os.getpid()}.sock")
+        with open(folder / "server.log", "wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(socket_path)],
+                env=env, stdout=subprocess.DEVNULL, stderr=sink,
+            )  # fmt: skip
+    finally:
+        os.umask(umask)
     served = {**env, warm.SOCKET_ENV: str(socket_path), warm.SERVER_ENV: str(proc.pid)}
     yield served
     proc.terminate()
     assert proc.wait(timeout=30) == 0
-    assert not socket_path.exists()  # the server removes its socket
+    assert not socket_path.parent.exists()  # the server removes its socket and its folder
+
+
+def probe_command(server: dict[str, str], *args: str) -> list[str]:
+    """A rank running the probe script, as a script run's launcher starts it."""
+    return [sys.executable, "-m", "ddppipe.training.run_script", server["PROBE"], *args]
 
 
 def probe(server: dict[str, str], out: Path, mode: str = "") -> dict[str, str]:
@@ -72,8 +88,7 @@ def test_a_worker_group_forks_its_ranks_from_the_server(server: dict, tmp_path: 
         saved = os.dup(1)
         os.dup2(sink.fileno(), 1)  # the launcher's stdout: the ranks print there
         try:
-            group = workers.Group([sys.executable, "-m", "probe", "--flag"],
-                                  probe(server, out), 2, 0)  # fmt: skip
+            group = workers.Group(probe_command(server, "--flag"), probe(server, out), 2, 0)
             assert all(isinstance(p, warm.Rank) for p in group.procs)
             assert group.wait() == 0
         finally:
@@ -93,8 +108,9 @@ def test_a_forked_command_takes_its_callers_priority(server: dict, tmp_path: Pat
     """A rule's command beside a training (`ddppipe summary`, ...) lowers its priority
     (niceness 10), then asks the server: the fork runs at that niceness, not the server's."""
     caller = (
-        "import os, sys; from ddppipe.launching import warm; os.nice(7); "
-        "sys.exit(warm.spawn([sys.executable, '-m', 'probe'], dict(os.environ)).wait())"
+        "import os, sys; from ddppipe.launching import warm; os.nice(7); sys.exit(warm.spawn("
+        "[sys.executable, '-m', 'ddppipe.training.run_script', os.environ['PROBE']], "
+        "dict(os.environ)).wait())"
     )
     base = os.getpriority(os.PRIO_PROCESS, 0)
     subprocess.run([sys.executable, "-c", caller], env={**probe(server, tmp_path), "RANK": "0"},
@@ -114,9 +130,9 @@ def test_the_commands_beside_a_training_run_at_a_lower_priority(monkeypatch) -> 
 
 
 def test_a_ranks_exit_status_and_signal_come_back(server: dict, tmp_path: Path) -> None:
-    exits = workers.Group([sys.executable, "-m", "probe"], probe(server, tmp_path, "exit"), 1, 0)
+    exits = workers.Group(probe_command(server), probe(server, tmp_path, "exit"), 1, 0)
     assert exits.wait() == 3  # rank 0 exits 3
-    rank = warm.spawn([sys.executable, "-m", "probe"], probe(server, tmp_path, "kill"))
+    rank = warm.spawn(probe_command(server), probe(server, tmp_path, "kill"))
     assert rank is not None
     assert rank.wait(timeout=60) == -signal.SIGKILL  # as Popen says it
 
@@ -125,7 +141,8 @@ def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> N
     launcher = textwrap.dedent("""
         import sys, time
         from ddppipe.launching import warm
-        rank = warm.spawn([sys.executable, "-m", "probe"], dict(__import__("os").environ))
+        rank = warm.spawn([sys.executable, "-m", "ddppipe.training.run_script",
+                           __import__("os").environ["PROBE"]], dict(__import__("os").environ))
         print("pid", rank.pid, flush=True)
         time.sleep(120)
     """)  # fmt: skip
@@ -147,11 +164,13 @@ def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> N
     assert not Path(f"/proc/{pid}").exists()
 
 
-def test_a_command_that_is_no_python_module_starts_cold(server: dict) -> None:
+def test_a_command_that_is_no_rank_entry_point_starts_cold(server: dict) -> None:
     assert not warm.usable([sys.executable, "-c", "pass"], server)
-    assert not warm.usable(["/usr/bin/python3", "-m", "probe"], server)  # another Python
-    assert not warm.usable([sys.executable, "-m", "probe"], {})  # no server
-    assert warm.usable([sys.executable, "-m", "probe"], server)
+    assert not warm.usable(["/usr/bin/python3", *probe_command(server)[1:]], server)  # another
+    assert not warm.usable(probe_command(server), {})  # no server
+    assert not warm.usable([sys.executable, "-m", "probe"], server)  # not a rank's module
+    assert warm.usable(probe_command(server), server)
+    assert warm.usable([sys.executable, "-m", "ddppipe", "summary", "x"], server)
 
 
 def test_a_subcommand_runs_forked_and_keeps_its_exit_status(
@@ -169,9 +188,111 @@ def test_a_subcommand_runs_forked_and_keeps_its_exit_status(
 
 
 def test_a_rank_imports_from_its_callers_pythonpath(server: dict, tmp_path: Path) -> None:
-    """A module only on the caller's PYTHONPATH (not the server's) runs forked."""
+    """A module only on the caller's PYTHONPATH (not the server's) imports in a forked rank."""
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "only_mine.py").write_text("import sys\nsys.exit(7)\n")
-    env = {**server, "PYTHONPATH": f"{tmp_path / 'mine'}:{server['PYTHONPATH']}"}
-    rank = warm.spawn([sys.executable, "-m", "only_mine"], env)
+    (tmp_path / "script.py").write_text("import only_mine\n")
+    paths = [str(tmp_path / "mine"), server.get("PYTHONPATH", "")]
+    env = {**server, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    rank = warm.spawn([sys.executable, "-m", "ddppipe.training.run_script",
+                       str(tmp_path / "script.py")], env)  # fmt: skip
     assert rank is not None and rank.wait(timeout=60) == 7
+
+
+# -- who may use it ----------------------------------------------------------------------------
+
+# Another user's client (run as `nobody`, by the system's Python): asks the server to run a
+# script of a served module that would write a file as the server's user.
+INTRUDER = """
+import json, socket, sys
+path, script = sys.argv[1], sys.argv[2]
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    conn.connect(path)
+except PermissionError:
+    print("denied")
+    sys.exit(0)
+request = {"module": "ddppipe.training.run_script", "args": [script], "env": {}, "cwd": "/"}
+try:
+    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    print(conn.recv(4096).decode().strip() or "closed")
+except OSError:  # (closed while it wrote)
+    print("closed")
+"""
+NOBODY = 65534
+
+
+def as_nobody(server: dict[str, str], script: Path) -> str:
+    """What the intruder's client, run as the user nobody, printed."""
+    done = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+         "/usr/bin/python3", "-c", INTRUDER, server[warm.SOCKET_ENV], str(script)],
+        cwd="/", capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_only_the_servers_user_gets_a_rank_forked(server: dict, tmp_path: Path) -> None:
+    """Started under umask 000, the socket is 0600 in a 0700 folder: the user nobody cannot
+    connect. With both opened to everyone (a misconfiguration), nobody connects but its
+    peer uid is refused before a byte is read: nothing forked, the refusal logged."""
+    if os.getuid() == NOBODY:
+        pytest.fail("this test runs as another user than nobody (root in CI)")
+    assert warm.usable(probe_command(server), server)  # listening
+    path = Path(server[warm.SOCKET_ENV])
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    written = tmp_path / "written-by-the-server"
+    script = tmp_path / "evil.py"
+    script.write_text(f"open({str(written)!r}, 'w').write('run as the server user')\n")
+    tmp_path.chmod(0o755)
+    assert as_nobody(server, script) == "denied"
+    path.parent.chmod(0o711)
+    path.chmod(0o777)
+    try:
+        assert as_nobody(server, script) == "closed"  # no answer, no pid
+    finally:
+        path.parent.chmod(0o700)
+        path.chmod(0o600)
+    time.sleep(0.5)  # (a forked rank would have written by now)
+    assert not written.exists()
+    log = Path(server[LOG_ENV]).read_text()
+    assert f"refused a connection of uid {NOBODY} (pid " in log
+    assert f"it serves uid {os.getuid()} only" in log
+    rank = warm.spawn(probe_command(server), {**probe(server, tmp_path, "exit"), "RANK": "0"})
+    assert rank is not None and rank.wait(timeout=60) == 3
+
+
+def test_a_request_for_another_module_is_refused(server: dict, tmp_path: Path) -> None:
+    """The server's own user asks for `python -m zipfile` (not a rank's entry point): refused
+    with the reason, nothing forked, the refusal logged."""
+    archive = tmp_path / "hostname.zip"
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    assert warm.usable(probe_command(server), server)
+    conn.connect(server[warm.SOCKET_ENV])
+    request = {"module": "zipfile", "args": ["-c", str(archive), "/etc/hostname"],
+               "env": {}, "cwd": str(tmp_path)}  # fmt: skip
+    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    answer = json.loads(conn.makefile().readline())
+    conn.close()
+    served = "ddppipe, ddppipe.training.run_script"
+    assert answer == {"refused": f"module 'zipfile' is none of {served}"}
+    assert not archive.exists()
+    log = Path(server[LOG_ENV]).read_text()
+    assert f"refused a request of pid {os.getpid()}: module 'zipfile'" in log
+    with pytest.raises(ValueError, match="the warm server refused the rank: module 'probe'"):
+        warm.Rank([sys.executable, "-m", "probe"], dict(server))
+
+
+def test_a_socket_folder_others_may_enter_is_refused(tmp_path: Path) -> None:
+    """A server given a socket in a folder other users may enter refuses to start, saying so."""
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(folder / "w.sock")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert f"the warm server's socket folder {folder} (drwxrwxrwx) is not private" in done.stderr
+    assert not (folder / "w.sock").exists()

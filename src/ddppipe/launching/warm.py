@@ -9,11 +9,15 @@ never touches CUDA, so forking it is safe; it ignores the stop signals, so a ran
 it never dies of one before its own handler is in place.
 
 A launcher uses it when :data:`SOCKET_ENV` names a live server on this machine and the rank's
-command is ``python -m MODULE ...`` of the server's own interpreter (never inside a container:
-the image's Python is another). Each request is one connection: the command, environment,
-working folder, CPUs and the launcher's stdin/stdout/stderr (passed as file descriptors) go
-in; the rank's pid comes back, then its exit status. A launcher that dies closes the
-connection, and the server kills its ranks.
+command is ``python -m MODULE ...`` of the server's own interpreter, MODULE one of
+:data:`SERVED` (never inside a container: the image's Python is another). Each request is one
+connection: the command, environment, working folder, CPUs and the launcher's
+stdin/stdout/stderr (passed as file descriptors) go in; the rank's pid comes back, then its
+exit status. A launcher that dies closes the connection, and the server kills its ranks.
+
+Only its own user can use it (docs/security.md): the socket is 0600 in a folder only the user
+can enter (:func:`private_folder`), every connection's peer is checked (``SO_PEERCRED``: the
+server's uid, else refused and logged), and a request may name only :data:`SERVED`.
 """
 
 from __future__ import annotations
@@ -26,12 +30,17 @@ import os
 import select
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ddppipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,10 @@ PRELOAD = (
     "ddppipe.cli.ranks",
     "ddppipe.reports.plots",
 )
+# What a request may run: a launcher's rank entry points (a task's ``ddppipe train``, a script's
+# runner) and ddppipe's own subcommands (:func:`delegate`); nothing else is forked.
+SERVED = frozenset({"ddppipe", "ddppipe.training.run_script"})
+FOLDER_PREFIX = "ddppipe-warm-"  # a private folder made for a socket (mkdtemp), removed after
 READY_TIMEOUT_S = 120.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
@@ -65,6 +78,7 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
     and keep for the ranks (``task``, ``data_dir``, ``args`` each), each once its data is
     prepared, while no request waits."""
     started = time.monotonic()
+    _check_private(path.parent)
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
     for module in preload:
@@ -105,8 +119,7 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
                 pending = _keep_data(pending)
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        _remove(path)
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -137,27 +150,107 @@ def _check_no_cuda() -> None:
         raise RuntimeError("the warm server initialized CUDA: its forked ranks could not use it")
 
 
+def _remove(path: Path) -> None:
+    """The socket ``path`` gone, and its folder when it was made for it (:func:`private_folder`)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    if path.parent.name.startswith(FOLDER_PREFIX):
+        with contextlib.suppress(OSError):  # (not empty: another server's socket is there)
+            path.parent.rmdir()
+
+
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is a folder of this user's that no other user may enter."""
+    try:
+        info = folder.lstat()
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            and not info.st_mode & 0o077)  # fmt: skip
+
+
+def private_folder() -> Path:
+    """A folder for a server's socket that only this user can enter: ``XDG_RUNTIME_DIR`` where
+    it is set and private (mode 0700, this user's), else a new one in the temporary folder."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _private(Path(runtime)):
+        return Path(runtime)
+    return Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700, whatever the umask
+
+
+def _check_private(folder: Path) -> None:
+    """Refuse a socket folder another user may enter (they could reach the socket)."""
+    if not _private(folder):
+        mode = stat.filemode(folder.lstat().st_mode) if folder.exists() else "missing"
+        raise UserError(
+            f"the warm server's socket folder {folder} ({mode}) is not private: other users "
+            "could reach the socket; give a folder of yours with mode 0700 "
+            "(ddppipe.launching.warm.private_folder makes one)"
+        )
+
+
 def _listen(path: Path) -> socket.socket:
-    """The server's socket, bound under a temporary name and renamed: a launcher that finds
-    ``path`` finds a server that listens."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The server's socket (mode 0600), bound under a temporary name and renamed: a launcher
+    that finds ``path`` finds a server that listens."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(tmp))
+    umask = os.umask(0o177)  # the socket is 0600 from its creation, whatever the caller's umask
+    try:
+        listener.bind(str(tmp))
+    finally:
+        os.umask(umask)
     listener.listen(64)
     os.replace(tmp, path)
     return listener
 
 
+def peer_uid(conn: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of the Unix socket ``conn``."""
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                      struct.calcsize("3i")))  # fmt: skip
+    return pid, uid
+
+
+def refusal(request: Any) -> str | None:
+    """Why ``request`` is not served (None: it is): anything but a rank entry point or a
+    ddppipe subcommand (:data:`SERVED`), or a request of another shape."""
+    if not isinstance(request, dict):
+        return "a request is a JSON object"
+    module, args, env = request.get("module"), request.get("args"), request.get("env")
+    if module not in SERVED:
+        return f"module {module!r} is none of {', '.join(sorted(SERVED))}"
+    if not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+        return "args is not a list of strings"
+    if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        return "env is not a mapping of strings"
+    if not isinstance(request.get("cwd"), str):
+        return "cwd is not a path"
+    return None
+
+
 def _accept(listener: socket.socket, ranks: dict[int, socket.socket]) -> None:
     conn, _ = listener.accept()
+    peer, uid = peer_uid(conn)
+    if uid != os.getuid():  # before reading a byte of it
+        log.warning("warm server: refused a connection of uid %d (pid %d): it serves uid %d only",
+                    uid, peer, os.getuid())  # fmt: skip
+        conn.close()
+        return
+    fds: list[int] = []
     try:
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         request = json.loads(message)
+        refused = refusal(request)
     except (OSError, ValueError) as e:
-        log.warning("warm server: a bad request (%s)", e)
+        refused = f"a bad request ({e})"
+    if refused is not None:
+        log.warning("warm server: refused a request of pid %d: %s", peer, refused)
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"refused": refused}).encode() + b"\n")
         conn.close()
         return
     pid = os.fork()
@@ -214,7 +307,9 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
             os.dup2(fd, target)
         os.chdir(request["cwd"])
         added = _new_paths(os.environ.get("PYTHONPATH", ""), request["env"].get("PYTHONPATH", ""))
-        sys.path[:0] = added  # the caller's PYTHONPATH, as its own interpreter would read it
+        # as `python -m` of the caller would: its folder first (the server's was), then its
+        # PYTHONPATH (a script's runner replaces the first entry by the script's folder)
+        sys.path[:1] = [os.getcwd(), *added]
         os.environ.clear()
         os.environ.update(request["env"])
         if request.get("cpus"):
@@ -251,12 +346,10 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
 # -- starting the server ---------------------------------------------------------------------
 
 
-def local_socket() -> Path:
-    """A socket path for a server of this process (short: a Unix socket's path is at most
-    107 bytes, so not under a deep work folder)."""
-    import tempfile
-
-    return Path(tempfile.gettempdir()) / f"ddppipe-warm-{os.getpid()}.sock"
+def local_socket(name: str | None = None) -> Path:
+    """A socket path ``name`` (default: one of this process) in a :func:`private_folder` (short:
+    a Unix socket's path is at most 107 bytes, so not under a deep work folder)."""
+    return private_folder() / (name or f"ddppipe-warm-{os.getpid()}.sock")
 
 
 def start(path: Path, log_path: Path,
@@ -283,6 +376,8 @@ def usable(command: list[str], env: Mapping[str, str]) -> bool:
     of this interpreter, and a server listening on this machine (waited for while it starts)."""
     path = env.get(SOCKET_ENV)
     if not path or len(command) < 3 or command[0] != sys.executable or command[1] != "-m":
+        return False
+    if command[2] not in SERVED:
         return False
     return _listening(Path(path), env.get(SERVER_ENV))
 
@@ -312,7 +407,11 @@ class Rank:
         }  # fmt: skip
         socket.send_fds(self._conn, [json.dumps(request).encode()], [0, 1, 2])
         self._buffer = b""
-        self.pid: int = self._message(None)["pid"]
+        answer = self._message(None)
+        assert answer is not None  # (no timeout: a message, or the server's end)
+        if "refused" in answer:
+            raise ValueError(f"the warm server refused the rank: {answer['refused']}")
+        self.pid: int = answer["pid"]
         self.returncode: int | None = None
 
     def _message(self, timeout: float | None) -> dict[str, Any] | None:

@@ -1,7 +1,7 @@
-"""The train rule's side of a packed trial (``ddppipe pack-trial``): queue the trial's launch
-command, keep an allocation held or coming while trials wait, and wait for the trial's exit
-status, which becomes the job's. Run as a local job of the submitting Snakemake; it holds no
-core."""
+"""The train rule's side of a packed trial (``ddppipe pack-trial``): queue the trial's ticket
+(its run and data: the node builds the same launch command the rule gives), keep an allocation
+held or coming while trials wait, and wait for the trial's exit status, which becomes the
+job's. Run as a local job of the submitting Snakemake; it holds no core."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 from types import FrameType
 
 from ddppipe.packing import allocation as allocations
-from ddppipe.packing.pool import Pool, Ticket
+from ddppipe.packing import tickets
+from ddppipe.packing.pool import Pool
 from ddppipe.settings import run_spec
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ def run(pool_root: Path, config_path: Path, command: list[str]) -> int:
     held = allocations.Allocation.of(spec)
     pool = Pool(pool_root)
     workdir = os.getcwd()
-    if pool.put(Ticket(spec.run, command, workdir, nodes=held.trial.nodes)):
+    ticket = tickets.of_launch(spec.run, spec.kind, held.trial.nodes, 0, command)
+    if pool.put(ticket):
         log.info("%s waits for a slot of the sweep's allocations (%s)", spec.run, pool.root)
     else:
         log.info("%s trains in an allocation already: waiting for it", spec.run)
@@ -42,6 +44,9 @@ def run(pool_root: Path, config_path: Path, command: list[str]) -> int:
     # every CHECK_EVERY_S seconds, however many trials the sweep has
     allocations.ensure(pool, held, workdir, force=not pool.expected())
     while (result := pool.result(spec.run)) is None:
+        if refused := pool.refusal(spec.run):
+            log.error("%s: a slot refused its ticket: %s", spec.run, refused)
+            return 1
         time.sleep(POLL_S)
         allocations.ensure(pool, held, workdir)
     code = int(result["exit"])

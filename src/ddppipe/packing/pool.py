@@ -1,7 +1,10 @@
 """A packed sweep's pool folder (``results/sweeps/<sweep>/pack/``), on the shared filesystem:
-the trials waiting (``queue/``), training (``running/``) and ended (``done/``), and the
-allocations' records (``allocations/``). Every move is one atomic rename or write, so two
-slots never take the same trial and a killed process leaves nothing half-written.
+the trials waiting (``queue/``), training (``running/``), ended (``done/``) and refused
+(``refused/``), and the allocations' records (``allocations/``). Every move is one atomic
+rename or write, so two slots never take the same trial and a killed process leaves nothing
+half-written. Only the user may write the pool and its queue (their folders are made without
+group or other write permission, whatever the umask); a slot takes only the user's own tickets
+of the pool's sweep (:mod:`ddppipe.packing.tickets`).
 """
 
 from __future__ import annotations
@@ -9,31 +12,29 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import stat
 import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
+from ddppipe.packing import tickets
+from ddppipe.packing.tickets import Ticket, TicketError
+
+log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Ticket:
-    """A trial to train: its run, its launch command, the folder it runs in and its nodes."""
-
-    run: str
-    command: list[str]
-    cwd: str
-    queued: float = field(default_factory=time.time)
-    nodes: int = 1
-
-    @property
-    def name(self) -> str:
-        """The ticket's file name: the run, quoted (a run has slashes)."""
-        return urllib.parse.quote(self.run, safe="") + ".json"
+def _make(folder: Path) -> None:
+    """``folder`` (and its parents), made writable by this user only when it is new."""
+    if folder.is_dir():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(stat.S_IMODE(folder.stat().st_mode) & ~0o022)  # (a umask of 002 leaves g+w)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,22 @@ class Pool:
     def allocations(self) -> Path:
         return self.root / "allocations"
 
+    @property
+    def refused(self) -> Path:
+        """Tickets no slot runs, each with the reason (:func:`ddppipe.packing.tickets.refusal`)."""
+        return self.root / "refused"
+
+    @property
+    def sweep(self) -> str:
+        """The sweep whose trials the pool takes (``results/sweeps/<sweep>/pack``)."""
+        return self.root.parent.name
+
+    def check_writers(self) -> None:
+        """TicketError when users other than this one could write tickets into the pool."""
+        for folder in (self.root, self.queue):
+            if folder.is_dir() and (why := tickets.open_to_others(folder)):
+                raise TicketError(f"refusing the packed sweep's queue: {why}")
+
     def _path(self, folder: Path, run: str) -> Path:
         return folder / (urllib.parse.quote(run, safe="") + ".json")
 
@@ -77,10 +94,12 @@ class Pool:
     def put(self, ticket: Ticket) -> bool:
         """Queue ``ticket`` (an ended one's result cleared); False when the trial trains now
         (a call before this one queued it: wait for it)."""
-        for folder in (self.queue, self.running, self.done, self.allocations):
-            folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, self.queue, self.running, self.done, self.allocations):
+            _make(folder)
+        self.check_writers()
         self.closed.unlink(missing_ok=True)
         self._path(self.done, ticket.run).unlink(missing_ok=True)
+        self._path(self.refused, ticket.run).unlink(missing_ok=True)
         if self._path(self.running, ticket.run).exists():
             return False
         atomic.write_json(self.queue / ticket.name, asdict(ticket))
@@ -91,6 +110,13 @@ class Pool:
         try:
             return json.loads(self._path(self.done, run).read_text())
         except (FileNotFoundError, ValueError):
+            return None
+
+    def refusal(self, run: str) -> str | None:
+        """Why a slot refused the ticket of ``run`` (None: it did not)."""
+        try:
+            return json.loads(self._path(self.refused, run).read_text())["refused"]
+        except (FileNotFoundError, ValueError, KeyError):
             return None
 
     def close(self, wait_s: float = 30.0) -> None:
@@ -131,14 +157,21 @@ class Pool:
     # -- a slot's side -----------------------------------------------------------------------
 
     def take(self, slot: dict[str, Any], max_nodes: int = 1) -> Ticket | None:
-        """The oldest waiting trial of at most ``max_nodes`` nodes, now this slot's (an atomic
-        rename: no other slot gets it); None when none waits."""
+        """The first waiting trial of at most ``max_nodes`` nodes in the sweep's order (then
+        the oldest), now this slot's (an atomic rename: no other slot gets it); None when none
+        waits. A ticket that is not the user's trial is set aside in ``refused/``, logged;
+        TicketError when others could write the queue."""
+        self.check_writers()
         waiting = []
         for path in self.queue.glob("*.json") if self.queue.is_dir() else []:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                waiting.append((json.loads(path.read_text()), path))
-        for found, path in sorted(waiting, key=lambda w: w[0].get("queued", float("inf"))):
-            if found.get("nodes", 1) > max_nodes:
+            with contextlib.suppress(FileNotFoundError):  # (another slot took it)
+                found, why = tickets.read(path, self.sweep)
+                if why is None:
+                    waiting.append((tickets.of_record(found), found, path))
+                else:
+                    self._refuse(path, found, why)
+        for ticket, found, path in sorted(waiting, key=lambda w: (w[0].order, w[0].queued)):
+            if ticket.nodes > max_nodes:
                 continue
             target = self.running / path.name
             try:
@@ -146,9 +179,16 @@ class Pool:
             except FileNotFoundError:  # another slot took it
                 continue
             atomic.write_json(target, {**found, "slot": slot, "started": time.time()})
-            return Ticket(found["run"], found["command"], found["cwd"], found["queued"],
-                          found.get("nodes", 1))  # fmt: skip
+            return ticket
         return None
+
+    def _refuse(self, path: Path, found: Any, why: str) -> None:
+        """Set the ticket ``path`` aside, never run: its content kept beside the reason."""
+        log.error("refused a ticket of the packed sweep's queue: %s", why)
+        _make(self.refused)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            atomic.write_json(self.refused / path.name, {"refused": why, "ticket": found})
 
     def finish(self, ticket: Ticket, record: dict[str, Any]) -> None:
         """The trial ended (``record``: its exit status, slot, start and end): tell its

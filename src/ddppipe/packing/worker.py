@@ -1,7 +1,8 @@
 """``ddppipe pack-worker``: one node of a held allocation, running the sweep's trials.
 
-The node's CPUs (and GPUs) are cut into ``slots`` equal parts; each slot takes the oldest
-waiting trial from the pool the moment it is free and runs the trial's launch command there,
+The node's CPUs (and GPUs) are cut into ``slots`` equal parts; each slot takes the first
+waiting trial from the pool the moment it is free and runs the trial's launch command there
+(built from its ticket, in this worker's folder: the sweep's working folder),
 as a one-node local run (its ranks forked by this node's warm server). A multi-node trial
 takes a slot on each of that many nodes (:mod:`ddppipe.packing.gang`, led by the allocation's
 first node) and runs as an srun step on them. Before the allocation's
@@ -29,8 +30,10 @@ from pathlib import Path
 
 from ddppipe.core import atomic
 from ddppipe.launching import warm
+from ddppipe.packing import tickets
 from ddppipe.packing.gang import Gang, Seat, open_gangs
-from ddppipe.packing.pool import Pool, Ticket
+from ddppipe.packing.pool import Pool
+from ddppipe.packing.tickets import Ticket
 from ddppipe.runstate import attempts, preemption
 from ddppipe.slurm import continuation, scontrol
 
@@ -129,7 +132,7 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
     end = None if left is None else time.time() + left
     if end is not None:  # the trials' launchers warn their ranks (preemption.allocation_warning)
         env[preemption.ALLOCATION_END_ENV] = f"{end - signal_seconds:.3f} {end:.3f}"
-    sock = warm.local_socket().with_name(f"ddppipe-warm-{job}-{node}.sock")
+    sock = warm.local_socket(f"ddppipe-warm-{job}-{node}.sock")
     server = warm.start(sock, pool.allocations / "nodes" / f"{job}-{node}.warm.log")
     own = slots_of_node(slots, env)
     started = time.time()
@@ -257,7 +260,7 @@ def _popen(slot: Slot, env: dict[str, str]) -> None:
     assert slot.trial is not None
     cpus = slot.cpus
     slot.process = subprocess.Popen(
-        slot.trial.command, cwd=slot.trial.cwd, env=env, start_new_session=True,
+        tickets.launch_command(slot.trial), env=env, start_new_session=True,
         preexec_fn=lambda: os.sched_setaffinity(0, cpus),
     )  # fmt: skip
 

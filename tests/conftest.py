@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +131,10 @@ def run_cli(
     check: bool = True,
     env: dict[str, str] | None = None,
     timeout: float = 600,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m ddppipe ARGS`` and return the finished process (text output)."""
+    """Run ``python -m ddppipe ARGS`` and return the finished process (text output);
+    ``preexec_fn`` runs in the child before it starts (say, to enter a cgroup)."""
     full_env = {**os.environ, **(env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "ddppipe", *args],
@@ -141,6 +143,7 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=preexec_fn,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"ddppipe {args} failed ({result.returncode}):\n{result.stderr}")

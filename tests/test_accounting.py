@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from ddppipe.reports import slurm_accounting
+from ddppipe.runstate import failures
 from ddppipe.slurm import accounting, scontrol
 
 # Captured from the accounting test cluster (tests/slurm_cluster.py, Slurm 22.05 with
@@ -78,3 +81,45 @@ def test_no_accounting_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
     assert accounting.query([]) is None
     assert accounting.query(["local"]) is None
     assert accounting.query(["1"]) is None
+
+
+# A job whose srun step SLURM's memory limit ended (cgroup ConstrainRAMSpace): the step's and
+# the job's state OUT_OF_MEMORY, in the format of the capture above (sacct 22.05, the same
+# --format); --mem=10000 on each of 2 nodes, the larger task's MaxRSS 8191000K.
+SACCT_OUT_OF_MEMORY = """\
+4242|OUT_OF_MEMORY|2026-11-23T13:00:00|2026-11-23T13:00:02|2026-11-23T13:04:10|16:20.500||20000M|16|2
+4242.batch|FAILED|2026-11-23T13:00:02|2026-11-23T13:00:02|2026-11-23T13:04:10|00:01.200|20500K||8|1
+4242.extern|COMPLETED|2026-11-23T13:00:02|2026-11-23T13:00:02|2026-11-23T13:04:10|00:00.001|1200K||16|2
+4242.0|OUT_OF_MEMORY|2026-11-23T13:00:03|2026-11-23T13:00:03|2026-11-23T13:04:09|16:19.299|8191000K||16|2
+"""  # fmt: skip
+HINT = ("to fit: launch.strategy: fsdp (shards parameters, gradients and optimizer state), a "
+        "smaller train.batch_size, or train.activation_checkpointing: true (recomputes each "
+        "block's activations in the backward)")  # fmt: skip
+
+
+def test_a_slot_out_of_memory_in_sacct_names_its_killed_rank() -> None:
+    """sacct's OUT_OF_MEMORY (a step's) marks the slot; its rank killed by SIGKILL (recorded by
+    the node's agent, the cgroup's counter unread) reads as out of memory, with the limit a
+    node and the peak; other slots are left as they are."""
+    records = accounting.parse(SACCT_OUT_OF_MEMORY)
+    assert [(r.job, r.requeue, r.out_of_memory) for r in records] == [("4242", 0, True)]
+    assert records[0].max_rss_mb == pytest.approx(8191000 / 1024)
+    assert not any(r.out_of_memory for r in accounting.parse(SACCT.read_text()))
+    killed = failures.Failure(
+        rank=3, host="cn08", time=1.0, type="SIGKILL", message="killed by SIGKILL", frame=None,
+        step=40, epoch=None, restart=0, traceback="", signal="SIGKILL",
+    )  # fmt: skip
+    slot = {"job": "4242", "restarts": 0, "outcome": "killed by SIGKILL", "exit_status": 137,
+            "detail": killed.cause() + " (slots 1 and 2 failed the same way: not retried)",
+            "failure": asdict(killed)}  # fmt: skip
+    other = {**slot, "job": "4243"}
+    named, left = slurm_accounting.out_of_memory_named([slot, other], records)
+    assert left == other
+    assert named["outcome"] == "out of memory"
+    assert named["detail"] == (
+        "out of memory on rank 3 (cn08): killed by SLURM's memory limit (SIGKILL; sacct: "
+        f"OUT_OF_MEMORY) at the limit of 9.8 GiB host memory, peak 7.8 GiB; {HINT} (slots 1 "
+        "and 2 failed the same way: not retried)"
+    )
+    assert named["failure"]["memory"]["total"] == 10000 * 1024**2
+    assert slot["outcome"] == "killed by SIGKILL"  # the history itself is not changed

@@ -1,6 +1,8 @@
-"""Memory seen and named (#35): each rank's peak memory in the summary, and a rank out of memory
-(``MemoryError``, CUDA's ``OutOfMemoryError``) or killed by a signal named as the slot's cause,
-not a survivor's follow-on error. The launches run 2 ranks on tiny MNIST (gloo, CPU)."""
+"""Memory seen and named (#35, #41): each rank's peak memory in the summary, and a rank out of
+memory (``MemoryError``, CUDA's ``OutOfMemoryError``, torch's CPU allocator under an
+address-space limit, the OOM killer in a memory-limited cgroup) or killed by a signal named as
+the slot's cause, not a survivor's follow-on error. The launches run 2 ranks on tiny MNIST
+(gloo, CPU)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import os
 import signal
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,9 +70,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
 
 
 def launch(workdir: Path, tiny: TinyData, name: str, fault: str | None,
-           monkeypatch: pytest.MonkeyPatch) -> tuple[Path, int, str]:  # fmt: skip
+           monkeypatch: pytest.MonkeyPatch,
+           preexec_fn: Callable[[], None] | None = None) -> tuple[Path, int, str]:  # fmt: skip
     """``ddppipe launch`` (as the train rule runs it) of a 1-epoch run of the faulty task
-    with ``fault`` (None: the built-in MNIST task); its run folder, exit status and stderr."""
+    with ``fault`` (None: the built-in MNIST task), ``preexec_fn`` run in the launcher before
+    it starts; its run folder, exit status and stderr."""
     cfg = tiny_config(tiny, epochs=1)
     cfg["run"] = name
     if fault is not None:
@@ -85,6 +90,7 @@ def launch(workdir: Path, tiny: TinyData, name: str, fault: str | None,
         "launch", f"--config={run / 'config.yaml'}", f"--data={tiny.data_dir}",
         f"--state={run / 'state'}", f"--checkpoint={run / 'train/final.pt'}",
         f"--metrics={run / 'train/metrics.jsonl'}", cwd=workdir, check=False,
+        preexec_fn=preexec_fn,
     )  # fmt: skip
     return run, result.returncode, result.stderr
 
@@ -114,6 +120,136 @@ def test_a_memory_error_on_rank_1_is_out_of_memory(
     assert summary.build(run).lines[-1] == ("failed", detail)
     assert f"training failed: {detail}" in stderr
     print("(MemoryError)", detail)
+
+
+# Rank 1 limits its address space (ulimit -v) to what it has mapped plus 1 GiB, then asks
+# torch's CPU allocator for 4 GiB: "DefaultCPUAllocator: can't allocate memory" (RuntimeError).
+ADDRESS_SPACE_FAULT = (
+    "import resource; vm = int(next(line for line in open('/proc/self/status') "
+    "if line.startswith('VmSize')).split()[1]) * 1024; "
+    "hard = resource.getrlimit(resource.RLIMIT_AS)[1]; "
+    "resource.setrlimit(resource.RLIMIT_AS, (vm + 2**30, hard)); "
+    "torch.empty(4 * 2**30, dtype=torch.uint8)"
+)  # fmt: skip
+
+
+def test_an_allocation_past_the_address_space_limit_is_out_of_memory(
+    tmp_path: Path, tiny: TinyData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's tensor does not fit its address-space limit: torch's CPU allocator raises a
+    RuntimeError, named out of memory with the 4 GiB asked for, the limit and the fix."""
+    run, code, stderr = launch(tmp_path, tiny, "asked", ADDRESS_SPACE_FAULT, monkeypatch)
+    assert code == 1, stderr
+    history = json.loads((run / "state/attempts.json").read_text())
+    assert [a["outcome"] for a in history] == ["out of memory"]
+    failure = history[0]["failure"]
+    assert (failure["rank"], failure["type"], failure["step"]) == (1, "RuntimeError", 3)
+    assert "DefaultCPUAllocator: can't allocate memory" in failure["message"]
+    figures = failure["memory"]
+    assert (figures["kind"], figures["asked"]) == ("host", 4 * GIB)
+    assert 50 * MB < figures["peak"] < figures["total"] <= machine_bytes()
+    assert GIB < figures["address_space"] < 4 * GIB + GIB  # a torch rank's mappings + 1 GiB
+    detail = history[0]["detail"]
+    assert detail.startswith(f"out of memory on rank 1 ({HOST}): peak ")
+    assert " GiB host memory, asking for 4.0 GiB more under an address-space limit of " in detail
+    assert " GiB (ulimit -v) (RuntimeError at tasks/asked.py:" in detail
+    assert detail.endswith(f"(in forward), step 3 (epoch 1)); {HINT}")
+    lines = dict(summary.build(run).lines)
+    assert lines["attempts"] == "1 slot(s): 1 out of memory"
+    assert summary.build(run).lines[-1] == ("failed", detail)
+    assert f"training failed: {detail}" in stderr
+    print("(address space)", detail)
+
+
+def test_the_cpu_allocators_failure_is_classified_with_its_figures() -> None:
+    """torch's message for a CPU tensor that cannot be allocated is host memory, with the
+    bytes asked for; its cause names them and the address-space limit."""
+    message = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+               "allocate memory: you tried to allocate 4294967296 bytes. Error code 12 (Cannot "
+               "allocate memory)")  # fmt: skip
+    error = RuntimeError(message)
+    assert out_of_memory.kind(error) == "host"
+    assert out_of_memory.kind(RuntimeError("can't allocate a slot")) is None
+    found = out_of_memory.figures(error)
+    assert found is not None
+    assert (found["kind"], found["asked"]) == ("host", 4 * GIB)
+    failure = failures.Failure(
+        rank=2, host="cn08", time=1.0, type="RuntimeError", message=message,
+        frame="tasks/big.py:12 (in forward)", step=7, epoch=1, restart=0, traceback="",
+        memory={"kind": "host", "peak": 3 * GIB, "total": 64 * GIB, "asked": 4 * GIB,
+                "address_space": 6 * GIB},
+    )  # fmt: skip
+    assert failure.outcome(1) == "out of memory"
+    assert failure.cause() == (
+        "out of memory on rank 2 (cn08): peak 3.0 of 64.0 GiB host memory, asking for 4.0 GiB "
+        "more under an address-space limit of 6.0 GiB (ulimit -v) (RuntimeError at "
+        f"tasks/big.py:12 (in forward), step 7 (epoch 1)); {HINT}"
+    )
+
+
+CGROUP = Path("/sys/fs/cgroup")
+CGROUP_LIMIT = 2 * GIB  # the launcher and 2 ranks fit (~0.8 GiB); rank 1's 4 GiB does not
+
+
+def memory_cgroup_place() -> tuple[Path, str, tuple[str, int]]:
+    """Where this process may make a memory cgroup, its memory limit's file, and its swap
+    limit's (file, value) for CGROUP_LIMIT with no swap: cgroup v1's memory controller (a
+    child of this process's cgroup) or v2's (a child of its cgroup's parent, whose children
+    get the controller)."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    entries = [line.split(":", 2) for line in lines]
+    for _, controllers, path in entries:
+        if "memory" in controllers.split(","):
+            place = CGROUP / "memory" / path.lstrip("/")
+            return place, "memory.limit_in_bytes", ("memory.memsw.limit_in_bytes", CGROUP_LIMIT)
+    own = CGROUP / next(path for hierarchy, _, path in entries if hierarchy == "0").lstrip("/")
+    parent = own if own == CGROUP else own.parent
+    (parent / "cgroup.subtree_control").write_text("+memory")
+    return parent, "memory.max", ("memory.swap.max", 0)
+
+
+@pytest.fixture
+def memory_cgroup(tmp_path: Path) -> Iterator[Path]:
+    """A new memory cgroup limited to CGROUP_LIMIT bytes (swap included); removed after."""
+    place, limit, (swap, no_swap) = memory_cgroup_place()
+    made = place / f"ddppipe-test-{os.getpid()}-{tmp_path.name}"
+    made.mkdir()
+    try:
+        (made / limit).write_text(str(CGROUP_LIMIT))
+        if (made / swap).exists():  # only where the kernel accounts swap
+            (made / swap).write_text(str(no_swap))
+        yield made
+    finally:
+        made.rmdir()
+
+
+def test_a_rank_the_oom_killer_kills_in_a_memory_limited_cgroup_is_out_of_memory(
+    tmp_path: Path, tiny: TinyData, monkeypatch: pytest.MonkeyPatch, memory_cgroup: Path
+) -> None:
+    """The launch runs in a cgroup of 2 GiB (a SLURM job's --mem); rank 1 fills a 4 GiB
+    tensor and the kernel's OOM killer kills it: out of memory, killed by the OOM killer at the
+    cgroup's limit, with the fix."""
+
+    def enter() -> None:
+        (memory_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    fault = "torch.ones(4 * 2**30, dtype=torch.uint8)"
+    run, code, stderr = launch(tmp_path, tiny, "oom", fault, monkeypatch, preexec_fn=enter)
+    assert code == 128 + 9, stderr
+    history = json.loads((run / "state/attempts.json").read_text())
+    assert [a["outcome"] for a in history] == ["out of memory"]
+    failure = history[0]["failure"]
+    assert (failure["rank"], failure["signal"]) == (1, "SIGKILL")
+    assert failure["memory"] == {"kind": "host", "peak": None, "total": CGROUP_LIMIT,
+                                 "oom_killer": True}  # fmt: skip
+    detail = history[0]["detail"]
+    assert detail == (
+        f"out of memory on rank 1 ({HOST}): killed by the OOM killer (SIGKILL) at the limit of "
+        f"2.0 GiB host memory; {HINT}"
+    )
+    assert summary.build(run).lines[-1] == ("failed", detail)
+    assert f"training failed: {detail}" in stderr
+    print("(OOM killer)", detail)
 
 
 def test_a_rank_killed_by_sigkill_is_named_not_the_survivor(

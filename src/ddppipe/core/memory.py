@@ -18,6 +18,13 @@ def host_peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def address_space_limit() -> int | None:
+    """This process's address-space limit (``RLIMIT_AS``, ``ulimit -v``) in bytes; None where
+    there is none."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _cgroup_dirs(pid: int | str = "self") -> list[Path]:
     """The memory cgroup folders of process ``pid``, innermost first: cgroup v2's (its
     ``0::`` line) and v1's memory controller's; [] where /proc or /sys does not say."""

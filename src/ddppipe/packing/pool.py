@@ -61,7 +61,7 @@ class Pool:
 
     @property
     def refused(self) -> Path:
-        """Tickets no slot runs, each with the reason (:func:`ddppipe.packing.tickets.refusal`)."""
+        """Tickets no slot runs, each with the reason (:func:`ddppipe.packing.tickets.read`)."""
         return self.root / "refused"
 
     @property

@@ -1,15 +1,20 @@
 """SLURM's accounting of a run's jobs in the summary: asked once (``sacct``, on the submitting
-machine, :mod:`ddppipe.slurm.accounting`), set beside the ranks' own figures, and the time
-the run's times count from (its first submission).
+machine, :mod:`ddppipe.slurm.accounting`), set beside the ranks' own figures, the time the
+run's times count from (its first submission), and a killed rank named out of memory where
+SLURM's memory limit killed it (sacct's ``OUT_OF_MEMORY``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
 from ddppipe.reports.wording import duration
+from ddppipe.runstate import failures, out_of_memory
 from ddppipe.slurm import accounting
+
+MIB = 1024**2  # sacct's "MB" (accounting.size_mb)
 
 
 def records(jobs: list[str]) -> list[accounting.Record] | None:
@@ -28,6 +33,40 @@ def origin(
     if submits:
         return min(submits), "first submission"
     return (attempts[0]["start"], "first slot's start") if attempts else None
+
+
+def out_of_memory_named(
+    attempts: list[dict[str, Any]], found: list[accounting.Record] | None
+) -> list[dict[str, Any]]:
+    """``attempts`` with each slot that a killed rank ended named out of memory where sacct
+    says SLURM's memory limit killed a task of it (its job and requeue ``OUT_OF_MEMORY``)."""
+    killed = {(r.job, r.requeue): r for r in found or [] if r.out_of_memory}
+    named = []
+    for attempt in attempts:
+        record = killed.get((str(attempt.get("job")), attempt.get("restarts", 0)))
+        named.append(_named(attempt, record) if record and _killed(attempt) else attempt)
+    return named
+
+
+def _killed(attempt: dict[str, Any]) -> bool:
+    """Did a signal kill the slot's first failing rank, not known to be out of memory?"""
+    failure = attempt.get("failure") or {}
+    return failure.get("signal") is not None and failure.get("memory") is None
+
+
+def _named(attempt: dict[str, Any], record: accounting.Record) -> dict[str, Any]:
+    """The slot ``attempt`` out of memory, with sacct's figures (the rest of its detail kept:
+    ``(slots 2 and 3 failed the same way: not retried)``)."""
+    before = failures.Failure(**attempt["failure"])
+    per_node = record.req_mem_mb / record.nodes if record.req_mem_mb and record.nodes else None
+    figures = out_of_memory.slurm_figures(
+        int(record.max_rss_mb * MIB) if record.max_rss_mb else None,
+        int(per_node * MIB) if per_node else None,
+    )
+    failure = failures.Failure(**{**asdict(before), "memory": figures})
+    rest = attempt.get("detail", "").removeprefix(before.cause())
+    return {**attempt, "outcome": failure.outcome(attempt.get("exit_status") or 0),
+            "detail": failure.cause() + rest, "failure": asdict(failure)}  # fmt: skip
 
 
 def line(attempts: list[dict[str, Any]], found: list[accounting.Record] | None) -> tuple[str, str]:

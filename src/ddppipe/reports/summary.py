@@ -36,6 +36,7 @@ def build(run_dir: Path) -> Summary:
     about, attempts = files.about, files.attempts
     summary = Summary(files.layout.run, result_lines.what(about))
     records = slurm_accounting.records(files.jobs)
+    attempts = slurm_accounting.out_of_memory_named(attempts, records)
     origin = slurm_accounting.origin(attempts, records)
     summary.lines.extend(result_lines.lines(about, files.history, origin))
     summary.lines.extend(result_lines.pruned(about, files.evaluation))

@@ -17,6 +17,7 @@ from ddppipe.slurm import scontrol
 
 FIELDS = ("JobID", "State", "Submit", "Start", "End", "TotalCPU", "MaxRSS", "ReqMem",
           "AllocCPUS", "NNodes")  # fmt: skip
+OUT_OF_MEMORY = "OUT_OF_MEMORY"  # the state of a job or step whose memory limit killed a task
 TIMEOUT_S = 30  # sacct against an unreachable slurmdbd gives up on its own after ~10 s
 _UNITS = {"": 1 / 1024, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2, "P": 1024.0**3}
 
@@ -36,6 +37,7 @@ class Record:
     req_mem_mb: float | None  # memory requested for the whole job (every node)
     nodes: int
     cpus: int  # CPUs allocated (every node)
+    out_of_memory: bool = False  # SLURM's memory limit killed a task: OUT_OF_MEMORY, a step's too
 
     @property
     def cpu_hours(self) -> float | None:
@@ -68,25 +70,28 @@ def cpu_seconds(text: str) -> float | None:
 
 def parse(text: str) -> list[Record]:
     """Records of ``sacct --duplicates --parsable2 --noheader --format=<FIELDS>`` output."""
-    slots: list[tuple[dict[str, str], float | None]] = []  # a job line, its steps' MaxRSS
-    for line in text.splitlines():
+    slots: list[tuple[dict[str, str], float | None, bool]] = []  # a job line, its steps' MaxRSS
+    for line in text.splitlines():  # and whether it or a step ran out of memory
         values = line.split("|")
         if len(values) != len(FIELDS):
             continue
         row = dict(zip(FIELDS, values, strict=True))
         job, _, step = row["JobID"].partition(".")
-        peak = size_mb(row["MaxRSS"])
+        peak, oom = size_mb(row["MaxRSS"]), row["State"] == OUT_OF_MEMORY
         if not step:
-            slots.append((row, peak))
-        elif slots and slots[-1][0]["JobID"] == job and peak is not None:
-            slots[-1] = (slots[-1][0], max(slots[-1][1] or 0.0, peak))
+            slots.append((row, peak, oom))
+        elif slots and slots[-1][0]["JobID"] == job:
+            head, before, was = slots[-1]
+            both = max(before or 0.0, peak) if peak is not None else before
+            slots[-1] = (head, both, was or oom)
     records: list[Record] = []
-    for row, peak in slots:
+    for row, peak, oom in slots:
         requeue = sum(1 for r in records if r.job == row["JobID"])
         submit, start, end = (scontrol.timestamp(row[key]) for key in ("Submit", "Start", "End"))
         records.append(Record(
             row["JobID"], requeue, row["State"], submit, start, end, cpu_seconds(row["TotalCPU"]),
             peak, size_mb(row["ReqMem"]), int(row["NNodes"] or 0), int(row["AllocCPUS"] or 0),
+            oom,
         ))  # fmt: skip
     return records
 

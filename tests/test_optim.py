@@ -28,6 +28,12 @@ def test_sgd_is_nesterov_with_fused_kernels() -> None:
     assert optim.optimizer_kernels("adadelta", CPU) == {}  # its foreach loop is slower on CPU
 
 
+def test_sgd_of_a_sharded_model_takes_its_foreach_kernels() -> None:
+    """Fused SGD has no sharding strategy for FSDP2's DTensors (fused AdamW has one)."""
+    assert optim.optimizer_kernels("sgd", CPU, sharded=True) == {"foreach": True}
+    assert optim.optimizer_kernels("adamw", CPU, sharded=True) == {"fused": True}
+
+
 def test_onecycle_spans_every_step_of_the_run() -> None:
     params = [torch.nn.Parameter(torch.zeros(3))]
     train = recipe(optimizer="adamw", schedule="onecycle", lr=0.1, epochs=3)

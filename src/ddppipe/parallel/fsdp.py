@@ -12,21 +12,28 @@ shards all-gather and reduce-scatter on a node's fast links; only the gradients'
 crosses nodes). :func:`mesh_shape` decides the mesh. Activation checkpointing
 (:func:`checkpoint_activations`) recomputes each block's activations in the backward instead
 of keeping them, under any strategy.
+
+Under bf16 mixed precision the BatchNorm layers keep float32 parameters (sharded as groups of
+their own): their running statistics are float32, and normalizing bf16 activations with them
+takes float32 weights (torchtitan #674); a sharded model has contiguous parameters only, so a
+preset's channels_last is left out (:data:`ddppipe.settings.presets.SHARDED`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from ddppipe.core.errors import UserError
+from ddppipe.settings import presets
 
 STRATEGIES = ("ddp", "fsdp", "hsdp")
-SHARDED = ("fsdp", "hsdp")  # the strategies FSDP2 trains
+SHARDED = presets.SHARDED  # the strategies FSDP2 trains
 MESH_DIMS = ("replicate", "shard")  # the dimensions of hsdp's 2-D mesh
 
 
@@ -137,27 +144,59 @@ def shard(
     """Shard ``model`` in place over the mesh of ``shape`` (:func:`mesh_shape`; None: every
     rank of the default process group, 1-D): each block, then the root. ``bf16``: compute in
     bfloat16 and reduce gradients in float32. ``why``: the setting, for the messages."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     ranks = mesh(device, shape or (torch.distributed.get_world_size(),))
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
     )
+    if bf16:  # float32 weights beside float32 running statistics; bf16 in and out
+        full = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                    cast_forward_inputs=False)  # fmt: skip
+        for norm in batch_norms(model):
+            fully_shard(norm, mesh=ranks, mp_policy=full)
     for block in blocks(model, why):
-        fully_shard(block, mesh=ranks, mp_policy=policy)
+        if not isinstance(block, FSDPModule):  # (a BatchNorm block: sharded above)
+            fully_shard(block, mesh=ranks, mp_policy=policy)
     fully_shard(model, mesh=ranks, mp_policy=policy)
     return model
+
+
+def batch_norms(model: nn.Module) -> list[nn.Module]:
+    """The BatchNorm layers of ``model`` that keep running statistics."""
+    norm = nn.modules.batchnorm._BatchNorm
+    return [m for m in model.modules() if isinstance(m, norm) and m.track_running_stats]
+
+
+@contextlib.contextmanager
+def _statistics_counted_once(block: nn.Module) -> Iterator[None]:
+    """(Around the recomputed forward of a checkpointed block) its BatchNorm layers' running
+    statistics as they were before: the forward counted the batch into them already."""
+    kept = [(norm, [b.clone() for b in _statistics(norm)]) for norm in batch_norms(block)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for norm, before in kept:
+                for buffer, value in zip(_statistics(norm), before, strict=True):
+                    buffer.copy_(value)
+
+
+def _statistics(norm: nn.Module) -> list[torch.Tensor]:
+    return [norm.running_mean, norm.running_var, norm.num_batches_tracked]
 
 
 def checkpoint_activations(model: nn.Module) -> nn.Module:
     """Recompute each block's activations (:func:`blocks`) in the backward instead of keeping
     them (non-reentrant ``torch.utils.checkpoint``, applied in place by the composable
-    ``checkpoint``: parameter names and state dicts stay as they were). Before sharding or DDP.
+    ``checkpoint``: parameter names and state dicts stay as they were; a BatchNorm layer counts
+    each batch once). Before sharding or DDP.
     """
     from torch.distributed._composable import checkpoint
 
     for block in blocks(model, why="train.activation_checkpointing"):
-        checkpoint(block)
+        checkpoint(block, context_fn=lambda b=block: (contextlib.nullcontext(),
+                                                      _statistics_counted_once(b)))  # fmt: skip
     return model
 
 

@@ -282,7 +282,15 @@ def resolve(cfg: dict[str, Any], gpus: bool) -> dict[str, Any]:
     """
     cfg = validate(json.loads(json.dumps(cfg)))
     ws = world_size(cfg)
-    cfg["train"] = presets.resolve(cfg["train"], ws, gpus)
+    strategy = cfg["launch"]["strategy"]
+    if cfg["train"].get("channels_last") and strategy in presets.SHARDED:
+        raise ConfigError(
+            f"train.channels_last: true with launch.strategy {strategy}: FSDP2 shards only "
+            "contiguous parameters, and channels_last makes a convolution's weights "
+            "non-contiguous; set train.channels_last: false (or leave it null: the preset's "
+            "value is then left out), or use launch.strategy: ddp"
+        )
+    cfg["train"] = presets.resolve(cfg["train"], ws, gpus, strategy)
     if layout.kind(cfg) == "task":
         cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])
     if cfg["train"]["batch_size"] % ws:

@@ -71,6 +71,9 @@ TASK_ARGS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 REFERENCE_BATCH_PER_RANK = 64
+# The strategies whose model FSDP2 shards (ddppipe.parallel.fsdp). FSDP2 shards contiguous
+# parameters only: a sharded model never takes its preset's channels_last.
+SHARDED = ("fsdp", "hsdp")
 
 
 def chosen(name: str, gpus: bool) -> str:
@@ -78,14 +81,18 @@ def chosen(name: str, gpus: bool) -> str:
     return GPU_VERSION.get(name, name) if gpus else name
 
 
-def resolve(train: dict[str, Any], world_size: int, gpus: bool) -> dict[str, Any]:
+def resolve(train: dict[str, Any], world_size: int, gpus: bool,
+            strategy: str = "ddp") -> dict[str, Any]:  # fmt: skip
     """The train section with its preset chosen for the device (``gpus``: the run trains on
-    GPUs) and every recipe key filled from it."""
+    GPUs) and every recipe key filled from it (``channels_last`` not under a sharded
+    ``strategy``: :data:`SHARDED`)."""
     resolved = {**train, "preset": chosen(train["preset"], gpus)}
     preset = PRESETS[resolved["preset"]]
     for key in RECIPE_KEYS:
         if resolved.get(key) is None:
             resolved[key] = preset[key]
+    if train.get("channels_last") is None and strategy in SHARDED:
+        resolved["channels_last"] = False
     if resolved["batch_size"] is None:
         resolved["batch_size"] = REFERENCE_BATCH_PER_RANK * world_size
     return resolved

@@ -9,12 +9,16 @@ import torch
 from ddppipe.settings import run_spec
 
 
-def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
+def optimizer_kernels(name: str, device: torch.device, sharded: bool = False) -> dict[str, bool]:
     """Fused optimizer kernels where they exist for ``name`` on ``device``.
 
     AdamW and SGD have fused kernels on GPUs and CPUs (one pass over all parameters); Adadelta
     has none, and its multi-tensor (foreach) version is slower on CPU than the default loop.
+    ``sharded``: the parameters are FSDP2's DTensors, for which fused SGD has no sharding
+    strategy (fused AdamW has one): SGD then takes its multi-tensor (foreach) kernels.
     """
+    if name == "sgd" and sharded:
+        return {"foreach": True}
     if name in ("adamw", "sgd"):
         return {"fused": True}
     if name == "adadelta" and device.type == "cuda":
@@ -23,11 +27,12 @@ def optimizer_kernels(name: str, device: torch.device) -> dict[str, bool]:
 
 
 def make_optimizer(
-    params: Any, train: run_spec.Train, device: torch.device
+    params: Any, train: run_spec.Train, device: torch.device, sharded: bool = False
 ) -> torch.optim.Optimizer:
-    """The recipe's optimizer (``train.optimizer``), for tasks without ``optimizer()``."""
+    """The recipe's optimizer (``train.optimizer``), for tasks without ``optimizer()``;
+    ``sharded``: of a model FSDP2 sharded (:func:`optimizer_kernels`)."""
     name, lr, wd = train.optimizer, train.lr, train.weight_decay
-    kernels = optimizer_kernels(name, device)
+    kernels = optimizer_kernels(name, device, sharded)
     if name == "adadelta":
         return torch.optim.Adadelta(params, lr=lr, weight_decay=wd, **kernels)
     if name == "adamw":

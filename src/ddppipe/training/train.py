@@ -119,7 +119,9 @@ class Trainer:
         if self.task.has("optimizer"):
             self.optimizer = self.task.call("optimizer", self.net.parameters(), args)
         else:
-            self.optimizer = optim.make_optimizer(self.net.parameters(), self.recipe, ctx.device)
+            self.optimizer = optim.make_optimizer(
+                self.net.parameters(), self.recipe, ctx.device, self.sharded
+            )
         self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
         self.meter.watch_memory(ctx.device, model, self.optimizer)
         # Sharded checkpoints, saved in the background: their collectives have a group of

@@ -40,6 +40,7 @@ onstart:
     keep_going_past_failed_trials()  # a sweep: a failed trial does not stop the others
     start_warm_ranks()  # local sweeps and studies: ranks forked warm (ddppipe.launching.warm)
     start_jobs_beside_trainings()  # zero-thread rules while trainings hold every core
+    start_trials_in_order()  # a sweep: its trials start in its order
 
 
 onsuccess:

@@ -26,11 +26,17 @@ from tests.workflow_helpers import snakemake
 TASK = REPO / "tests" / "data" / "blobs.py"
 
 
-def jobs(result: subprocess.CompletedProcess, rule: str) -> list[str]:
-    """The ``run`` wildcard of every ``rule`` job a snakemake call started (its log)."""
+def started(result: subprocess.CompletedProcess, rule: str) -> list[str]:
+    """The ``run`` wildcard of every ``rule`` job a snakemake call started, in the order it
+    started them (its log)."""
     log = result.stdout + result.stderr
     blocks = re.findall(rf"^(?:local)?rule {rule}:\n((?:[ \t]+.*\n)+)", log, re.M)
-    return sorted(m[1] for b in blocks if (m := re.search(r"wildcards: run=(\S+)", b)))
+    return [m[1] for b in blocks if (m := re.search(r"wildcards: run=(\S+)", b))]
+
+
+def jobs(result: subprocess.CompletedProcess, rule: str) -> list[str]:
+    """The ``run`` wildcard of every ``rule`` job a snakemake call started, sorted."""
+    return sorted(started(result, rule))
 
 
 def sweep_config(**sweep: Any) -> dict[str, Any]:
@@ -149,6 +155,31 @@ def test_each_trial_is_a_run_that_names_its_sweep(grid: dict, workdir: Path) -> 
     assert "Invalid value for environment variable" not in output
 
 
+# -- a grid's trials in its order ----------------------------------------------------------
+
+ORDERED = {
+    "name": "ordered", "max_parallel": 1,
+    "parameters": {"task_args.hidden": [8, 4], "train.lr": [0.05, 1e-05, 0.2]},
+}  # fmt: skip
+# (hidden first, varying slowest: the config file is written with sorted keys; the configs
+# of lr 1e-05 are the longest, and Snakemake's selectors ranked ready jobs by input size)
+
+
+@pytest.fixture(scope="module")
+def ordered(workdir: Path) -> subprocess.CompletedProcess:
+    """The 6-trial grid, one trial at a time; only its trainings (--until train: cheap)."""
+    return sweep(workdir, sweep_config(**ORDERED), "--until", "train")
+
+
+def test_a_grid_trains_its_trials_in_their_order(
+    ordered: subprocess.CompletedProcess, workdir: Path
+) -> None:
+    assert ordered.returncode == 0, ordered.stderr[-3000:]
+    listed = [f"hidden={h}+lr={lr!r}" for h in (8, 4) for lr in (0.05, 1e-05, 0.2)]
+    starts = [attempt(workdir, name, "ordered")["start"] for name in listed]
+    assert starts == sorted(starts), dict(zip(listed, starts, strict=True))
+
+
 # -- random and TPE ---------------------------------------------------------------------
 
 RANDOM = {
@@ -195,9 +226,9 @@ def tpe_sweep(workdir: Path) -> dict[str, subprocess.CompletedProcess]:
     return {"run": sweep(workdir, cfg), "again": sweep(workdir, cfg)}
 
 
-def attempt(workdir: Path, name: str) -> dict[str, Any]:
-    """The one attempt of the trial ``name`` of the tpe sweep (its start and end times)."""
-    path = workdir / "results/sweeps/tpe" / name / "train/attempts.json"
+def attempt(workdir: Path, name: str, sweep: str = "tpe") -> dict[str, Any]:
+    """The one attempt of the trial ``name`` of ``sweep`` (its start and end times)."""
+    path = workdir / "results/sweeps" / sweep / name / "train/attempts.json"
     (found,) = json.loads(path.read_text())
     return found
 
@@ -215,6 +246,8 @@ def test_a_tpe_sweep_suggests_a_trial_when_a_slot_frees(tpe_sweep: dict, workdir
     assert len(set(names)) == 3 and evaluated(workdir, "tpe") == set(names)
     assert [t["values"]["task_args.pause_s"] for t in docs[0]["trials"]] == [1.0, 0.0]
     slow, quick, third = (attempt(workdir, n) for n in names)
+    # the trainings started in the order suggested (the first two together: Snakemake's log)
+    assert started(tpe_sweep["run"], "train") == [f"sweeps/tpe/{n}" for n in names]
     # round 0's two trials trained side by side (max_parallel 2), not one after the other
     assert max(slow["start"], quick["start"]) < quick["end"] < slow["end"], names
     # round 1 was suggested once the quick trial had ended (told to the study), and its trial

@@ -3,12 +3,13 @@ default), three ``snakemake --profile profiles/slurm`` calls side by side:
 
 - ``sweep`` over two keys (trial names ``lr=0.05+batch_size=64``, which the plugin hands to the
   job's own Snakemake intact), with ``max_parallel`` and pruning, of the digits task. One good
-  learning rate and two that cannot learn, ``max_parallel: 2`` of them at once while the
-  cluster has room for four one-CPU jobs: squeue never shows more than two of its training
-  jobs. The sweep's journal holds one trial finished before (as its training records it, with
-  known accuracies), so which trial is pruned does not hang on which job SLURM ends first:
-  each hopeless trial is below the median at epoch 1 and is pruned there (its job ends), the
-  good one is above it at every epoch and completes.
+  learning rate listed first and five that cannot learn, ``max_parallel: 1`` while the
+  cluster has room for four one-CPU jobs: squeue never shows more than one of its training
+  jobs, and they train in the grid's order (the good one first, as listed). The sweep's
+  journal holds one trial finished before (as its training records it, with known
+  accuracies), so which trial is pruned does not hang on which job SLURM ends first: each
+  hopeless trial is below the median at epoch 1 and is pruned there (its job ends), the good
+  one is above it at every epoch and completes.
 - ``scaling``, the scaling study (docs/training.md), on one node and on both.
 - ``sweep`` of a task file that the nodes do not see (its folder hidden on them by a bind
   mount in their mount namespaces): every job fails in its own Snakemake before training;
@@ -43,8 +44,8 @@ from tests.tiny import REPO, default_config
 
 pytestmark = pytest.mark.slurm
 
-SWEEP, GOOD, BAD = "lr", 0.05, (1e-5, 2e-5)
-EPOCHS, MAX_PARALLEL, BATCH = 3, 2, 64
+SWEEP, GOOD, BAD = "lr", 0.05, (1e-5, 2e-5, 5e-6, 1.5e-5, 1e-6)  # (in no sorted order)
+EPOCHS, MAX_PARALLEL, BATCH = 3, 1, 64
 FINISHED = {1: 0.5, 2: 0.6, 3: 0.7}  # a trial finished before: its accuracy at each epoch
 HIDDEN_TASK = (
     "tasks/digits_copy.py"  # the early-failure sweep's task: its folder hidden on the nodes
@@ -186,6 +187,10 @@ def trial_dir(workdir: Path, lr: float) -> Path:
     return workdir / "results" / "sweeps" / SWEEP / trial_name(lr)
 
 
+def attempts(workdir: Path, lr: float) -> list[dict[str, Any]]:
+    return json.loads((trial_dir(workdir, lr) / "train" / "attempts.json").read_text())
+
+
 def evaluation(workdir: Path, lr: float) -> dict[str, Any]:
     return json.loads((trial_dir(workdir, lr) / "eval" / "metrics.json").read_text())
 
@@ -195,6 +200,14 @@ def test_no_more_than_max_parallel_training_jobs_at_once(sweep: dict) -> None:
     assert queue.most == MAX_PARALLEL, (queue.most, queue.seen)
     jobs = train_job_ids(subprocess.CompletedProcess([], 0, "", sweep["text"]))
     assert len(jobs) == 1 + len(BAD) == len(queue.seen), (jobs, queue.seen)
+
+
+def test_the_trials_train_in_the_grids_order(sweep: dict) -> None:
+    """The order listed, the good trial first (Snakemake picked the one whose config file is
+    longest: lr 1e-05 first, and nothing could be pruned before the good one)."""
+    listed = [GOOD, *BAD]
+    starts = [attempts(sweep["workdir"], lr)[0]["start"] for lr in listed]
+    assert starts == sorted(starts), dict(zip(listed, starts, strict=True))
 
 
 def test_hopeless_trials_are_pruned_at_epoch_1_and_the_good_one_completes(sweep: dict) -> None:

@@ -24,6 +24,7 @@ from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.launching import warm as ddp_warm
 from ddppipe.launching import beside as ddp_beside
+from ddppipe.launching import in_order as ddp_in_order
 from ddppipe.packing import allocation as ddp_allocation
 from ddppipe.packing import pool as ddp_pool
 from ddppipe.settings import run_spec as ddp_run_spec
@@ -414,7 +415,7 @@ def packed_prefix(run):
     layout = ddp_layout.RunLayout(run)
     return (
         f"ddppipe pack-trial --pool {shlex.quote(str(SWEEP.layout.pack))}"
-        f" --config {shlex.quote(str(layout.config))} -- "
+        f" --config {shlex.quote(str(layout.config))} --order {trial_place(run)} -- "
     )
 
 
@@ -515,6 +516,42 @@ def trial_slot(wildcards):
         SWEEP is not None
         and wildcards.run.startswith(ddp_sweep.run_name(SWEEP.name, ""))
     )
+
+
+def trial_place(run):
+    """The place of the sweep's trial ``run`` (0: the first; a grid's values in their order,
+    the first key varying slowest, random and tpe trials in the order drawn); None for a run
+    that is no trial of the sweep."""
+    if SWEEP is None or not run.startswith(ddp_sweep.run_name(SWEEP.name, "")):
+        return None
+    return RUNS.place(run)
+
+
+def trial_priority(wildcards):
+    """Rule train's priority: a trial's, the earlier in the sweep the higher (Snakemake
+    starts the ready jobs of the highest first); 0 for any other run."""
+    place = trial_place(wildcards.run)
+    if place is None:
+        return 0
+    return ddp_in_order.priority(place, max(len(RUNS.trials), SWEEP.trials))
+
+
+def trial_order(job):
+    """A trial's training job: its place in the sweep; None for any other job."""
+    if job.name not in ("train", "train_packed"):
+        return None
+    return trial_place(job.wildcards_dict["run"])
+
+
+def start_trials_in_order():
+    """A sweep's trials start in its order, locally and on SLURM, packed or not
+    (ddppipe.launching.in_order): Snakemake picks among ready jobs in no promised order.
+    """
+    if SWEEP is None:
+        return
+    from snakemake.scheduling.job_scheduler import JobScheduler
+
+    ddp_in_order.install(JobScheduler, trial_order)
 
 
 def trial_files(path):

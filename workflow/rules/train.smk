@@ -26,6 +26,8 @@ rule train:
         RUN_LAYOUT.benchmark("train")
     wildcard_constraints:
         run=UNPACKED_RUN,  # a packed sweep's trials: rule train_packed
+    # a sweep's trials start in its order (start_trials_in_order, rules/common.smk)
+    priority: trial_priority
     threads: lambda wc: ddp_launch.job_threads(RUNS.spec(wc.run))
     resources:
         **ddp_slurm_request.train_resources(RUNS),  # ddppipe.slurm.request.Request, per run

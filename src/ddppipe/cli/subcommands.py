@@ -154,6 +154,7 @@ COMMANDS: tuple[Command, ...] = (
         "ddppipe.packing.commands:pack_trial",
         arg("--pool", type=Path, required=True, help="the sweep's pool folder"),
         arg("--config", help="the trial's resolved config", **RESOLVED),
+        arg("--order", type=int, default=0, help="the trial's place in the sweep (0: first)"),
         arg("launch", nargs=argparse.REMAINDER, help="-- and the trial's launch command"),
     ),
     command(

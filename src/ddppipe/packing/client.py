@@ -22,13 +22,14 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 
 
-def run(pool_root: Path, config_path: Path, command: list[str]) -> int:
-    """Train the trial of ``config_path`` (its launch ``command``) in the pool's allocations."""
+def run(pool_root: Path, config_path: Path, command: list[str], order: int = 0) -> int:
+    """Train the trial of ``config_path`` (its launch ``command``; its place in the sweep
+    ``order``: the waiting trials start in it) in the pool's allocations."""
     spec = run_spec.load(config_path)
     held = allocations.Allocation.of(spec)
     pool = Pool(pool_root)
     workdir = os.getcwd()
-    ticket = tickets.of_launch(spec.run, spec.kind, held.trial.nodes, 0, command)
+    ticket = tickets.of_launch(spec.run, spec.kind, held.trial.nodes, order, command)
     if pool.put(ticket):
         log.info("%s waits for a slot of the sweep's allocations (%s)", spec.run, pool.root)
     else:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def pack_trial(pool: Path, config_path: Path, launch: list[str]) -> int:
-    """``ddppipe pack-trial``: train a trial in the sweep's held allocations; its status."""
+def pack_trial(pool: Path, config_path: Path, order: int, launch: list[str]) -> int:
+    """``ddppipe pack-trial``: train a trial in the sweep's held allocations (the waiting
+    trials start in their ``order``); its status."""
     from ddppipe.packing import client
 
-    return client.run(pool, config_path, launch[1:] if launch[:1] == ["--"] else launch)
+    return client.run(pool, config_path, launch[1:] if launch[:1] == ["--"] else launch, order)
 
 
 def pack_worker(pool: Path, slots: int, signal_seconds: int, stop_signal: str, nproc: int,

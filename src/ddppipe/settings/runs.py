@@ -34,17 +34,24 @@ class Runs:
         self.scaling = scaling.study(cfg)  # the scaling study: a grid sweep of its own
         self._scaling = {t.run: t for t in sweeps.trials(self.scaling)}
         self._trials: dict[str, sweeps.Trial] = {}
+        self._places: dict[str, int] = {}
         self.refresh()
 
     def refresh(self) -> None:
         """Read the sweep's trials again (a model-based method's rounds add trials)."""
         if self.sweep is not None:
             self._trials = {t.run: t for t in sweeps.trials(self.sweep)}
+            self._places = {run: i for i, run in enumerate(self._trials)}
 
     @property
     def trials(self) -> list[sweeps.Trial]:
         """The sweep's trials known now (none without a sweep)."""
         return list(self._trials.values())
+
+    def place(self, run: str) -> int | None:
+        """The place of the trial ``run`` in the sweep (0: the first; a grid's in the order of
+        its values, random draws and suggestions in theirs); None for a run that is no trial."""
+        return self._places.get(run)
 
     def scaling_runs(self) -> list[str]:
         """The scaling study's trials (``sweeps/scaling/<trial>``)."""

@@ -125,3 +125,19 @@ def test_a_process_peak_and_its_file_backed_part() -> None:
     assert abs(peak - rusage_mb) < 16, (peak, rusage_mb)
     assert 1.0 < files < peak  # python's own libraries at least
     assert efficiency.process_memory("0") == (0.0, 0.0)  # no such process
+
+
+def test_the_gemm_peak_fits_its_measuring_time_on_any_cpu() -> None:
+    """The preflight measures every rank's GEMM peak within its 90 s step: on a CPU without
+    native bf16 (AVX2 only) one 2048-square bf16 product took about a minute a rank (four
+    ranks on two cores: the step timed out); a smaller product measures it instead."""
+    import time
+
+    import torch
+
+    from ddppipe.training import peak
+
+    for precision in ("fp32", "bf16"):
+        started = time.perf_counter()
+        assert peak.gemm_gflops(torch.device("cpu"), precision) > 0
+        assert time.perf_counter() - started < 5.0, precision

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from ddppipe.core import rendezvous
@@ -115,3 +117,24 @@ def test_bad_values_are_clear_errors() -> None:
         envs.detect({"PMI_RANK": "2", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "0"})
     with pytest.raises(rendezvous.NodelistError, match="node list"):
         rendezvous.first_host("node[3-")
+
+
+def test_a_gpu_rank_without_its_nodes_process_count_is_a_clear_error(monkeypatch) -> None:
+    """PMI without MPI_LOCALNRANKS: local rank 1 of a GPU run cannot tell its GPU and CPUs
+    (it raised KeyError while binding its CPUs): a clear error before it picks a device."""
+    from ddppipe.parallel import distributed
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI_", "MPI_"))]:
+        monkeypatch.delenv(key)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("MPI_LOCALRANKID", "1")
+    with pytest.raises(envs.LauncherEnvError) as refused:
+        distributed.setup("gpu")
+    assert str(refused.value).startswith(
+        "pmi: the launcher of rank 1 does not say how many processes its node runs, and a GPU "
+        "rank needs that to take a GPU and CPUs of its own: set it where the launcher puts it "
+        "(pmi: MPI_LOCALNRANKS or PMI_LOCAL_SIZE;"
+    )

@@ -19,7 +19,7 @@ from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.slurm import continuation
-from ddppipe.training import heartbeat
+from ddppipe.training import allowances, heartbeat
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
 
@@ -121,7 +121,20 @@ def stuck_at(log: str) -> float:
 def test_allowance(
     setting: float | str, phase: str, slowest: float | None, expected: float
 ) -> None:
-    assert watchdog.allowance(setting, phase, slowest) == expected
+    assert allowances.allowance(setting, phase, slowest) == expected
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [("auto", 7200.0), (3, 1200.0), (600, 1200.0), (2000, 2300.0)],
+)
+def test_the_process_groups_timeout_is_above_every_allowance(
+    setting: float | str, expected: float
+) -> None:
+    """NCCL's watchdog aborts a collective at the process group's timeout, recording nothing:
+    the hang watchdog's longest allowance (data's 900 s, or hang_timeout_s above it) plus the
+    300 s it takes to name a hang comes first (it was 600 s, whatever the setting)."""
+    assert allowances.collective_timeout_s(setting) == expected
 
 
 def test_a_stack_dump_names_the_main_threads_frames(tmp_path: Path) -> None:

@@ -129,3 +129,23 @@ def test_the_image_check_runs_once_per_device_and_container(
     gpu_container_config["container"]["image"] = str(tmp_path / "other.sif")
     check(run_spec.resolve(gpu_container_config, True), recipe)
     assert len(looked) == 2 and looked[-1] == identity.info_path(tmp_path / "other.sif")
+
+
+def test_the_script_apis_info_makes_the_ranks_gpu_the_current_device(monkeypatch) -> None:
+    """Local rank 1 of a GPU script run: job.info() names cuda:1 and makes it the current
+    device (FSDP2's state, NCCL and should_stop()'s all-reduce use the current one; it was
+    cuda:0 on every rank). The GPU is a stand-in here: torch's device calls are recorded."""
+    import torch
+
+    from ddppipe.parallel import devices
+    from ddppipe.training import job
+
+    current: list[torch.device] = []
+    monkeypatch.setattr(devices, "select", lambda rank, size, use: torch.device("cuda", rank))
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    env = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "RANK": "3", "WORLD_SIZE": "4",
+           job.ENV["use"]: "gpu"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert job.info().device == "cuda:1"
+    assert current == [torch.device("cuda", 1)]

@@ -405,3 +405,20 @@ def test_a_ticket_is_the_trial_the_rule_launches(tmp_path: Path) -> None:
         r"builds: --log /tmp/elsewhere.log \(its node gives logs/sweeps/s/lr=0.1/train.log\)"
     )):  # fmt: skip
         tickets.of_launch("sweeps/s/lr=0.1", "task", 1, 0, other)
+
+
+def test_each_gpu_slot_gets_gpus_of_its_own_or_the_node_takes_no_trial() -> None:
+    """Two slots of 2-GPU trials: the allocation's four GPUs shared out, two each; with no
+    CUDA_VISIBLE_DEVICES in the worker's step (every slot would see every GPU, each trial's
+    rank 0 on cuda:0) or too few, refused, saying why."""
+    shared = worker.slots_of_node(2, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, gpus_each=2)
+    assert [s.gpus for s in shared] == [["0", "1"], ["2", "3"]]
+    assert [s.gpus for s in worker.slots_of_node(2, {"CUDA_VISIBLE_DEVICES": "0,1"})] == [[], []]
+    with pytest.raises(PackError) as refused:
+        worker.slots_of_node(2, {}, gpus_each=2)
+    assert str(refused.value).startswith(
+        "2 slot(s) of 2 GPU(s) each need 4 GPUs of the allocation, and its step shows 0 "
+        "(CUDA_VISIBLE_DEVICES=unset): the trials would share GPUs."
+    )
+    with pytest.raises(PackError, match=r"shows 3 \(CUDA_VISIBLE_DEVICES='0,1,2'\)"):
+        worker.slots_of_node(2, {"CUDA_VISIBLE_DEVICES": "0,1,2"}, gpus_each=2)

@@ -8,7 +8,9 @@ here, as a user sharing a project folder with everyone might)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -296,3 +298,57 @@ def test_a_socket_folder_others_may_enter_is_refused(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert f"the warm server's socket folder {folder} (drwxrwxrwx) is not private" in done.stderr
     assert not (folder / "w.sock").exists()
+
+
+# -- a server whose kept datasets touched CUDA ------------------------------------------------
+
+# MNIST whose datasets() asks the CUDA driver (pinned memory, torch.cuda.is_available() do):
+# here a stand-in library of the driver's name, mapped as the driver's would be.
+CUDA_TASK = '''
+"""MNIST, its datasets loaded after a call into the CUDA driver."""
+import ctypes
+import os
+
+from ddppipe.tasks.mnist import ARGS_SCHEMA, datasets as mnist_datasets, model, prepare  # noqa
+
+
+def datasets(data_dir, args):
+    ctypes.CDLL(os.environ["STAND_IN_DRIVER"])
+    return mnist_datasets(data_dir, args)
+'''
+
+
+def test_a_server_whose_kept_datasets_touched_cuda_forks_no_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server checks for CUDA after each dataset it keeps (torch.cuda.is_initialized()
+    says nothing of a driver asked directly): from then on each rank starts cold, and the
+    launcher's log says why."""
+    from tests.tiny import make_tiny
+
+    tiny = make_tiny(tmp_path / "tiny", n_train=64, n_test=32)
+    driver = tmp_path / "driver" / "libcuda.so.1"
+    driver.parent.mkdir()
+    shutil.copy("/lib/x86_64-linux-gnu/libm.so.6", driver)
+    (tmp_path / "cuda_task.py").write_text(CUDA_TASK)
+    (tmp_path / "probe.py").write_text(PROBE)
+    monkeypatch.setenv("STAND_IN_DRIVER", str(driver))
+    path = warm.local_socket(f"ddppipe-warm-cuda-{os.getpid()}.sock")
+    data = [{"task": str(tmp_path / "cuda_task.py"), "data_dir": str(tiny.data_dir), "args": {}}]
+    server = warm.start(path, tmp_path / "server.log", data)
+    try:
+        log = tmp_path / "server.log"
+        deadline = time.monotonic() + 120
+        while "every rank starts cold" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        env = {**os.environ, warm.SOCKET_ENV: str(path), warm.SERVER_ENV: str(server.pid),
+               "PROBE_OUT": str(tmp_path), "RANK": "0"}  # fmt: skip
+        command = [sys.executable, "-m", "ddppipe.training.run_script", str(tmp_path / "probe.py")]
+        with caplog.at_level(logging.WARNING, logger="ddppipe.launching.warm"):
+            assert warm.spawn(command, env) is None  # started cold by its launcher
+        assert "the warm server refused the rank: loading the datasets of " in caplog.text
+        assert "cuda_task.py touched CUDA" in caplog.text and "the rank starts cold" in caplog.text
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

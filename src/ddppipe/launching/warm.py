@@ -5,8 +5,10 @@ several start together) and DDP's own imports before its first step; a sweep pai
 every trial. The server (``ddppipe warm-server``) imports them once and forks a rank per
 request: the rank starts in milliseconds, with nothing of another trial in it (a fresh process
 per rank: its memory, threads and devices are its own). The server runs no torch operation and
-never touches CUDA, so forking it is safe; it ignores the stop signals, so a rank forked from
-it never dies of one before its own handler is in place.
+never touches CUDA, so forking it is safe (should a task's datasets, which it loads and keeps
+for the ranks, touch CUDA, it forks no rank after: each starts cold, its launcher saying
+why); it ignores the stop signals, so a rank forked from it never dies of one before its own
+handler is in place.
 
 A launcher uses it when :data:`SOCKET_ENV` names a live server on this machine and the rank's
 command is ``python -m MODULE ...`` of the server's own interpreter, MODULE one of
@@ -88,6 +90,8 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
         _DEFAULT_THREADS = sys.modules["torch"].get_num_threads()
         sys.modules["torch"].set_num_threads(1)
     _check_no_cuda()
+    driver_at_start = _driver_loaded()
+    cold: str | None = None  # why every rank starts cold (the server touched CUDA)
     pending = list(data or [])
     parent = os.getppid()
     stop = False
@@ -107,7 +111,7 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
             readable, _, _ = select.select([listener, *watched], [], [], _POLL_S)
             for conn in readable:
                 if conn is listener:
-                    _accept(listener, ranks)
+                    _accept(listener, ranks, cold)
                 else:  # a launcher closed its connection (it died): end its rank
                     pid = next(p for p, c in ranks.items() if c is conn)
                     orphans.add(pid)
@@ -116,7 +120,13 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
             _reap(ranks)
             orphans &= ranks.keys()
             if pending and not readable:
+                kept = pending[0]
                 pending = _keep_data(pending)
+                if cold is None and cuda_touched(driver_at_start):
+                    cold = (f"loading the datasets of {kept.get('task')} touched CUDA (pinned "
+                            "memory, or torch.cuda asked): a rank forked from it could not "
+                            "use CUDA")  # fmt: skip
+                    log.warning("warm server: %s; every rank starts cold", cold)
     finally:
         listener.close()
         _remove(path)
@@ -148,6 +158,25 @@ def _check_no_cuda() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise RuntimeError("the warm server initialized CUDA: its forked ranks could not use it")
+
+
+def _driver_loaded() -> bool:
+    """Whether the CUDA driver's library is mapped into this process (it is once anything
+    initialized the driver: ``torch.cuda.is_available()``, pinned memory)."""
+    try:
+        return "/libcuda.so" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+def cuda_touched(driver_at_start: bool) -> bool:
+    """Whether this process touched CUDA since it started serving: torch initialized it, or
+    the driver's library came in (``torch.cuda.is_initialized()`` stays False when a task's
+    code asked the driver directly); ``driver_at_start``: mapped already then (imports)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return True
+    return not driver_at_start and _driver_loaded()
 
 
 def _remove(path: Path) -> None:
@@ -230,7 +259,9 @@ def refusal(request: Any) -> str | None:
     return None
 
 
-def _accept(listener: socket.socket, ranks: dict[int, socket.socket]) -> None:
+def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str | None) -> None:
+    """Fork the rank a connection asks for, or refuse it (another user's, a request of
+    another kind, or ``cold``: why no rank may be forked now, the launcher starts it)."""
     conn, _ = listener.accept()
     peer, uid = peer_uid(conn)
     if uid != os.getuid():  # before reading a byte of it
@@ -245,6 +276,7 @@ def _accept(listener: socket.socket, ranks: dict[int, socket.socket]) -> None:
         refused = refusal(request)
     except (OSError, ValueError) as e:
         refused = f"a bad request ({e})"
+    refused = refused or cold
     if refused is not None:
         log.warning("warm server: refused a request of pid %d: %s", peer, refused)
         for fd in fds:

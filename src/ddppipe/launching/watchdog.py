@@ -37,20 +37,11 @@ from typing import Any
 
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.training import heartbeat
+from ddppipe.training import allowances, heartbeat
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
-# auto: a step may take this many times the slowest step seen in the slot, and at least
-# AUTO_FLOOR_S (a file system's or the network's hiccup is no hang); until the slot's steps
-# after each phase's first are seen (compilation, cuDNN's search, data loader start-up),
-# FIRST_STEPS_S.
-AUTO_FACTOR, AUTO_FLOOR_S, FIRST_STEPS_S = 10.0, 120.0, 600.0
-# The phases that legitimately take long, each never less than a step's allowance:
-# start-up (imports, the rendezvous, the process group, the model), data (the task's
-# datasets), evaluation, checkpoints (also loading one, and the final outputs).
-PHASE_ALLOWANCE_S = {"start-up": 600.0, "data": 900.0, "evaluate": 600.0, "checkpoint": 600.0}
 DUMP_WAIT_S = 5.0  # for every rank's stack to arrive
 KILL_WAIT_S = 15.0  # for the killed step's srun to exit
 NO_WATCHDOG_NOTE = (
@@ -61,24 +52,6 @@ NO_WATCHDOG_NOTE = (
 # all-reduce in the backward): it is not where a hang started.
 WAITING_IN = ("/torch/distributed/", "/torch/nn/parallel/distributed.py", "/torch/autograd/",
               "/torch/_tensor.py")  # fmt: skip
-
-
-def step_allowance(setting: float | str, slowest_step_s: float | None) -> float:
-    """Seconds a training step may take (``launch.hang_timeout_s``: a number, or ``auto``
-    from ``slowest_step_s``, the slowest step seen in the slot, None before one)."""
-    if setting != "auto":
-        return float(setting)
-    if slowest_step_s is None:
-        return FIRST_STEPS_S
-    return max(AUTO_FLOOR_S, AUTO_FACTOR * slowest_step_s)
-
-
-def allowance(setting: float | str, phase: str, slowest_step_s: float | None) -> float:
-    """Seconds a rank in ``phase`` may go without progress."""
-    step = step_allowance(setting, slowest_step_s)
-    if phase == heartbeat.STEP:
-        return step
-    return max(step, PHASE_ALLOWANCE_S.get(phase, FIRST_STEPS_S))
 
 
 # -- stacks ------------------------------------------------------------------------------------
@@ -269,7 +242,7 @@ class Watchdog:
             if view.phase == heartbeat.DONE:
                 continue
             slowest = view.beat.slowest_step_s if view.beat else None
-            limit = allowance(self.setting, view.phase, slowest)
+            limit = allowances.allowance(self.setting, view.phase, slowest)
             since = max(view.changed_at, self.armed_at or view.changed_at)
             if now - since > limit:
                 late.append(view)

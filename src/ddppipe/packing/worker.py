@@ -31,6 +31,7 @@ from pathlib import Path
 from ddppipe.core import atomic
 from ddppipe.launching import warm
 from ddppipe.packing import tickets
+from ddppipe.packing.allocation import PackError
 from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool
 from ddppipe.packing.tickets import Ticket
@@ -78,14 +79,26 @@ def shares(items: list, parts: int) -> list[list]:
     return [items[k * size : (k + 1) * size] for k in range(parts)]
 
 
-def slots_of_node(count: int, env: dict[str, str]) -> list[Slot]:
+def slots_of_node(count: int, env: dict[str, str], gpus_each: int = 0) -> list[Slot]:
     """This node's ``count`` slots: its CPUs (this process's) and GPUs
-    (``CUDA_VISIBLE_DEVICES`` of the allocation) shared out."""
+    (``CUDA_VISIBLE_DEVICES`` of the allocation) shared out; ``gpus_each``: the GPUs a
+    trial needs (its processes on a GPU run). PackError when the node cannot give each slot
+    GPUs of its own: never two trials on one GPU."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < count:
-        raise ValueError(f"{len(cpus)} CPU(s) cannot hold {count} slots")
+        raise PackError(f"{len(cpus)} CPU(s) cannot hold {count} slots")
     visible = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
-    gpus = shares(visible, count) if visible else [[] for _ in range(count)]
+    if gpus_each and len(visible) < count * gpus_each:
+        shown = env.get("CUDA_VISIBLE_DEVICES")
+        raise PackError(
+            f"{count} slot(s) of {gpus_each} GPU(s) each need {count * gpus_each} GPUs of "
+            f"the allocation, and its step shows {len(visible)} (CUDA_VISIBLE_DEVICES="
+            f"{'unset' if shown is None else repr(shown)}): the trials would share GPUs. Ask "
+            "the allocation for them (sweep.pack with launch.device: gpu requests --gres; a "
+            "site without GPU gres cannot pack GPU trials), or use fewer "
+            "sweep.pack.trials_per_node"
+        )
+    gpus = shares(visible, count) if gpus_each else [[] for _ in range(count)]
     return [Slot(k, c, g) for k, (c, g) in enumerate(zip(shares(cpus, count), gpus, strict=True))]
 
 
@@ -134,12 +147,16 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
         env[preemption.ALLOCATION_END_ENV] = f"{end - signal_seconds:.3f} {end:.3f}"
     sock = warm.local_socket(f"ddppipe-warm-{job}-{node}.sock")
     server = warm.start(sock, pool.allocations / "nodes" / f"{job}-{node}.warm.log")
-    own = slots_of_node(slots, env)
+    try:
+        own = slots_of_node(slots, env, check[0] if check and check[1] == "gpu" else 0)
+        problems = []
+    except PackError as e:
+        own, problems = [], [str(e)]
     started = time.time()
     record = {"job": job, "node": node, "slots": slots, "started": started,
               "cpus": len(os.sched_getaffinity(0)),
               "gpus": sum(len(s.gpus) for s in own)}  # fmt: skip
-    problems = preflight(slots, *check) if check else []
+    problems = problems or (preflight(slots, *check) if check else [])
     if problems:
         log.error("node %s failed its preflight: it takes no trial (%s)", node,
                   "; ".join(problems))  # fmt: skip

@@ -46,6 +46,14 @@ def setup(use: devices.Use, timeout_s: float = 600) -> Context:
     on the CPU.
     """
     env = environments.detect(os.environ)
+    if use == "gpu" and env.local_world_size is None:
+        raise environments.LauncherEnvError(
+            f"{env.name}: the launcher of rank {env.rank} does not say how many processes its "
+            "node runs, and a GPU rank needs that to take a GPU and CPUs of its own: set it "
+            "where the launcher puts it (pmi: MPI_LOCALNRANKS or PMI_LOCAL_SIZE; openmpi: "
+            "OMPI_COMM_WORLD_LOCAL_SIZE; slurm: SLURM_STEP_TASKS_PER_NODE with "
+            "SLURM_STEP_NODELIST; torchrun: LOCAL_WORLD_SIZE), or launch with torchrun or srun"
+        )
     device = devices.select(env.local_rank, env.local_world_size, use)
     cuda = device.type == "cuda"
     local = env.local_world_size or 1

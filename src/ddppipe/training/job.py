@@ -97,7 +97,10 @@ class Info:
 
 
 def info() -> Info:
-    """Where this process is in the run (from torchrun's environment and the launcher's)."""
+    """Where this process is in the run (from torchrun's environment and the launcher's). On a
+    GPU run it makes this rank's GPU the current device (``torch.cuda.set_device``): FSDP2's
+    state, NCCL's communicators and :func:`should_stop`'s all-reduce go to the current one,
+    cuda:0 for every rank otherwise."""
     from ddppipe.parallel import devices
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -110,6 +113,10 @@ def info() -> Info:
             "through the workflow (config key script:)"
         )
     device = devices.select(local_rank, local_size, use)  # type: ignore[arg-type]
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)
     return Info(
         rank=int(os.environ.get("RANK", "0")), local_rank=local_rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
@@ -176,6 +183,8 @@ def should_stop() -> bool:
 
         from ddppipe.parallel import distributed
 
+        if dist.get_backend() == "nccl":
+            info()  # this rank's GPU the current device: NCCL's collective runs there
         # The signal too: rank 0 notes which one stopped the run even when it reached another
         # rank first (a signal to a job's steps reaches its nodes at different times).
         tensor = torch.tensor([int(flag), signum], device=distributed.collective_device())

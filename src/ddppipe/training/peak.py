@@ -16,7 +16,10 @@ from typing import Any
 
 from ddppipe.parallel import devices
 
-GEMM_SIZE = 2048  # n of the n x n x n matmul: 17.2 GFLOP, large enough to reach the peak
+# n of the n x n x n matmul, tried in turn: the largest whose one product takes at most a
+# quarter of GEMM_SECONDS (2048: 17.2 GFLOP, large enough to reach the peak; a CPU without
+# native bf16 takes about a minute for one such product in bf16, and 0.1 s for a 256 one)
+GEMM_SIZES = (256, 512, 1024, 2048)
 GEMM_SECONDS = 0.5  # measuring time per process, after one warm-up product
 
 # Dense (no sparsity) tensor-core peaks from the vendors' datasheets, TFLOP/s per GPU; the
@@ -35,14 +38,19 @@ GPU_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 
 def gemm_gflops(device: Any, precision: str, seconds: float = GEMM_SECONDS) -> float:
-    """GFLOP/s of repeated ``GEMM_SIZE``-square matmuls in ``precision`` on ``device``."""
+    """GFLOP/s of repeated square matmuls in ``precision`` on ``device``, of the largest of
+    :data:`GEMM_SIZES` that fits the measuring time."""
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
-    b = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
-    torch.mm(a, b)  # warm-up: kernel choice, caches, frequency
-    devices.synchronize(a.device)
+    for n in GEMM_SIZES:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        started = time.perf_counter()
+        torch.mm(a, b)  # warm-up: kernel choice, caches, frequency; and this size's time
+        devices.synchronize(a.device)
+        if 8 * (time.perf_counter() - started) > seconds / 4:  # the next size would not fit
+            break
     products, started = 0, time.perf_counter()
     while True:
         for _ in range(4 if a.is_cuda else 1):
@@ -51,7 +59,7 @@ def gemm_gflops(device: Any, precision: str, seconds: float = GEMM_SECONDS) -> f
         devices.synchronize(a.device)
         elapsed = time.perf_counter() - started
         if elapsed >= seconds:
-            return 2 * GEMM_SIZE**3 * products / elapsed / 1e9
+            return 2 * n**3 * products / elapsed / 1e9
 
 
 def gpu_datasheet_gflops(name: str, precision: str) -> float | None:

@@ -31,6 +31,7 @@ from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
 from ddppipe.training import (
+    allowances,
     checkpoint,
     efficiency,
     evaluate,
@@ -560,7 +561,10 @@ class Trainer:
 def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
-    ctx = distributed.setup(use=spec.device)
+    # (above every allowance of the hang watchdog: it names a hang before torch aborts it)
+    ctx = distributed.setup(
+        spec.device, allowances.collective_timeout_s(spec.launch.hang_timeout_s)
+    )
     try:
         Trainer(spec, paths, ctx).run(guard)
     except BaseException as e:

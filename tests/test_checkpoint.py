@@ -118,3 +118,18 @@ def test_leftover_temp_files_of_checkpoints_are_removed_others_kept(tmp_path: Pa
     checkpoint.Store(tmp_path).save(snapshot(2))
     assert not leftover.exists()
     assert all(other.exists() for other in others)
+
+
+def test_a_state_dict_on_the_cpu_keeps_its_shape() -> None:
+    """The final checkpoint's state dicts are moved to the CPU (a GPU run's final.pt loads on
+    any machine without map_location): the same keys, nesting and values, detached."""
+    from ddppipe.training import checkpoint as ckpt
+
+    weight = torch.nn.Parameter(torch.ones(2, 2))
+    state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": weight * 2}},
+             "param_groups": [{"lr": 0.1, "params": [0]}], "pair": (weight, 1)}  # fmt: skip
+    moved = ckpt.on_cpu(state)
+    assert moved["param_groups"] == [{"lr": 0.1, "params": [0]}]
+    assert torch.equal(moved["state"][0]["exp_avg"], torch.full((2, 2), 2.0))
+    assert not moved["state"][0]["exp_avg"].requires_grad and moved["pair"][1] == 1
+    assert isinstance(moved["pair"], tuple) and moved["pair"][0].device.type == "cpu"

@@ -151,6 +151,11 @@ ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
         ((7, 0), ARCHS, False),  # V100: dropped by CUDA 13 builds
         ((6, 0), ARCHS, False),  # P100
         ((10, 3), [*ARCHS[:-1], "compute_90"], True),  # PTX JIT-compiles for newer GPUs
+        ((9, 0), ["sm_80", "sm_90a"], True),  # architecture-specific: H100 only (it raised)
+        ((10, 0), ["sm_90a", "sm_100a"], True),
+        ((10, 3), ["sm_90a", "sm_100a"], False),  # sm_100a runs on 10.0 alone
+        ((10, 3), ["sm_90", "sm_100f"], True),  # family-specific: later minors of 10
+        ((12, 0), ["sm_90", "sm_100f", "unknown"], False),
     ],
 )
 def test_compute_capability_against_the_torch_build(

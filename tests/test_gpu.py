@@ -18,6 +18,7 @@ import torch
 
 from ddppipe.launching import resolve
 from ddppipe.parallel import cpu_binding
+from ddppipe.parallel import software as gpu_stack
 from ddppipe.runstate import attempts
 from ddppipe.settings import config
 from ddppipe.training import efficiency
@@ -60,9 +61,12 @@ def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path) -> 
     record = gpu_run(tiny, tmp_path / "run", procs)
     assert record["training"]["backend"] == "nccl" and record["training"]["device"] == "cuda"
     software = record["software"]
-    assert software["nccl"] == software.nccl_version() and software["cuda"] == torch.version.cuda
+    assert software["nccl"] == gpu_stack.nccl_version() and software["cuda"] == torch.version.cuda
     assert software["gpus"][0] == torch.cuda.get_device_name(0) and software["driver"]
     assert config.load(tmp_path / "run" / "config.yaml")["train"]["preset"] == "gpu"
+    final = torch.load(tmp_path / "run" / "final.pt", weights_only=True)  # no map_location
+    on = {t.device.type for t in final["model"].values()}
+    assert on == {"cpu"}  # a CPU machine loads it as it is
 
 
 def test_cuda_event_clock_times_the_gpu_work_not_its_launch() -> None:

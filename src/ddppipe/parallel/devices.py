@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -206,19 +207,39 @@ def no_gpu_error(seen: Seen, why: str) -> DeviceError:
     return DeviceError(f"{seen.host}: {why}; it sees {seen.describe()}. Fix: {seen.advice()}")
 
 
+_ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([af]?)")  # sm_90, sm_100, sm_90a, sm_100f
+
+
 def _arch_supported(capability: tuple[int, int], archs: list[str]) -> bool:
-    """Whether torch's kernels (``sm_XY`` binaries, ``compute_XY`` PTX) run on ``capability``."""
-    major, minor = capability
+    """Whether torch's kernels (``sm_XY`` binaries, ``compute_XY`` PTX) run on ``capability``:
+    ``sm_XY`` on X.Y and later minors of X, ``compute_XY`` on X.Y and later; the
+    architecture-specific ``sm_XYa`` only on X.Y, the family-specific ``sm_XYf`` on X.Y and
+    later minors of X. Names of another form are skipped."""
     for arch in archs:
-        kind, _, digits = arch.partition("_")
-        if not digits[:-1].isdigit():
+        found = _ARCH.fullmatch(arch)
+        if found is None:
             continue
-        arch_cap = (int(digits[:-1]), int(digits[-1]))
-        if kind == "sm" and arch_cap[0] == major and arch_cap[1] <= minor:
-            return True
-        if kind == "compute" and arch_cap <= capability:
+        kind, major, minor, variant = found.groups()
+        arch_cap = (int(major), int(minor))
+        if variant == "a" or (kind == "compute" and variant):
+            runs = arch_cap == capability
+        elif kind == "sm":
+            runs = arch_cap[0] == capability[0] and arch_cap[1] <= capability[1]
+        else:
+            runs = arch_cap <= capability
+        if runs:
             return True
     return False
+
+
+def speed_up_cuda() -> None:
+    """Let cuDNN pick the fastest convolution algorithms and fp32 matmuls use TF32 (the
+    training's settings; the preflight's GEMM peak is measured under them too)."""
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def check_gpu(index: int, precision: str) -> str:

@@ -60,6 +60,18 @@ class Trainable:
     scheduler: Any
 
 
+def on_cpu(state: Any) -> Any:
+    """``state`` (a state dict: nested dicts, lists and tuples of tensors and values) with its
+    tensors on the CPU, detached."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {k: on_cpu(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(on_cpu(v) for v in state)
+    return state
+
+
 def snapshot(
     config_hash: str, epoch: int, step: int, states: dict[str, Any], rng: list[Any],
     history: list[dict[str, Any]], meta: dict[str, Any],

@@ -43,6 +43,8 @@ def gemm_gflops(device: Any, precision: str, seconds: float = GEMM_SECONDS) -> f
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if torch.device(device).type == "cuda":
+        devices.speed_up_cuda()  # fp32 as training computes it: TF32 (its peak, not FP32's)
     for n in GEMM_SIZES:
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)

@@ -52,13 +52,6 @@ SIGNAL_CHECK_EVERY = 10
 ALL_FINITE = 2**62  # the first non-finite step's index when there was none
 
 
-def speed_up_cuda() -> None:
-    """Let cuDNN pick the fastest convolution algorithms and fp32 matmuls use TF32."""
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-
-
 class Trainer:
     """One rank's training run."""
 
@@ -100,7 +93,7 @@ class Trainer:
         model = self.task.call("model", args).to(ctx.device, memory_format=self.memory_format)
         self.model = model
         if cuda:
-            speed_up_cuda()
+            devices.speed_up_cuda()
         self.loss_fn = evaluate.training_loss(self.task, self.recipe.label_smoothing)
         self.sharded = spec.launch.strategy in fsdp.SHARDED
         if ctx.is_main:  # on the whole model: before FSDP shards it (its forward is collective)
@@ -184,8 +177,9 @@ class Trainer:
         """Collective: the whole training state, full weights; only rank 0's is complete."""
         if self.sharded:
             weights, optimizer = sharded_checkpoint.full_state_dicts(self.model, self.optimizer)
-        else:
-            weights, optimizer = self.model.state_dict(), self.optimizer.state_dict()
+        else:  # (on the CPU: a checkpoint loads on any machine, without map_location)
+            weights = checkpoint.on_cpu(self.model.state_dict())
+            optimizer = checkpoint.on_cpu(self.optimizer.state_dict())
         states = {"model": weights, "optimizer": optimizer,
                   "scheduler": self.scheduler.state_dict()}  # fmt: skip
         return checkpoint.snapshot(self.config_hash, self.epoch, self.step, states,

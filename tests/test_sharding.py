@@ -33,3 +33,21 @@ def test_eval_range_covers_the_set() -> None:
     ranges = [sharding.eval_range(10, r, 3) for r in range(3)]
     assert ranges == [(0, 4), (4, 7), (7, 10)]
     assert sharding.eval_range(1, 1, 2) == (0, 0)
+
+
+def test_loader_workers_are_chosen_for_the_tasks_data() -> None:
+    """Tensors in memory load nothing: no worker. A dataset read item by item (files) gets
+    the CPUs beside the compute threads, and at least one worker where the threads take the
+    process's whole share (it had none: files decoded in the training's thread). A set
+    launch.loader_workers wins."""
+    from torch.utils.data import TensorDataset
+
+    from ddppipe.data import batches
+
+    tensors = batches.Tensors(torch.zeros(4, 2), torch.zeros(4))
+    files = TensorDataset(torch.zeros(4, 2))  # (read item by item, as a folder of files is)
+    assert batches.loader_workers(None, tensors, 16, 2, 2) == 0
+    assert batches.loader_workers(None, files, 16, 2, 2) == 6  # 8 CPUs each, 2 compute
+    assert batches.loader_workers(None, files, 4, 2, 2) == 1  # threads take the share
+    assert batches.loader_workers(3, tensors, 4, 2, 2) == 3
+    assert batches.loader_workers(0, files, 16, 2, 2) == 0

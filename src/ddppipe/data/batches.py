@@ -70,9 +70,18 @@ def samples(dataset: Any, n: int, device: torch.device) -> Batch:
     return x.to(device), y.to(device)
 
 
-def loader_workers(cpus: int, local_world_size: int, threads: int) -> int:
-    """DataLoader workers of a process: its share of the node's CPUs minus its compute threads."""
-    return max(0, cpus // max(local_world_size, 1) - threads)
+def loader_workers(setting: int | None, dataset: Any, cpus: int, local_world_size: int,
+                   threads: int) -> int:  # fmt: skip
+    """DataLoader workers of a process for ``dataset``: ``setting`` (``launch.loader_workers``)
+    when set; else none for tensors in memory (nothing to load), and for a dataset read item
+    by item (files decoded in ``__getitem__``) the CPUs of the process's share of the node
+    beside its compute threads, at least one: the items are read beside the training, never
+    in its thread, on CPU and GPU nodes alike."""
+    if setting is not None:
+        return setting
+    if in_memory(dataset):
+        return 0
+    return max(1, cpus // max(local_world_size, 1) - threads)
 
 
 class ShardedBatches:

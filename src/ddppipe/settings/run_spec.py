@@ -55,6 +55,7 @@ class Launch:
     cpus_per_proc: int | None
     hang_timeout_s: float | str  # seconds, or "auto" (ddppipe.launching.watchdog)
     strategy: str = "ddp"  # ddp | fsdp | hsdp (ddppipe.parallel.fsdp)
+    loader_workers: int | None = None  # None: chosen for the task's data (ddppipe.data.batches)
 
 
 @dataclass(frozen=True)

@@ -213,7 +213,8 @@ def evaluate_checkpoint(
     model.load_state_dict(snapshot["model"])
     test = task.call("datasets", data_dir, args)[1]
     cpu = torch.device("cpu")
-    workers = batches.loader_workers(system.available_cpus(), 1, torch.get_num_threads())
+    workers = batches.loader_workers(spec.launch.loader_workers, test, system.available_cpus(), 1,
+                                     torch.get_num_threads())  # fmt: skip
     feed = batches.Feed(test, cpu, workers)
     loss_fn = task.module.loss if task.has("loss") else None
     metrics_fn = task.module.metrics if task.has("metrics") else None

@@ -75,11 +75,11 @@ class Trainer:
         with self.meter.phase("data"):
             # (kept by the warm server that forked this rank, when it loaded the same data)
             train_set, test_set = kept_datasets.datasets(self.task, paths.data_dir, args)
-            workers = batches.loader_workers(
-                system.available_cpus(), ctx.local_world_size, torch.get_num_threads()
-            )
-            self.train_data = batches.Feed(train_set, ctx.device, workers)
-            self.test_data = batches.Feed(test_set, ctx.device, workers)
+            cpus, threads = system.available_cpus(), torch.get_num_threads()
+            self.train_data, self.test_data = (batches.Feed(
+                part, ctx.device, batches.loader_workers(
+                    spec.launch.loader_workers, part, cpus, ctx.local_world_size, threads),
+            ) for part in (train_set, test_set))  # fmt: skip
         if len(self.test_data) < ctx.world_size:
             raise tasks.TaskError(
                 f"task {spec.task}: {len(self.test_data)} test samples for {ctx.world_size} "

@@ -70,14 +70,17 @@ def first_waiting(
     dag: Any, failed: Collection[Any], order: Order, ready: Iterable[Any]
 ) -> int | None:
     """The place of the first trial whose training waits for a job it needs (not ready, not
-    started, and no job it needs failed); None when none waits."""
+    started, and no job it needs failed); None when none waits. The trials are looked at in
+    their order, up to the first that waits (a large sweep's DAG is not walked whole at
+    every selection)."""
     ready = set(ready) | set(dag.ready_jobs)
-    places = (
-        place for job in dag.needrun_jobs()
-        if (place := _place(order, job)) is not None and job not in ready
-        and not dag.is_running(job) and not _doomed(dag, job, failed)
-    )  # fmt: skip
-    return min(places, default=None)
+    trials = [(place, job) for job in dag.needrun_jobs()
+              if (place := _place(order, job)) is not None]  # fmt: skip
+    for place, job in sorted(trials, key=lambda trial: trial[0]):
+        if job in ready or dag.is_running(job) or _doomed(dag, job, failed):
+            continue
+        return place
+    return None
 
 
 def _doomed(dag: Any, job: Any, failed: Collection[Any]) -> bool:

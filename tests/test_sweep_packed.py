@@ -10,7 +10,9 @@ trials' ranks were forked warm; a second call has nothing to do.
 
 Side by side, on the nodes' other CPU: two packed trials that outlive their allocation (one
 minute, a slot on each node): warned before the end, both checkpoint and go on in the next
-allocation, which their train jobs submit, from the step they stopped at.
+allocation, which their train jobs submit, from the step they stopped at. Their training is
+paced (a task whose steps sleep), so it outlives one allocation and ends in a few on a fast
+machine and a slow one alike.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ddppipe.settings import layout
 from tests.slurm_fixtures import SlurmSlot
 from tests.test_slurm import _finish, _start_snakemake, logs, on_cluster
 from tests.test_sweep_slurm import Queue
-from tests.tiny import default_config
+from tests.tiny import REPO, default_config
 
 pytestmark = pytest.mark.slurm
 
@@ -36,7 +38,10 @@ SWEEP = "packed"
 LRS = [0.02, 0.05]
 NODES = [1, 2]
 TRIALS = [(lr, nodes) for lr in LRS for nodes in NODES]
-EPOCHS_LIMITED = 120
+# The paced trials: blobs (tests/data/blobs.py), 6 steps an epoch of 0.5 s each: 30 s of
+# training, against ~30 s of each allocation (warned 30 s before its one-minute end) less a
+# slot's start-up (5 s on a fast machine, 15 s on a slow and busy one).
+EPOCHS_LIMITED, PACE_S = 10, 0.5
 LIMITED_LRS = [0.05, 0.1]
 
 
@@ -54,12 +59,13 @@ def packed_config(cluster) -> dict:
 
 
 def limited_config(cluster) -> dict:
-    """Two trials that outlive their allocation: digits, 120 epochs on one CPU each, in
-    allocations of one minute (a slot on each node) whose trials are warned 48 s before the
-    end (after 12 s)."""
+    """Two trials that outlive their allocation: blobs, paced (:data:`PACE_S` a step), on one
+    CPU each, in allocations of one minute (a slot on each node) whose trials are warned 30 s
+    before the end."""
     cfg = packed_config(cluster)
-    cfg["train"].update(epochs=EPOCHS_LIMITED)
-    cfg["slurm"].update(signal_seconds=48)
+    cfg.update(task=str(REPO / "tests/data/blobs.py"), task_args={"pause_s": PACE_S})
+    cfg["train"].update(epochs=EPOCHS_LIMITED, precision="fp32", channels_last=False)
+    cfg["slurm"].update(signal_seconds=30)
     cfg["sweep"].update(name="limited", parameters={"train.lr": LIMITED_LRS})
     cfg["sweep"]["pack"].update(time_min=1)
     return cfg

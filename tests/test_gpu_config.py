@@ -149,3 +149,35 @@ def test_the_script_apis_info_makes_the_ranks_gpu_the_current_device(monkeypatch
         monkeypatch.setenv(key, value)
     assert job.info().device == "cuda:1"
     assert current == [torch.device("cuda", 1)]
+
+
+def test_the_gpu_tests_call_what_the_code_has() -> None:
+    """tests/test_gpu.py runs only on a GPU: checked here against the code, without one. Every
+    attribute it reads of a ddppipe module exists, and no local name hides such a module (its
+    provenance check called nccl_version() on the dict named like the module)."""
+    import ast
+    import importlib
+
+    tree = ast.parse((REPO / "tests" / "test_gpu.py").read_text())
+    modules = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddppipe"):
+            for alias in node.names:  # (a module's name; a function's is checked on import)
+                try:
+                    found = importlib.import_module(f"{node.module}.{alias.name}")
+                except ModuleNotFoundError:
+                    continue
+                modules[alias.asname or alias.name] = found
+    assert modules, "test_gpu.py imports no ddppipe module"
+    missing = [
+        f"{node.value.id}.{node.attr} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in modules and not hasattr(modules[node.value.id], node.attr)
+    ]  # fmt: skip
+    hidden = [
+        f"{node.id} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in modules
+    ]
+    assert (missing, hidden) == ([], [])

@@ -522,8 +522,6 @@ def trial_place(run):
     """The place of the sweep's trial ``run`` (0: the first; a grid's values in their order,
     the first key varying slowest, random and tpe trials in the order drawn); None for a run
     that is no trial of the sweep."""
-    if SWEEP is None or not run.startswith(ddp_sweep.run_name(SWEEP.name, "")):
-        return None
     return RUNS.place(run)
 
 

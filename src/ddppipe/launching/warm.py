@@ -120,10 +120,9 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
             _reap(ranks)
             orphans &= ranks.keys()
             if pending and not readable:
-                kept = pending[0]
-                pending = _keep_data(pending)
-                if cold is None and cuda_touched(driver_at_start):
-                    cold = (f"loading the datasets of {kept.get('task')} touched CUDA (pinned "
+                pending, loaded = _keep_data(pending)
+                if loaded is not None and cold is None and cuda_touched(driver_at_start):
+                    cold = (f"loading the datasets of {loaded.get('task')} touched CUDA (pinned "
                             "memory, or torch.cuda asked): a rank forked from it could not "
                             "use CUDA")  # fmt: skip
                     log.warning("warm server: %s; every rank starts cold", cold)
@@ -135,8 +134,11 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
                 os.kill(pid, signal.SIGTERM)
 
 
-def _keep_data(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Load the first of ``pending``'s datasets whose data is prepared; the rest."""
+def _keep_data(
+    pending: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Load the first of ``pending``'s datasets whose data is prepared: the rest, and the one
+    whose task's code ran (kept, or failed to load; None: no data prepared yet)."""
     from ddppipe import tasks
     from ddppipe.tasks import kept_datasets
 
@@ -146,11 +148,11 @@ def _keep_data(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if kept_datasets.keep(task, Path(item["data_dir"]), item["args"]):
                 log.info("kept the datasets of %s (%s) for the ranks", item["task"],
                          item["data_dir"])  # fmt: skip
-                return pending[:k] + pending[k + 1 :]
+                return pending[:k] + pending[k + 1 :], item
         except Exception as e:  # a task that cannot load here: its ranks load their own
             log.warning("not keeping the datasets of %s: %s", item.get("task"), e)
-            return pending[:k] + pending[k + 1 :]
-    return pending
+            return pending[:k] + pending[k + 1 :], item
+    return pending, None
 
 
 def _check_no_cuda() -> None:

@@ -124,7 +124,7 @@ def save(snapshot: dict[str, Any], path: Path) -> None:
 def save_weights(snapshot: dict[str, Any], path: Path) -> None:
     """Write a snapshot's model weights (its ``state_dict``, on the CPU) atomically."""
     with atomic.atomic_path(path) as tmp:
-        torch.save({k: v.detach().cpu() for k, v in snapshot["model"].items()}, tmp)
+        torch.save(on_cpu(snapshot["model"]), tmp)
 
 
 def record(snapshot: dict[str, Any]) -> dict[str, Any]:

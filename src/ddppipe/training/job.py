@@ -116,7 +116,9 @@ def info() -> Info:
     if device.type == "cuda":
         import torch
 
+        global _on_own_gpu
         torch.cuda.set_device(device)
+        _on_own_gpu = True
     return Info(
         rank=int(os.environ.get("RANK", "0")), local_rank=local_rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
@@ -163,6 +165,7 @@ def shard(model: Any, bf16: bool = False) -> Any:
 
 
 _stopping = False
+_on_own_gpu = False  # info() made this rank's GPU the current device
 
 
 def should_stop() -> bool:
@@ -183,8 +186,8 @@ def should_stop() -> bool:
 
         from ddppipe.parallel import distributed
 
-        if dist.get_backend() == "nccl":
-            info()  # this rank's GPU the current device: NCCL's collective runs there
+        if dist.get_backend() == "nccl" and not _on_own_gpu:
+            info()  # this rank's GPU the current device (once): NCCL's collective runs there
         # The signal too: rank 0 notes which one stopped the run even when it reached another
         # rank first (a signal to a job's steps reaches its nodes at different times).
         tensor = torch.tensor([int(flag), signum], device=distributed.collective_device())

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from ddppipe.core import system
 from ddppipe.launching import resolve
 from ddppipe.parallel import devices
 from ddppipe.settings import config, presets
 from tests.conftest import run_cli
-from tests.tiny import REPO, TinyData, default_config, tiny_config
+from tests.tiny import REPO, TinyData, default_config, fast_cpu_precision, tiny_config
 
 
 def launch(cfg: dict[str, Any], tiny: TinyData, run_dir: Path) -> None:
@@ -54,6 +55,36 @@ def test_reference_preset_is_the_classic_recipe() -> None:
         0.7,
     )
     assert (train["epochs"], train["batch_size"], train["precision"]) == (14, 128, "fp32")
+
+
+# The flags lines of /proc/cpuinfo on three kinds of machine (shortened).
+EPYC_AVX2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
+XEON_AMX = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
+GENOA = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"
+GRACE = "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd sve sve2 i8mm bf16 svebf16\n"
+GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics\n"
+
+
+@pytest.mark.parametrize(("cpuinfo", "native"), [
+    (EPYC_AVX2, False), (XEON_AMX, True), (GENOA, True), (GRACE, True), (GRAVITON2, False),
+    (None, False),  # no /proc/cpuinfo (macOS)
+])  # fmt: skip
+def test_native_bf16_read_from_the_cpu_flags(
+    cpuinfo: str | None, native: bool, tmp_path: Path
+) -> None:
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    assert system.cpu_computes_bf16(path) is native
+
+
+def test_the_fast_preset_trains_in_fp32_on_cpus_that_emulate_bf16() -> None:
+    train = config.validate(default_config())["train"]
+    assert presets.resolve(train, 2, gpus=False, cpu_bf16=False)["precision"] == "fp32"
+    assert presets.resolve(train, 2, gpus=False, cpu_bf16=True)["precision"] == "bf16"
+    assert presets.resolve(train, 2, gpus=True, cpu_bf16=False)["precision"] == "bf16"  # GPUs
+    asked = {**train, "precision": "bf16"}  # the user's own bf16 is kept (a rank warns)
+    assert presets.resolve(asked, 2, gpus=False, cpu_bf16=False)["precision"] == "bf16"
 
 
 def recipe(train: dict[str, Any]) -> tuple:
@@ -131,7 +162,9 @@ def test_auto_on_a_machine_without_gpus_keeps_the_cpu_recipe(tmp_path: Path) -> 
     assert config.load_resolved(out)["train"]["preset"] == "fast"
 
 
-@pytest.mark.parametrize(("preset", "precision"), [("fast", "bf16"), ("reference", "fp32")])
+@pytest.mark.parametrize(
+    ("preset", "precision"), [("fast", fast_cpu_precision()), ("reference", "fp32")]
+)
 def test_preset_trains_one_epoch_with_two_processes(
     preset: str, precision: str, tiny: TinyData, tmp_path: Path
 ) -> None:

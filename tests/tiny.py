@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import gzip
 import hashlib
+import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,13 @@ def make_tiny(root: Path, n_train: int = 256, n_test: int = 128) -> TinyData:
         sha[name] = hashlib.sha256(content).hexdigest()
     manifest.write(data_dir, {"ref": "ddppipe.tasks.mnist"}, {"sha256": sha})
     return TinyData(data_dir, mirror, sha)
+
+
+def fast_cpu_precision() -> str:
+    """The fast preset's precision on this machine's CPUs: bf16 where ``lscpu`` lists a native
+    bfloat16 multiply (AVX512-BF16, AMX-BF16, Arm BF16), else fp32."""
+    flags = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    return "bf16" if re.search(r"\b(avx512_bf16|amx_bf16|bf16)\b", flags) else "fp32"
 
 
 def default_config() -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""This process's machine: the CPUs it may use, the git commit of a work tree."""
+"""This process's machine: the CPUs it may use and what they compute natively, the git commit of
+a work tree."""
 
 from __future__ import annotations
 
@@ -13,6 +14,27 @@ def available_cpus() -> int:
     if "SLURM_CPUS_ON_NODE" in os.environ:
         return int(os.environ["SLURM_CPUS_ON_NODE"])
     return len(os.sched_getaffinity(0))
+
+
+# The CPU flags of a native bfloat16 multiply: x86's AVX512-BF16 or AMX-BF16 (/proc/cpuinfo's
+# "flags"), Arm's BF16 extension ("Features"). Without them torch emulates bfloat16 in float32
+# and rounds: the MNIST CNN's bf16 step took 3.49 s against 0.42 s in fp32 (one thread, an
+# AVX2-only AMD EPYC, 2026-11-27).
+BF16_FLAGS = {"flags": {"avx512_bf16", "amx_bf16"}, "Features": {"bf16"}}
+
+
+def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this machine's CPU multiplies bfloat16 natively (:data:`BF16_FLAGS`); False
+    where ``cpuinfo`` cannot be read (no Linux): float32 is never emulated."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in BF16_FLAGS:
+            return bool(BF16_FLAGS[key.strip()] & set(value.split()))
+    return False
 
 
 def git_commit(cwd: Path | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ddppipe.core import atomic
+from ddppipe.core import atomic, system
 from ddppipe.core.errors import UserError
 from ddppipe.settings import layout, presets
 
@@ -277,7 +277,9 @@ def resolve(cfg: dict[str, Any], gpus: bool) -> dict[str, Any]:
     sets) filled in from its preset, and the device decision under ``resolved``.
 
     ``gpus``: whether the run trains on GPUs, as :func:`ddppipe.parallel.devices.trains_on_gpus`
-    decided it; it picks the preset's GPU version.
+    decided it; it picks the preset's GPU version. On CPUs, a preset's bf16 stays bf16 only
+    where this machine's CPU computes it natively (the submitting machine's: a cluster's login
+    and compute nodes are mostly of one generation; a rank on a CPU that emulates it warns).
     The typed form of the result: :class:`ddppipe.settings.run_spec.RunSpec`.
     """
     cfg = validate(json.loads(json.dumps(cfg)))
@@ -290,7 +292,7 @@ def resolve(cfg: dict[str, Any], gpus: bool) -> dict[str, Any]:
             "non-contiguous; set train.channels_last: false (or leave it null: the preset's "
             "value is then left out), or use launch.strategy: ddp"
         )
-    cfg["train"] = presets.resolve(cfg["train"], ws, gpus, strategy)
+    cfg["train"] = presets.resolve(cfg["train"], ws, gpus, strategy, system.cpu_computes_bf16())
     if layout.kind(cfg) == "task":
         cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])
     if cfg["train"]["batch_size"] % ws:

@@ -1,12 +1,17 @@
 """Training recipes. A config's ``train.preset`` fills every recipe key the user left null.
 
 ``fast`` depends on the device: a run that trains on GPUs gets the ``gpu`` recipe, and its
-resolved config says ``preset: gpu`` (the recipe it trained with).
+resolved config says ``preset: gpu`` (the recipe it trained with); on CPUs that emulate
+bfloat16 (:func:`ddppipe.core.system.cpu_computes_bf16`) a preset's bf16 becomes fp32, several
+times faster there, and the resolved config says ``precision: fp32``.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 RECIPE_KEYS = (
     "epochs",
@@ -82,15 +87,28 @@ def chosen(name: str, gpus: bool) -> str:
 
 
 def resolve(train: dict[str, Any], world_size: int, gpus: bool,
-            strategy: str = "ddp") -> dict[str, Any]:  # fmt: skip
+            strategy: str = "ddp", cpu_bf16: bool = True) -> dict[str, Any]:  # fmt: skip
     """The train section with its preset chosen for the device (``gpus``: the run trains on
     GPUs) and every recipe key filled from it (``channels_last`` not under a sharded
-    ``strategy``: :data:`SHARDED`)."""
+    ``strategy``: :data:`SHARDED`; the preset's bf16 as fp32 on CPUs that emulate it:
+    ``cpu_bf16`` False). A precision the user set is kept."""
     resolved = {**train, "preset": chosen(train["preset"], gpus)}
     preset = PRESETS[resolved["preset"]]
     for key in RECIPE_KEYS:
         if resolved.get(key) is None:
             resolved[key] = preset[key]
+    if (
+        train.get("precision") is None
+        and resolved["precision"] == "bf16"
+        and not (gpus or cpu_bf16)
+    ):
+        resolved["precision"] = "fp32"
+        log.info(
+            "train.precision fp32: the %s preset trains in bf16, which this machine's CPU only "
+            "emulates (no AVX512-BF16, AMX-BF16 or Arm BF16), several times slower than fp32; "
+            "set train.precision: bf16 to train in it anyway",
+            resolved["preset"],
+        )
     if train.get("channels_last") is None and strategy in SHARDED:
         resolved["channels_last"] = False
     if resolved["batch_size"] is None:

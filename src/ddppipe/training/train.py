@@ -71,6 +71,12 @@ class Trainer:
         if cuda:
             devices.check_gpu(ctx.device.index, self.recipe.precision)
             self.meter.watch_gpu(ctx.device)
+        elif self.dtype == torch.bfloat16 and ctx.rank == 0 and not system.cpu_computes_bf16():
+            log.warning(
+                "train.precision bf16 on a CPU that only emulates bfloat16 (no AVX512-BF16, "
+                "AMX-BF16 or Arm BF16): several times slower than fp32 (set train.precision: "
+                "fp32, or leave it null: the preset then picks fp32 on such CPUs)"
+            )
         heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
         with self.meter.phase("data"):
             # (kept by the warm server that forked this rank, when it loaded the same data)

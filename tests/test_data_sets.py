@@ -58,7 +58,9 @@ def test_the_built_in_tasks_declare_what_prepare_reads() -> None:
     src = Path(__file__).resolve().parents[1] / "src" / "ddppipe" / "tasks"
     assert prepare_args.read(src / "digits.py") == ("test_fraction", "split_seed")
     assert prepare_args.read(src / "mnist.py") == ("sha256",)
-    assert prepare_args.read(src / "imagefolder.py") == ("root", "test_fraction", "split_seed")
+    assert prepare_args.read(src / "imagefolder.py") == (
+        "root", "test_fraction", "split_seed", "pack", "image_size", "channels",
+    )  # fmt: skip
 
 
 def test_a_prepare_arg_the_schema_lacks_is_refused(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def test_imagefolder_prepare_writes_an_index(tmp_path: Path) -> None:
     assert (data / "index.json").stat().st_mtime_ns == stat.st_mtime_ns
     imagefolder.prepare(tmp_path / "again", args)
     assert (tmp_path / "again" / "index.json").read_text() == text
-    assert sorted(p.name for p in data.iterdir()) == ["index.json"]
+    assert sorted(p.name for p in data.iterdir()) == [".cache", "index.json"]  # + stat cache
 
 
 def test_imagefolder_train_test_layout(tmp_path: Path) -> None:

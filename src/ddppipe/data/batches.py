@@ -1,4 +1,5 @@
-"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader.
+"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader (of a
+dataset read item by item, or of a pack: :mod:`ddppipe.data.packed`, a batch per read).
 
 Both paths follow :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
 batch ``perm[k*B:(k+1)*B]`` of that epoch's permutation, each rank a contiguous slice of it,
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from ddppipe.data import sharding
+from ddppipe.data import packed, sharding
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -116,6 +117,8 @@ class Feed:
 
     def _loader(self, dataset: Any, **kwargs: Any) -> DataLoader:
         workers = self.workers
+        if packed.is_packed(dataset):  # a packed dataset reads and stacks a batch at once
+            kwargs["collate_fn"] = packed.as_batch
         return DataLoader(
             dataset, num_workers=workers, pin_memory=self.device.type == "cuda",
             persistent_workers=False, prefetch_factor=4 if workers else None, **kwargs,

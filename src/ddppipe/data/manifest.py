@@ -15,6 +15,9 @@ from ddppipe.core import atomic, hashing
 from ddppipe.core.errors import UserError
 
 NAME = "manifest.json"
+# A folder of the data folder where a task's prepare keeps what speeds up its next run (e.g.
+# the files' stat cache): no data, in no manifest.
+CACHE = ".cache"
 
 
 class ManifestError(RuntimeError, UserError):
@@ -25,6 +28,7 @@ def _files(data_dir: Path) -> list[Path]:
     return sorted(
         p for p in data_dir.rglob("*")
         if p.is_file() and p.name != NAME and atomic.temp_target(p.name) is None
+        and p.relative_to(data_dir).parts[0] != CACHE
     )  # fmt: skip
 
 

@@ -20,16 +20,26 @@ matches the index: Snakemake does not watch ``root``, so after changing the imag
 again (``snakemake --forcerun prepare_data``). ``model`` counts the class folders of
 ``root`` itself, so it works before ``prepare`` and always agrees with the data.
 
+``pack: true`` (:mod:`ddppipe.data.packed`): ``prepare`` also decodes every image once
+(Grayscale, Resize) into one uint8 file per split in the data folder (``train.npy``,
+``test.npy``, with their labels), and training reads batches from those, memory-mapped: one
+file opened per epoch instead of one per image, no decode per epoch, the same tensors as the
+loose images give. ``root``'s class folders are still read (the model's classes).
+
+Preparing again reads only what changed: the digests of images whose size and mtime are
+those of the last prepare are taken from its stat cache (``.cache/`` of the data folder, no
+part of the data), and the pack's rows of unchanged images are copied, not decoded again.
+
 ``task_args``: ``root`` (required), ``image_size`` (32; 8 or more), ``channels`` (3; 1 for grey),
 ``width`` (32: channels of the first convolution), ``test_fraction`` (0.2) and
-``split_seed`` (0) (both ignored with train/ and test/ folders).
+``split_seed`` (0) (both ignored with train/ and test/ folders), ``pack`` (false).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,10 +51,15 @@ from torch.utils.data import Dataset, Subset
 
 from ddppipe.core import atomic, hashing
 from ddppipe.core.errors import UserError
+from ddppipe.data import manifest, packed
 from ddppipe.tasks.split import stratified
 
+log = logging.getLogger(__name__)
+
 INDEX = "index.json"
-PREPARE_ARGS = ("root", "test_fraction", "split_seed")  # what the index depends on
+STATS = "imagefolder-stats.json"  # in the data folder's cache: each image's size, mtime, digest
+# What the data folder depends on: the index, and the pack's decoded images.
+PREPARE_ARGS = ("root", "test_fraction", "split_seed", "pack", "image_size", "channels")
 FORMAT = 1
 SPLITS = ("train", "test")
 
@@ -64,6 +79,7 @@ ARGS_SCHEMA: dict[str, Any] = {
             "default": 0.2,
         },
         "split_seed": {"type": "integer", "minimum": 0, "default": 0},
+        "pack": {"type": "boolean", "default": False},
     },
 }
 
@@ -186,6 +202,90 @@ def _digest(path: Path) -> str:
     return hashing.sha256(data)
 
 
+def _digests(root: Path, paths: list[str], cache: Path) -> tuple[list[str], int]:
+    """Every image's SHA-256 (in parallel: on a shared filesystem each is a round trip) and
+    how many were read: an image whose size and mtime are those the cache recorded keeps its
+    digest. The cache is rewritten with what was found."""
+    stats_path = cache / STATS
+    try:
+        known = json.loads(stats_path.read_text())
+    except (OSError, ValueError):
+        known = {}
+
+    def stat(rel: str) -> list[int]:
+        st = (root / rel).stat()
+        return [st.st_size, st.st_mtime_ns]
+
+    with ThreadPoolExecutor(32) as pool:
+        stats = list(pool.map(stat, paths))
+        fresh = [i for i, (rel, st) in enumerate(zip(paths, stats, strict=True))
+                 if known.get(rel, [None])[:2] != st]  # fmt: skip
+        read = dict(zip(fresh, pool.map(lambda i: _digest(root / paths[i]), fresh), strict=True))
+    digests = [read[i] if i in read else known[rel][2] for i, rel in enumerate(paths)]
+    found = {rel: [*st, d] for rel, st, d in zip(paths, stats, digests, strict=True)}
+    if found != known:
+        atomic.write_text(stats_path, json.dumps(found, separators=(",", ":")))
+    return digests, len(fresh)
+
+
+def _decoder(root: Path, paths: list[str], args: dict[str, Any]) -> Any:
+    """Row ``i`` of a pack: image ``paths[i]`` as the loose path gives it before ToTensor
+    (RGB, then Grayscale, Resize), as a (channels, size, size) uint8 array."""
+    from PIL import Image
+
+    resize = _transform(args).transforms[:-2]  # the PIL steps: Grayscale?, Resize
+
+    def decode(i: int) -> np.ndarray:
+        with Image.open(root / paths[i]) as image:
+            picture = image.convert("RGB")  # as ImageFolder's loader
+        for step in resize:
+            picture = step(picture)
+        pixels = np.asarray(picture, dtype=np.uint8)
+        return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+    return decode
+
+
+def _pack(data_dir: Path, root: Path, index: dict[str, Any], args: dict[str, Any]) -> int:
+    """Write each split's pack; return how many images were decoded (an image of the last
+    packs, same path and digest, same shape, is copied from there: its split may differ)."""
+    shape = [args["channels"], args["image_size"], args["image_size"]]
+    old_index = _read_index(data_dir)
+    where: dict[tuple[str, str], tuple[np.ndarray, int]] = {}
+    if old_index and (old_index.get("pack") or {}).get("shape") == shape:
+        for split in SPLITS:
+            old = [im for im in old_index["images"] if im["split"] == split]
+            try:
+                old_rows = packed.rows(Path(data_dir) / split)
+            except (OSError, ValueError):
+                continue
+            if old_rows.shape[0] == len(old):
+                where.update({(im["path"], im["sha256"]): (old_rows, j)
+                              for j, im in enumerate(old)})  # fmt: skip
+    # No index while the packs are rewritten: a prepare killed between them leaves none, and
+    # the next one decodes every image rather than copy rows of a half-written set.
+    (Path(data_dir) / INDEX).unlink(missing_ok=True)
+    decoded, number = 0, {name: c for c, name in enumerate(index["classes"])}
+    for split in SPLITS:
+        images = [im for im in index["images"] if im["split"] == split]
+        reuse = {i: where[key] for i, im in enumerate(images)
+                 if (key := (im["path"], im["sha256"])) in where}  # fmt: skip
+        decoded += packed.write(
+            Path(data_dir) / split, shape,
+            [number[im["class"]] for im in images],
+            _decoder(root, [im["path"] for im in images], args), reuse, workers=4,
+        )  # fmt: skip
+    return decoded
+
+
+def _read_index(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        index = json.loads((Path(data_dir) / INDEX).read_text())
+    except (OSError, ValueError):
+        return None
+    return index if index.get("format") == FORMAT else None
+
+
 def _split_args(root: Path, args: dict[str, Any]) -> dict[str, Any] | None:
     if _split_folders(root):
         return None
@@ -193,24 +293,37 @@ def _split_args(root: Path, args: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def prepare(data_dir: Path, args: dict[str, Any]) -> None:
-    """Check the layout and write ``index.json`` (atomically; untouched when unchanged)."""
+    """Check the layout and write ``index.json`` (atomically; untouched when unchanged), and
+    with ``pack`` the packs of the decoded images; only new or changed images are read."""
     root = _root(args)
     names, images = _discover(args)
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(_digest, (root / path for path, _, _ in images)))
+    cache = Path(data_dir) / manifest.CACHE
+    digests, read = _digests(root, [path for path, _, _ in images], cache)
     index = {
         "format": FORMAT,
         "classes": names,
         "split": _split_args(root, args),
         "counts": {s: sum(split == s for _, _, split in images) for s in SPLITS},
+        "pack": {"shape": [args["channels"], args["image_size"], args["image_size"]]}
+        if args["pack"] else None,
         "images": [{"path": path, "class": names[c], "split": split, "sha256": digest}
                    for (path, c, split), digest in zip(images, digests, strict=True)],
     }  # fmt: skip
     text = json.dumps(index, indent=1) + "\n"
     dest = Path(data_dir) / INDEX
-    if dest.is_file() and dest.read_text() == text:
-        return
-    atomic.write_text(dest, text)
+    decoded = 0
+    if args["pack"] and not (dest.is_file() and dest.read_text() == text and all(
+        p.is_file() for s in SPLITS for p in packed.paths(Path(data_dir) / s)
+    )):  # fmt: skip
+        decoded = _pack(Path(data_dir), root, index, args)
+    if not args["pack"]:
+        for split in SPLITS:
+            for path in packed.paths(Path(data_dir) / split):
+                path.unlink(missing_ok=True)  # an earlier pack's: no data of this index
+    log.info("%s: %d image(s), %d read (new or changed), %d decoded into packs",
+             root, len(images), read, decoded)  # fmt: skip
+    if not (dest.is_file() and dest.read_text() == text):
+        atomic.write_text(dest, text)
 
 
 def _transform(args: dict[str, Any]) -> Any:
@@ -224,6 +337,11 @@ def _transform(args: dict[str, Any]) -> Any:
         transforms.ToTensor(),
         transforms.Normalize([0.5] * channels, [0.5] * channels),
     ])  # fmt: skip
+
+
+def _normalize(pixels: torch.Tensor) -> torch.Tensor:
+    """A pack's uint8 batch as the loose path's ToTensor and Normalize give it: [-1, 1]."""
+    return pixels.to(torch.float32).div_(255).sub_(0.5).div_(0.5)
 
 
 def _differences(found: list[str], indexed: list[str]) -> str:
@@ -244,8 +362,14 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Dataset, Dataset]:
     root = _root(args)
     again = "prepare the data again (snakemake --forcerun prepare_data)"
     redo = f"{root} changed since {path} was written: {again}"
-    if index.get("format") != FORMAT or index.get("split") != _split_args(root, args):
+    shape = [args["channels"], args["image_size"], args["image_size"]] if args["pack"] else None
+    if (index.get("format") != FORMAT or index.get("split") != _split_args(root, args)
+            or (index.get("pack") or {}).get("shape") != shape):  # fmt: skip
         raise ImageFolderError(f"{path} was written for other task_args: {again}")
+    if args["pack"]:  # the decoded images, as prepared (the data manifest checked them)
+        if (names := classes(args)) != index["classes"]:
+            raise ImageFolderError(f"{redo} (its classes are now {', '.join(names)})")
+        return tuple(packed.Packed(Path(data_dir) / s, _normalize) for s in SPLITS)
     splits = _split_folders(root)
     for folder in splits.values() if splits else [root]:
         if (names := _classes(folder)) != index["classes"]:

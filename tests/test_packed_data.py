@@ -1,0 +1,174 @@
+"""A folder of images packed once (``imagefolder``'s ``pack: true``, ``ddppipe.data.packed``):
+the same tensors as the loose images, read in batches from one file, prepared again only
+for what changed, never half written; and a two-rank training that opens no image."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from ddppipe import tasks
+from ddppipe.data import batches, manifest, packed
+from ddppipe.launching import resolve
+from ddppipe.tasks import imagefolder
+from tests.conftest import run_cli
+from tests.test_tasks_builtin import write_images
+from tests.tiny import default_config
+
+IMAGEFOLDER = tasks.load("ddppipe.tasks.imagefolder")
+
+
+def args_of(root: Path, **args: Any) -> dict[str, Any]:
+    return tasks.validate_args(IMAGEFOLDER, {"root": str(root), "image_size": 8, **args})
+
+
+def prepared(caplog: pytest.LogCaptureFixture, data: Path, args: dict[str, Any]) -> str:
+    """Prepare ``data``; the task's line of what it read and decoded."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ddppipe.tasks.imagefolder"):
+        imagefolder.prepare(data, args)
+    (line,) = [r.getMessage() for r in caplog.records if "decoded into packs" in r.getMessage()]
+    return line.split(": ", 1)[1].removesuffix(" into packs")
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_pack_gives_the_tensors_the_loose_images_give(channels: int, tmp_path: Path) -> None:
+    write_images(tmp_path / "images", per_class=7)
+    loose_args = args_of(tmp_path / "images", channels=channels)
+    imagefolder.prepare(tmp_path / "loose", loose_args)
+    imagefolder.prepare(tmp_path / "packed", {**loose_args, "pack": True})
+    assert sorted(p.name for p in (tmp_path / "packed").iterdir()) == [
+        ".cache", "index.json", "test.labels.npy", "test.npy", "train.labels.npy", "train.npy",
+    ]  # fmt: skip
+    assert np.load(tmp_path / "packed" / "train.npy").shape == (18, channels, 8, 8)
+    loose = imagefolder.datasets(tmp_path / "loose", loose_args)
+    packs = imagefolder.datasets(tmp_path / "packed", {**loose_args, "pack": True})
+    for a, b in zip(loose, packs, strict=True):
+        assert len(a) == len(b) in (18, 3)  # round(7 * 0.2) = 1 test image per class
+        x_loose, y_loose = next(iter(DataLoader(a, batch_size=len(a))))
+        x_packed, y_packed = b.batch(range(len(b)))
+        assert x_packed.dtype == torch.float32 and x_packed.shape == (len(a), channels, 8, 8)
+        assert torch.equal(x_packed, x_loose) and torch.equal(y_packed, y_loose)
+    # A batch in any order: the rows are read in ascending order, returned in the batch's.
+    x, y = packs[0].batch([9, 2, 14, 2])
+    assert torch.equal(x, torch.stack([packs[0][i][0] for i in (9, 2, 14, 2)]))
+    assert y.tolist() == [packs[0][i][1].item() for i in (9, 2, 14, 2)]
+
+
+def test_a_rank_reads_a_pack_in_batches_through_its_workers(tmp_path: Path) -> None:
+    write_images(tmp_path / "images", per_class=10)
+    args = args_of(tmp_path / "images", pack=True)
+    imagefolder.prepare(tmp_path / "data", args)
+    train, _ = imagefolder.datasets(tmp_path / "data", args)
+    cpu = torch.device("cpu")
+    epoch = [(x, y) for (x, y), _ in batches.Feed(train, cpu, workers=2).epoch(3, 1, 8, 1, 2, 0)]
+    alone = [(x, y) for (x, y), _ in batches.Feed(train, cpu, workers=0).epoch(3, 1, 8, 1, 2, 0)]
+    assert [tuple(x.shape) for x, _ in epoch] == [(4, 3, 8, 8)] * 3  # 24 images, batch 8 / 2
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for a, b in zip(epoch, alone, strict=True))  # fmt: skip
+    # every image of the epoch once across both ranks (rank 1 above, rank 0 here)
+    other = [y for (_, y), _ in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
+    seen = torch.cat([y for _, y in epoch] + other)
+    assert sorted(seen.tolist()) == sorted(train.labels.tolist())
+
+
+def test_only_new_or_changed_images_are_read_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, data = tmp_path / "images", tmp_path / "data"
+    write_images(root, per_class=10)
+    args = args_of(root, pack=True)
+    assert prepared(caplog, data, args) == "30 image(s), 30 read (new or changed), 30 decoded"
+    index = (data / "index.json").stat().st_mtime_ns
+    assert prepared(caplog, data, args) == "30 image(s), 0 read (new or changed), 0 decoded"
+    assert (data / "index.json").stat().st_mtime_ns == index  # nothing rewritten
+
+    os.utime(root / "red" / "003.png", ns=(1, 1))  # touched: read, same digest, not decoded
+    assert prepared(caplog, data, args) == "30 image(s), 1 read (new or changed), 0 decoded"
+    changed = np.full((16, 16, 3), 7, dtype=np.uint8)
+    Image.fromarray(changed).save(root / "green" / "004.png")
+    assert prepared(caplog, data, args) == "30 image(s), 1 read (new or changed), 1 decoded"
+    index = json.loads((data / "index.json").read_text())
+    train = [im["path"] for im in index["images"] if im["split"] == "train"]
+    test = [im["path"] for im in index["images"] if im["split"] == "test"]
+    split, row = ("train", train.index("green/004.png")) if "green/004.png" in train else (
+        "test", test.index("green/004.png"))  # fmt: skip
+    assert (packed.rows(data / split)[row] == 7).all()  # the new image, decoded
+
+    Image.fromarray(changed).save(root / "blue" / "new.png")  # one more: the split moves
+    line = prepared(caplog, data, args)
+    assert line == "31 image(s), 1 read (new or changed), 1 decoded"
+    fresh = tmp_path / "fresh"  # the same packs as a prepare from nothing
+    imagefolder.prepare(fresh, args)
+    for name in ("train.npy", "test.npy", "train.labels.npy", "test.labels.npy", "index.json"):
+        assert (data / name).read_bytes() == (fresh / name).read_bytes(), name
+    # The stat cache is no data: the manifest leaves it out.
+    assert set(manifest.build(data, {}, {})["files"]) == {
+        "index.json", "test.labels.npy", "test.npy", "train.labels.npy", "train.npy",
+    }  # fmt: skip
+    imagefolder.prepare(data, {**args, "pack": False})  # unpacked: the packs go
+    assert sorted(p.name for p in data.iterdir()) == [".cache", "index.json"]
+
+
+def test_a_pack_interrupted_leaves_nothing_half_written(tmp_path: Path) -> None:
+    def decode(i: int) -> np.ndarray:
+        if i == 5000:
+            raise OSError("disk full")
+        return np.full((1, 2, 2), i % 256, dtype=np.uint8)
+
+    with pytest.raises(OSError, match="disk full"):
+        packed.write(tmp_path / "train", (1, 2, 2), [0] * 6000, decode)
+    assert list(tmp_path.iterdir()) == []
+    assert (
+        packed.write(tmp_path / "train", (1, 2, 2), [1] * 6000, lambda i: decode(i % 5000)) == 6000
+    )
+    assert packed.rows(tmp_path / "train")[4999].tolist() == [[[135, 135], [135, 135]]]
+
+
+def test_a_pack_of_other_settings_is_refused(tmp_path: Path) -> None:
+    write_images(tmp_path / "images", per_class=4)
+    args = args_of(tmp_path / "images", pack=True)
+    imagefolder.prepare(tmp_path / "data", args)
+    with pytest.raises(imagefolder.ImageFolderError, match="written for other task_args"):
+        imagefolder.datasets(tmp_path / "data", {**args, "image_size": 16})
+    (tmp_path / "images" / "violet").mkdir()
+    with pytest.raises(
+        imagefolder.ImageFolderError, match="classes are now blue, green, red, violet"
+    ):
+        imagefolder.datasets(tmp_path / "data", args)
+
+
+def test_two_ranks_train_on_a_pack_without_opening_an_image(tmp_path: Path) -> None:
+    """`ddppipe prepare` packs; the images are then removed (their class folders stay): two
+    ranks train and evaluate on the pack alone."""
+    root = tmp_path / "images"
+    write_images(root, per_class=16)
+    cfg = default_config()
+    cfg.update(
+        run="packed",
+        task="ddppipe.tasks.imagefolder",
+        task_args={"root": str(root), "image_size": 16, "width": 8, "pack": True},
+    )
+    cfg["train"].update(epochs=2, batch_size=8, eval_batch_size=16, precision="fp32")
+    settings = tmp_path / "data.yaml"
+    settings.write_text(json.dumps({"task": cfg["task"], "task_args": cfg["task_args"]}))
+    run_cli("prepare", f"--settings={settings}", f"--dest={tmp_path / 'data'}")
+    for image in root.glob("*/*.png"):
+        image.unlink()
+    run = tmp_path / "run"
+    resolve.write_resolved(cfg, run / "config.yaml", gpus=False)  # task_args checked
+    run_cli("launch", f"--config={run / 'config.yaml'}", f"--data={tmp_path / 'data'}",
+            f"--state={run / 'state'}", f"--checkpoint={run / 'final.pt'}",
+            f"--metrics={run / 'metrics.jsonl'}")  # fmt: skip
+    epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["epoch"], m["world_size"]) for m in epochs] == [(1, 2), (2, 2)]
+    assert epochs[-1]["test_accuracy"] > 0.5  # three colours, 36 training images

@@ -43,6 +43,17 @@ def test_idle_cpus_and_a_long_start_up() -> None:
     ]
 
 
+def test_steps_that_wait_for_their_data_are_flagged() -> None:
+    waited = attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000, data_wait_share=0.43)
+    assert waste.flags(waited, 8_000, 30, 8) == [
+        "data: the steps waited 43% of the training for their batches; read them faster: more "
+        "DataLoader workers (`launch.loader_workers`), or the data packed into one file, "
+        "decoded once (imagefolder's `pack: true`; docs/data.md)"
+    ]
+    fed = attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000, data_wait_share=0.2)
+    assert waste.flags(fed, 8_000, 30, 8) == []
+
+
 def test_a_well_used_allocation_has_no_flag() -> None:
     assert waste.flags(attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000), 8_000, 30, 8) == []
 

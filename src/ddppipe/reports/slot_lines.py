@@ -79,6 +79,11 @@ def _speed(last: dict[str, Any], attempt: dict[str, Any], held: Allocation) -> l
         lines.append(("throughput", speed))
         lines.append(("utilisation", utilisation.describe(attempt, held.precision,
                                                           held.processes)))  # fmt: skip
+    if "data_wait_share" in last:
+        lines.append(("data", (
+            f"{last['data_wait_share']:.0%} of a step waits for its batch "
+            f"({duration(last.get('data_wait_s', 0.0))} in the last slot's steady steps)"
+        )))  # fmt: skip
     if "communication_share" in last:
         lines.append(("communication", (
             f"{last['communication_share']:.0%} of a step waits for the all-reduce "

@@ -13,6 +13,7 @@ TIME_LIMIT_USED_BELOW = 0.10
 CPU_EFFICIENCY_BELOW = 0.50
 STARTUP_SHARE_ABOVE = 0.50  # of a slot's wall time
 GPU_UTILISATION_BELOW = 0.25  # NVML's mean: centres' idle-GPU threshold (Job Defense Shield)
+DATA_WAIT_SHARE_ABOVE = 0.20  # of the steady steps' time: the steps wait for their data
 MEMORY_HEADROOM = 1.25  # the request ddppipe suggests: the peak plus a quarter
 
 
@@ -47,6 +48,13 @@ def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
         found.append(
             f"GPU: the GPUs were busy {busy:.0%} of the training (NVML); feed them more work a "
             "step (`train.batch_size`), or ask for fewer GPUs (`launch.nproc_per_node`)"
+        )
+    waited = eff.get("data_wait_share")
+    if waited is not None and waited > DATA_WAIT_SHARE_ABOVE:
+        found.append(
+            f"data: the steps waited {waited:.0%} of the training for their batches; read "
+            "them faster: more DataLoader workers (`launch.loader_workers`), or the data "
+            "packed into one file, decoded once (imagefolder's `pack: true`; docs/data.md)"
         )
     startup = eff.get("startup_s", 0.0)
     if wall > 0 and startup > STARTUP_SHARE_ABOVE * wall:

@@ -56,6 +56,7 @@ class Launch:
     hang_timeout_s: float | str  # seconds, or "auto" (ddppipe.launching.watchdog)
     strategy: str = "ddp"  # ddp | fsdp | hsdp (ddppipe.parallel.fsdp)
     loader_workers: int | None = None  # None: chosen for the task's data (ddppipe.data.batches)
+    stage_data: str | None = None  # a node-local folder (ddppipe.data.staging); None: not staged
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 so that the ranks it forks start with them (copy-on-write) instead of loading the prepared
 data again.
 
-Kept by the task's source (its SHA-256), the prepared data (its manifest's digest) and the
-task's arguments: a rank whose run differs in any of them loads its own. A task whose
+Kept by the task's source (its SHA-256), the prepared data (its manifest's digest and its
+folder: a rank reading data staged on its node reads that copy) and the task's arguments: a
+rank whose run differs in any of them loads its own. A task whose
 ``datasets()`` opens files lazily keeps only what it loaded; nothing of the kept objects
 changes in the server when a rank changes its copy.
 """
@@ -26,7 +27,8 @@ def _key(task: Task, data_dir: Path, args: dict[str, Any]) -> str | None:
         digest = json.loads((Path(data_dir) / "manifest.json").read_text())["digest"]
     except (OSError, ValueError, KeyError):
         return None
-    return json.dumps([task.source.sha256, digest, args], sort_keys=True, default=str)
+    where = str(Path(data_dir).resolve())  # a rank reading staged data reads its own copy
+    return json.dumps([task.source.sha256, digest, where, args], sort_keys=True, default=str)
 
 
 def keep(task: Task, data_dir: Path, args: dict[str, Any]) -> bool:

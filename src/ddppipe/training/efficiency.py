@@ -1,7 +1,8 @@
 """What a slot of training cost and where its time went, measured by the ranks themselves.
 
 Rank 0 times the phases of its slot (start-up until the first step, data loading, training
--- on a GPU with CUDA events, :class:`Clock` --, evaluation, checkpoints), the steady-state
+-- on a GPU with CUDA events, :class:`Clock` --, evaluation, checkpoints, the steps' wait for
+their batches: :meth:`SlotMeter.fed`), the steady-state
 throughput (the first :data:`WARMUP_STEPS` steps of a slot excluded, reported apart), and the
 FLOPs of one training image (counted once with ``torch.utils.flop_counter``); every rank adds
 its CPU time and its peak memory (its node's, and its own host and GPU peaks with what its
@@ -15,14 +16,15 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
 Mark: TypeAlias = "float | torch.cuda.Event"  # a Clock's reading
+T = TypeVar("T")
 
 WARMUP_STEPS = 10  # per slot: compilation, allocator and cache warm-up
 SLOT_START_ENV = "DDPPIPE_SLOT_START"  # Unix time the launcher opened the slot
@@ -101,6 +103,20 @@ class SlotMeter:
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
+    def fed(self, batches: Iterable[T]) -> Iterator[T]:
+        """``batches``, the host's wait for each after the warm-up steps counted as the
+        phase ``data_wait`` (its share of the steady training: ``data_wait_share``)."""
+        it = iter(batches)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            if self.steps >= WARMUP_STEPS:  # a DataLoader's workers start in the warm-up
+                self.add("data_wait", time.perf_counter() - started)
+            yield item
+
     def training_started(self) -> None:
         if self.first_step_at is None:
             self.first_step_at = time.time()
@@ -153,6 +169,9 @@ class SlotMeter:
         if self.steady_seconds > 0:
             figures["images_per_s"] = self.steady_images / self.steady_seconds
             figures["images_per_s_per_process"] = figures["images_per_s"] / world_size
+        if self.steady_seconds > 0:  # the steady steps' time spent waiting for batches
+            figures["data_wait_share"] = min(1.0, self.seconds.get("data_wait", 0.0)
+                                             / self.steady_seconds)  # fmt: skip
         if self.warmup_seconds > 0:
             figures["warmup_s"] = self.warmup_seconds  # the first WARMUP_STEPS steps' training
             figures["warmup_images_per_s"] = self.warmup_images / self.warmup_seconds

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ddppipe import __version__, tasks
 from ddppipe.core import heap, jsonl, system
-from ddppipe.data import batches, manifest, sharding
+from ddppipe.data import batches, sharding, staging
 from ddppipe.parallel import devices, distributed, fsdp, software, wrapping
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
@@ -63,7 +63,12 @@ class Trainer:
         self.meter = efficiency.SlotMeter()
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
         args = run_spec.plain(spec.task_args)  # a plain dict for the task's hooks
-        self.config_hash = spec.train_hash(manifest.check(paths.data_dir)["digest"])
+        heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
+        with self.meter.phase("stage" if spec.launch.stage_data else "data"):
+            self.data_dir, found = staging.data_folder(
+                paths.data_dir, spec.launch.stage_data, lambda: heartbeat.beat("data")
+            )
+        self.config_hash = spec.train_hash(found["digest"])
         self.dtype, self.memory_format = evaluate.numerics(
             self.recipe.precision, self.recipe.channels_last
         )
@@ -77,10 +82,9 @@ class Trainer:
                 "AMX-BF16 or Arm BF16): several times slower than fp32 (set train.precision: "
                 "fp32, or leave it null: the preset then picks fp32 on such CPUs)"
             )
-        heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
         with self.meter.phase("data"):
             # (kept by the warm server that forked this rank, when it loaded the same data)
-            train_set, test_set = kept_datasets.datasets(self.task, paths.data_dir, args)
+            train_set, test_set = kept_datasets.datasets(self.task, self.data_dir, args)
             cpus, threads = system.available_cpus(), torch.get_num_threads()
             self.train_data, self.test_data = (batches.Feed(
                 part, ctx.device, batches.loader_workers(
@@ -376,7 +380,7 @@ class Trainer:
             None, 0
         )  # fmt: skip
         self.meter.training_started()
-        for step, (local, global_count) in enumerate(batches, start=first):
+        for step, (local, global_count) in enumerate(self.meter.fed(batches), start=first):
             if step % SIGNAL_CHECK_EVERY == 0 and step > first:
                 if self.tracker is not None:  # the mean loss since the last point
                     total, at = float(loss_total), self.epoch * self.steps_per_epoch + step

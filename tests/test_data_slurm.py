@@ -1,0 +1,44 @@
+"""A packed image folder on the SLURM test cluster: the DAG prepares the pack on the submitting
+machine, the two nodes each stage it once to their own folder and train from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import SlurmCluster
+from tests.test_slurm import logs, on_cluster, snakemake_slurm
+from tests.test_tasks_builtin import write_images
+from tests.tiny import default_config
+
+pytestmark = pytest.mark.slurm
+
+
+def test_a_packed_folder_is_staged_on_each_node_and_trained_from(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    root = tmp_path / "images"
+    write_images(root, per_class=16)
+    cfg = on_cluster(default_config(), slurm_cluster, nodes=2, procs=1)
+    cfg.update(run="packed2n", task="ddppipe.tasks.imagefolder",
+               task_args={"root": str(root), "image_size": 16, "width": 8, "pack": True})
+    cfg["train"].update(epochs=1, batch_size=8, eval_batch_size=16)
+    # Each node its own folder, as a node's local disk would be ($SLURMD_NODENAME: srun's).
+    cfg["launch"]["stage_data"] = str(tmp_path / "local" / "$SLURMD_NODENAME")
+    workdir = tmp_path / "wd"
+    result = snakemake_slurm(slurm_cluster, workdir, cfg)
+    assert result.returncode == 0, logs(workdir, result)
+    (data,) = (workdir / "resources").glob("imagefolder*/manifest.json")
+    digest = json.loads(data.read_text())["digest"]
+    staged = sorted((tmp_path / "local").glob(f"*/ddppipe-data-{digest}"))
+    assert [p.parent.name for p in staged] == sorted(slurm_cluster.nodes), staged
+    for folder in staged:  # the pack, checked as it was copied
+        assert (folder / "train.npy").read_bytes() == (data.parent / "train.npy").read_bytes()
+    metrics = json.loads((workdir / "results/packed2n/eval/metrics.json").read_text())
+    assert metrics["test_accuracy"] > 0.5  # three colours
+    (slot,) = json.loads((workdir / "results/packed2n/train/attempts.json").read_text())
+    assert slot["efficiency"]["stage_s"] > 0 and sorted(slot["nodes"]) == sorted(
+        slurm_cluster.nodes
+    )

@@ -22,8 +22,11 @@ def test_a_packed_folder_is_staged_on_each_node_and_trained_from(
     root = tmp_path / "images"
     write_images(root, per_class=16)
     cfg = on_cluster(default_config(), slurm_cluster, nodes=2, procs=1)
-    cfg.update(run="packed2n", task="ddppipe.tasks.imagefolder",
-               task_args={"root": str(root), "image_size": 16, "width": 8, "pack": True})
+    cfg.update(
+        run="packed2n",
+        task="ddppipe.tasks.imagefolder",
+        task_args={"root": str(root), "image_size": 16, "width": 8, "pack": True},
+    )
     cfg["train"].update(epochs=1, batch_size=8, eval_batch_size=16)
     # Each node its own folder, as a node's local disk would be ($SLURMD_NODENAME: srun's).
     cfg["launch"]["stage_data"] = str(tmp_path / "local" / "$SLURMD_NODENAME")

@@ -347,31 +347,19 @@ def _assert_same_weights(a: Path, b: Path) -> None:
     assert not differ, f"resumed weights differ from the uninterrupted run in {differ}"
 
 
-# Time-limit slots of 1 minute. The warning comes 40 s before the end, after about 10 s of
-# start-up and preflight, so a slot trains for some seconds before it checkpoints and
-# requeues itself (a slot every ~28 s). The paced two-node test has it 35 s before the end,
-# 25 s into the job: after the job step's Snakemake and the launcher's start-up and preflight,
-# its slots train about 10 s each (2026-11-25 evening: 3 slots of 490-510 steps, 88 s; with
-# 40 s, 6 slots of 200-280 steps, 154 s). Measured here: 700 (2026-11-22), 400 (-23) and
-# 140-380 (-23 evening, a slower day: 20 epochs took 13 slots and 593 s in CI) steps a slot
-# on one node (2 processes), and 420-470 (2026-11-25 night: 12 epochs in 4 slots, 141 s with
-# the reference, 201 s in CI), so the slot count varies 4x with the machine's speed: the 8
-# epochs (of 120 steps) below need 2 or more slots unless a slot trains 960 steps, and about
-# 5 on a slow day. max_continuations bounds a run that slows down badly.
-SLOT_MINUTES, SLOT_STEPS = 1, 120
-SLOT_EPOCHS = {1: 8, 2: 35}  # by node count (2 nodes: only for the task test's recipe)
-SLOT_WARNING_S = {1: 40, 2: 35}
-# The two-node test trains the example task file (examples/tasks/tinycnn.py: map-style
-# datasets through the sharded DataLoader) on 1,600 samples: 100 steps an epoch of batch 16.
-# Its steps take 3 ms on a fast machine and ~10 on a slow day, and a slot's start-up varies as
-# much: 350-550 steps a slot on the slow day (40 epochs: 13 slots, 491 s in CI), while on the
-# AMX machine (2026-11-25) all 2,400 steps of 24 epochs fitted the first slot. So each step is
-# paced to last TASK_PACE_S more (a sleep in the task's loss): the training then lasts ~20 s
-# on any machine: 3 slots of 360-440 steps in 74 s on the AMX machine (2026-11-25), and
-# about 8 on a slow day. Alone (make test's solo part, 2026-11-27): slots of 510, 400 and 290
-# steps; 8 epochs (800 steps) take 2 slots unless one trains 800 (the most seen: 550).
+# Time-limit slots of 1 minute, the warning 25 s before the end: 35 s into the job, of which
+# the job step's Snakemake, the launcher's start-up and preflight and the ranks' start-up take
+# 10 s on a fast machine and 25 s on a slow day (2026-11-27: `import torch` 3.4 s). The steps
+# of the example task (examples/tasks/tinycnn.py: map-style datasets through the sharded
+# DataLoader; 1,600 training samples, 100 steps an epoch of batch 16) take 3 ms on a fast
+# machine and ~10 on a slow day; unpaced, a slot trained 10 steps on the slow day (the warning
+# came 40 s before the end: 96 slots for 960 steps, past max_continuations) and all 2,400 on
+# the AMX machine. So each step is paced TASK_PACE_S longer (a sleep in the task's loss): the
+# 800 steps last 34-40 s on any machine, longer than a slot can train (at most ~27 s), so the
+# run takes 2 slots on a fast machine and about 4 on a slow day, whatever the node count.
+SLOT_MINUTES, SLOT_WARNING_S = 1, 25
 TASK_SAMPLES, TASK_STEPS, TASK_EPOCHS = 2000, 100, 8
-TASK_PACE_S = 0.015
+TASK_PACE_S = 0.04
 PACED_LOSS = f"""
 
 import time
@@ -387,21 +375,18 @@ def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def slot_config(tiny: TinyData, cluster: SlurmCluster, nodes: int, runtime: int) -> dict:
-    cfg = tiny_config(tiny, epochs=SLOT_EPOCHS[nodes], batch_size=16, checkpoint_every=5)
-    cfg["slurm"].update(signal_seconds=SLOT_WARNING_S[nodes], max_continuations=30)
-    return on_cluster(cfg, cluster, nodes=nodes, procs=2 // nodes, runtime=runtime)
-
-
-def task_slot_config(tiny: TinyData, cluster: SlurmCluster, runtime: int) -> dict:
-    cfg = slot_config(tiny, cluster, 2, runtime)
+    """The paced example task (``tasks/paced.py``: :func:`with_task_file`) on ``nodes`` nodes,
+    2 processes in all, in slots of ``runtime`` minutes."""
+    cfg = tiny_config(tiny, epochs=TASK_EPOCHS, batch_size=16, checkpoint_every=5)
     cfg["task"], cfg["task_args"] = "tasks/paced.py", {"samples": TASK_SAMPLES}
-    cfg["train"]["epochs"] = TASK_EPOCHS
-    return cfg
+    cfg["slurm"].update(signal_seconds=SLOT_WARNING_S, max_continuations=30)
+    return on_cluster(cfg, cluster, nodes=nodes, procs=2 // nodes, runtime=runtime)
 
 
 @pytest.fixture(scope="module")
 def slot_data(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
-    return make_tiny(tmp_path_factory.mktemp("slot-data"), n_train=16 * SLOT_STEPS)
+    """The tiny MNIST mirror of the slots' configs (the paced task makes its own samples)."""
+    return make_tiny(tmp_path_factory.mktemp("slot-data"))
 
 
 def with_task_file(workdir: Path, paced: bool = True) -> Path:
@@ -493,7 +478,7 @@ def test_time_limit_slots_on_two_nodes(
     across at least 2 time limits."""
 
     def make_config(runtime: int) -> dict:
-        return task_slot_config(slot_data, slurm_cluster, runtime)
+        return slot_config(slot_data, slurm_cluster, 2, runtime)
 
     _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 2)
 
@@ -609,7 +594,7 @@ def test_time_limit_slots_on_one_node_with_sacct(
     cluster = slurm_accounting_cluster
     _time_limit_slots(
         cluster, tmp_path, lambda runtime: slot_config(slot_data, cluster, 1, runtime),
-        SLOT_EPOCHS[1] * SLOT_STEPS, 2, "--slurm-status-command", "sacct",
+        TASK_EPOCHS * TASK_STEPS, 2, "--slurm-status-command", "sacct",
     )  # fmt: skip
 
 

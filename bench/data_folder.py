@@ -6,8 +6,8 @@ its CNN, the fast recipe, 2 ranks of ``ddppipe launch``, the default DataLoader 
 
 - ``ddppipe prepare`` of the loose folder and of its pack (``pack: true``), and the packed
   prepare again after 10 images changed;
-- one epoch's images/s and its data-wait share (``data_wait`` of the attempt record) from the
-  loose files, from the pack, and from the same decoded images held as tensors by a task
+- one epoch's images/s and its data-wait share (the attempt record's ``data_wait_share``)
+  from the loose files, from the pack, and from the same decoded images held as tensors by a task
   written here (the same CNN and normalisation: the in-memory path of ``ddppipe.data``);
 - the files opened under the image folder and under the data folder during that epoch
   (``strace -f -e trace=openat``, a run of its own: tracing slows it).
@@ -97,19 +97,26 @@ def ddppipe(*args: str, cwd: Path, trace: Path | None = None) -> float:
 
 
 def write_mnist_folder(mirror: Path, root: Path, limit: int | None) -> int:
-    """MNIST's images as PNG files under root/{train,test}/<digit>/; how many."""
+    """MNIST's images as PNG files under root/{train,test}/<digit>/; how many (``limit``: at
+    most that many, five sixths of them training images)."""
+    import gzip
+
     from PIL import Image
 
     from ddppipe.data import mnist_files
 
+    idx = root.parent / "mnist"
+    idx.mkdir(parents=True, exist_ok=True)
+    for name in mnist_files.FILES:
+        (idx / name).write_bytes(gzip.decompress((mirror / f"{name}.gz").read_bytes()))
+    mnist = mnist_files.load(idx)
     count = 0
-    for split, train in (("train", True), ("test", False)):
-        images, labels = mnist_files.load_split(mirror, train)
-        n = len(labels) if limit is None else limit // (6 if split == "test" else 1) // 2
+    for split, part in (("train", mnist.train), ("test", mnist.test)):
+        n = len(part.labels) if limit is None else limit * (5 if split == "train" else 1) // 6
         for i in range(n):
-            folder = root / split / str(int(labels[i]))
+            folder = root / split / str(int(part.labels[i]))
             folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(images[i].numpy()).save(folder / f"{i:05d}.png")
+            Image.fromarray(part.images[i].numpy()).save(folder / f"{i:05d}.png")
         count += n
     return count
 
@@ -168,7 +175,7 @@ def train(work: Path, name: str, task: str, args: dict[str, Any], data: str,
     attempts = json.loads((run / "state" / "attempts.json").read_text())
     out = {"wall_s": round(wall, 1), "images_per_s": metrics["images_per_s"],
            "test_accuracy": metrics["test_accuracy"],
-           "data_wait": attempts[-1].get("data_wait")}  # fmt: skip
+           "data_wait_share": attempts[-1]["efficiency"].get("data_wait_share")}  # fmt: skip
     if strace:
         opened = re.findall(r'openat\([^"]*"([^"]+)"', strace.read_text())
         out["opened_under_images"] = sum(p.startswith(str(work / "images")) for p in opened)

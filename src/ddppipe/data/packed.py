@@ -109,9 +109,9 @@ class Packed(Dataset):
     def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples ``indices`` as one batch (read in ascending order, returned in theirs)."""
         idx = np.asarray(indices, dtype=np.int64)
-        order = np.argsort(idx, kind="stable")
-        x = np.empty((len(idx), *self._mapped().shape[1:]), dtype=np.uint8)
-        x[order] = self._mapped()[idx[order]]
+        order, mapped = np.argsort(idx, kind="stable"), self._mapped()
+        x = np.empty((len(idx), *mapped.shape[1:]), dtype=np.uint8)
+        x[order] = mapped[idx[order]]
         inputs = torch.from_numpy(x)
         return (self.transform(inputs) if self.transform else inputs), self.labels[idx]
 

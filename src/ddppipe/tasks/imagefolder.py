@@ -249,7 +249,7 @@ def _decoder(root: Path, paths: list[str], args: dict[str, Any]) -> Any:
 def _pack(data_dir: Path, root: Path, index: dict[str, Any], args: dict[str, Any]) -> int:
     """Write each split's pack; return how many images were decoded (an image of the last
     packs, same path and digest, same shape, is copied from there: its split may differ)."""
-    shape = [args["channels"], args["image_size"], args["image_size"]]
+    shape = _pack_shape(args)
     old_index = _read_index(data_dir)
     where: dict[tuple[str, str], tuple[np.ndarray, int]] = {}
     if old_index and (old_index.get("pack") or {}).get("shape") == shape:
@@ -278,6 +278,11 @@ def _pack(data_dir: Path, root: Path, index: dict[str, Any], args: dict[str, Any
     return decoded
 
 
+def _pack_shape(args: dict[str, Any]) -> list[int]:
+    """A packed image's shape: (channels, size, size), as the index records it."""
+    return [args["channels"], args["image_size"], args["image_size"]]
+
+
 def _read_index(data_dir: Path) -> dict[str, Any] | None:
     try:
         index = json.loads((Path(data_dir) / INDEX).read_text())
@@ -304,7 +309,7 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
         "classes": names,
         "split": _split_args(root, args),
         "counts": {s: sum(split == s for _, _, split in images) for s in SPLITS},
-        "pack": {"shape": [args["channels"], args["image_size"], args["image_size"]]}
+        "pack": {"shape": _pack_shape(args)}
         if args["pack"] else None,
         "images": [{"path": path, "class": names[c], "split": split, "sha256": digest}
                    for (path, c, split), digest in zip(images, digests, strict=True)],
@@ -362,7 +367,7 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Dataset, Dataset]:
     root = _root(args)
     again = "prepare the data again (snakemake --forcerun prepare_data)"
     redo = f"{root} changed since {path} was written: {again}"
-    shape = [args["channels"], args["image_size"], args["image_size"]] if args["pack"] else None
+    shape = _pack_shape(args) if args["pack"] else None
     if (index.get("format") != FORMAT or index.get("split") != _split_args(root, args)
             or (index.get("pack") or {}).get("shape") != shape):  # fmt: skip
         raise ImageFolderError(f"{path} was written for other task_args: {again}")

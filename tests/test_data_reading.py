@@ -239,10 +239,10 @@ from torch.utils.data import Dataset
 
 class Slow(Dataset):
     def __len__(self):
-        return 512
+        return 160
 
     def __getitem__(self, i):
-        time.sleep(0.03)  # a slow filesystem's read
+        time.sleep(0.05)  # a slow filesystem's read
         return torch.full((4,), float(i % 2)), i % 2
 
 
@@ -260,16 +260,18 @@ def model(args):
 
 
 def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> None:
-    """Each item takes 30 ms and each rank has one DataLoader worker: a step of 4 items waits
-    about 120 ms for them against a few milliseconds of compute (64 steps)."""
+    """Each item takes 50 ms and the one rank has one DataLoader worker: a step of 4 items
+    waits about 200 ms for them against a few milliseconds of compute (40 steps). One rank,
+    not two: on a loaded 2-core machine two ranks' all-reduce could take as long as the read
+    (a run in CI saw a 3% share with two ranks and 30 ms items)."""
     (tmp_path / "slow.py").write_text(SLOW_TASK)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "nothing.txt").write_text("the data is made up")
     manifest.write(tmp_path / "data", {"ref": "slow"}, {})
     cfg = default_config()
     cfg.update(run="slow", task=str(tmp_path / "slow.py"), task_args={})
-    cfg["launch"]["loader_workers"] = 1
-    cfg["train"].update(epochs=1, batch_size=8, eval_batch_size=64, precision="fp32",
+    cfg["launch"].update(loader_workers=1, nproc_per_node=1)
+    cfg["train"].update(epochs=1, batch_size=4, eval_batch_size=64, precision="fp32",
                         channels_last=False)  # fmt: skip
     run = tmp_path / "run"
     resolve.write_resolved(cfg, run / "config.yaml", gpus=False)

@@ -509,12 +509,14 @@ def test_a_package_the_image_lacks_is_named_with_both_fixes(task_image_run: Task
 def test_task_with_an_image_only_package_on_slurm(
     task_image_run: TaskImageRun, slurm_cluster: SlurmCluster
 ) -> None:
-    """The same task on the SLURM test cluster (2 nodes, 1 rank each): its data prepared again
-    (another seed) in the image on the submitting machine, the ranks in the image on cn07
-    and cn08."""
+    """The same task on the SLURM test cluster (2 nodes, 1 rank each): its data prepared in
+    the image on the submitting machine, the ranks in the image on the cluster's nodes. A copy
+    of the task file under another name, so its data (resources/, logs/prepare_data/) is its
+    own: the local run's, which the other tests read, stays as it was whatever the order."""
     w = task_image_run.workdir
+    shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep_slurm.py")
     cfg = blobs_config(task_image_run.cfg, "blobs-slurm", HUMANIZE)
-    cfg["task_args"] = {"seed": 1}  # other data: prepared again, in the image
+    cfg["task"] = "mytasks/blobsdep_slurm.py"
     cfg = on_cluster(cfg, slurm_cluster, nodes=2, procs=1)
     start = time.monotonic()
     tools = [Path(sys.executable).parent, Path(str(shutil.which("apptainer"))).parent]
@@ -525,7 +527,7 @@ def test_task_with_an_image_only_package_on_slurm(
     where = where_rules_ran(result.stdout + result.stderr, task_image_run.derived)
     assert where["prepare_data"] == where["write_config"] == "image", where
     assert "build_task_image" not in where  # built by the local run
-    prepared = (w / "logs/prepare_data/blobsdep.log").read_text()
+    prepared = (w / "logs/prepare_data/blobsdep_slurm.log").read_text()
     assert "blobsdep: 2,048 points, " in prepared and "ModuleNotFoundError" not in prepared
     record = json.loads((w / "results/blobs-slurm/export/provenance.json").read_text())
     assert record["training"]["world_size"] == 2

@@ -36,11 +36,8 @@ include: "workflow/rules/sweep.smk"
 
 onstart:
     check_cluster_policy()  # SLURM executor: settings that would hang or lose work
-    extend_slurm_executor()  # SLURM executor: ddppipe's extension (ddppipe.slurm.executor)
-    keep_going_past_failed_trials()  # a sweep: a failed trial does not stop the others
+    install_snakemake_changes()  # every change to Snakemake's objects, its version checked
     start_warm_ranks()  # local sweeps and studies: ranks forked warm (ddppipe.launching.warm)
-    start_jobs_beside_trainings()  # zero-thread rules while trainings hold every core
-    start_trials_in_order()  # a sweep: its trials start in its order
 
 
 onsuccess:

@@ -1,4 +1,4 @@
-"""Rules beside a training (ddppipe.launching.beside): a zero-thread job that becomes ready
+"""Rules beside a training (ddppipe.pipeline.beside): a zero-thread job that becomes ready
 while another job holds every core starts at once, in a real Snakemake run of a small
 workflow (without the extension it waits for the core holder's end: measured 4.0 s of 4.0)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 SNAKEFILE = """
 from snakemake.scheduling.job_scheduler import JobScheduler
-from ddppipe.launching import beside
+from ddppipe.pipeline import beside
 
 onstart:
     beside.install(JobScheduler)

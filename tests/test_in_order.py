@@ -1,4 +1,4 @@
-"""Trials in their order (ddppipe.launching.in_order), in a real Snakemake run of a small
+"""Trials in their order (ddppipe.pipeline.in_order), in a real Snakemake run of a small
 workflow: six trials, one slot, each trial's training after its config, the configs ending
 in the reverse order (the last trial's first). The trainings start in the trials' order
 (Snakemake's default selector, ILP); a trial whose config failed holds no later one back.
@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddppipe.launching import in_order
+from ddppipe.pipeline import in_order
 
 TRIALS, FAILS = 6, 3  # (trial 3's config fails)
 SNAKEFILE = f"""
 from snakemake.scheduling.job_scheduler import JobScheduler
-from ddppipe.launching import in_order
+from ddppipe.pipeline import in_order
 
 workflow.register_resource("slot", 1)
 

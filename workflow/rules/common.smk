@@ -23,8 +23,8 @@ from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.launching import warm as ddp_warm
-from ddppipe.launching import beside as ddp_beside
-from ddppipe.launching import in_order as ddp_in_order
+from ddppipe.pipeline import in_order as ddp_in_order
+from ddppipe.pipeline import snakemake_changes as ddp_snakemake_changes
 from ddppipe.packing import allocation as ddp_allocation
 from ddppipe.packing import pool as ddp_pool
 from ddppipe.settings import run_spec as ddp_run_spec
@@ -191,34 +191,31 @@ def check_cluster_policy():
         logger.warning(f"ddppipe cluster check: {finding}")
 
 
+def install_snakemake_changes():
+    """ddppipe's changes to Snakemake's executor and scheduler, after a check of Snakemake's
+    version and the SLURM plugin's (ddppipe.pipeline.snakemake_changes): the SLURM executor's
+    extension, the zero-thread rules beside a training, a sweep's trials in order and
+    --keep-going."""
+    changes = ddp_snakemake_changes.Changes(
+        on_slurm(),
+        training_state,
+        run_states(),
+        trial_order if SWEEP is not None else None,
+    )
+    try:
+        ddp_snakemake_changes.install(workflow, changes)
+    except (
+        ddp_snakemake_changes.SnakemakeVersionError,
+        ddp_executor.PluginVersionError,
+    ) as e:
+        raise WorkflowError(str(e)) from None
+
+
 def training_state(job):
     """The state folder of a train job's run (None for another rule's job)."""
     if job.name != "train":
         return None
     return ddp_state.StateDir(ddp_layout.RunLayout(job.wildcards_dict["run"]).state)
-
-
-def extend_slurm_executor():
-    """SLURM executor: ddppipe's extension (ddppipe.slurm.executor): submissions go on after
-    a node failure; a job's end noticed in seconds; nodes that failed the preflight not in the
-    next slot; a restarted head waits for the running training; a job failing before training
-    named and not retried twice. Refused, with the reason, on another plugin version."""
-    if not on_slurm():
-        return
-    extension = ddp_executor.Extension(training_state, run_states())
-    try:
-        extension.install(workflow.executor_plugin.executor)
-    except ddp_executor.PluginVersionError as e:
-        raise WorkflowError(str(e)) from None
-
-
-def start_jobs_beside_trainings():
-    """The zero-thread rules (a trial's evaluation, plots, summary, the next config, a tpe
-    round) start while the trainings hold every core (ddppipe.launching.beside): Snakemake
-    selects no job without a free core."""
-    from snakemake.scheduling.job_scheduler import JobScheduler
-
-    ddp_beside.install(JobScheduler)
 
 
 WARM_SERVER = []  # the warm-rank server of this call, when it started one
@@ -430,14 +427,6 @@ def packed_threads(run):
     return 0 if on_slurm() else ddp_launch.job_threads(RUNS.spec(run))
 
 
-def keep_going_past_failed_trials():
-    """With a sweep in the config, --keep-going: a trial that fails does not stop the others
-    (its row in the table says why); the next call trains only what is missing or failed.
-    """
-    if SWEEP is not None and workflow.scheduler is not None:
-        workflow.scheduler.keepgoing = True
-
-
 def sweep_layout():
     """The config's sweep's folder; a clear error when the config has no sweep."""
     if SWEEP is None:
@@ -539,17 +528,6 @@ def trial_order(job):
     if job.name not in ("train", "train_packed"):
         return None
     return trial_place(job.wildcards_dict["run"])
-
-
-def start_trials_in_order():
-    """A sweep's trials start in its order, locally and on SLURM, packed or not
-    (ddppipe.launching.in_order): Snakemake picks among ready jobs in no promised order.
-    """
-    if SWEEP is None:
-        return
-    from snakemake.scheduling.job_scheduler import JobScheduler
-
-    ddp_in_order.install(JobScheduler, trial_order)
 
 
 def trial_files(path):

@@ -11,7 +11,7 @@ from snakemake_executor_plugin_slurm.utils import get_job_wildcards
 
 from ddppipe.launching import preflight
 from ddppipe.runstate.state import StateDir
-from ddppipe.slurm import head
+from ddppipe.slurm import head, squeue
 from ddppipe.slurm.executor import attach, bad_nodes
 
 
@@ -35,13 +35,13 @@ def test_comment_is_the_plugins() -> None:
 def test_only_live_jobs_of_the_run_and_directory_are_found(tmp_path: Path) -> None:
     here, other = tmp_path / "wd", tmp_path / "other"
     queue = "\n".join([
-        f"3|FAILED|rule_train_wildcards_tiny|{here}",  # ended
-        f"7|RUNNING|rule_train_wildcards_tiny|{other}",  # another checkout's
-        f"8|PENDING|rule_train_wildcards_tiny2|{here}",  # another run
-        f"12|REQUEUED|rule_train_wildcards_tiny|{here}",
-        f"9|RUNNING|rule_train_wildcards_tiny|{here}/.",
+        f"3|FAILED|r|rule_train_wildcards_tiny|{here}",  # ended
+        f"7|RUNNING|r|rule_train_wildcards_tiny|{other}",  # another checkout's
+        f"8|PENDING|r|rule_train_wildcards_tiny2|{here}",  # another run
+        f"12|REQUEUED|r|rule_train_wildcards_tiny|{here}",
+        f"9|RUNNING|r|rule_train_wildcards_tiny|{here}/.",
     ])  # fmt: skip
-    found = attach.parse_queue(queue, "rule_train_wildcards_tiny", here)
+    found = attach.live(squeue.parse(queue), "rule_train_wildcards_tiny", here)
     assert found == [attach.LiveJob("9", "RUNNING"), attach.LiveJob("12", "REQUEUED")]
 
 

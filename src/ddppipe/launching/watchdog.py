@@ -27,7 +27,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,8 @@ from typing import Any
 
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
+from ddppipe.slurm import scancel as ddp_scancel
+from ddppipe.slurm import squeue
 from ddppipe.training import allowances, heartbeat
 
 log = logging.getLogger(__name__)
@@ -346,15 +347,11 @@ def steps(job: str, beats: list[heartbeat.Beat]) -> list[str]:
     named = sorted({b.slurm_step for b in beats if b.slurm_step})
     if named:
         return named
-    out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True,
-                         text=True, timeout=30, check=False).stdout  # fmt: skip
-    return [s for s in out.split() if re.fullmatch(rf"{job}\.\d+", s)]
+    return squeue.steps(job)
 
 
 def scancel(step: str, sig: signal.Signals) -> None:
     """``sig`` to every process of the SLURM step ``step`` (JOB.STEP), on every node."""
-    # By number: Slurm 22.05's scancel knows the names of a few signals only (not WINCH).
-    result = subprocess.run(["scancel", f"--signal={int(sig)}", step],
-                            capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
-    if result.returncode != 0:
-        log.warning("scancel --signal=%s %s failed: %s", sig.name, step, result.stderr.strip())
+    error = ddp_scancel.send(step, sig)
+    if error is not None:
+        log.warning("scancel --signal=%s %s failed: %s", sig.name, step, error)

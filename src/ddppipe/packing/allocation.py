@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -15,11 +14,15 @@ from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.packing.pool import Pool
 from ddppipe.settings.run_spec import Pack, RunSpec, SweepSection
+from ddppipe.slurm import sbatch, squeue
 from ddppipe.slurm.request import Request
 
 log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 10.0  # how often waiting train jobs ask SLURM (one squeue per pool, at most)
+SBATCH_TIMEOUT_S = 120.0
+# squeue states of an allocation that holds or will hold its nodes
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"})
 
 
 class PackError(ValueError, UserError):
@@ -84,7 +87,7 @@ class Allocation:
         """The ``sbatch`` command line of one allocation: a ``ddppipe pack-worker`` on each
         node, its output in the pool's ``allocations/``."""
         slurm = self.trial.slurm
-        options = {
+        options: dict[str, sbatch.Option] = {
             "--job-name": self.job_name,
             "--nodes": str(self.pack.nodes),
             "--ntasks-per-node": "1",
@@ -109,8 +112,7 @@ class Allocation:
             "--nproc", str(self.trial.procs_per_node), "--use", self.use,
             "--precision", self.precision,
         ]  # fmt: skip
-        given = [f"{k}={v}" for k, v in options.items() if v is not None]
-        return ["sbatch", "--parsable", *given, "--wrap", shlex.join(worker)]
+        return sbatch.argv(options, shlex.join(worker))
 
 
 def trials_at_once(sweep: SweepSection) -> int:
@@ -121,16 +123,12 @@ def trials_at_once(sweep: SweepSection) -> int:
     return sweep.max_parallel if pack is None else 2 * pack.allocations * pack.slots
 
 
-def held(pool: Pool, run: object = subprocess.run) -> list[str]:
+def held(pool: Pool) -> list[str]:
     """The pool's allocations SLURM still queues or runs (their job ids)."""
     submitted = [r["job"] for r in pool.records(pool.allocations) if "job" in r]
     if not submitted:
         return []
-    out = run(["squeue", "--noheader", "--format=%i %T", f"--jobs={','.join(submitted)}"],
-              capture_output=True, text=True, check=False, timeout=60)  # type: ignore[operator]  # fmt: skip
-    live = {"PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
-    return [f[0] for f in (line.split() for line in out.stdout.splitlines())
-            if len(f) == 2 and f[1] in live]  # fmt: skip
+    return [job for job, state in squeue.states(submitted).items() if state in LIVE_STATES]
 
 
 def ensure(pool: Pool, allocation: Allocation, workdir: str, force: bool = False) -> str | None:
@@ -153,11 +151,12 @@ def ensure(pool: Pool, allocation: Allocation, workdir: str, force: bool = False
         if waiting <= free or len(live) >= allocation.pack.allocations:
             return None
         command = allocation.sbatch(pool, workdir)
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
-        if done.returncode != 0:
-            raise PackError(f"sbatch of an allocation failed: {done.stderr.strip()}\n"
-                            f"  {shlex.join(command)}")  # fmt: skip
-        job = done.stdout.strip().split(";")[0]
+        try:
+            job = sbatch.submit(command, timeout=SBATCH_TIMEOUT_S)
+        except sbatch.SbatchError as e:
+            raise PackError(
+                f"sbatch of an allocation failed: {e}\n  {shlex.join(command)}"
+            ) from None
         atomic.write_json(pool.allocations / f"{job}.json",
                           {"job": job, "submitted": time.time(), "command": command})  # fmt: skip
         log.info("submitted allocation %s (%d trial(s) waiting, %d held)", job, waiting, len(live))

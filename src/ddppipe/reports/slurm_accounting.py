@@ -72,7 +72,7 @@ def _named(attempt: dict[str, Any], record: accounting.Record) -> dict[str, Any]
 def line(attempts: list[dict[str, Any]], found: list[accounting.Record] | None) -> tuple[str, str]:
     """SLURM's accounting of the run's jobs beside the ranks' own figures, where both exist."""
     if not found:
-        return "sacct", "no SLURM accounting: own measurements"
+        return accounting.NAME, "no SLURM accounting: own measurements"
     jobs = len({r.job for r in found})
     requeues = len(found) - jobs
     states = ", ".join(f"{n} {state}" for state, n in Counter(r.state for r in found).items())
@@ -99,4 +99,4 @@ def line(attempts: list[dict[str, Any]], found: list[accounting.Record] | None) 
         mine = [a["queue_s"] for a in attempts if a.get("queue_s") is not None]
         own_queue = f" (own {duration(sum(mine))})" if mine else ""
         parts.append(f"queued {duration(sum(queued))}{own_queue}")
-    return "sacct", "; ".join(parts)
+    return accounting.NAME, "; ".join(parts)

@@ -14,11 +14,13 @@ import subprocess
 from dataclasses import dataclass
 
 from ddppipe.slurm import scontrol
+from ddppipe.slurm.runner import run
 
 FIELDS = ("JobID", "State", "Submit", "Start", "End", "TotalCPU", "MaxRSS", "ReqMem",
           "AllocCPUS", "NNodes")  # fmt: skip
 OUT_OF_MEMORY = "OUT_OF_MEMORY"  # the state of a job or step whose memory limit killed a task
 TIMEOUT_S = 30  # sacct against an unreachable slurmdbd gives up on its own after ~10 s
+NAME = "sacct"  # the summary's name for this accounting
 _UNITS = {"": 1 / 1024, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2, "P": 1024.0**3}
 
 
@@ -104,7 +106,7 @@ def query(job_ids: list[str]) -> list[Record] | None:
     command = ["sacct", "-j", ",".join(ids), "--duplicates", "--parsable2", "--noheader",
                f"--format={','.join(FIELDS)}"]  # fmt: skip
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+        result = run(command, timeout=TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     records = parse(result.stdout) if result.returncode == 0 else []

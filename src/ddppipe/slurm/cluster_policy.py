@@ -8,9 +8,7 @@ setting, what it would do to this workflow, and what to do about it. The Snakefi
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
-from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import attempts
@@ -63,17 +61,10 @@ def parse_config(text: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def read(partition: str | None, run: Any = subprocess.run) -> Cluster:
+def read(partition: str | None) -> Cluster:
     """The cluster's config and the partition the run goes to (the default when None)."""
-
-    def ask(*args: str) -> str:
-        return run(
-            ["scontrol", *args], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-
-    config = parse_config(ask("show", "config"))
-    lines = ask("-o", "show", "partition").splitlines()
-    records = [r for r in map(scontrol.parse_record, lines) if "PartitionName" in r]
+    config = parse_config(scontrol.config())
+    records = scontrol.partitions()
     if partition:
         chosen = [r for r in records if r["PartitionName"] == partition]
     else:
@@ -159,7 +150,6 @@ def check_cluster(
     status_command: str,
     requeue: bool,
     states: list[StateDir],
-    run: Any = subprocess.run,
 ) -> list[Finding]:
     """Read the cluster and check the config's request; raise ClusterPolicyError on findings
     when ``slurm.cluster_check`` is ``error``, else return them (to be shown as warnings).
@@ -169,7 +159,7 @@ def check_cluster(
     request = slurm_request.Request.from_spec(spec)
     measured = [attempts.measured_checkpoint_seconds(d) for d in states]
     checkpoint_seconds = max((m for m in measured if m), default=None)
-    cluster = read(request.partition, run)
+    cluster = read(request.partition)
     found = check(cluster, request, status_command, requeue, checkpoint_seconds)
     if found and spec.slurm.cluster_check == "error":
         raise ClusterPolicyError(

@@ -13,7 +13,6 @@ the same directory is queued or running: two heads on one directory would unlock
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import shlex
 import signal
@@ -22,10 +21,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ddppipe.core.errors import UserError
-from ddppipe.slurm import scontrol
+from ddppipe.slurm import sbatch, scontrol, squeue
 
 JOB_NAME = "ddppipe-head"
 WARNING_S = 120  # SIGUSR1 to the head job this long before its time limit (SLURM: +0-60 s)
@@ -41,46 +39,41 @@ def sbatch_argv(
 ) -> list[str]:
     """The ``sbatch`` command of the head job running ``snakemake args`` in ``workdir``."""
     command = [sys.executable, "-m", "ddppipe", "head", "--", *args]
-    return [
-        "sbatch", "--parsable", f"--job-name={JOB_NAME}", f"--chdir={workdir}",
-        f"--output={LOG}", "--open-mode=append", f"--time={time}", "--nodes=1", "--ntasks=1",
-        "--cpus-per-task=1", "--mem=2000", "--requeue", f"--signal=B:USR1@{WARNING_S}",
-        *([f"--partition={partition}"] if partition else []),
-        *([f"--account={account}"] if account else []),
-        "--wrap", f"exec {shlex.join(command)}",  # exec: USR1 (B:) reaches the head
-    ]  # fmt: skip
+    options: dict[str, sbatch.Option] = {
+        "--job-name": JOB_NAME, "--chdir": str(workdir), "--output": LOG,
+        "--open-mode": "append", "--time": time, "--nodes": "1", "--ntasks": "1",
+        "--cpus-per-task": "1", "--mem": "2000", "--requeue": True,
+        "--signal": f"B:USR1@{WARNING_S}", "--partition": partition or None,
+        "--account": account or None,
+    }  # fmt: skip
+    return sbatch.argv(options, f"exec {shlex.join(command)}")  # exec: USR1 (B:) reaches the head
 
 
-def live_heads(workdir: Path, run: Any = subprocess.run) -> list[str]:
+def live_heads(workdir: Path) -> list[str]:
     """This user's head jobs of ``workdir`` that are queued or running."""
-    out = run(
-        ["squeue", "-h", "-u", getpass.getuser(), f"--name={JOB_NAME}", "-o", "%i|%Z"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
-    rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
-    return [job for job, jobdir in rows if Path(jobdir).resolve() == workdir.resolve()]
+    return [q.job for q in squeue.mine()
+            if q.name == JOB_NAME and q.workdir.resolve() == workdir.resolve()]  # fmt: skip
 
 
 def submit(
     args: Sequence[str], time: str, partition: str | None = None, account: str | None = None,
-    workdir: Path | None = None, run: Any = subprocess.run,
+    workdir: Path | None = None,
 ) -> str:  # fmt: skip
     """Submit the head job; its id. HeadError when one of this directory already runs."""
     workdir = (workdir or Path.cwd()).resolve()
     if not args:
         raise HeadError("no snakemake arguments: ddppipe submit -- --profile profiles/slurm ...")
-    running = live_heads(workdir, run)
+    running = live_heads(workdir)
     if running:
         raise HeadError(
             f"head job {', '.join(running)} of {workdir} is queued or running: two heads would "
             f"unlock each other (see logs/head/); scancel it first to submit another"
         )
     (workdir / LOG).parent.mkdir(parents=True, exist_ok=True)
-    result = run(sbatch_argv(workdir, time, partition, account, args), capture_output=True,
-                 text=True, check=False, timeout=60)  # fmt: skip
-    if result.returncode != 0:
-        raise HeadError(f"sbatch refused the head job: {result.stderr.strip()}")
-    return result.stdout.strip().split(";")[0]
+    try:
+        return sbatch.submit(sbatch_argv(workdir, time, partition, account, args), timeout=60)
+    except sbatch.SbatchError as e:
+        raise HeadError(f"sbatch refused the head job: {e}") from None
 
 
 def run_head(args: Sequence[str]) -> int:
@@ -104,7 +97,11 @@ def run_head(args: Sequence[str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
         if job:
-            subprocess.run(["scontrol", "requeue", job], check=False, timeout=60)
+            try:
+                scontrol.requeue(job)
+            except (OSError, subprocess.SubprocessError) as e:
+                print(f"ddppipe head: requeue of {job} failed: {getattr(e, 'stderr', '') or e}",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
     signal.signal(signal.SIGUSR1, time_limit_near)
     return proc.wait()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
-from typing import Any
 
 import hostlist
 
 from ddppipe.core.errors import UserError
+from ddppipe.slurm.runner import run
 
 
 class ScontrolError(ValueError, UserError):
@@ -23,10 +22,8 @@ def job_id(env: dict[str, str] | None = None) -> str | None:
     return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
 
 
-def _scontrol(*args: str, run: Any = subprocess.run) -> str:
-    return run(
-        ["scontrol", "-o", *args], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
+def _scontrol(*args: str) -> str:
+    return run(["scontrol", "-o", *args], check=True).stdout
 
 
 def timestamp(text: str) -> float | None:
@@ -43,14 +40,14 @@ def parse_record(line: str) -> dict[str, str]:
     return dict(m.groups() for m in re.finditer(r"(\w[\w:/]*)=(\S*)", line))
 
 
-def job_record(job: str, run: Any = subprocess.run) -> dict[str, str]:
+def job_record(job: str) -> dict[str, str]:
     """The job's ``scontrol -o show job`` fields (JobState, NodeList, EndTime, ...)."""
-    return parse_record(_scontrol("show", "job", str(job), run=run))
+    return parse_record(_scontrol("show", "job", str(job)))
 
 
-def job_nodes(job: str, run: Any = subprocess.run) -> list[str]:
+def job_nodes(job: str) -> list[str]:
     """Hosts of a SLURM job, in order, from ``scontrol show job`` (the job's NodeList)."""
-    return parse_nodelist(_scontrol("show", "job", str(job), run=run))
+    return parse_nodelist(_scontrol("show", "job", str(job)))
 
 
 def parse_nodelist(scontrol_output: str) -> list[str]:
@@ -61,13 +58,29 @@ def parse_nodelist(scontrol_output: str) -> list[str]:
     raise ScontrolError(f"no NodeList in scontrol output: {scontrol_output.strip()[:200]!r}")
 
 
-def node_states(nodes: list[str], run: Any = subprocess.run) -> dict[str, str]:
+def node_states(nodes: list[str]) -> dict[str, str]:
     """Each node's ``State`` (e.g. ``MIXED``, ``DOWN+DRAIN``) from ``scontrol show node``."""
-    text = _scontrol("show", "node", hostlist.collect_hostlist(nodes), run=run)
+    text = _scontrol("show", "node", hostlist.collect_hostlist(nodes))
     records = (parse_record(line) for line in text.splitlines() if line.strip())
     return {r["NodeName"]: r.get("State", "") for r in records if "NodeName" in r}
 
 
-def requeue(job: str, run: Any = subprocess.run) -> None:
+def requeue(job: str) -> None:
     """``scontrol requeue JOB``: the job goes back to the queue, same id, a fresh time slot."""
-    run(["scontrol", "requeue", str(job)], capture_output=True, text=True, check=True, timeout=60)
+    run(["scontrol", "requeue", str(job)], check=True)
+
+
+def rename(job: str, name: str) -> None:
+    """``scontrol update JobId=JOB JobName=NAME``."""
+    run(["scontrol", "update", f"JobId={job}", f"JobName={name}"], check=True)
+
+
+def config() -> str:
+    """The cluster's ``scontrol show config`` (``Key = Value`` lines)."""
+    return run(["scontrol", "show", "config"], check=True).stdout
+
+
+def partitions() -> list[dict[str, str]]:
+    """Every partition's ``scontrol -o show partition`` fields."""
+    records = map(parse_record, _scontrol("show", "partition").splitlines())
+    return [r for r in records if "PartitionName" in r]

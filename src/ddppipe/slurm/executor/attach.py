@@ -16,7 +16,6 @@ attached to, and the job fails with a message saying to wait for it or cancel it
 
 from __future__ import annotations
 
-import getpass
 import logging
 import subprocess
 from collections.abc import Iterable
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.slurm import scontrol
+from ddppipe.slurm import scontrol, squeue
 
 log = logging.getLogger(__name__)
 RULES = ("train",)  # the rules whose job outlives a head worth waiting for
@@ -33,7 +32,6 @@ LIVE_STATES = frozenset({
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
     "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED",
 })  # fmt: skip
-QUEUE_FORMAT = "%i|%T|%k|%Z"  # job id, state, comment, working directory
 CLOCK_SLACK_S = 2.0  # between the filesystem's clock (inputs' mtimes) and slurmctld's
 
 
@@ -52,36 +50,25 @@ def comment(rule: str, wildcards: Iterable[str]) -> str:
     return f"rule_{rule}_wildcards_{values}" if values else f"rule_{rule}"
 
 
-def parse_queue(text: str, wanted_comment: str, workdir: Path) -> list[LiveJob]:
-    """The live jobs of ``squeue -o QUEUE_FORMAT`` output with that comment and working
-    directory, oldest first."""
-    found = []
-    for line in text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) != 4:
-            continue
-        job_id, state, job_comment, jobdir = fields
-        if (
-            state in LIVE_STATES
-            and job_comment == wanted_comment
-            and Path(jobdir).resolve() == workdir.resolve()
-        ):
-            found.append(LiveJob(job_id, state))
+def live(queued: list[squeue.Queued], wanted_comment: str, workdir: Path) -> list[LiveJob]:
+    """The live jobs of ``queued`` with that comment and working directory, oldest first."""
+    found = [
+        LiveJob(q.job, q.state) for q in queued
+        if q.state in LIVE_STATES and q.comment == wanted_comment
+        and q.workdir.resolve() == workdir.resolve()
+    ]  # fmt: skip
     return sorted(found, key=lambda j: int(j.job_id.split("_")[0]))
 
 
-def find(wanted_comment: str, workdir: Path, run: Any = subprocess.run) -> LiveJob | None:
+def find(wanted_comment: str, workdir: Path) -> LiveJob | None:
     """This user's newest live job with ``wanted_comment`` submitted from ``workdir``; None when
     there is none or squeue cannot say (then the plugin submits as usual)."""
     try:
-        out = run(
-            ["squeue", "-h", "-u", getpass.getuser(), "-o", QUEUE_FORMAT],
-            capture_output=True, text=True, check=True, timeout=60,
-        ).stdout  # fmt: skip
+        queued = squeue.mine()
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("ddppipe: squeue failed (%s): not looking for a job to attach to", e)
         return None
-    jobs = parse_queue(out, wanted_comment, workdir)
+    jobs = live(queued, wanted_comment, workdir)
     if len(jobs) > 1:
         log.warning(
             "ddppipe: %d live jobs %s (%s) from %s; attaching to the newest, %s",
@@ -95,13 +82,11 @@ class StaleJobError(RuntimeError):
     """The live job was submitted before the job's inputs last changed: it trains other ones."""
 
 
-def take_over(
-    job_id: str, run_id: str, inputs: Iterable[str | Path] = (), run: Any = subprocess.run
-) -> Path | None:
+def take_over(job_id: str, run_id: str, inputs: Iterable[str | Path] = ()) -> Path | None:
     """Rename the job to ``run_id`` (what the plugin's status checks ask for); its log file
     (the job's StdOut) if scontrol names one. StaleJobError when one of ``inputs`` changed
     after the job's submission."""
-    record = scontrol.job_record(job_id, run=run)
+    record = scontrol.job_record(job_id)
     submitted = scontrol.timestamp(record.get("SubmitTime", ""))
     limit = (submitted or float("inf")) + CLOCK_SLACK_S
     newer = [str(p) for p in inputs if Path(p).stat().st_mtime > limit]
@@ -111,8 +96,7 @@ def take_over(
             f"since its submission at {record.get('SubmitTime')}): wait for it to end, or "
             f"stop it (scancel {job_id}), then run snakemake again"
         )
-    run(["scontrol", "update", f"JobId={job_id}", f"JobName={run_id}"],
-        capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    scontrol.rename(job_id, run_id)
     stdout = record.get("StdOut", "")
     return Path(stdout.replace("%j", job_id)) if stdout else None
 

@@ -35,24 +35,22 @@ include: "workflow/rules/sweep.smk"
 
 
 onstart:
-    check_cluster_policy()  # SLURM executor: settings that would hang or lose work
-    install_snakemake_changes()  # every change to Snakemake's objects, its version checked
-    start_warm_ranks()  # local sweeps and studies: ranks forked warm (ddppipe.launching.warm)
+    # SLURM: settings that would hang or lose work refused; every change to Snakemake's
+    # objects, its version checked; local sweeps and studies: ranks forked warm
+    ddp_call.start(P)
 
 
 onsuccess:
-    stop_warm_ranks()
-    close_pack()  # a packed sweep: its idle allocations end
-    print_summary()
+    ddp_call.end(
+        P
+    )  # warm ranks stopped, a packed sweep's allocations ended, the summary
 
 
 onerror:
-    stop_warm_ranks()
-    close_pack()
-    print_summary()
+    ddp_call.end(P)
 
 
 rule all:
     default_target: True
     input:
-        all_outputs(),
+        P.all_outputs(),

@@ -5,10 +5,10 @@ rule build_image:
     Rebuilt when the recipe, pyproject.toml or a source file of the package changes.
     """
     input:
-        **image_sources(),
+        **IMAGE.sources(),
     output:
         image=config["container"]["image"],
-        info=str(ddp_identity.info_path(config["container"]["image"])),
+        info=IMAGE.info(config["container"]["image"]),
     log:
         "logs/build_image.log",
     benchmark:
@@ -22,29 +22,29 @@ rule build_image:
         " --info {output.info} --log {log} --context {params.context}"
 
 
-if TASK_REQUIREMENTS:
+if P.task_requirements:
 
     rule build_task_image:
         """The image plus the task's pinned pip packages (container.requirements), atomically,
         with its recipe and info JSON (SHA-256, labels, requirements, base image).
 
         Named by a hash of the list: a changed list is a new image; a rebuilt base image
-        rebuilds it. Train and evaluate then run in it (run_image()).
+        rebuilds it. Train and evaluate then run in it (IMAGE.run_image()).
         """
         input:
             image=config["container"]["image"],
-            info=str(ddp_identity.info_path(config["container"]["image"])),
+            info=IMAGE.info(config["container"]["image"]),
         output:
-            image=run_image(),
-            info=str(ddp_identity.info_path(run_image())),
-            recipe=str(ddp_requirements.recipe_path(run_image())),
+            image=IMAGE.run_image(),
+            info=IMAGE.info(IMAGE.run_image()),
+            recipe=IMAGE.task_image_recipe(),
         log:
             "logs/build_task_image.log",
         benchmark:
             "benchmarks/build_task_image.tsv"
         localrule: True
         params:
-            requirements=shlex.join(TASK_REQUIREMENTS),
+            requirements=shlex.join(P.task_requirements),
         shell:
             "ddppipe build-task-image --base {input.image} --image {output.image}"
             " --info {output.info} --log {log} {params.requirements}"

@@ -8,7 +8,7 @@ rule write_config:
     inside the run's image (a script is only hashed, on the host).
     """
     input:
-        image=task_only(image_input()),
+        image=IMAGE.task_input(),
     output:
         RUN_LAYOUT.config,
     log:
@@ -19,13 +19,13 @@ rule write_config:
     threads: 0  # no core of its own: the next trial's config is written beside a training
     params:
         config=lambda wc: json.dumps(RUNS.config(wc.run)),
-        source=SOURCE.sha256,  # a changed task (or script) file re-runs the run's training
-        gpus=lambda wc: run_gpus(wc.run),  # its device: decided once (RUNS.spec)
+        source=P.source.sha256,  # a changed task (or script) file re-runs the run's training
+        gpus=lambda wc: P.run_gpus(wc.run),  # its device: decided once (RUNS.spec)
     # A shell command, not run: (Snakemake starts a run: job as a new snakemake process that
     # parses the workflow again, ~2.5 s); a broken task's error goes to the terminal too.
-    # task_exec(): with container.mode apptainer, inside the image.
+    # IMAGE.task_exec(): with container.mode apptainer, inside the image.
     shell:
-        task_exec()
+        IMAGE.task_exec()
         + "ddppipe resolve-config --json {params.config:q} --gpus {params.gpus} --out {output}"
         " 2>&1 | tee {log} >&2"
 
@@ -40,7 +40,7 @@ rule data_config:
         data=r"[^/]+",
     localrule: True
     params:
-        settings=data_settings,
+        settings=P.data_settings,
     shell:
         "ddppipe data-settings --json {params.settings:q} --out {output} 2> {log}"
 
@@ -55,7 +55,7 @@ rule prepare_data:
     """
     input:
         settings="resources/{data}.yaml",
-        image=task_only(image_input()),
+        image=IMAGE.task_input(),
     output:
         "resources/{data}/manifest.json",
     log:
@@ -67,7 +67,7 @@ rule prepare_data:
     localrule: True
     params:
         data=lambda wildcards, output: os.path.dirname(output[0]),
-    # task_exec(): with container.mode apptainer, inside the image.
+    # IMAGE.task_exec(): with container.mode apptainer, inside the image.
     shell:
-        task_exec()
+        IMAGE.task_exec()
         + "ddppipe prepare --settings {input.settings} --dest {params.data} 2> {log}"

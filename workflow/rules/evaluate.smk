@@ -120,13 +120,13 @@ rule export:
         result=(
             RUN_LAYOUT.train.outputs if KIND == "script" else RUN_LAYOUT.train.weights
         ),
-        record=task_only(RUN_LAYOUT.train.record),
+        record=P.task_only(RUN_LAYOUT.train.record),
         config=RUN_LAYOUT.config,
         attempts=RUN_LAYOUT.train.attempts,
-        data=data_input(),
-        image=image_input(),
+        data=P.data_input(),
+        image=IMAGE.as_input(),
     output:
-        result=result_output(RUN_LAYOUT.export.result(KIND)),
+        result=P.result_output(RUN_LAYOUT.export.result(KIND)),
         provenance=report(
             RUN_LAYOUT.export.provenance,
             caption="../report/provenance.rst",
@@ -142,10 +142,8 @@ rule export:
     resources:
         ddppipe_beside=1,  # (BESIDE, rules/common.smk)
     params:
-        data=lambda wc, input: (
-            f"--data {os.path.dirname(input.data)}" if input.data else ""
-        ),
-        image_info=image_info_arg(),  # records the image's SHA-256 in the provenance
+        data=P.data_option,
+        image_info=IMAGE.info_arg(),  # records the image's SHA-256 in the provenance
         record=lambda wc, input: f"--record {input.record}" if input.record else "",
     shell:
         "ddppipe export --result {input.result} {params.record} --config {input.config}"

@@ -6,13 +6,13 @@
 rule sweep:
     """Target: the sweep's table, best trial and figures, and every trial's run outputs."""
     input:
-        sweep_targets,
+        SWEEP.targets,
 
 
 rule sweep_trials:
     """The sweep's definition and its trials (name, run, values): what the table lists."""
     input:
-        rounds=all_rounds,  # a model-based sweep: once every round is suggested
+        rounds=SWEEP.all_rounds,  # a model-based sweep: once every round is suggested
     output:
         "results/sweeps/{sweep}/sweep.json",
     log:
@@ -32,9 +32,9 @@ rule sweep_table:
     """
     input:
         sweep="results/sweeps/{sweep}/sweep.json",
-        evaluations=trial_files(lambda r: r.eval.metrics),
-        metrics=trial_files(lambda r: r.train.metrics),
-        attempts=trial_files(lambda r: r.train.attempts),
+        evaluations=SWEEP.trial_files(lambda r: r.eval.metrics),
+        metrics=SWEEP.trial_files(lambda r: r.train.metrics),
+        attempts=SWEEP.trial_files(lambda r: r.train.attempts),
     output:
         table=report(
             "results/sweeps/{sweep}/trials.csv",
@@ -95,7 +95,7 @@ checkpoint sweep_round:
     finished trials before it, once a slot is free (ddppipe.sweeps.rounds: the job waits for
     one, beside the trainings)."""
     input:
-        finished_rounds,
+        SWEEP.finished_rounds,
     output:
         "results/sweeps/{sweep}/rounds/{round}.json",
     log:

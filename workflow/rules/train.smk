@@ -8,56 +8,54 @@ rule train:
     """
     input:
         config=RUN_LAYOUT.config,
-        data=data_input(),  # the task's data manifest (none for a script)
-        image=image_input(),  # container.mode apptainer: launch runs torchrun in the image
+        data=P.data_input(),  # the task's data manifest (none for a script)
+        image=IMAGE.as_input(),  # container.mode apptainer: launch runs torchrun in the image
     output:
         # a task's final checkpoint, or the files a script left in job.output_dir()
-        result=result_output(RUN_LAYOUT.train.result(KIND)),
+        result=P.result_output(RUN_LAYOUT.train.result(KIND)),
         metrics=RUN_LAYOUT.train.metrics,
         # a task's final evaluation (distributed, in the training's allocation); none for a script
-        evaluation=task_only(RUN_LAYOUT.train.evaluation),
+        evaluation=P.task_only(RUN_LAYOUT.train.evaluation),
         # a task's final weights alone and the final checkpoint's record (for export)
-        weights=task_only(RUN_LAYOUT.train.weights),
-        record=task_only(RUN_LAYOUT.train.record),
+        weights=P.task_only(RUN_LAYOUT.train.weights),
+        record=P.task_only(RUN_LAYOUT.train.record),
         attempts=RUN_LAYOUT.train.attempts,  # every job slot that trained the run
     log:
         RUN_LAYOUT.log("train"),
     benchmark:
         RUN_LAYOUT.benchmark("train")
     wildcard_constraints:
-        run=UNPACKED_RUN,  # a packed sweep's trials: rule train_packed
+        run=SWEEP.unpacked_run,  # a packed sweep's trials: rule train_packed
     # a sweep's trials start in its order (start_trials_in_order, rules/common.smk)
-    priority: trial_priority
-    threads: lambda wc: ddp_launch.job_threads(RUNS.spec(wc.run))
+    priority: SWEEP.priority
+    threads: P.threads
     resources:
-        **ddp_slurm_request.train_resources(RUNS),  # ddppipe.slurm.request.Request, per run
+        **P.train_resources(),  # ddppipe.slurm.request.Request, per run
         # a sweep's trial holds one of sweep.max_parallel slots (rules/sweep.smk)
-        ddppipe_sweep_trials=lambda wc: trial_slot(wc),
+        ddppipe_sweep_trials=SWEEP.trial_slot,
     params:
-        data=lambda wc, input: (
-            f"--data {os.path.dirname(input.data)}" if input.data else ""
-        ),
+        data=P.data_option,
         state=str(RUN_LAYOUT.state),
         # what output.result is
         result="--outputs" if KIND == "script" else "--checkpoint",
         # a packed sweep's trial: its launch queued for the sweep's allocations (train_packed)
-        pack=lambda wc: packed_prefix(wc.run),
+        pack=lambda wc: SWEEP.packed_prefix(wc.run, P.on_slurm()),
     shell:
         "{params.pack}ddppipe launch --config {input.config} {params.data} --state {params.state}"
         " {params.result} {output.result} --metrics {output.metrics}"
         " --attempts {output.attempts} --log {log}"
 
 
-if PACKED:
+if SWEEP.packed:
 
     use rule train as train_packed with:
         wildcard_constraints:
-            run=PACKED_RUN,
+            run=SWEEP.packed_run,
         # sweep.pack on SLURM: the trial trains in one of the sweep's held allocations
         # (ddppipe.packing); this job, local to the submitting Snakemake, queues its launch
         # command, keeps an allocation coming while trials wait, and waits for its status.
         # Locally it trains as rule train does.
-        threads: lambda wc: packed_threads(wc.run)
+        threads: lambda wc: SWEEP.packed_threads(wc.run, P.on_slurm())
 
     localrules:
         train_packed,

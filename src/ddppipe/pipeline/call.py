@@ -1,0 +1,84 @@
+"""One snakemake call's start and end (the Snakefile's ``onstart``, ``onsuccess`` and
+``onerror``): the cluster's settings checked, Snakemake changed, warm ranks, the summary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+
+from ddppipe.apptainer import tool as apptainer
+from ddppipe.launching import warm
+from ddppipe.pipeline import snakemake_changes
+from ddppipe.pipeline.pipeline import Pipeline
+from ddppipe.settings import layout
+from ddppipe.slurm import cluster_policy, executor
+
+_WARM: list[subprocess.Popen] = []  # the warm-rank server of this call, when it started one
+
+
+def start(p: Pipeline) -> None:
+    """Before the first job: on SLURM, the cluster's settings that would hang the workflow
+    or lose work refused (or warned of: ddppipe.slurm.cluster_policy); Snakemake changed
+    (ddppipe.pipeline.snakemake_changes, its version checked); warm ranks for a local call
+    that trains several runs."""
+    try:
+        if p.on_slurm():
+            settings = p.workflow.executor_settings
+            found = cluster_policy.check_cluster(p.runs.spec(p.run), settings.status_command,
+                                                 settings.requeue, p.run_states())  # fmt: skip
+            for finding in found:
+                logger.warning(f"ddppipe cluster check: {finding}")
+        order = p.sweep.order if p.sweep.sweep is not None else None
+        changes = snakemake_changes.Changes(p.on_slurm(), p.training_state, p.run_states(),
+                                            order)  # fmt: skip
+        snakemake_changes.install(p.workflow, changes)
+    except (cluster_policy.ClusterPolicyError, snakemake_changes.SnakemakeVersionError,
+            executor.PluginVersionError) as e:  # fmt: skip
+        raise WorkflowError(str(e)) from None  # shown as a message, without a traceback
+    _start_warm_ranks(p)
+
+
+def end(p: Pipeline) -> None:
+    """After the last job (success or not): the warm server stopped, a packed sweep's idle
+    allocations ended, the run's summary and the sweep's table printed."""
+    for server in _WARM:
+        server.terminate()
+        server.wait()
+    _WARM.clear()
+    os.environ.pop(warm.SOCKET_ENV, None)
+    os.environ.pop(warm.SERVER_ENV, None)
+    p.sweep.close_pack()
+    from ddppipe.reports import summary
+
+    root = layout.RunLayout(p.run).root
+    if root.is_dir():
+        logger.info(summary.text(root))
+    if p.sweep.sweep is not None:  # its table and best trial written from what exists
+        from ddppipe.sweeps import results
+
+        logger.info(results.after_call(p.sweep.sweep, layout.RESULTS))
+
+
+def _start_warm_ranks(p: Pipeline) -> None:
+    """A local call of a config with a sweep or a scaling study: one server imports torch
+    once and forks every trial's ranks (ddppipe.launching.warm), instead of each rank
+    importing it. Not on SLURM (the ranks run on the job's nodes), nor in a container
+    (another Python), nor in a job's own snakemake, nor for one training."""
+    if p.on_slurm() or apptainer.enabled(p.runs.spec(p.run).container):
+        return
+    if os.environ.get("SLURM_JOB_ID") or not _trains_several(p):
+        return
+    socket = warm.local_socket()
+    server = warm.start(socket, layout.LOGS / "warm-server.log", p.warm_datasets())
+    _WARM.append(server)
+    os.environ[warm.SOCKET_ENV] = str(socket)
+    os.environ[warm.SERVER_ENV] = str(server.pid)
+
+
+def _trains_several(p: Pipeline) -> bool:
+    """Whether this call trains more than one run (or suggests trials still to train)."""
+    todo = [j.rule.name for j in p.workflow.dag.needrun_jobs()]
+    return todo.count("train") + todo.count("train_packed") > 1 or "sweep_round" in todo

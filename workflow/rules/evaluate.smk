@@ -24,7 +24,7 @@ if KIND == "script":
         localrule: True
         threads: 0  # no core of its own: a little Python beside a training
         resources:
-            ddppipe_beside=1,  # (BESIDE, rules/common.smk)
+            ddppipe_beside=1,  # (ddppipe.pipeline.pipeline.BESIDE)
         shell:
             "ddppipe evaluate-logged --metrics {input} --out {output.metrics}"
             " --plot {output.plot} 2> {log}"
@@ -60,7 +60,7 @@ else:
         localrule: True
         threads: 0  # no core of its own: a little Python beside a training
         resources:
-            ddppipe_beside=1,  # (BESIDE, rules/common.smk)
+            ddppipe_beside=1,  # (ddppipe.pipeline.pipeline.BESIDE)
         shell:
             "ddppipe plot-evaluation --evaluation {input} --metrics {output.metrics}"
             " --plot {output.plot} 2> {log}"
@@ -82,7 +82,7 @@ rule plot_training:
     localrule: True
     threads: 0  # no core of its own: a little Python beside a training
     resources:
-        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
+        ddppipe_beside=1,  # (ddppipe.pipeline.pipeline.BESIDE)
     shell:
         "ddppipe plot-training --metrics {input} --out {output} 2> {log}"
 
@@ -103,7 +103,7 @@ rule attempt_history:
     localrule: True
     threads: 0  # no core of its own: a little Python beside a training
     resources:
-        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
+        ddppipe_beside=1,  # (ddppipe.pipeline.pipeline.BESIDE)
     shell:
         "ddppipe attempts --history {input} --run {wildcards.run} --html {output} 2> {log}"
 
@@ -140,7 +140,7 @@ rule export:
     localrule: True  # copies and hashes files: no compute node to wait for
     threads: 0  # no core of its own: a little Python beside a training
     resources:
-        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
+        ddppipe_beside=1,  # (ddppipe.pipeline.pipeline.BESIDE)
     params:
         data=P.data_option,
         image_info=IMAGE.info_arg(),  # records the image's SHA-256 in the provenance
@@ -173,6 +173,6 @@ rule summarize:
     localrule: True
     threads: 0  # no core of its own: a little Python beside a training
     resources:
-        ddppipe_beside=1,  # (BESIDE, rules/common.smk)
+        ddppipe_beside=1,  # (ddppipe.pipeline.pipeline.BESIDE)
     shell:
         "ddppipe summary {wildcards.run} --html {output} 2> {log}"

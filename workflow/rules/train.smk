@@ -26,7 +26,7 @@ rule train:
         RUN_LAYOUT.benchmark("train")
     wildcard_constraints:
         run=SWEEP.unpacked_run,  # a packed sweep's trials: rule train_packed
-    # a sweep's trials start in its order (start_trials_in_order, rules/common.smk)
+    # a sweep's trials start in its order (ddppipe.pipeline.in_order)
     priority: SWEEP.priority
     threads: P.threads
     resources:

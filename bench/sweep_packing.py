@@ -147,9 +147,9 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
     ):
         time.sleep(0.5)
     if pool.is_dir():
-        from ddppipe.packing import accounting
+        from ddppipe.packing import allocation_cost
 
-        cost = accounting.cost(pool)
+        cost = allocation_cost.cost(pool)
         assert cost is not None
         out.update(jobs=len(cost.jobs), cpu_hours=cost.held_hours,
                    idle=cost.idle_while_trials, queue=max(cost.queue_s))  # fmt: skip

@@ -1,13 +1,13 @@
 """A training job that fails before its launcher starts (ddppipe.slurm.executor.early_failures,
-ddppipe.runstate.early_failures): the error read from what the job's own Snakemake printed,
+ddppipe.runstate.prelaunch_failures): the error read from what the job's own Snakemake printed,
 and the crash rule before training. On SLURM end to end: tests/test_sweep_slurm.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ddppipe.runstate import early_failures
-from ddppipe.runstate.early_failures import EarlyFailure
+from ddppipe.runstate import prelaunch_failures
+from ddppipe.runstate.prelaunch_failures import EarlyFailure
 from ddppipe.runstate.state import StateDir
 from ddppipe.slurm.executor.early_failures import error_of_log
 from tests.tiny import default_config
@@ -66,22 +66,22 @@ def failure(
 
 def test_a_second_identical_early_failure_is_final() -> None:
     first, second = failure("3", 100.0), failure("6", 130.0)
-    assert not early_failures.repeated([first], [])
-    assert early_failures.repeated([first, second], [])
+    assert not prelaunch_failures.repeated([first], [])
+    assert prelaunch_failures.repeated([first, second], [])
     other = failure("6", 130.0, "ModuleNotFoundError: No module named 'mytask'")
-    assert not early_failures.repeated([first, other], [])
+    assert not prelaunch_failures.repeated([first, other], [])
     # a slot that trained between them: the run got further; this one is the first again
-    assert not early_failures.repeated([first, second], [110.0])
+    assert not prelaunch_failures.repeated([first, second], [110.0])
 
 
 def test_a_slot_started_after_an_early_failure_tells_the_runs_story(tmp_path: Path) -> None:
     state = StateDir(tmp_path)
-    assert early_failures.load(state) == []
-    found = early_failures.record(state, failure("3", 100.0))
-    assert early_failures.load(state) == found == [failure("3", 100.0)]
+    assert prelaunch_failures.load(state) == []
+    found = prelaunch_failures.record(state, failure("3", 100.0))
+    assert prelaunch_failures.load(state) == found == [failure("3", 100.0)]
     assert (tmp_path / "early-failures.json").is_file()
-    assert early_failures.latest(found, [90.0]) == failure("3", 100.0)
-    assert early_failures.latest(found, [120.0]) is None
+    assert prelaunch_failures.latest(found, [90.0]) == failure("3", 100.0)
+    assert prelaunch_failures.latest(found, [120.0]) is None
     assert failure("3", 100.0).text() == (
         "before training (SLURM job 3): WorkflowError: task 'x.py': no such file "
         "(log: .snakemake/slurm_logs/rule_train/x/3.log)"

@@ -19,7 +19,7 @@ import pytest
 
 from ddppipe.core import atomic
 from ddppipe.launching import resolve
-from ddppipe.packing import accounting, tickets, worker
+from ddppipe.packing import allocation_cost, tickets, worker
 from ddppipe.packing.allocation import Allocation, PackError
 from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool
@@ -273,18 +273,18 @@ def test_the_cost_of_the_allocations(tmp_path: Path) -> None:
     ]  # fmt: skip
     for n in nodes:
         (pool.allocations / "nodes" / f"{n['job']}-{n['node']}.json").write_text(json.dumps(n))
-    found = accounting.cost(pool.root)
+    found = allocation_cost.cost(pool.root)
     assert found is not None
     assert found.jobs == ["11", "12"] and found.slots == 4
     assert found.held_hours == pytest.approx((100 * 4 + 50 * 4) / 3600)
     assert found.busy_s == 190.0 and found.span_s == 90 + 90 + 50
     assert found.idle_while_trials == pytest.approx(1 - 190 / 230)
     assert found.queue_s == [10.0, 30.0]
-    written = accounting.write(pool.root)
+    written = allocation_cost.write(pool.root)
     assert json.loads(pool.cost.read_text())["jobs"] == ["11", "12"]
     assert (
         written
-        == accounting.line(pool.root)
+        == allocation_cost.line(pool.root)
         == (
             "allocations: 2 (SLURM jobs 11, 12), 4 slot(s); held 0.1667 CPU-hours, idle 17% of "
             "the slots' time while trials remained, queue wait 30 s at most"

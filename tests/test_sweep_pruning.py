@@ -24,7 +24,7 @@ from ddppipe.data import manifest
 from ddppipe.launching import resolve
 from ddppipe.reports import summary
 from ddppipe.settings import config, layout
-from ddppipe.settings.run_spec import Pruning, Trial
+from ddppipe.settings.run_spec import Pruning, TrialSection
 from ddppipe.settings.runs import Runs
 from ddppipe.training import pruning
 from tests.tiny import default_config
@@ -79,7 +79,8 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = Runs(cfg)
     assert sorted(t.name for t in runs.trials) == sorted([SLOW, BAD, FAST])
     finished = pruning.TrialPruner(
-        Trial(SWEEP, SLOW, {"train.lr": 0.001}, PRUNE), workdir / layout.SweepLayout(SWEEP).journal
+        TrialSection(SWEEP, SLOW, {"train.lr": 0.001}, PRUNE),
+        workdir / layout.SweepLayout(SWEEP).journal,
     )
     for epoch, accuracy in FINISHED.items():
         finished.report({"epoch": epoch, "test_accuracy": accuracy}, decide=False)
@@ -159,7 +160,7 @@ def test_a_resumed_trial_continues_its_optuna_trial(tmp_path: Path) -> None:
     """A later slot of a trial (a requeue, a retry) reports into the same Optuna trial; one
     that finished is not told twice; the next trial of that name is a new one."""
     prune = PRUNE
-    trial = Trial(SWEEP, "lr=0.1", {"train.lr": 0.1}, prune)
+    trial = TrialSection(SWEEP, "lr=0.1", {"train.lr": 0.1}, prune)
     journal = tmp_path / "optuna.journal"
     first = pruning.TrialPruner(trial, journal)
     assert first.report({"epoch": 1, "test_accuracy": 0.5}) is False  # nothing finished yet
@@ -172,7 +173,7 @@ def test_a_resumed_trial_continues_its_optuna_trial(tmp_path: Path) -> None:
     assert [(t.state.name, t.value, t.intermediate_values) for t in study.trials] == [
         ("COMPLETE", 0.7, {1: 0.5, 2: 0.7})
     ]
-    below = pruning.TrialPruner(Trial(SWEEP, "lr=1e-05", {"train.lr": 1e-5}, prune), journal)
+    below = pruning.TrialPruner(TrialSection(SWEEP, "lr=1e-05", {"train.lr": 1e-5}, prune), journal)
     assert below.report({"epoch": 1, "test_accuracy": 0.1}) is True
     halving = Pruning(method="halving", metric="loss", direction="minimize", warmup_epochs=2)
     found = pruning.make_pruner(halving)

@@ -37,7 +37,7 @@ import pytest
 
 from ddppipe.reports import summary
 from ddppipe.settings import layout
-from ddppipe.settings.run_spec import Pruning, Trial
+from ddppipe.settings.run_spec import Pruning, TrialSection
 from ddppipe.training import pruning
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
@@ -147,7 +147,7 @@ def calls(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> It
     workdir, scaling_dir, hidden_dir = root / "wd", root / "scaling", root / "hidden"
     prune = Pruning(method="median", metric="accuracy", direction="maximize", warmup_epochs=1)
     finished = pruning.TrialPruner(
-        Trial(SWEEP, "finished", {"train.lr": 0.001, "train.batch_size": BATCH}, prune),
+        TrialSection(SWEEP, "finished", {"train.lr": 0.001, "train.batch_size": BATCH}, prune),
         workdir / layout.SweepLayout(SWEEP).journal,
     )  # fmt: skip
     for epoch, accuracy in FINISHED.items():

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ddppipe.runstate import sweep_rounds
 from ddppipe.settings import sweep as sweeps
 from ddppipe.settings.config import ConfigError, validate
 from ddppipe.settings.runs import Runs
@@ -151,14 +152,14 @@ def test_tpe_rounds_and_the_trials_their_files_name(tmp_path: Path) -> None:
     found = parse(name="t", method="tpe", trials=5, max_parallel=2,
                   parameters={"train.lr": {"low": 0.01, "high": 0.1}})  # fmt: skip
     # 2 at once, then one a round: round k once k trials have ended (a slot free for it)
-    assert sweeps.round_sizes(found, tmp_path) == [2, 1, 1, 1]
-    assert [sweeps.ended_before(found, k, tmp_path) for k in range(4)] == [0, 1, 2, 3]
-    assert sweeps.trials(found, rounds=tmp_path) == []
+    assert sweep_rounds.round_sizes(found, tmp_path) == [2, 1, 1, 1]
+    assert [sweep_rounds.ended_before(found, k, tmp_path) for k in range(4)] == [0, 1, 2, 3]
+    assert sweep_rounds.trials(found, rounds=tmp_path) == []
     trial = {"name": "lr=0.05", "values": {"train.lr": 0.05}, "number": 0}
     (tmp_path / "0.json").write_text(json.dumps({"round": 0, "trials": [trial]}))
     (tmp_path / "2.json").write_text(json.dumps({"round": 2, "trials": [trial]}))  # no round 1
-    assert [t.name for t in sweeps.trials(found, rounds=tmp_path)] == ["lr=0.05"]
-    assert sweeps.trials(found, upto=0, rounds=tmp_path) == []
+    assert [t.name for t in sweep_rounds.trials(found, rounds=tmp_path)] == ["lr=0.05"]
+    assert sweep_rounds.trials(found, upto=0, rounds=tmp_path) == []
 
 
 def test_a_tpe_sweep_suggested_in_whole_rounds_before_keeps_them(tmp_path: Path) -> None:
@@ -169,9 +170,9 @@ def test_a_tpe_sweep_suggested_in_whole_rounds_before_keeps_them(tmp_path: Path)
               for k in range(1, 5)]  # fmt: skip
     (tmp_path / "0.json").write_text(json.dumps({"round": 0, "trials": trials[:2]}))
     (tmp_path / "1.json").write_text(json.dumps({"round": 1, "trials": trials[2:]}))
-    assert sweeps.round_sizes(found, tmp_path) == [2, 2, 1]
-    assert sweeps.ended_before(found, 2, tmp_path) == 4  # every trial before it
-    assert len(sweeps.trials(found, rounds=tmp_path)) == 4
+    assert sweep_rounds.round_sizes(found, tmp_path) == [2, 2, 1]
+    assert sweep_rounds.ended_before(found, 2, tmp_path) == 4  # every trial before it
+    assert len(sweep_rounds.trials(found, rounds=tmp_path)) == 4
 
 
 @pytest.mark.parametrize(
@@ -277,7 +278,7 @@ def test_rounds_tell_the_finished_trials_once_and_ask_again_the_same(tmp_path: P
     assert told[0] == (TrialState.COMPLETE, 0.75)
     assert told[1] == (TrialState.COMPLETE, 0.25)
     assert told[second["number"]][0] == TrialState.RUNNING
-    assert [t.name for t in sweeps.trials(found, rounds=folder)] == [
+    assert [t.name for t in sweep_rounds.trials(found, rounds=folder)] == [
         first[0]["name"],
         first[1]["name"],
         second["name"],

@@ -172,7 +172,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "warm-server",
         "import torch once and fork the training processes of later slots (warm ranks)",
-        "ddppipe.launching.commands:warm_server",
+        "ddppipe.cli.warm_server:warm_server",
         arg("--socket", type=Path, required=True, help="the Unix socket to listen on"),
         arg(
             "--data-json",

@@ -37,7 +37,7 @@ def atomic_path(dest: str | os.PathLike[str], durable: bool = True) -> Iterator[
                 os.fsync(f.fileno())
         os.replace(tmp, dest)
         if durable:
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.errno is not None and e.filename is None:
@@ -60,7 +60,8 @@ def _umask() -> int:
     return mask
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder ``path`` (a rename into it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

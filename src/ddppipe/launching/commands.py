@@ -88,16 +88,6 @@ def _launch(
     return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts)
 
 
-def warm_server(socket: Path, data_json: str) -> int:
-    """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM."""
-    import json
-
-    from ddppipe.launching import warm
-
-    warm.serve(socket, data=json.loads(data_json))
-    return 0
-
-
 def preflight(config_path: Path) -> int:
     """``ddppipe preflight``: check the SLURM job's nodes before training; print the report."""
     import yaml

@@ -25,7 +25,6 @@ server's uid, else refused and logged), and a request may name only :data:`SERVE
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -38,8 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from ddppipe.core.errors import UserError
@@ -49,17 +49,6 @@ log = logging.getLogger(__name__)
 SOCKET_ENV = "DDPPIPE_WARM_SOCKET"
 SERVER_ENV = "DDPPIPE_WARM_SERVER"  # the server's pid: while it starts, launchers wait for it
 CHILD_ENV = "DDPPIPE_WARM_CHILD"  # set in a command the server forked: it runs, no delegating
-# What a rank imports before its first step (the rest is small).
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "torch.nn.parallel",
-    "torch._dynamo",
-    "ddppipe.training.train",
-    "ddppipe.training.evaluate",
-    "ddppipe.cli.ranks",
-    "ddppipe.reports.plots",
-)
 # What a request may run: a launcher's rank entry points (a task's ``ddppipe train``, a script's
 # runner) and ddppipe's own subcommands (:func:`delegate`); nothing else is forked.
 SERVED = frozenset({"ddppipe", "ddppipe.training.run_script"})
@@ -73,18 +62,18 @@ _POLL_S = 0.05
 # -- the server ------------------------------------------------------------------------------
 
 
-def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
+def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
           data: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
-    """Import ``preload``, then fork a rank for each request on the Unix socket ``path`` until
-    SIGTERM (or until the process that started it exits). ``data``: the task datasets to load
-    and keep for the ranks (``task``, ``data_dir``, ``args`` each), each once its data is
-    prepared, while no request waits."""
+    """Import what a rank imports before its first step (``preload``: the modules it imported;
+    :func:`ddppipe.cli.warm_server.preload`), then fork a rank for each request on the Unix
+    socket ``path`` until SIGTERM (or until the process that started it exits). ``data``: the
+    task datasets to load and keep for the ranks (``task``, ``data_dir``, ``args`` each), each
+    once its data is prepared, while no request waits."""
     started = time.monotonic()
     _check_private(path.parent)
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
-    for module in preload:
-        importlib.import_module(module)
+    preloaded = ", ".join(m.__name__ for m in preload())
     global _DEFAULT_THREADS
     if "torch" in sys.modules:  # no thread pool in a process that forks (each rank sets its own)
         _DEFAULT_THREADS = sys.modules["torch"].get_num_threads()
@@ -102,7 +91,7 @@ def serve(path: Path, preload: tuple[str, ...] = PRELOAD,
 
     signal.signal(signal.SIGTERM, on_term)
     listener = _listen(path)
-    log.info("warm ranks ready in %.1f s (%s)", time.monotonic() - started, ", ".join(preload))
+    log.info("warm ranks ready in %.1f s (%s)", time.monotonic() - started, preloaded)
     ranks: dict[int, socket.socket] = {}  # pid -> its launcher's connection
     orphans: set[int] = set()  # ranks whose launcher went away, killed
     try:

@@ -82,7 +82,7 @@ class Pool:
 
     @property
     def cost(self) -> Path:
-        """What the allocations cost (:mod:`ddppipe.packing.accounting`)."""
+        """What the allocations cost (:mod:`ddppipe.packing.allocation_cost`)."""
         return self.root / "cost.json"
 
     @property

@@ -21,6 +21,7 @@ from ddppipe.parallel import devices
 from ddppipe.pipeline.images import Images
 from ddppipe.pipeline.sweep_inputs import SLOT, SweepInputs
 from ddppipe.runstate import state as run_state
+from ddppipe.runstate import sweep_rounds
 from ddppipe.settings import config as configs
 from ddppipe.settings import data_sets, layout, run_spec, runs
 from ddppipe.slurm import call_executor, request
@@ -46,7 +47,7 @@ class Pipeline:
         try:
             # Every run of this config: the base run, the scaling study's, the sweep's trials;
             # each resolved once in this process (runs.spec: its device decided, its preset).
-            self.runs = runs.Runs(config, self._decide_device)
+            self.runs = runs.Runs(config, self._decide_device, sweep_rounds.trials)
             self.kind = layout.kind(config)  # a task (model + data) or a torchrun script
             self.source = (tasks.locate_script(config["script"]) if self.kind == "script"
                            else tasks.locate(config["task"]))  # fmt: skip

@@ -13,6 +13,7 @@ from snakemake.exceptions import WorkflowError
 from ddppipe.launching import launch
 from ddppipe.packing import allocation, pool
 from ddppipe.pipeline import in_order
+from ddppipe.runstate import sweep_rounds
 from ddppipe.settings import config as configs
 from ddppipe.settings import layout
 from ddppipe.settings import sweep as sweeps
@@ -51,7 +52,7 @@ class SweepInputs:
     def rounds_note(self) -> str | None:
         """A model-based sweep's note on its rounds, for the log."""
         tpe = self.sweep is not None and self.sweep.method == "tpe"
-        return sweeps.rounds_note(self.sweep) if tpe else None
+        return sweep_rounds.rounds_note(self.sweep) if tpe else None
 
     # -- rule train: a trial's slot, priority and place; a packed trial's command --------
 
@@ -119,7 +120,7 @@ class SweepInputs:
         suggested (before that, the next round's checkpoint: Snakemake asks again once it
         has run)."""
         if self._tpe():
-            return self.rounds_trial_runs(len(sweeps.round_sizes(self.sweep)))
+            return self.rounds_trial_runs(len(sweep_rounds.round_sizes(self.sweep)))
         return [t.run for t in self.runs.trials]
 
     def rounds_trial_runs(self, upto: int) -> list[str]:
@@ -128,7 +129,7 @@ class SweepInputs:
         for k in range(upto):
             self.checkpoints.sweep_round.get(sweep=self.sweep.name, round=str(k))
         self.runs.refresh()
-        return [t.run for t in sweeps.trials(self.sweep, upto=upto)]
+        return [t.run for t in sweep_rounds.trials(self.sweep, upto=upto)]
 
     def targets(self, wildcards: Any) -> list[str]:
         """Rule sweep's input: the table, best trial and figures, and the outputs of every
@@ -136,11 +137,11 @@ class SweepInputs:
         too, so each trial trains (and is evaluated) as soon as its round is suggested, next
         to the trials before it, not once every round is."""
         sweep_layout = self._layout()
-        k = sweeps.unsuggested_round(self.sweep) if self._tpe() else None
+        k = sweep_rounds.unsuggested_round(self.sweep) if self._tpe() else None
         if k is None:
             runs, next_round = self.trial_runs(), []
         else:
-            runs, next_round = self.rounds_trial_runs(k), [sweeps.round_file(self.sweep, k)]
+            runs, next_round = self.rounds_trial_runs(k), [sweep_rounds.round_file(self.sweep, k)]
         targets = [t for run in runs for t in layout.RunLayout(run).targets(self.kind)]
         fixed = (sweep_layout.trials_csv, sweep_layout.best, sweep_layout.overview)
         return [str(p) for p in (*fixed, *next_round, *targets)]
@@ -150,18 +151,18 @@ class SweepInputs:
         ddppipe.sweeps.slots); a sweep suggested in whole rounds: every trial before it,
         evaluated."""
         k = int(wildcards.round)
-        if sweeps.whole_rounds(self.sweep):
+        if sweep_rounds.whole_rounds(self.sweep):
             runs = self.rounds_trial_runs(k)
             return [str(layout.RunLayout(run).eval.metrics) for run in runs]
-        return [str(sweeps.round_file(self.sweep, k - 1))] if k else []
+        return [str(sweep_rounds.round_file(self.sweep, k - 1))] if k else []
 
     def all_rounds(self, wildcards: Any) -> list[str]:
         """A model-based sweep's round files, once every round is suggested; none otherwise."""
         if not self._tpe():
             return []
-        sizes = sweeps.round_sizes(self.sweep)
+        sizes = sweep_rounds.round_sizes(self.sweep)
         self.rounds_trial_runs(len(sizes))
-        return [str(sweeps.round_file(self.sweep, k)) for k in range(len(sizes))]
+        return [str(sweep_rounds.round_file(self.sweep, k)) for k in range(len(sizes))]
 
     def trial_files(self, path: Callable[[layout.RunLayout], Any]) -> Callable[[Any], list[str]]:
         """``path`` (a function of a trial's RunLayout) of every trial known now."""

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ddppipe.core import jsonl
-from ddppipe.runstate import early_failures
+from ddppipe.runstate import prelaunch_failures
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, layout
 from ddppipe.settings.run_spec import RunSpec
@@ -46,7 +46,7 @@ class RunFiles:
     attempts: list[dict[str, Any]]  # one record per job slot
     evaluation: dict[str, Any]  # a task's final evaluation (train/evaluation.json); {}: none yet
     # the job that failed before its launcher started, when no slot started since
-    early_failure: early_failures.EarlyFailure | None = None
+    early_failure: prelaunch_failures.EarlyFailure | None = None
 
     @property
     def jobs(self) -> list[str]:
@@ -123,7 +123,7 @@ def load(run_dir: Path) -> RunFiles:
         history=jsonl.read(metrics_path) if metrics_path else [],
         attempts=attempts,
         evaluation=json.loads(evaluation.read_text()) if evaluation.exists() else {},
-        early_failure=early_failures.latest(
-            early_failures.load(live), [float(a["start"]) for a in attempts]
+        early_failure=prelaunch_failures.latest(
+            prelaunch_failures.load(live), [float(a["start"]) for a in attempts]
         ),
     )

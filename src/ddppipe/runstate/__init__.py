@@ -1,1 +1,2 @@
-"""The run's state folder: its lock, attempts, stop requests and finished marks."""
+"""What runs left on disk: the state folder (its lock, attempts, stop requests, finished marks)
+and a model-based sweep's rounds."""

@@ -80,7 +80,7 @@ class StateDir:
     @property
     def early_failures(self) -> Path:
         """The run's jobs that failed before the launcher started, with the errors their logs
-        name (ddppipe.runstate.early_failures)."""
+        name (ddppipe.runstate.prelaunch_failures)."""
         return self.root / "early-failures.json"
 
     @property

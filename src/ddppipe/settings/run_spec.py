@@ -154,8 +154,10 @@ class Pruning:
 
 
 @dataclass(frozen=True)
-class Trial:
-    """``trial:``: the sweep a run is a trial of, its name and values, and its pruning."""
+class TrialSection:
+    """``trial:``, the section a trial's config carries (written by
+    :func:`ddppipe.settings.sweep.apply` from a sweep's :class:`~ddppipe.settings.sweep.Trial`):
+    the sweep a run is a trial of, its name and values, and how it prunes and packs."""
 
     sweep: str
     name: str
@@ -164,7 +166,7 @@ class Trial:
     pack: Pack | None = None  # the sweep's sweep.pack: the allocations the trial trains in
 
     @classmethod
-    def of(cls, value: Mapping[str, Any] | None) -> Trial | None:
+    def of(cls, value: Mapping[str, Any] | None) -> TrialSection | None:
         if value is None:
             return None
         prune, pack = value.get("prune"), value.get("pack")
@@ -213,7 +215,7 @@ class RunSpec:
     tracking: Tracking
     scaling: Scaling
     sweep: SweepSection
-    trial: Trial | None  # the sweep this run is a trial of; None: not a trial
+    trial: TrialSection | None  # the sweep this run is a trial of; None: not a trial
     _config: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
 
     @classmethod
@@ -224,7 +226,7 @@ class RunSpec:
             run=cfg["run"], task=cfg["task"], task_args=_frozen(cfg["task_args"]),
             script=cfg["script"], script_args=tuple(cfg["script_args"]),
             task_source=_frozen(cfg["task_source"]), device=cfg["resolved"]["device"],
-            trial=Trial.of(cfg["trial"]), _config=_frozen(cfg), **sections,
+            trial=TrialSection.of(cfg["trial"]), _config=_frozen(cfg), **sections,
         )  # fmt: skip
 
     @property

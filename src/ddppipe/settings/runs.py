@@ -21,13 +21,19 @@ class Runs:
 
     ``decide``: whether a run's config trains on GPUs, the one device decision
     (:func:`ddppipe.parallel.devices.trains_on_gpus`, where the runs are submitted); without it
-    the runs have configs but no specs.
+    the runs have configs but no specs. ``trials``: a sweep's trials known now; the workflow
+    passes :func:`ddppipe.runstate.sweep_rounds.trials`, which reads a model-based sweep's
+    rounds (without it, such a sweep has no trials).
     """
 
     def __init__(
-        self, cfg: dict[str, Any], decide: Callable[[dict[str, Any]], bool] | None = None
+        self,
+        cfg: dict[str, Any],
+        decide: Callable[[dict[str, Any]], bool] | None = None,
+        trials: Callable[[sweeps.Sweep], list[sweeps.Trial]] = sweeps.trials,
     ) -> None:
         self._decide = decide
+        self._read_trials = trials
         self._specs: dict[str, run_spec.RunSpec] = {}
         self.base = cfg
         self.sweep = sweeps.from_config(cfg)
@@ -40,7 +46,7 @@ class Runs:
     def refresh(self) -> None:
         """Read the sweep's trials again (a model-based method's rounds add trials)."""
         if self.sweep is not None:
-            self._trials = {t.run: t for t in sweeps.trials(self.sweep)}
+            self._trials = {t.run: t for t in self._read_trials(self.sweep)}
             self._places = {run: i for i, run in enumerate(self._trials)}
 
     @property

@@ -14,7 +14,8 @@ reads specially; names written before with ``,`` between the keys are renamed on
 Grid and random trials are known when the workflow is parsed (random: Optuna's seeded
 sampler, so the same sweep suggests the same trials and more ``trials`` only adds trials);
 a model-based method's trials are suggested in rounds from the finished ones
-(:mod:`ddppipe.sweeps.rounds`) and read back from its round files here.
+(:mod:`ddppipe.sweeps.rounds`) and read back from its round files
+(:mod:`ddppipe.runstate.sweep_rounds`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -390,80 +391,15 @@ def _random(sweep: Sweep) -> list[dict[str, Any]]:
     return points
 
 
-def round_sizes(sweep: Sweep, rounds: Path | None = None) -> list[int]:
-    """A model-based sweep's rounds: the first ``max_parallel`` trials together, then one
-    trial a round, suggested the moment a slot frees (:func:`ended_before`). A sweep suggested in
-    whole rounds of ``max_parallel`` before (its round 1 holds more than one trial) keeps them."""
-    if whole_rounds(sweep, rounds):
-        full, rest = divmod(sweep.trials, sweep.max_parallel)
-        return [sweep.max_parallel] * full + ([rest] if rest else [])
-    first = min(sweep.max_parallel, sweep.trials)
-    return [first] + [1] * (sweep.trials - first)
-
-
-def whole_rounds(sweep: Sweep, rounds: Path | None = None) -> bool:
-    """Whether the sweep's rounds were suggested whole (``max_parallel`` trials a round, each
-    once every trial before it finished), as before slot-wise suggestions."""
-    path = round_file(sweep, 1, rounds)
-    return path.is_file() and len(json.loads(path.read_text())["trials"]) > 1
-
-
-def ended_before(sweep: Sweep, k: int, rounds: Path | None = None) -> int:
-    """How many of the trials before round ``k`` must have ended before it is suggested: one
-    a trial of the round, so each has a free slot (round ``k`` >= 1 takes the slot the ``k``-th
-    trial to end freed, whichever it is; :mod:`ddppipe.sweeps.slots`). A sweep suggested in
-    whole rounds: every trial before it (the workflow waits for their evaluations)."""
-    if whole_rounds(sweep, rounds):
-        return sum(round_sizes(sweep, rounds)[:k])
-    return k
-
-
-def unsuggested_round(sweep: Sweep, rounds: Path | None = None) -> int | None:
-    """A model-based sweep's first round not suggested yet; None once every round is."""
-    sizes = round_sizes(sweep, rounds)
-    return next((k for k in range(len(sizes)) if not round_file(sweep, k, rounds).is_file()), None)
-
-
-def round_file(sweep: Sweep, k: int, rounds: Path | None = None) -> Path:
-    """Round ``k``'s file: the trials it suggested (``{"round", "trials": [{"name",
-    "values", "number"}]}``, ``number``: the Optuna trial's)."""
-    return (rounds or sweep.layout.rounds) / f"{k}.json"
-
-
-def round_entries(
-    sweep: Sweep, rounds: Path | None = None, upto: int | None = None
-) -> list[dict[str, Any]]:
-    """The trials (``name``, ``values``, ``number``) a model-based sweep's rounds (those before
-    round ``upto``; all without it) have suggested so far, in order; a round not suggested yet
-    ends the list."""
-    entries: list[dict[str, Any]] = []
-    for k in range(len(round_sizes(sweep, rounds)) if upto is None else upto):
-        path = round_file(sweep, k, rounds)
-        if not path.is_file():
-            break
-        entries.extend(json.loads(path.read_text())["trials"])
-    return entries
-
-
-def suggested(
-    sweep: Sweep, rounds: Path | None = None, upto: int | None = None
-) -> list[dict[str, Any]]:
-    """The values of the trials a model-based sweep's rounds have suggested so far."""
-    return [e["values"] for e in round_entries(sweep, rounds, upto)]
-
-
-def trials(sweep: Sweep, upto: int | None = None, rounds: Path | None = None) -> list[Trial]:
-    """The sweep's trials known now: every grid point, the random draws, or the trials a
-    model-based method's rounds suggested (those of rounds before ``upto``; all without it),
-    under the names their rounds gave them."""
+def trials(sweep: Sweep, suggested: Sequence[Mapping[str, Any]] = ()) -> list[Trial]:
+    """The sweep's trials known now: every grid point, the random draws, or a model-based
+    method's ``suggested`` ones (its rounds' entries, ``name`` and ``values``:
+    :func:`ddppipe.runstate.sweep_rounds.trials` reads them) under the names they were given."""
     if sweep.method == "grid":
         return _named(sweep, list(_grid(sweep)))
     if sweep.method == "random":
         return _named(sweep, _random(sweep))
-    return [
-        Trial(sweep.name, current_name(e["name"]), e["values"])
-        for e in round_entries(sweep, rounds, upto)
-    ]
+    return [Trial(sweep.name, current_name(e["name"]), e["values"]) for e in suggested]
 
 
 def apply(cfg: dict[str, Any], sweep: Sweep, trial: Trial) -> dict[str, Any]:
@@ -539,22 +475,3 @@ def check_metric(sweep: Sweep, task_file: str | Path | None) -> None:
             f"({task_file}); it writes {', '.join(known)}. Set sweep.metric to one of them, or "
             "return it from the task's metrics(output, target)"
         )
-
-
-def rounds_note(sweep: Sweep) -> str:
-    """What a model-based sweep's rounds are and how far they got, for the terminal (a dry
-    run shows only the jobs of the rounds suggested so far)."""
-    sizes = round_sizes(sweep)
-    done = sum(1 for k in range(len(sizes)) if round_file(sweep, k).is_file())
-    how = (
-        f"in {len(sizes)} rounds of up to {sweep.max_parallel} (sweep.max_parallel), each "
-        "suggested from the trials of the rounds before it"
-        if whole_rounds(sweep)
-        else f"{sizes[0]} at once (sweep.max_parallel), each next one suggested the moment a "
-        "slot frees"
-    )
-    return (
-        f"sweep {sweep.name}: {sweep.method}, {sweep.trials} trials {how}; {done} of "
-        f"{len(sizes)} rounds suggested so far"
-        + ("" if done == len(sizes) else ": the jobs of later rounds appear as they are suggested")
-    )

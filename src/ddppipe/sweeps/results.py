@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddppipe.packing import accounting
+from ddppipe.packing import allocation_cost
 from ddppipe.settings.layout import SweepLayout
 from ddppipe.settings.sweep import Sweep
 from ddppipe.sweeps import hparams, table, trials
@@ -24,5 +24,5 @@ def after_call(sweep: Sweep, results: Path) -> str:
     found = trials.collect(trials.document(sweep), results)
     save(found)
     pool = SweepLayout(sweep.name, results).pack
-    allocations = accounting.write(pool) if sweep.pack is not None else None
+    allocations = allocation_cost.write(pool) if sweep.pack is not None else None
     return table.text(found) + (f"\n  {allocations}" if allocations else "")

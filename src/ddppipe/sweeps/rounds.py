@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
+from ddppipe.runstate import sweep_rounds
 from ddppipe.settings import layout as run_layout
 from ddppipe.settings import sweep as sweeps
 from ddppipe.settings.config import ConfigError
@@ -152,18 +153,18 @@ def write_round(sweep: sweeps.Sweep, k: int, out: Path, results: Path = run_layo
     import optuna
 
     rounds = out.parent
-    sizes = sweeps.round_sizes(sweep, rounds)
+    sizes = sweep_rounds.round_sizes(sweep, rounds)
     if not 0 <= k < len(sizes):
         raise ConfigError(
             f"sweep {sweep.name}: no round {k}; {sweep.trials} trials, {sizes[0]} at once, "
             f"make rounds 0-{len(sizes) - 1}"
         )
-    if k > 0 and not sweeps.round_file(sweep, k - 1, rounds).is_file():
+    if k > 0 and not sweep_rounds.round_file(sweep, k - 1, rounds).is_file():
         raise ConfigError(f"sweep {sweep.name}: round {k - 1} has not been suggested yet")
     freed = slots.wait(sweep, k, rounds, results)
     if k:
         log.info("round %d: %s", k, freed.words())
-    finished = sweeps.trials(sweep, upto=k, rounds=rounds)
+    finished = sweep_rounds.trials(sweep, upto=k, rounds=rounds)
     # A seed per round: the sampler's first (random) draws differ from one round to the next;
     # the trials still training count as the worst (constant liar), so it looks elsewhere.
     sampler = optuna.samplers.TPESampler(seed=sweep.seed + k, constant_liar=True)

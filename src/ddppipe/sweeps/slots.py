@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddppipe.runstate import attempts, preemption, state_lock
+from ddppipe.runstate import attempts, preemption, state_lock, sweep_rounds
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout as run_layout
 from ddppipe.settings import sweep as sweeps
@@ -87,8 +87,8 @@ def wait(
     idle_s: float = IDLE_S,
 ) -> Freed:
     """Wait until round ``k`` has a free slot: ``k`` of the trials before it ended."""
-    before = sweeps.trials(sweep, upto=k, rounds=rounds)
-    need = sweeps.ended_before(sweep, k, rounds)
+    before = sweep_rounds.trials(sweep, upto=k, rounds=rounds)
+    need = sweep_rounds.ended_before(sweep, k, rounds)
     start = time.monotonic()
     ended: list[str] = []
     idle_since: float | None = None

@@ -27,7 +27,7 @@ from ddppipe.core.errors import UserError
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-_NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{6})\.pt$")
+FILE_PATTERN = re.compile(r"^ckpt-e(\d{4})-s(\d{6})\.pt$")  # a checkpoint file's name
 REQUIRED_KEYS = frozenset(
     {
         "format",
@@ -156,7 +156,7 @@ class Store:
         """Checkpoint files, oldest first."""
         if not self.folder.is_dir():
             return []
-        found = [p for p in self.folder.iterdir() if _NAME.match(p.name)]
+        found = [p for p in self.folder.iterdir() if FILE_PATTERN.match(p.name)]
         return sorted(found, key=lambda p: p.name)
 
     def save(self, snapshot: dict[str, Any]) -> Path:
@@ -179,7 +179,7 @@ class Store:
             try:
                 snapshot = load(path)
             except CheckpointError as e:
-                moved = _move(path, self.folder / "damaged")
+                moved = move_into(path, self.folder / "damaged")
                 log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
                 continue
             if snapshot["config_hash"] != config_hash:
@@ -192,7 +192,7 @@ class Store:
     def _move_aside(self, old_hash: str, new_hash: str) -> None:
         stale = self.folder / f"stale-{old_hash}"
         for path in self.paths():
-            _move(path, stale)
+            move_into(path, stale)
         log.warning(
             "checkpoints in %s belong to training config %s, not %s: moved to %s, starting over",
             self.folder,
@@ -206,12 +206,12 @@ class Store:
         if not self.folder.is_dir():
             return
         for path in self.folder.iterdir():
-            if _NAME.match(atomic.temp_target(path.name) or ""):
+            if FILE_PATTERN.match(atomic.temp_target(path.name) or ""):
                 path.unlink(missing_ok=True)
                 log.warning("removed %s, left by an interrupted checkpoint save", path)
 
 
-def _move(path: Path, folder: Path) -> Path:
+def move_into(path: Path, folder: Path) -> Path:
     """Move ``path`` into ``folder`` without overwriting: ``<stem>.<n><suffix>`` on a clash."""
     folder.mkdir(exist_ok=True)
     dest, n = folder / path.name, 0

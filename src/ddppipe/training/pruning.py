@@ -89,7 +89,7 @@ def open_study(journal: Path, sweep: str, prune: run_spec.Pruning) -> Any:
 class TrialPruner:
     """(Rank 0) A sweep trial's Optuna trial: its reports, the pruner's decisions, its end."""
 
-    def __init__(self, trial: run_spec.Trial, journal: Path | None = None) -> None:
+    def __init__(self, trial: run_spec.TrialSection, journal: Path | None = None) -> None:
         if trial.prune is None:
             raise ValueError(f"trial {trial.name}: pruning is off")
         self.trial, self.prune = trial, trial.prune

@@ -104,7 +104,7 @@ class Store:
             return []
         found = [p for p in self.folder.iterdir()
                  if (_NAME.match(p.name) and (p / COMMITTED).is_file())
-                 or checkpoint._NAME.match(p.name)]  # fmt: skip
+                 or checkpoint.FILE_PATTERN.match(p.name)]  # fmt: skip
         return sorted(found, key=lambda p: (p.name.removesuffix(".pt"), p.suffix != ".pt"))
 
     def latest(self, config_hash: str) -> Found | None:
@@ -115,13 +115,13 @@ class Store:
             try:
                 state = checkpoint.load(path) if path.suffix == ".pt" else read_state(path)
             except checkpoint.CheckpointError as e:
-                moved = _move(path, self.folder / "damaged")
+                moved = checkpoint.move_into(path, self.folder / "damaged")
                 log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
                 continue
             if state["config_hash"] != config_hash:
                 stale = self.folder / f"stale-{state['config_hash']}"
                 for old in self.paths():
-                    _move(old, stale)
+                    checkpoint.move_into(old, stale)
                 log.warning(
                     "checkpoints in %s belong to training config %s, not %s: moved to %s, "
                     "starting over", self.folder, state["config_hash"], config_hash, stale,
@@ -142,9 +142,9 @@ class Store:
                     shutil.rmtree(path, ignore_errors=True)
                     log.warning("removed %s, left by an interrupted checkpoint save", path)
                 elif not (path / COMMITTED).is_file():
-                    moved = _move(path, self.folder / "damaged")
+                    moved = checkpoint.move_into(path, self.folder / "damaged")
                     log.warning("%s has no %s marker: moved to %s", path, COMMITTED, moved)
-            elif checkpoint._NAME.match(atomic.temp_target(path.name) or ""):
+            elif checkpoint.FILE_PATTERN.match(atomic.temp_target(path.name) or ""):
                 path.unlink(missing_ok=True)
                 log.warning("removed %s, left by an interrupted checkpoint save", path)
 
@@ -197,7 +197,7 @@ class Store:
                 shutil.rmtree(saving)  # stopped at once): the same state, keep the first
             else:
                 os.replace(saving, final)
-                _fsync_dir(self.folder)
+                atomic.fsync_dir(self.folder)
             for old in self.paths()[: -self.keep]:
                 shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
             pending.outcome = {"path": final, "seconds": time.perf_counter() - pending.started}
@@ -334,22 +334,3 @@ def read_state(path: Path) -> dict[str, Any]:
     if state["format"] != FORMAT:
         raise checkpoint.CheckpointError(f"{path}: format {state['format']}, expected {FORMAT}")
     return state
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _move(path: Path, folder: Path) -> Path:
-    """Move ``path`` into ``folder`` without overwriting: ``<name>.<n>`` on a clash."""
-    folder.mkdir(exist_ok=True)
-    dest, n = folder / path.name, 0
-    while dest.exists():
-        n += 1
-        dest = folder / f"{path.name}.{n}"
-    shutil.move(path, dest)
-    return dest

@@ -8,7 +8,7 @@ no attempt that says why, and the profile's ``retries`` submit the same certaint
 
 :func:`install` wraps the plugin's ``report_job_error``: for a training job whose SLURM id no
 attempt of its run names, it reads the error from the job's log (:func:`error_of_log`),
-records it in the run's state folder (:mod:`ddppipe.runstate.early_failures`: the summary and
+records it in the run's state folder (:mod:`ddppipe.runstate.prelaunch_failures`: the summary and
 the sweep's table show it), puts it first in the message Snakemake prints, and when the job
 before failed with the same error (no slot trained between them) makes this failure final:
 Snakemake does not retry it (the crash rule of :mod:`ddppipe.runstate.failures`, before
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.runstate import attempts as attempt_history
-from ddppipe.runstate import early_failures
+from ddppipe.runstate import prelaunch_failures
 from ddppipe.runstate.state import StateDir
 
 log = logging.getLogger(__name__)
@@ -94,13 +94,13 @@ def note(
     text = _read(logfile)
     first = (plugin_msg or "").strip().splitlines()
     error = error_of_log(text) or _short(first[0] if first else "the job ended before training")
-    failure = early_failures.EarlyFailure(
+    failure = prelaunch_failures.EarlyFailure(
         job_id, time.time(), error, str(logfile) if logfile else None
     )
-    found = early_failures.record(state, failure)
+    found = prelaunch_failures.record(state, failure)
     starts = [a.start for a in history]
     line = f"ddppipe: SLURM job {job_id} of rule {job.name} failed before training: {error}"
-    if early_failures.repeated(found, starts):
+    if prelaunch_failures.repeated(found, starts):
         job.attempt = max(job.attempt, job.restart_times + 1)  # Snakemake retries no more
         line += (
             f"\nddppipe: the same error as SLURM job {found[-2].job}: not retried (fix the "

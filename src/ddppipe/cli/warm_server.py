@@ -1,0 +1,32 @@
+"""``ddppipe warm-server``: the warm server (:mod:`ddppipe.launching.warm`) with what a rank
+imports before its first step, named here, where every layer may be imported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+from ddppipe.launching import warm
+
+
+def preload() -> tuple[ModuleType, ...]:
+    """Import what a rank imports before its first step (the rest is small): torch, DDP's
+    modules, ddppipe's training, evaluation, rank entry points and plots."""
+    import torch
+    import torch._dynamo
+    import torch.distributed
+    import torch.nn.parallel
+
+    from ddppipe.cli import ranks
+    from ddppipe.reports import plots
+    from ddppipe.training import evaluate, train
+
+    return (torch, torch.distributed, torch.nn.parallel, torch._dynamo, train, evaluate, ranks,
+            plots)  # fmt: skip
+
+
+def warm_server(socket: Path, data_json: str) -> int:
+    """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM."""
+    warm.serve(socket, preload, data=json.loads(data_json))
+    return 0

@@ -1,3 +1,4 @@
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,22 @@ def test_a_state_dict_on_the_cpu_keeps_its_shape() -> None:
     assert torch.equal(moved["state"][0]["exp_avg"], torch.full((2, 2), 2.0))
     assert not moved["state"][0]["exp_avg"].requires_grad and moved["pair"][1] == 1
     assert isinstance(moved["pair"], tuple) and moved["pair"][0].device.type == "cpu"
+
+
+def test_the_same_weights_give_the_same_bytes_whatever_the_file_is_called(tmp_path: Path) -> None:
+    """Two runs' model.pt compare by SHA-256: the archive's folder is torch's "archive", not
+    the atomic write's temporary name (it was `.model.pt.0jv26qhe/data.pkl` in one run and
+    `.model.pt.koevcgm2/data.pkl` in another)."""
+    torch.manual_seed(0)
+    weights = {"model": torch.nn.Linear(3, 2).state_dict()}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    checkpoint.save_weights(weights, tmp_path / "a" / "model.pt")
+    checkpoint.save_weights(weights, tmp_path / "b" / "weights.pt")
+    one, other = (
+        (tmp_path / "a" / "model.pt").read_bytes(),
+        (tmp_path / "b" / "weights.pt").read_bytes(),
+    )
+    assert one == other
+    names = zipfile.ZipFile(tmp_path / "a" / "model.pt").namelist()
+    assert "archive/data.pkl" in names, names

@@ -85,8 +85,8 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
         held = torch.load(dest, map_location="cpu", weights_only=True)
         if torch.equal(held.get("text", torch.empty(0)), text):
             return
-    with atomic.atomic_path(dest) as tmp:
-        torch.save({"text": text.clone()}, tmp)
+    with atomic.atomic_path(dest) as tmp, open(tmp, "wb") as f:  # (its archive: "archive/")
+        torch.save({"text": text.clone()}, f)
 
 
 def as_tokens(x: torch.Tensor) -> torch.Tensor:

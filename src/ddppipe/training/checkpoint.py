@@ -122,9 +122,11 @@ def save(snapshot: dict[str, Any], path: Path) -> None:
 
 
 def save_weights(snapshot: dict[str, Any], path: Path) -> None:
-    """Write a snapshot's model weights (its ``state_dict``, on the CPU) atomically."""
-    with atomic.atomic_path(path) as tmp:
-        torch.save(on_cpu(snapshot["model"]), tmp)
+    """Write a snapshot's model weights (its ``state_dict``, on the CPU) atomically; the same
+    weights give the same bytes (saved through a file object, torch names the archive's
+    folder "archive", not after the temporary file)."""
+    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(on_cpu(snapshot["model"]), f)
 
 
 def record(snapshot: dict[str, Any]) -> dict[str, Any]:

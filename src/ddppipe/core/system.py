@@ -4,6 +4,7 @@ a work tree."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,20 @@ def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
         if key.strip() in BF16_FLAGS:
             return bool(BF16_FLAGS[key.strip()] & set(value.split()))
     return False
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This machine's CPU model ("AMD EPYC", "Intel(R) Xeon(R) Platinum 8481C CPU"): x86's
+    "model name", else the machine type (an Arm's /proc/cpuinfo names no model)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return platform.machine()
 
 
 def git_commit(cwd: Path | None = None) -> dict[str, Any]:

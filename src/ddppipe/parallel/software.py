@@ -1,12 +1,24 @@
-"""The software stack of this process: ddppipe, torch, CUDA, cuDNN, NCCL, Python, GPUs."""
+"""The software stack of this process: ddppipe, torch, CUDA, cuDNN, NCCL, Python, every
+installed distribution, the OS, the CPU and GPUs."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 from typing import Any
 
 from ddppipe import __version__
+from ddppipe.core import system
 from ddppipe.parallel import devices
+
+
+def packages() -> dict[str, str]:
+    """Every distribution installed where this process runs (the venv's, or the image's), by
+    lower-case name: what a rebuild of the environment must install."""
+    found = {(d.metadata["Name"] or "").lower(): d.version
+             for d in importlib.metadata.distributions()}  # fmt: skip
+    found.pop("", None)
+    return dict(sorted(found.items()))
 
 
 def nccl_version() -> str | None:
@@ -35,7 +47,8 @@ def cudnn_version() -> str | None:
 
 
 def stack() -> dict[str, Any]:
-    """The stack of this process: versions, and the GPUs and driver when there are some.
+    """The stack of this process: versions, the OS and CPU, the GPUs and driver when there
+    are some, and every installed distribution.
 
     (It imports torch: a task's provenance takes the stack rank 0 recorded, so the export
     rule does not.)"""
@@ -48,5 +61,8 @@ def stack() -> dict[str, Any]:
         "cudnn": cudnn_version(),
         "nccl": nccl_version(),
         "python": platform.python_version(),
+        "os": platform.platform(),
+        "cpu": system.cpu_model(),
         **devices.info(),
+        "packages": packages(),
     }

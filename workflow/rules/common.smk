@@ -23,6 +23,7 @@ from ddppipe.apptainer import tool as ddp_apptainer
 from ddppipe.parallel import devices as ddp_devices
 from ddppipe.launching import launch as ddp_launch
 from ddppipe.launching import warm as ddp_warm
+from ddppipe.core import env_names as ddp_env_names
 from ddppipe.pipeline import in_order as ddp_in_order
 from ddppipe.pipeline import snakemake_changes as ddp_snakemake_changes
 from ddppipe.packing import allocation as ddp_allocation
@@ -235,8 +236,8 @@ def start_warm_ranks():
         socket, ddp_layout.LOGS / "warm-server.log", warm_datasets()
     )
     WARM_SERVER.append(server)
-    os.environ[ddp_warm.SOCKET_ENV] = str(socket)
-    os.environ[ddp_warm.SERVER_ENV] = str(server.pid)
+    os.environ[ddp_env_names.WARM_SOCKET] = str(socket)
+    os.environ[ddp_env_names.WARM_SERVER] = str(server.pid)
 
 
 def warm_datasets(most=4):
@@ -270,8 +271,8 @@ def stop_warm_ranks():
         server.terminate()
         server.wait()
     WARM_SERVER.clear()
-    os.environ.pop(ddp_warm.SOCKET_ENV, None)
-    os.environ.pop(ddp_warm.SERVER_ENV, None)
+    os.environ.pop(ddp_env_names.WARM_SOCKET, None)
+    os.environ.pop(ddp_env_names.WARM_SERVER, None)
 
 
 # The rules beside a training (`threads: 0`: evaluation, plots, the attempt page, export, the

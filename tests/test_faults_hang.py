@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.launching import watchdog
+from ddppipe.launching import lifecycle, watchdog
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
@@ -29,6 +29,7 @@ from tests.workflow_helpers import snakemake
 STUCK_TASK = '''\
 """Two noisy blobs and a small MLP; rank 1's forward gets stuck once, in the first slot."""
 
+import json
 import logging
 import os
 import time
@@ -64,7 +65,7 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
-            first_slot = os.environ.get("DDPPIPE_ATTEMPT_NUMBER") == "1"
+            first_slot = json.loads(Path(os.environ["DDPPIPE_SLOT"]).read_text())["attempt"] == 1
             if self.calls == STUCK_AT and os.environ.get("RANK") == "1" and first_slot:
                 logging.getLogger("stuck").warning("rank 1 gets stuck")
                 time.sleep(3600)
@@ -208,22 +209,24 @@ def test_a_hung_slot_continues_unless_two_in_a_row_made_no_progress(
 
 def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
     """The ranks' environment of a GPU run: the recorder's buffer, its dump on NCCL's timeout
-    into the slot's watchdog folder; a CPU run's gets neither."""
+    into the slot's watchdog folder, and its dump on a hang (the slot record's nccl_trace); a
+    CPU run's gets none."""
     cfg = default_config()
     cfg["launch"]["device"] = "gpu"
-    gpu = watchdog.Watchdog(run_spec.resolve(cfg, gpus=True), StateDir(tmp_path / "state"), 1, None)
+    gpu_spec, cpu_spec = run_spec.resolve(cfg, gpus=True), run_spec.resolve(default_config(), False)
+    gpu = watchdog.Watchdog(gpu_spec, StateDir(tmp_path / "state"), 1, None)
     folder = (tmp_path / "state" / "watchdog").resolve()
     assert gpu.environment() == {
-        heartbeat.WATCHDOG_ENV: str(folder),
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl-trace-rank-",
-        heartbeat.NCCL_TRACE_ENV: "1",
     }
-    cpu = watchdog.Watchdog(
-        run_spec.resolve(default_config(), gpus=False), StateDir(tmp_path / "state"), 1, None
-    )
-    assert cpu.environment() == {heartbeat.WATCHDOG_ENV: str(folder)}
+    cpu = watchdog.Watchdog(cpu_spec, StateDir(tmp_path / "state"), 1, None)
+    assert cpu.environment() == {} and folder.is_dir()
+    opened = Attempt(1, "local", 0, ["here"], 0.0)
+    state = StateDir(tmp_path / "state")
+    assert lifecycle.slot_record(gpu_spec, state, opened, None, None).nccl_trace
+    assert not lifecycle.slot_record(cpu_spec, state, opened, None, None).nccl_trace
 
 
 # -- a local run -------------------------------------------------------------------------------
@@ -269,10 +272,11 @@ import os
 import time
 
 from ddppipe import job
+from ddppipe.core import slot
 
 for step in range(20):
     job.log(step, value=float(step))
-    if step == 3 and os.environ["RANK"] == "1" and os.environ["DDPPIPE_ATTEMPT_NUMBER"] == "1":
+    if step == 3 and os.environ["RANK"] == "1" and slot.read().attempt == 1:
         time.sleep(3600)
     time.sleep(0.05)
 """

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from bench import sweep_table
+from ddppipe.core import env_names, slot
 from ddppipe.launching import resolve
 from ddppipe.reports import memory_line, summary, summary_html
 from ddppipe.runstate import failures, out_of_memory
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout, sweep
 from ddppipe.sweeps import trials
 from ddppipe.training import rank_memory
@@ -393,11 +395,13 @@ def test_the_torchrun_agent_records_its_killed_ranks(
         rank=0, host="cn07", time=1.0, type="DistBackendError", message="Connection closed",
         frame=None, step=5, epoch=1, restart=2, traceback="",
     )  # fmt: skip
-    failures._write(tmp_path, survivor)
-    monkeypatch.setenv(failures.DIR_ENV, str(tmp_path))
+    folder = StateDir(tmp_path).failures
+    failures._write(folder, survivor)
+    env = slot.write(slot.Slot("oom", str(tmp_path)), tmp_path / "slot.json")
+    monkeypatch.setenv(env_names.SLOT, env[env_names.SLOT])
     launching.record_killed({0: 1, 3: -9}, oom_kills_before=None)
-    found = failures.first(tmp_path)
+    found = failures.first(folder)
     assert found is not None
     assert (found.rank, found.signal, found.restart) == (3, "SIGKILL", 2)
     assert found.outcome(1) == "killed by SIGKILL"
-    assert {f.rank for f in failures.read_all(tmp_path)} == {0, 3}
+    assert {f.rank for f in failures.read_all(folder)} == {0, 3}

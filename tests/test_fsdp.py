@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ddppipe import tasks
+from ddppipe.core import slot
 from ddppipe.data import manifest
 from ddppipe.parallel import fsdp
 from ddppipe.settings import config, run_spec
@@ -399,8 +400,7 @@ def script_rank(rank: int, folder: str) -> None:
     this rank's half of the batch; rank 0 saves the full weights after it and the placements."""
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                      DDPPIPE_DEVICE_USE="cpu")  # fmt: skip
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
                             world_size=2)  # fmt: skip
     from ddppipe import job
@@ -409,8 +409,12 @@ def script_rank(rank: int, folder: str) -> None:
     task = tasks.load("ddppipe.tasks.charlm")
     found = {}
     for name, (strategy, local, checkpointed) in SCRIPT_CASES.items():
-        os.environ.update(DDPPIPE_STRATEGY=strategy, LOCAL_WORLD_SIZE=str(local),
-                          DDPPIPE_ACTIVATION_CHECKPOINTING=str(int(checkpointed)))  # fmt: skip
+        record = slot.Slot("lm", folder, device="cpu", strategy=strategy,
+                           activation_checkpointing=checkpointed)  # fmt: skip
+        os.environ.update(
+            LOCAL_WORLD_SIZE=str(local),
+            **slot.write(record, Path(folder, f"slot-{name}-{rank}.json")),
+        )
         torch.manual_seed(0)
         net = job.shard(task.module.model(tasks.validate_args(task, SMALL)))
         one_step(net, x[rank * 2 : rank * 2 + 2], y[rank * 2 : rank * 2 + 2])
@@ -450,10 +454,17 @@ def test_job_shard_gives_a_script_the_runs_strategy(tmp_path: Path) -> None:
             torch.testing.assert_close(weights[key], value, rtol=1e-6, atol=1e-6, msg=name)
 
 
-def test_the_launcher_tells_a_script_the_strategy() -> None:
+def test_the_launcher_tells_a_script_the_strategy(tmp_path: Path) -> None:
+    from ddppipe.launching import lifecycle
+    from ddppipe.runstate.attempts import Attempt
     from ddppipe.runstate.state import StateDir
-    from ddppipe.training import job
 
-    env = job.environment("lm", StateDir(Path("state")), 1, "SIGUSR1", "cpu", None, None,
-                          strategy="hsdp", activation_checkpointing=True)  # fmt: skip
-    assert (env["DDPPIPE_STRATEGY"], env["DDPPIPE_ACTIVATION_CHECKPOINTING"]) == ("hsdp", "1")
+    cfg = default_config()
+    cfg["launch"]["strategy"], cfg["train"]["activation_checkpointing"] = "hsdp", True
+    spec = run_spec.resolve(cfg, gpus=False)
+    opened = Attempt(2, "local", 0, ["here"], 100.0)
+    record = lifecycle.slot_record(spec, StateDir(tmp_path / "state"), opened, None, None)
+    env = slot.write(record, tmp_path / "slot.json")
+    found = slot.read(env)
+    assert found == record and (found.strategy, found.activation_checkpointing) == ("hsdp", True)
+    assert (found.attempt, found.start, found.state) == (2, 100.0, str(tmp_path / "state"))

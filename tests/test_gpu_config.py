@@ -131,20 +131,24 @@ def test_the_image_check_runs_once_per_device_and_container(
     assert len(looked) == 2 and looked[-1] == identity.info_path(tmp_path / "other.sif")
 
 
-def test_the_script_apis_info_makes_the_ranks_gpu_the_current_device(monkeypatch) -> None:
+def test_the_script_apis_info_makes_the_ranks_gpu_the_current_device(
+    monkeypatch, tmp_path: Path
+) -> None:
     """Local rank 1 of a GPU script run: job.info() names cuda:1 and makes it the current
     device (FSDP2's state, NCCL and should_stop()'s all-reduce use the current one; it was
     cuda:0 on every rank). The GPU is a stand-in here: torch's device calls are recorded."""
     import torch
 
+    from ddppipe.core import slot
     from ddppipe.parallel import devices
     from ddppipe.training import job
 
     current: list[torch.device] = []
     monkeypatch.setattr(devices, "select", lambda rank, size, use: torch.device("cuda", rank))
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    record = slot.Slot("gpu-script", str(tmp_path), device="gpu")
     env = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "RANK": "3", "WORLD_SIZE": "4",
-           job.ENV["use"]: "gpu"}  # fmt: skip
+           **slot.write(record, tmp_path / "slot.json")}  # fmt: skip
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert job.info().device == "cuda:1"

@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from ddppipe.core import slot
 from ddppipe.launching import launch
-from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec as run_spec
 from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm import request as slurm_request
@@ -73,7 +73,8 @@ def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
         [sys.executable, "-c", marker, marks], dict(os.environ), "7", ["cn07", "cn08"],
         slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False)),
     )  # fmt: skip
-    return launch.supervise(plan, plan.env, StateDir(tmp_path / "state"))
+    record = slot.Slot("two-nodes", str((tmp_path / "state").resolve()))
+    return launch.supervise(plan, plan.env, record)
 
 
 def test_srun_exit_0_is_a_finished_step_only_with_every_nodes_mark(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from ddppipe.core import env_names
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
@@ -204,8 +205,8 @@ def test_a_packed_trial_started_at_its_allocations_warning_stops_by_its_own_cloc
 
     run_dir = tmp_path / "packed"
     now = time.time()
-    packed = {attempts.PACKED_SLOT_ENV: "7 cn07/0",
-              preemption.ALLOCATION_END_ENV: f"{now - 1:.3f} {now + 60:.3f}"}  # fmt: skip
+    packed = {env_names.PACKED_SLOT: "7 cn07/0",
+              env_names.ALLOCATION_END: f"{now - 1:.3f} {now + 60:.3f}"}  # fmt: skip
     args = cli_args(tiny_config(tiny, epochs=50), tiny, run_dir)
     result = run_cli("launch", *args, check=False, env=packed, timeout=120)
     assert result.returncode == preemption.EXIT_CODE, result.stderr[-3000:]

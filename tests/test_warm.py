@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from ddppipe.core import env_names
 from ddppipe.launching import warm, workers
 
 # A rank's program (python -m probe): what it inherited, written where the test says.
@@ -66,7 +67,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             )  # fmt: skip
     finally:
         os.umask(umask)
-    served = {**env, warm.SOCKET_ENV: str(socket_path), warm.SERVER_ENV: str(proc.pid)}
+    served = {**env, env_names.WARM_SOCKET: str(socket_path), env_names.WARM_SERVER: str(proc.pid)}
     yield served
     proc.terminate()
     assert proc.wait(timeout=30) == 0
@@ -182,10 +183,10 @@ def test_a_subcommand_runs_forked_and_keeps_its_exit_status(
     missing = str(tmp_path / "none")
     cold = subprocess.run([sys.executable, "-m", "ddppipe", "summary", missing],
                           capture_output=True, text=True)  # fmt: skip
-    for name in (warm.SOCKET_ENV, warm.SERVER_ENV):
+    for name in (env_names.WARM_SOCKET, env_names.WARM_SERVER):
         monkeypatch.setenv(name, server[name])
     assert warm.delegate(["summary", missing]) == cold.returncode == 2
-    monkeypatch.setenv(warm.CHILD_ENV, "1")  # a forked command runs itself, never delegates
+    monkeypatch.setenv(env_names.WARM_CHILD, "1")  # a forked command runs itself, never delegates
     assert warm.delegate(["summary", missing]) is None
 
 
@@ -228,7 +229,7 @@ def as_nobody(server: dict[str, str], script: Path) -> str:
     """What the intruder's client, run as the user nobody, printed."""
     done = subprocess.run(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-         "/usr/bin/python3", "-c", INTRUDER, server[warm.SOCKET_ENV], str(script)],
+         "/usr/bin/python3", "-c", INTRUDER, server[env_names.WARM_SOCKET], str(script)],
         cwd="/", capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout.strip()
@@ -241,7 +242,7 @@ def test_only_the_servers_user_gets_a_rank_forked(server: dict, tmp_path: Path) 
     if os.getuid() == NOBODY:
         pytest.fail("this test runs as another user than nobody (root in CI)")
     assert warm.usable(probe_command(server), server)  # listening
-    path = Path(server[warm.SOCKET_ENV])
+    path = Path(server[env_names.WARM_SOCKET])
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     written = tmp_path / "written-by-the-server"
@@ -271,7 +272,7 @@ def test_a_request_for_another_module_is_refused(server: dict, tmp_path: Path) -
     archive = tmp_path / "hostname.zip"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     assert warm.usable(probe_command(server), server)
-    conn.connect(server[warm.SOCKET_ENV])
+    conn.connect(server[env_names.WARM_SOCKET])
     request = {"module": "zipfile", "args": ["-c", str(archive), "/etc/hostname"],
                "env": {}, "cwd": str(tmp_path)}  # fmt: skip
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
@@ -342,7 +343,8 @@ def test_a_server_whose_kept_datasets_touched_cuda_forks_no_rank(
         while "every rank starts cold" not in log.read_text():
             assert server.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        env = {**os.environ, warm.SOCKET_ENV: str(path), warm.SERVER_ENV: str(server.pid),
+        env = {**os.environ, env_names.WARM_SOCKET: str(path),
+               env_names.WARM_SERVER: str(server.pid),
                "PROBE_OUT": str(tmp_path), "RANK": "0"}  # fmt: skip
         command = [sys.executable, "-m", "ddppipe.training.run_script", str(tmp_path / "probe.py")]
         with caplog.at_level(logging.WARNING, logger="ddppipe.launching.warm"):

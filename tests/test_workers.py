@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from ddppipe.core import slot
 from ddppipe.launching import workers
 from ddppipe.runstate import failures
 
@@ -82,8 +83,8 @@ def test_the_same_failure_again_is_not_restarted(tmp_path: Path) -> None:
     recorded (rank, exception, the script's frame)."""
     script = tmp_path / "train.py"
     script.write_text(ALWAYS_FAILS)
-    env = {"PATH": "/usr/bin:/bin", failures.DIR_ENV: str(tmp_path / "failures"),
-           failures.USER_FILE_ENV: str(script)}  # fmt: skip
+    record = slot.Slot("script", str(tmp_path), user_file=str(script))
+    env = {"PATH": "/usr/bin:/bin", **slot.write(record, tmp_path / "slot.json")}
     runner = [sys.executable, "-m", "ddppipe.training.run_script", str(script)]
     line = 1 + ALWAYS_FAILS.splitlines().index('    raise ValueError(f"no batch {n}")')
     g = workers.Group(runner, env, 2, 3)

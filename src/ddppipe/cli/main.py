@@ -10,6 +10,7 @@ import sys
 
 from ddppipe import __version__
 from ddppipe.cli.subcommands import COMMANDS, Arg, Command, OneOf
+from ddppipe.core import env_names
 from ddppipe.core.errors import UserError
 from ddppipe.launching import warm
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in BESIDE_TRAINING:
         os.nice(BESIDE_NICE)  # (a warm server's fork takes its caller's priority)
-    if argv and argv[0] not in COLD and os.environ.get(warm.SOCKET_ENV):
+    if argv and argv[0] not in COLD and os.environ.get(env_names.WARM_SOCKET):
         code = warm.delegate(argv)
         if code is not None:
             return code

@@ -11,6 +11,7 @@ from typing import NoReturn
 
 def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics: Path) -> NoReturn:
     """``ddppipe train``: one training process (started by torchrun/srun/mpirun)."""
+    from ddppipe.core import env_names
     from ddppipe.runstate import failures, preemption
 
     # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
@@ -27,7 +28,7 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
         train.train(run_spec.load(config_path), paths, guard)
     except preemption.Preempted as e:
         logging.getLogger("ddppipe").warning("%s", e)
-        code = 0 if os.environ.get(preemption.UNDER_AGENT_ENV) else preemption.EXIT_CODE
+        code = 0 if os.environ.get(env_names.UNDER_AGENT) else preemption.EXIT_CODE
     except failures.NonFiniteLoss as e:  # every rank stops at once: a line, no traceback
         failures.record(e)
         logging.getLogger("ddppipe").error("training stopped: %s", e)

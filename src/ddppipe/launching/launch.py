@@ -19,12 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
 from ddppipe.apptainer import running
-from ddppipe.core import memory, system
+from ddppipe.core import env_names, memory, slot, system
 from ddppipe.launching import watchdog, workers
 from ddppipe.runstate import failures, finished_nodes, preemption
 from ddppipe.runstate.state import StateDir
@@ -180,18 +180,19 @@ def _start_rank() -> None:
     """(In a local rank, before exec) :func:`_die_with_parent`, and ignore the stop signals
     until the rank's own handler takes them (ddppipe.runstate.preemption.Guard), as a rank
     forked warm does: a warning due as the slot starts must not kill a rank still starting (it
-    stops by the clock instead, ``DDPPIPE_STOP_AT``)."""
+    stops by the clock instead, its slot record's ``stop_at``)."""
     _die_with_parent()
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
 
 
 def supervise(
-    plan: Plan, env: dict[str, str], state: StateDir, warn_in: float | None = None,
+    plan: Plan, env: dict[str, str], record: slot.Slot, warn_in: float | None = None,
     watch: watchdog.Watchdog | None = None,
 ) -> tuple[int, dict | None]:  # fmt: skip
     """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
-    and stop note.
+    and stop note. Every process of it reads ``record`` (the slot record, written first into
+    the state folder, its ``launcher`` this process).
 
     ``warn_in``: seconds after which the child gets the stop signal (SIGUSR1 unless
     ``slurm.stop_signal`` says otherwise), the time-limit warning (srun
@@ -207,11 +208,13 @@ def supervise(
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
     note has no checkpoint and lists those nodes (``unfinished``).
     """
+    state = StateDir(Path(record.state))
     preemption.take(state)  # a note left by an earlier run is not this run's
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
-    env = {**env, preemption.ATTEMPT_ENV: attempt}
+    record = replace(record, launcher=attempt)
+    env = {**env, **slot.write(record, state.slot)}
     if plan.job is not None:
-        env.update(finished_nodes.prepare(state))
+        finished_nodes.prepare(state)
     if watch is not None:
         env.update(watch.environment())
     sys.stdout.flush()
@@ -230,7 +233,7 @@ def supervise(
             child.send_signal(signum)
 
     def warn() -> None:
-        sig = preemption.stop_signal(env)
+        sig = signal.Signals[record.stop_signal]
         log.warning("time-limit warning: %s to the training", sig.name)
         forward(sig, None)
 
@@ -312,7 +315,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
     placement = Placement.from_env(os.environ)
     if placement is not None:  # a packed trial: this node's slot of the allocation
         placement.apply(os.environ)
-    os.environ[preemption.UNDER_AGENT_ENV] = "1"  # workers that stop on a signal exit 0
+    os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
     if "--rdzv-backend=c10d" in torchrun_argv and not any(
         a.startswith("--rdzv-endpoint") for a in torchrun_argv
     ):  # the step's first node: a step may run on a subset of its job's nodes
@@ -337,12 +340,13 @@ def record_killed(exit_codes: dict[int, int], oom_kills_before: int | None) -> N
     torchrun reports it, -N for signal N) that a signal killed, in the slot's failures folder
     as the workers' last start; the OOM killer named when the cgroup's count of its kills
     rose from ``oom_kills_before``."""
-    folder = os.environ.get(failures.DIR_ENV)
-    if not folder:
+    found = slot.read()
+    if found is None:
         return
+    folder = StateDir(Path(found.state)).failures
     now = memory.oom_kills()
     oom = now is not None and oom_kills_before is not None and now > oom_kills_before
-    restart = max((f.restart for f in failures.read_all(Path(folder))), default=0)
+    restart = max((f.restart for f in failures.read_all(folder)), default=0)
     for rank, code in sorted(exit_codes.items()):
         if code < 0:
-            failures.killed(Path(folder), rank, -code, restart, oom_killer=oom)
+            failures.killed(folder, rank, -code, restart, oom_killer=oom)

@@ -27,14 +27,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import atomic
+from ddppipe.core import atomic, env_names, slot
 from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.runstate import attempts, failures, preemption, state_lock
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm.executor import bad_nodes
-from ddppipe.training import efficiency
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
@@ -87,16 +86,17 @@ def run(
         return _slot(spec, plan, state, record, publish)
 
 
-def _environment(spec: RunSpec, state: StateDir, attempt: int, warn_in: float | None,
-                 end: float | None) -> dict[str, str]:  # fmt: skip
-    """The job API's variables for every process of this slot (:data:`ddppipe.training.job.ENV`)."""
-    from ddppipe.training import job
-
-    tensorboard = state.tensorboard if spec.tracking.tensorboard else None
-    return job.environment(
-        spec.run, state, attempt, spec.slurm.stop_signal, spec.device, tensorboard,
-        spec.tracking.mlflow, end, None if warn_in is None else time.time() + warn_in,
-        spec.launch.strategy, spec.train.activation_checkpointing,
+def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
+                warn_in: float | None, end: float | None) -> slot.Slot:  # fmt: skip
+    """The record of this slot (``opened``: its attempt) for every process of it."""
+    tensorboard = state.tensorboard.resolve() if spec.tracking.tensorboard else None
+    return slot.Slot(
+        run=spec.run, state=str(state.root.resolve()), attempt=opened.number,
+        start=opened.start, end=end, stop_at=None if warn_in is None else time.time() + warn_in,
+        stop_signal=spec.slurm.stop_signal, device=spec.device, strategy=spec.launch.strategy,
+        activation_checkpointing=spec.train.activation_checkpointing,
+        tensorboard=str(tensorboard) if tensorboard else None, mlflow=spec.tracking.mlflow or None,
+        user_file=(spec.task_source or {}).get("path") or None, nccl_trace=spec.gpus,
     )  # fmt: skip
 
 
@@ -127,18 +127,16 @@ def _slot(
             warn_in = max(0.0, left - plan.request.signal_seconds)
             log.info("time-limit warning in %.0fs (%.0fs before the job's end)",
                      warn_in, plan.request.signal_seconds)  # fmt: skip
-    packed = os.environ.get(attempts.PACKED_SLOT_ENV)  # a packed trial: its allocation's slot
+    packed = os.environ.get(env_names.PACKED_SLOT)  # a packed trial: its allocation's slot
     if packed and end is None:  # warned before its allocation's end, by its own timer
         warn_in, end = preemption.allocation_warning()
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
                              packed)  # fmt: skip
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
-    env = {**plan.env, **_environment(spec, state, len(history), warn_in, end),
-           efficiency.SLOT_START_ENV: f"{history[-1].start:.3f}",
-           failures.DIR_ENV: str(failures.clear(state).resolve()),
-           failures.USER_FILE_ENV: (spec.task_source or {}).get("path") or ""}  # fmt: skip
+    failures.clear(state)
+    opened = slot_record(spec, state, history[-1], warn_in, end)
     watch = watchdog.Watchdog(spec, state, len(history), plan.job)
-    code, note = launch.supervise(plan, env, state, warn_in, watch)
+    code, note = launch.supervise(plan, plan.env, opened, warn_in, watch)
     unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
     if unwatched:
         log.warning("%s", unwatched)

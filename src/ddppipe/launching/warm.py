@@ -10,12 +10,13 @@ for the ranks, touch CUDA, it forks no rank after: each starts cold, its launche
 why); it ignores the stop signals, so a rank forked from it never dies of one before its own
 handler is in place.
 
-A launcher uses it when :data:`SOCKET_ENV` names a live server on this machine and the rank's
-command is ``python -m MODULE ...`` of the server's own interpreter, MODULE one of
-:data:`SERVED` (never inside a container: the image's Python is another). Each request is one
-connection: the command, environment, working folder, CPUs and the launcher's
-stdin/stdout/stderr (passed as file descriptors) go in; the rank's pid comes back, then its
-exit status. A launcher that dies closes the connection, and the server kills its ranks.
+A launcher uses it when ``DDPPIPE_WARM_SOCKET`` (:mod:`ddppipe.core.env_names`) names a live
+server on this machine and the rank's command is ``python -m MODULE ...`` of the server's own
+interpreter, MODULE one of :data:`SERVED` (never inside a container: the image's Python is
+another). Each request is one connection: the command, environment, working folder, CPUs
+and the launcher's stdin/stdout/stderr (passed as file descriptors) go in; the rank's pid
+comes back, then its exit status. A launcher that dies closes the connection, and the server
+kills its ranks.
 
 Only its own user can use it (docs/security.md): the socket is 0600 in a folder only the user
 can enter (:func:`private_folder`), every connection's peer is checked (``SO_PEERCRED``: the
@@ -42,13 +43,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ddppipe.core import env_names
 from ddppipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SOCKET_ENV = "DDPPIPE_WARM_SOCKET"
-SERVER_ENV = "DDPPIPE_WARM_SERVER"  # the server's pid: while it starts, launchers wait for it
-CHILD_ENV = "DDPPIPE_WARM_CHILD"  # set in a command the server forked: it runs, no delegating
 # What a request may run: a launcher's rank entry points (a task's ``ddppipe train``, a script's
 # runner) and ddppipe's own subcommands (:func:`delegate`); nothing else is forked.
 SERVED = frozenset({"ddppipe", "ddppipe.training.run_script"})
@@ -397,12 +396,12 @@ def start(path: Path, log_path: Path,
 def usable(command: list[str], env: Mapping[str, str]) -> bool:
     """Whether ``command`` may be forked by the server ``env`` names: ``python -m MODULE ...``
     of this interpreter, and a server listening on this machine (waited for while it starts)."""
-    path = env.get(SOCKET_ENV)
+    path = env.get(env_names.WARM_SOCKET)
     if not path or len(command) < 3 or command[0] != sys.executable or command[1] != "-m":
         return False
     if command[2] not in SERVED:
         return False
-    return _listening(Path(path), env.get(SERVER_ENV))
+    return _listening(Path(path), env.get(env_names.WARM_SERVER))
 
 
 def _listening(path: Path, server: str | None) -> bool:
@@ -423,7 +422,7 @@ class Rank:
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.connect(env[SOCKET_ENV])
+        self._conn.connect(env[env_names.WARM_SOCKET])
         request = {
             "module": command[2], "args": command[3:], "env": env, "cwd": os.getcwd(),
             "cpus": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0),
@@ -486,10 +485,10 @@ class Rank:
 def delegate(argv: list[str]) -> int | None:
     """Run ``ddppipe ARGV`` in a process forked by this machine's server (its imports done):
     its exit status, passing signals on; None when no server serves it (run it here)."""
-    if os.environ.get(CHILD_ENV):
+    if os.environ.get(env_names.WARM_CHILD):
         return None
     command = [sys.executable, "-m", "ddppipe", *argv]
-    child = spawn(command, {**os.environ, CHILD_ENV: "1"})
+    child = spawn(command, {**os.environ, env_names.WARM_CHILD: "1"})
     if child is None:
         return None
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

@@ -173,17 +173,16 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def environment(self) -> dict[str, str]:
-        """An empty watchdog folder for the slot, and what its ranks need to know of it."""
+        """An empty watchdog folder for the slot, and what torch needs to know of it."""
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder.mkdir(parents=True, exist_ok=True)
-        env = {heartbeat.WATCHDOG_ENV: str(self.folder.resolve())}
+        env: dict[str, str] = {}
         if self.gpus:  # the NCCL flight recorder: kept, dumped on NCCL's timeout or on a hang
             env.update({
                 "TORCH_NCCL_TRACE_BUFFER_SIZE": os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
                 or "2000",  # (a user's own size wins)
                 "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(self.folder.resolve() / "nccl-trace-rank-"),
-                heartbeat.NCCL_TRACE_ENV: "1",
             })  # fmt: skip
         return env
 

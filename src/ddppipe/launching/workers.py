@@ -26,9 +26,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddppipe.core import memory
+from ddppipe.core import memory, slot
 from ddppipe.launching import warm
 from ddppipe.runstate import failures, preemption
+from ddppipe.runstate.state import StateDir
 from ddppipe.training import heartbeat
 
 log = logging.getLogger(__name__)
@@ -116,13 +117,12 @@ class Group:
     def _deterministic(self) -> bool:
         """Did this start fail for good: a non-finite loss, or the same failure as the start
         before it (the ranks' records, :mod:`ddppipe.runstate.failures`)?"""
-        folder = self.env.get(failures.DIR_ENV)
-        now = failures.first_of_restart(Path(folder), self.restarts) if folder else None
+        found = slot.read(self.env)
+        folder = StateDir(Path(found.state)).failures if found else None
+        now = failures.first_of_restart(folder, self.restarts) if folder else None
         if now is None:
             return False
-        before = (
-            failures.first_of_restart(Path(folder), self.restarts - 1) if self.restarts else None
-        )
+        before = failures.first_of_restart(folder, self.restarts - 1) if self.restarts else None
         if now.nonfinite or (before is not None and before.signature == now.signature):
             log.error("not restarting the worker group: %s (%s)", now.cause(),
                       "not finite" if now.nonfinite else "the same failure as before")  # fmt: skip
@@ -148,19 +148,17 @@ class Group:
     def _record_killed(self, codes: list[int | None]) -> None:
         """Record each worker that a signal killed (the group sent none): its rank, signal
         and step (its heartbeat's), and whether the OOM killer killed it."""
-        folder = self.env.get(failures.DIR_ENV)
-        if not folder:
+        found = slot.read(self.env)
+        if found is None:
             return
+        state = StateDir(Path(found.state))
         now, before = memory.oom_kills(), self._oom_kills
         oom = now is not None and before is not None and now > before
-        beats = self.env.get(heartbeat.WATCHDOG_ENV)
         for rank, code in enumerate(codes):
             if code is not None and code < 0:
-                beat = (
-                    heartbeat.Beat.read(heartbeat.beat_file(Path(beats), rank)) if beats else (None)
-                )
+                beat = heartbeat.Beat.read(heartbeat.beat_file(state.watchdog, rank))
                 step = beat.step if beat and beat.phase == heartbeat.STEP else None
-                failures.killed(Path(folder), rank, -code, self.restarts, step, oom_killer=oom)
+                failures.killed(state.failures, rank, -code, self.restarts, step, oom_killer=oom)
 
     def _stop_survivors(self) -> None:
         running = [p for p in self.procs if p.poll() is None]

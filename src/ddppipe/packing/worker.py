@@ -8,7 +8,7 @@ takes a slot on each of that many nodes (:mod:`ddppipe.packing.gang`, led by the
 first node) and runs as an srun step on them. Before the allocation's
 end (``slurm.signal_seconds``) the running trials stop: they checkpoint and go back to the
 queue, for the next allocation. Each trial's launcher times that warning itself, from the
-allocation's end in its environment (:data:`ddppipe.runstate.preemption.ALLOCATION_END_ENV`),
+allocation's end in its environment (:data:`ddppipe.core.env_names.ALLOCATION_END`),
 as in a job of its own: a signal sent by this worker could reach a trial started a moment
 before, whose handlers are not set yet. No trial starts after the warning. The worker ends at
 its time limit, or when no trial runs and none waits, once the submitting Snakemake's call
@@ -28,14 +28,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddppipe.core import atomic
+from ddppipe.core import atomic, env_names
 from ddppipe.launching import warm
 from ddppipe.packing import tickets
 from ddppipe.packing.allocation import PackError
 from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool
 from ddppipe.packing.tickets import Ticket
-from ddppipe.runstate import attempts, preemption
+from ddppipe.runstate import preemption
 from ddppipe.slurm import continuation, scontrol
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,9 @@ def trial_environment(env: dict[str, str], job: str, node: str, slot: Slot,
     """A trial's launcher environment: a local run of this node (no SLURM variables: the
     allocation is not its job), in its slot, its ranks forked warm."""
     own = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
-    own.update({attempts.PACKED_SLOT_ENV: f"{job} {node}/{slot.index}",
-                warm.SOCKET_ENV: str(warm_socket), warm.SERVER_ENV: str(server)})  # fmt: skip
+    own.update({env_names.PACKED_SLOT: f"{job} {node}/{slot.index}",
+                env_names.WARM_SOCKET: str(warm_socket),
+                env_names.WARM_SERVER: str(server)})  # fmt: skip
     if slot.gpus:
         own["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
     return own
@@ -144,7 +145,7 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
     left = continuation.seconds_left(scontrol.job_record(job)) if job != "local" else None
     end = None if left is None else time.time() + left
     if end is not None:  # the trials' launchers warn their ranks (preemption.allocation_warning)
-        env[preemption.ALLOCATION_END_ENV] = f"{end - signal_seconds:.3f} {end:.3f}"
+        env[env_names.ALLOCATION_END] = f"{end - signal_seconds:.3f} {end:.3f}"
     sock = warm.local_socket(f"ddppipe-warm-{job}-{node}.sock")
     server = warm.start(sock, pool.allocations / "nodes" / f"{job}-{node}.warm.log")
     try:
@@ -268,7 +269,7 @@ def _launch(slot: Slot, job: str, node: str, env: dict[str, str], sock: Path,
     assert slot.gang is not None and slot.trial is not None
     placement = slot.gang.placement()
     own = trial_environment(env, job, node, slot, sock, server)
-    own.update({**placement.to_env(), attempts.PACKED_SLOT_ENV: f"{job} {slot.gang.slots()}"})
+    own.update({**placement.to_env(), env_names.PACKED_SLOT: f"{job} {slot.gang.slots()}"})
     log.info("slot %d: %s on %s", slot.index, slot.trial.run, ",".join(placement.nodes))
     _popen(slot, own)
 

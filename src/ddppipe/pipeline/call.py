@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ddppipe.apptainer import tool as apptainer
+from ddppipe.core import env_names
 from ddppipe.launching import warm
 from ddppipe.pipeline import snakemake_changes
 from ddppipe.pipeline.pipeline import Pipeline
@@ -48,8 +49,8 @@ def end(p: Pipeline) -> None:
         server.terminate()
         server.wait()
     _WARM.clear()
-    os.environ.pop(warm.SOCKET_ENV, None)
-    os.environ.pop(warm.SERVER_ENV, None)
+    os.environ.pop(env_names.WARM_SOCKET, None)
+    os.environ.pop(env_names.WARM_SERVER, None)
     p.sweep.close_pack()
     from ddppipe.reports import summary
 
@@ -74,8 +75,8 @@ def _start_warm_ranks(p: Pipeline) -> None:
     socket = warm.local_socket()
     server = warm.start(socket, layout.LOGS / "warm-server.log", p.warm_datasets())
     _WARM.append(server)
-    os.environ[warm.SOCKET_ENV] = str(socket)
-    os.environ[warm.SERVER_ENV] = str(server.pid)
+    os.environ[env_names.WARM_SOCKET] = str(socket)
+    os.environ[env_names.WARM_SERVER] = str(server.pid)
 
 
 def _trains_several(p: Pipeline) -> bool:

@@ -76,10 +76,6 @@ def save(state: StateDir, history: list[Attempt]) -> None:
     atomic.write_json(state.attempts, [asdict(a) for a in history])
 
 
-# Set by a packed sweep's node worker (ddppipe.packing.worker) for a trial's launcher.
-PACKED_SLOT_ENV = "DDPPIPE_PACKED_SLOT"
-
-
 def begin(
     state: StateDir, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
     submitted: float | None = None,
@@ -88,7 +84,8 @@ def begin(
 ) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as lost.
 
-    ``packed``: a packed trial's ``"<allocation> <node>/<k>"`` (:data:`PACKED_SLOT_ENV`)."""
+    ``packed``: a packed trial's ``"<allocation> <node>/<k>"``
+    (:data:`ddppipe.core.env_names.PACKED_SLOT`)."""
     history = load(state)
     for attempt in history:
         if attempt.outcome == "running":

@@ -37,14 +37,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ddppipe.core import atomic
+from ddppipe.core import atomic, slot
 from ddppipe.core.errors import UserError
 from ddppipe.runstate import out_of_memory, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 
-DIR_ENV = "DDPPIPE_FAILURE_DIR"  # where ranks write their records (the launcher sets it)
-USER_FILE_ENV = "DDPPIPE_USER_FILE"  # the task file or script whose frames name the cause
 TORCH_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun's agent for each worker
 NONFINITE = "NonFiniteLoss"
 TRACEBACK_LINES = 60  # the record keeps the innermost lines of a traceback
@@ -178,10 +176,10 @@ def record(error: BaseException) -> None:
     """(A rank) Record ``error`` as this rank's failure, once per process; a no-op for exits
     (SystemExit, KeyboardInterrupt) and a stop on a signal (no failure)."""
     global _recorded
-    folder = os.environ.get(DIR_ENV)
     if _recorded or isinstance(error, SystemExit | KeyboardInterrupt | preemption.Preempted):
         return
     _recorded = True
+    found = slot.read()
     now = time.time()
     lines = traceback.format_exception(type(error), error, error.__traceback__)
     text = "".join(lines).splitlines()[-TRACEBACK_LINES:]
@@ -192,13 +190,13 @@ def record(error: BaseException) -> None:
     failure = Failure(
         rank=int(os.environ.get("RANK", "0")), host=socket.gethostname(), time=now,
         type=type(error).__name__, message=_first_line(error),
-        frame=user_frame(error.__traceback__, os.environ.get(USER_FILE_ENV)),
+        frame=user_frame(error.__traceback__, found.user_file if found else None),
         step=step, epoch=epoch, restart=restart, traceback="\n".join(text),
         memory=out_of_memory.figures(error),
     )  # fmt: skip
     try:
-        if folder:
-            _write(Path(folder), failure)
+        if found is not None:
+            _write(StateDir(Path(found.state)).failures, failure)
         torch_file = os.environ.get(TORCH_ERROR_FILE_ENV)
         if torch_file and not os.path.exists(torch_file):
             atomic.write_json(torch_file, {"message": {
@@ -236,13 +234,11 @@ def killed(folder: Path, rank: int, signum: int, restart: int, step: int | None 
     return failure
 
 
-def clear(state: StateDir) -> Path:
-    """Remove the records of an earlier slot; the folder this slot's ranks write to."""
-    folder = state.failures
-    if folder.is_dir():
-        for path in folder.glob("*.json"):
+def clear(state: StateDir) -> None:
+    """Remove the records of an earlier slot from the folder this slot's ranks write to."""
+    if state.failures.is_dir():
+        for path in state.failures.glob("*.json"):
             path.unlink(missing_ok=True)
-    return folder
 
 
 def read_all(folder: Path) -> list[Failure]:

@@ -13,31 +13,28 @@ import shutil
 import socket
 from pathlib import Path
 
-from ddppipe.core import atomic
-from ddppipe.runstate import preemption
+from ddppipe.core import atomic, slot
 from ddppipe.runstate.state import StateDir
 
-FOLDER_ENV = "DDPPIPE_FINISHED_NODES"  # where the agents mark their nodes (set by the launcher)
 NODE_ENV = "SLURMD_NODENAME"  # set by slurmd in every task: the node's SLURM name
 
 
-def prepare(state: StateDir) -> dict[str, str]:
-    """(Launcher, before the step) Forget earlier slots' marks; the agents' environment."""
-    folder = state.finished_nodes.resolve()
-    shutil.rmtree(folder, ignore_errors=True)
-    return {FOLDER_ENV: str(folder)}
+def prepare(state: StateDir) -> None:
+    """(Launcher, before the step) Forget earlier slots' marks."""
+    shutil.rmtree(state.finished_nodes, ignore_errors=True)
 
 
 def mark() -> None:
-    """(Agent, its ranks all exited 0) Mark this node finished in this slot."""
-    folder, attempt = os.environ.get(FOLDER_ENV), os.environ.get(preemption.ATTEMPT_ENV)
-    if folder and attempt:  # else not started by ddppipe launch
+    """(Agent, its ranks all exited 0) Mark this node finished in this slot (its record's)."""
+    found = slot.read()
+    if found is not None:  # else not started by ddppipe launch
         node = os.environ.get(NODE_ENV) or socket.gethostname()
-        atomic.write_text(Path(folder) / node, attempt + "\n")
+        folder = StateDir(Path(found.state)).finished_nodes
+        atomic.write_text(folder / node, found.launcher + "\n")
 
 
 def finished(state: StateDir, attempt: str) -> set[str]:
-    """The nodes marked finished in slot ``attempt`` (preemption.ATTEMPT_ENV's value)."""
+    """The nodes marked finished in slot ``attempt`` (its launcher, the slot record's)."""
     try:
         marks = list(state.finished_nodes.iterdir())
     except FileNotFoundError:

@@ -8,7 +8,7 @@ the preflight's token, the lock, the live log and metrics, the MLflow run id, an
 outputs.
 
 The folder travels through ddppipe as a :class:`StateDir`; a path becomes one once, where it
-enters: the ``--state`` argument, the job API's environment, the workflow's rules, a run's
+enters: the ``--state`` argument, the slot record, the workflow's rules, a run's
 layout read back (:mod:`ddppipe.reports.run_files`).
 """
 
@@ -41,6 +41,12 @@ class StateDir:
     @property
     def stop_note(self) -> Path:
         return self.root / "stopped-on-signal.json"
+
+    @property
+    def slot(self) -> Path:
+        """The current slot's record, written by its launcher for every process
+        (ddppipe.core.slot)."""
+        return self.root / "slot.json"
 
     @property
     def slot_ended(self) -> Path:

@@ -4,7 +4,8 @@ trial, on one slot of each of its nodes.
 The allocation's node workers choose the slots (:mod:`ddppipe.packing.gang`); the trial's
 launcher runs its srun step on those nodes (``--nodelist``, and ``--overlap``: the workers'
 own step holds the nodes' CPUs), and each node's agent keeps its processes to its slot's CPUs
-and GPUs (:meth:`Placement.apply`). The trial's environment carries it (:data:`ENV`).
+and GPUs (:meth:`Placement.apply`). The trial's environment carries it
+(:data:`ddppipe.core.env_names.PLACEMENT`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 
-ENV = "DDPPIPE_PLACEMENT"
+from ddppipe.core import env_names
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,12 @@ class Placement:
 
     def to_env(self) -> dict[str, str]:
         """The trial's environment variables: the placement, and its allocation's job."""
-        return {ENV: json.dumps(asdict(self)), "SLURM_JOB_ID": self.job}
+        return {env_names.PLACEMENT: json.dumps(asdict(self)), "SLURM_JOB_ID": self.job}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Placement | None:
         """The placement this process runs under, None when it is no placed step."""
-        text = env.get(ENV)
+        text = env.get(env_names.PLACEMENT)
         if not text:
             return None
         found = json.loads(text)

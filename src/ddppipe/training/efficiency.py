@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from ddppipe.core import slot
+
 if TYPE_CHECKING:
     import torch
 
@@ -27,7 +29,6 @@ Mark: TypeAlias = "float | torch.cuda.Event"  # a Clock's reading
 T = TypeVar("T")
 
 WARMUP_STEPS = 10  # per slot: compilation, allocator and cache warm-up
-SLOT_START_ENV = "DDPPIPE_SLOT_START"  # Unix time the launcher opened the slot
 
 
 class Clock:
@@ -58,8 +59,8 @@ class SlotMeter:
     """One rank's clocks for the current slot."""
 
     def __init__(self) -> None:
-        start = os.environ.get(SLOT_START_ENV)
-        self.slot_start = float(start) if start else time.time()
+        found = slot.read()  # the launcher opened the slot at its start
+        self.slot_start = found.start if found and found.start is not None else time.time()
         self.cpu_start = time.process_time()
         self.seconds: dict[str, float] = {}
         self.first_step_at: float | None = None

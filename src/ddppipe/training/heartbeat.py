@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-WATCHDOG_ENV = "DDPPIPE_WATCHDOG_DIR"  # set by the launcher: the slot's watchdog folder
-NCCL_TRACE_ENV = "DDPPIPE_NCCL_TRACE"  # set on GPU runs: dump the flight recorder when asked
+from ddppipe.core import slot
+from ddppipe.runstate.state import StateDir
+
 # Ignored by default, so nothing else of a job dies of it: torchrun's agents, srun, a
 # DataLoader's workers (which unregister it after the fork), the batch script.
 DUMP_SIGNAL = signal.SIGWINCH
@@ -78,7 +79,7 @@ class Beat:
 class Heart:
     """This process's heartbeat (one per rank, made by :func:`start`)."""
 
-    def __init__(self, folder: Path, rank: int, watched: bool) -> None:
+    def __init__(self, folder: Path, rank: int, watched: bool, nccl_trace: bool) -> None:
         self.folder, self.rank, self.watched = Path(folder), rank, watched
         self.phase, self.step, self.count = "start-up", None, 0
         self.at, self.in_phase, self.slowest = time.monotonic(), 0, None
@@ -89,7 +90,7 @@ class Heart:
             "thread": threading.main_thread().ident,
             "slurm_step": f"{job}.{step}" if job and step else None,
         }  # fmt: skip
-        self._nccl_dumped = not os.environ.get(NCCL_TRACE_ENV)
+        self._nccl_dumped = not nccl_trace
         self._write()
         threading.Thread(target=self._run, name="ddppipe-heartbeat", daemon=True).start()
 
@@ -160,23 +161,24 @@ def _forget_in_child() -> None:
 
 
 def start(watched: bool = True) -> None:
-    """Start this rank's heartbeat and its stack dump on :data:`DUMP_SIGNAL`, where the
-    launcher asked for them (:data:`WATCHDOG_ENV`); a no-op elsewhere or when started.
+    """Start this rank's heartbeat and its stack dump on :data:`DUMP_SIGNAL`, in the
+    watchdog folder of its slot (its record's); a no-op elsewhere or when started.
 
     ``watched``: False for a script, whose first job API call arms the watchdog.
     """
     global _heart, _stacks_fd
-    folder = os.environ.get(WATCHDOG_ENV)
-    if _heart is not None or not folder:
+    found = slot.read()
+    if _heart is not None or found is None:
         return
+    folder = StateDir(Path(found.state)).watchdog
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     with contextlib.suppress(OSError):
         # O_DSYNC: each line of the dump reaches a shared filesystem's server at once.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DSYNC
-        _stacks_fd = os.open(stacks_file(Path(folder), rank), flags, 0o644)
+        _stacks_fd = os.open(stacks_file(folder, rank), flags, 0o644)
         faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
         os.register_at_fork(after_in_child=_forget_in_child)
-    _heart = Heart(Path(folder), rank, watched)
+    _heart = Heart(folder, rank, watched, found.nccl_trace)
     atexit.register(done)
 
 

@@ -12,8 +12,9 @@
     sys.exit(job.STOP)       # after saving on should_stop(): continue in the next slot
 
 Importing this module installs the stop-signal handler (it only sets a flag; all I/O
-happens in the script's loop). The same facts reach a script that does not import ddppipe
-through environment variables (:data:`ENV`), set by ``ddppipe launch`` for every process.
+happens in the script's loop). What it knows of the slot comes from the slot record
+(:mod:`ddppipe.core.slot`) that ``ddppipe launch`` writes for every process; a script that
+does not import ddppipe reads the same JSON file, named by ``$DDPPIPE_SLOT``.
 """
 
 from __future__ import annotations
@@ -28,56 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddppipe.core import slot
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.training import heartbeat
 
 STOP = preemption.EXIT_CODE  # the exit status of "stopped after a checkpoint: continue me"
 
-# What the launcher tells every process (ddppipe.launching.lifecycle sets them).
-ENV = {
-    "run": "DDPPIPE_RUN",  # the run's name
-    "state": "DDPPIPE_STATE_DIR",  # results/<run>/state
-    "checkpoints": "DDPPIPE_CHECKPOINT_DIR",  # <state>/checkpoints
-    "outputs": "DDPPIPE_OUTPUT_DIR",  # <state>/outputs
-    "tensorboard": "DDPPIPE_TENSORBOARD_DIR",  # results/<run>/tensorboard ('' when off)
-    "mlflow": "DDPPIPE_MLFLOW_URI",  # '' when off
-    "attempt": "DDPPIPE_ATTEMPT_NUMBER",  # 1, 2, ... : the slot of this run
-    "end_time": "DDPPIPE_END_TIME",  # Unix time the job's time limit ends ('' without one)
-    "stop_at": preemption.STOP_AT_ENV,  # Unix time should_stop() turns true ('' without one)
-    "stop_signal": preemption.STOP_SIGNAL_ENV,  # the time-limit warning's signal: SIGUSR1
-    "use": "DDPPIPE_DEVICE_USE",  # gpu (required) | cpu: the run spec's device
-    "strategy": "DDPPIPE_STRATEGY",  # launch.strategy: ddp | fsdp | hsdp
-    "activation_checkpointing": "DDPPIPE_ACTIVATION_CHECKPOINTING",  # 1 | 0 (train.)
-}
-
-
-def environment(
-    run: str, state: StateDir, attempt: int, stop_signal: str, use: str,
-    tensorboard: Path | None, mlflow: str | None, end_time: float | None = None,
-    stop_at: float | None = None, strategy: str = "ddp", activation_checkpointing: bool = False,
-) -> dict[str, str]:  # fmt: skip
-    """The :data:`ENV` variables of one slot, for the launcher to export."""
-    resolved = StateDir(state.root.resolve())
-    values = {
-        "run": run, "state": str(resolved.root), "checkpoints": str(resolved.checkpoints),
-        "outputs": str(resolved.outputs), "tensorboard": str(tensorboard or ""),
-        "mlflow": mlflow or "", "attempt": str(attempt),
-        "end_time": "" if end_time is None else f"{end_time:.0f}",
-        "stop_at": "" if stop_at is None else f"{stop_at:.0f}", "stop_signal": stop_signal,
-        "use": use, "strategy": strategy,
-        "activation_checkpointing": "1" if activation_checkpointing else "0",
-    }  # fmt: skip
-    return {ENV[key]: value for key, value in values.items()}
-
-
-def _env(key: str) -> str:
-    return os.environ.get(ENV[key], "")
-
 
 def _state() -> StateDir:
     """The run's state folder, as the launcher names it (the working folder without one)."""
-    return StateDir(Path(_env("state") or "."))
+    found = slot.read()
+    return StateDir(Path(found.state if found else "."))
 
 
 _guard = preemption.Guard()  # installed at import: a signal from now on is noted, never fatal
@@ -105,12 +68,13 @@ def info() -> Info:
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    use = _env("use")  # the run spec's device, which the launcher passes on
+    found = slot.read()
+    use = found.device if found else None  # the run spec's device, which the launcher passes on
     if use not in ("gpu", "cpu"):
         raise RuntimeError(
-            f"{ENV['use']} is {use!r}, not gpu or cpu: job.info() serves a script that "
-            "`ddppipe launch` starts (the train rule, with the run's decided device); run it "
-            "through the workflow (config key script:)"
+            f"the slot record's device is {use!r}, not gpu or cpu: job.info() serves a script "
+            "that `ddppipe launch` starts (the train rule, with the run's decided device); run "
+            "it through the workflow (config key script:)"
         )
     device = devices.select(local_rank, local_size, use)  # type: ignore[arg-type]
     if device.type == "cuda":
@@ -122,7 +86,7 @@ def info() -> Info:
     return Info(
         rank=int(os.environ.get("RANK", "0")), local_rank=local_rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        node=socket.gethostname(), attempt=int(_env("attempt") or 1), device=str(device),
+        node=socket.gethostname(), attempt=found.attempt if found else 1, device=str(device),
     )  # fmt: skip
 
 
@@ -158,9 +122,10 @@ def shard(model: Any, bf16: bool = False) -> Any:
             "start the script with torchrun (ddppipe launch does), one node's processes each"
         )
     device = torch.device(info().device)
+    found = slot.read()
     return wrapping.wrap(
-        model.to(device), device, _env("strategy") or "ddp", world // local, local, bf16=bf16,
-        activation_checkpointing=_env("activation_checkpointing") == "1",
+        model.to(device), device, found.strategy if found else "ddp", world // local, local,
+        bf16=bf16, activation_checkpointing=bool(found and found.activation_checkpointing),
     )  # fmt: skip
 
 
@@ -193,7 +158,7 @@ def should_stop() -> bool:
         tensor = torch.tensor([int(flag), signum], device=distributed.collective_device())
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         flag, signum = bool(tensor[0]), int(tensor[1])
-    if flag and not _stopping and int(os.environ.get("RANK", "0")) == 0 and _env("state"):
+    if flag and not _stopping and int(os.environ.get("RANK", "0")) == 0 and slot.read():
         _stopping = True
         if _logged_from is not None:
             _progress(end_step=_last_step)
@@ -201,20 +166,19 @@ def should_stop() -> bool:
     return flag
 
 
-def _folder(key: str, fallback: str) -> Path:
-    path = Path(_env(key) or fallback)
+def _folder(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def checkpoint_dir() -> Path:
     """Where to save and find checkpoints: the run's state folder, kept across requeues."""
-    return _folder("checkpoints", "checkpoints")
+    return _folder(_state().checkpoints)
 
 
 def output_dir() -> Path:
     """Where to put the files the run produces (weights, tables); published when complete."""
-    return _folder("outputs", "outputs")
+    return _folder(_state().outputs)
 
 
 _tracker: Any = None
@@ -245,12 +209,13 @@ def log(step: int, **values: float) -> None:
         _progress(start_step=step)
     with open(state.metrics, "a") as f:
         f.write(json.dumps(record) + "\n")
-    if _tracker is None and (_env("tensorboard") or _env("mlflow")):
+    found = slot.read()
+    if _tracker is None and found and (found.tensorboard or found.mlflow):
         from ddppipe.training import tracking
 
         _tracker = tracking.Tracker(
-            Path(_env("tensorboard")) if _env("tensorboard") else None, state,
-            mlflow_uri=_env("mlflow") or None, run_name=_env("run") or "run",
+            Path(found.tensorboard) if found.tensorboard else None, state,
+            mlflow_uri=found.mlflow, run_name=found.run,
         )  # fmt: skip
     if _tracker is not None:
         _tracker.log(step, {k: float(v) for k, v in values.items()})

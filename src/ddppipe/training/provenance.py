@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ddppipe import __version__
 from ddppipe.core import system
 from ddppipe.data import manifest
 from ddppipe.parallel import software
 from ddppipe.settings import run_spec
+
+if TYPE_CHECKING:
+    from ddppipe.parallel.distributed import Context
+
+
+def meta(spec: run_spec.RunSpec, ctx: Context, hosts: list[str]) -> dict[str, Any]:
+    """What a checkpoint records of the training that wrote it (``hosts``: each rank's),
+    read back by :func:`record`."""
+    import torch
+
+    cuda = ctx.device.type == "cuda"
+    return {
+        "world_size": ctx.world_size,
+        "strategy": spec.launch.strategy,
+        "hosts": hosts,
+        "backend": ctx.backend,
+        "launcher": ctx.launcher,
+        "device": ctx.device.type,
+        "device_name": torch.cuda.get_device_name(ctx.device) if cuda else "cpu",
+        "torch": str(torch.__version__),
+        "ddppipe": __version__,
+        "software": software.stack(),
+        "seed": spec.train.seed,
+        "train": dataclasses.asdict(spec.train),
+        "task": run_spec.plain(spec.task_source),
+        "task_args": run_spec.plain(spec.task_args),
+    }
 
 
 def data_checksums(data_dir: Path) -> dict[str, str]:

@@ -7,8 +7,8 @@ left by a killed process is broken after 30 s). A trial is one Optuna trial, fou
 its name (user attribute ``ddppipe_trial``) when its run resumes in a later slot or a retry,
 or when a ``tpe`` round asked the study for it (:mod:`ddppipe.sweeps.rounds`); it reports its
 metric at each epoch end (step = the epoch, from 1) and asks the pruner whether to stop there.
-Only rank 0 of the training talks to Optuna (:class:`ddppipe.training.train.Trainer`
-broadcasts the decision); Optuna is imported only where a trial prunes.
+Only rank 0 of the training talks to Optuna (:func:`agreed` gives every rank its
+decision); Optuna is imported only where a trial prunes.
 """
 
 from __future__ import annotations
@@ -176,3 +176,21 @@ class TrialPruner:
             self.study.tell(trial, value)
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def agreed(pruner: TrialPruner | None, record: Mapping[str, Any], decide: bool) -> bool:
+    """Collective: rank 0 (the one with a ``pruner``) reports the epoch's metrics ``record``
+    to the sweep's study and, with ``decide``, asks whether to stop here; every rank gets its
+    answer (or raises PruningError with rank 0's message)."""
+    import torch.distributed as dist
+
+    answer: list[Any] = [False]
+    if pruner is not None:
+        try:
+            answer[0] = pruner.report(record, decide)
+        except Exception as e:  # the others must not wait for a decision that never comes
+            answer[0] = f"{type(e).__name__}: {e}"
+    dist.broadcast_object_list(answer, src=0)
+    if isinstance(answer[0], str):
+        raise PruningError(f"rank 0 could not report to the sweep's study: {answer[0]}")
+    return bool(answer[0])

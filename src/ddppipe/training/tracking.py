@@ -16,11 +16,15 @@ first use only.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ddppipe.core import system
 from ddppipe.runstate.state import StateDir
+from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training import mlflow_log, tensorboard_log
 
 log = logging.getLogger(__name__)
@@ -105,6 +109,25 @@ class Tracker:
                 if tag not in self._bad_keys:
                     self._bad_keys.add(tag)
                     log.warning("tracking skips %r: %r is not a number", tag, value)
+
+
+def of_run(spec: RunSpec, state: StateDir, config_hash: str) -> Tracker | None:
+    """(Rank 0) The tracking ``spec.tracking`` asks for, continued across every slot (None:
+    neither backend), tagged with the code, the task, the config hash and the SLURM job."""
+    wanted = spec.tracking
+    if not wanted.tensorboard and not wanted.mlflow:
+        return None
+    source = spec.task_source or {}  # null where no launcher resolved the task
+    tags = {"git_commit": str(system.git_commit()["commit"]),
+            "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
+            "config_hash": config_hash}  # fmt: skip
+    if os.environ.get("SLURM_JOB_ID"):
+        tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
+    return Tracker(
+        state.tensorboard if wanted.tensorboard else None, state, mlflow_uri=wanted.mlflow,
+        run_name=spec.run, params=spec.as_dict(),  # MLflow's params: the config as written
+        tags=tags, parent=mlflow_log.SweepParent.of(spec, state),  # a trial: a child run
+    )  # fmt: skip
 
 
 def _describe(e: BaseException) -> str:

@@ -1,19 +1,18 @@
 """The data-parallel training loop of any task: sharded batches, checkpoints, evaluation.
 
 The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the loss,
-metrics and optimizer; everything else is here: device, DDP, FSDP or HSDP (``launch.strategy``),
-mixed precision, the sharded and resumable data order, sharded asynchronous checkpoints, stop
-on signal, evaluation, metrics and tracking.
+metrics and optimizer; everything else is here: device, mixed precision, the sharded and
+resumable data order, stop on signal, evaluation, metrics and tracking. How the ranks hold the
+model (DDP, FSDP or HSDP: ``launch.strategy``) is its strategy's
+(:mod:`ddppipe.training.strategy`); its asynchronous checkpoints are
+:mod:`ddppipe.training.run_checkpoints`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
-import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -23,14 +22,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ddppipe import __version__, tasks
-from ddppipe.core import heap, jsonl, system
+from ddppipe import tasks
+from ddppipe.core import heap, system
 from ddppipe.data import batches, sharding, staging
-from ddppipe.parallel import devices, distributed, fsdp, software, wrapping
+from ddppipe.parallel import devices, distributed
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
 from ddppipe.training import (
+    agreement,
     allowances,
     checkpoint,
     efficiency,
@@ -40,16 +40,15 @@ from ddppipe.training import (
     optim,
     probes,
     pruning,
-    rng,
-    sharded_checkpoint,
+    run_checkpoints,
+    strategy,
 )
 
 log = logging.getLogger(__name__)
 
 # Ranks agree on a pending stop signal and on a non-finite loss every this many steps (one
-# tiny all-reduce).
+# tiny all-reduce: :mod:`ddppipe.training.agreement`).
 SIGNAL_CHECK_EVERY = 10
-ALL_FINITE = 2**62  # the first non-finite step's index when there was none
 
 
 class Trainer:
@@ -63,18 +62,52 @@ class Trainer:
         self.meter = efficiency.SlotMeter()
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
         args = run_spec.plain(spec.task_args)  # a plain dict for the task's hooks
+        self._stage_data()
+        cuda = self._check_device()
+        self._load_data(args)
+        heartbeat.beat("start-up")
+        self._build_model(args, cuda)
+        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
+        self.checkpoints = run_checkpoints.Checkpoints(
+            spec, paths.state, ctx, self.strategy,
+            checkpoint.Trainable(self.model, self.optimizer, self.scheduler),
+            config_hash=self.config_hash, steps_per_epoch=self.steps_per_epoch,
+            record=self._record_progress,
+        )  # fmt: skip
+        self.history: list[dict[str, Any]] = []
+        self.epoch, self.step = 0, 0
+        self._final_eval: evaluate.Counts | None = None
+        self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
+        self.tracker: Any = None  # (rank 0's: TensorBoard and MLflow, continued across every slot)
+        if ctx.is_main:
+            from ddppipe.training import tracking
+
+            self.tracker = tracking.of_run(spec, paths.state, self.config_hash)
+        # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
+        trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
+        self.prunes = trial is not None
+        self.pruner = pruning.TrialPruner(trial) if trial is not None and ctx.is_main else None
+        self.pruned_at: int | None = None  # the epoch whose end pruned the run
+
+    # -- start-up ------------------------------------------------------------------------
+    def _stage_data(self) -> None:
+        """The data folder (copied to node-local disk first with ``launch.stage_data``) and
+        the config hash of this data."""
+        stage = self.spec.launch.stage_data
         heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
-        with self.meter.phase("stage" if spec.launch.stage_data else "data"):
+        with self.meter.phase("stage" if stage else "data"):
             self.data_dir, found = staging.data_folder(
-                paths.data_dir, spec.launch.stage_data, lambda: heartbeat.beat("data")
+                self.paths.data_dir, stage, lambda: heartbeat.beat("data")
             )
-        self.config_hash = spec.train_hash(found["digest"])
-        self.dtype, self.memory_format = evaluate.numerics(
-            self.recipe.precision, self.recipe.channels_last
-        )
+        self.config_hash = self.spec.train_hash(found["digest"])
+
+    def _check_device(self) -> bool:
+        """The recipe's numerics on this rank's device, checked; whether it is a GPU."""
+        ctx, precision = self.ctx, self.recipe.precision
+        self.dtype, self.memory_format = evaluate.numerics(precision, self.recipe.channels_last)
         cuda = ctx.device.type == "cuda"
         if cuda:
-            devices.check_gpu(ctx.device.index, self.recipe.precision)
+            devices.check_gpu(ctx.device.index, precision)
             self.meter.watch_gpu(ctx.device)
         elif self.dtype == torch.bfloat16 and ctx.rank == 0 and not system.cpu_computes_bf16():
             log.warning(
@@ -82,6 +115,11 @@ class Trainer:
                 "AMX-BF16 or Arm BF16): several times slower than fp32 (set train.precision: "
                 "fp32, or leave it null: the preset then picks fp32 on such CPUs)"
             )
+        return cuda
+
+    def _load_data(self, args: dict[str, Any]) -> None:
+        """The task's train and test sets, fed to this rank."""
+        spec, ctx = self.spec, self.ctx
         with self.meter.phase("data"):
             # (kept by the warm server that forked this rank, when it loaded the same data)
             train_set, test_set = kept_datasets.datasets(self.task, self.data_dir, args)
@@ -98,80 +136,33 @@ class Trainer:
         self.steps_per_epoch = sharding.steps_per_epoch(
             len(self.train_data), self.recipe.batch_size
         )
-        heartbeat.beat("start-up")
-        torch.manual_seed(self.recipe.seed)  # identical initial weights on every rank
+
+    def _build_model(self, args: dict[str, Any], cuda: bool) -> None:
+        """The task's model, wrapped by the strategy; its losses, optimizer and schedule."""
+        ctx, recipe = self.ctx, self.recipe
+        torch.manual_seed(recipe.seed)  # identical initial weights on every rank
         model = self.task.call("model", args).to(ctx.device, memory_format=self.memory_format)
         self.model = model
         if cuda:
             devices.speed_up_cuda()
-        self.loss_fn = evaluate.training_loss(self.task, self.recipe.label_smoothing)
-        self.sharded = spec.launch.strategy in fsdp.SHARDED
+        self.loss_fn = evaluate.training_loss(self.task, recipe.label_smoothing)
+        self.strategy = strategy.of(self.spec.launch)
         if ctx.is_main:  # on the whole model: before FSDP shards it (its forward is collective)
             self.meter.flops_per_image = probes.flops_per_image(
                 model, self.train_data.dataset, ctx.device, self.loss_fn, self.dtype,
                 self.memory_format,
             )  # fmt: skip
         # What trains: the FSDP-sharded model itself, or its DDP wrapper.
-        launch = spec.launch
-        self.net = wrapping.wrap(
-            model, ctx.device, launch.strategy, launch.nnodes, launch.nproc_per_node,
-            bf16=self.dtype == torch.bfloat16,
-            activation_checkpointing=self.recipe.activation_checkpointing,
-        )  # fmt: skip
+        self.net = self.strategy.wrap(model, ctx.device, self.dtype == torch.bfloat16,
+                                      recipe.activation_checkpointing)  # fmt: skip
         self.eval_loss_fn = self.task.module.loss if self.task.has("loss") else None
         self.metrics_fn = self.task.module.metrics if self.task.has("metrics") else None
         if self.task.has("optimizer"):
             self.optimizer = self.task.call("optimizer", self.net.parameters(), args)
         else:
-            self.optimizer = optim.make_optimizer(
-                self.net.parameters(), self.recipe, ctx.device, self.sharded
-            )
-        self.scheduler = optim.make_scheduler(self.optimizer, self.recipe, self.steps_per_epoch)
+            self.optimizer = self.strategy.optimizer(self.net.parameters(), recipe, ctx.device)
+        self.scheduler = optim.make_scheduler(self.optimizer, recipe, self.steps_per_epoch)
         self.meter.watch_memory(ctx.device, model, self.optimizer)
-        # Sharded checkpoints, saved in the background: their collectives have a group of
-        # their own (sharing the training's can deadlock against its collectives).
-        self.store = sharded_checkpoint.Store(
-            paths.state.checkpoints, self.recipe.keep_checkpoints,
-            group=dist.new_group(backend="gloo"),
-        )  # fmt: skip
-        self.hosts: list[str] = [""] * ctx.world_size
-        dist.all_gather_object(self.hosts, socket.gethostname())
-        self.history: list[dict[str, Any]] = []
-        self.epoch, self.step = 0, 0
-        self._final_eval: evaluate.Counts | None = None
-        # The index of the first step (0: the run's first) whose loss was NaN or infinite: a
-        # device-side flag, no host sync a step; the ranks agree on it with the stop flag.
-        self._first_nonfinite = torch.full((), ALL_FINITE, dtype=torch.int64, device=ctx.device)
-        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
-        self._saving_step = 0  # the global step of the checkpoint in flight
-        self.tracker = self._tracker() if ctx.is_main else None
-        # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
-        trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
-        self.prunes = trial is not None
-        self.pruner = pruning.TrialPruner(trial) if trial is not None and ctx.is_main else None
-        self.pruned_at: int | None = None  # the epoch whose end pruned the run
-        self._stop_signal = 0  # the stop signal any rank got, as the ranks agreed on it
-
-    def _tracker(self) -> Any:
-        """(Rank 0) TensorBoard (and MLflow) tracking, continued across every slot."""
-        wanted = self.spec.tracking
-        if not wanted.tensorboard and not wanted.mlflow:
-            return None
-        from ddppipe.training import mlflow_log, tracking
-
-        folder = self.paths.state
-        source = self.spec.task_source or {}  # null where no launcher resolved the task
-        tags = {"git_commit": str(system.git_commit()["commit"]),
-                "task": str(source.get("ref")), "task_sha256": str(source.get("sha256")),
-                "config_hash": self.config_hash}  # fmt: skip
-        if os.environ.get("SLURM_JOB_ID"):
-            tags[f"slurm_job_{os.environ['SLURM_JOB_ID']}"] = socket.gethostname()
-        tensorboard = folder.tensorboard if wanted.tensorboard else None
-        return tracking.Tracker(
-            tensorboard, folder, mlflow_uri=wanted.mlflow, run_name=self.spec.run,
-            params=self.spec.as_dict(), tags=tags,  # MLflow's params: the config as written
-            parent=mlflow_log.SweepParent.of(self.spec, folder),  # a trial: a child run
-        )  # fmt: skip
 
     def _record_efficiency(self) -> None:
         """Collective: the slot's figures into rank 0's progress (its attempt record)."""
@@ -183,119 +174,24 @@ class Trainer:
             self.tracker.log(step, values, prefix)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        """Collective: the whole training state, full weights; only rank 0's is complete."""
-        if self.sharded:
-            weights, optimizer = sharded_checkpoint.full_state_dicts(self.model, self.optimizer)
-        else:  # (on the CPU: a checkpoint loads on any machine, without map_location)
-            weights = checkpoint.on_cpu(self.model.state_dict())
-            optimizer = checkpoint.on_cpu(self.optimizer.state_dict())
-        states = {"model": weights, "optimizer": optimizer,
-                  "scheduler": self.scheduler.state_dict()}  # fmt: skip
-        return checkpoint.snapshot(self.config_hash, self.epoch, self.step, states,
-                                   self._rng_streams(), self.history, self.meta())  # fmt: skip
-
-    def _rng_streams(self) -> list[Any]:
-        """Collective: every rank's RNG state (rank 0's list complete)."""
-        streams: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(streams, rng.state(self.ctx.device))
-        return streams
-
-    def _parts(self) -> checkpoint.Trainable:
-        return checkpoint.Trainable(self.model, self.optimizer, self.scheduler)
-
-    def meta(self) -> dict[str, Any]:
-        return {
-            "world_size": self.ctx.world_size,
-            "strategy": self.spec.launch.strategy,
-            "hosts": self.hosts,
-            "backend": self.ctx.backend,
-            "launcher": self.ctx.launcher,
-            "device": self.ctx.device.type,
-            "device_name": torch.cuda.get_device_name(self.ctx.device)
-            if self.ctx.device.type == "cuda"
-            else "cpu",
-            "torch": str(torch.__version__),
-            "ddppipe": __version__,
-            "software": software.stack(),
-            "seed": self.recipe.seed,
-            "train": dataclasses.asdict(self.recipe),
-            "task": run_spec.plain(self.spec.task_source),
-            "task_args": run_spec.plain(self.spec.task_args),
-        }
+    def _position(self) -> run_checkpoints.Position:
+        return run_checkpoints.Position(self.epoch, self.step, self.history)
 
     def save_checkpoint(self, wait: bool = False) -> Path | None:
-        """Collective: every rank starts writing its part of a sharded checkpoint, in the
-        background (``wait``: and waits until it is committed: before a stop or the end).
-        Every rank raises CheckpointError if any could not write."""
+        """Collective: save a checkpoint in the background (``wait``: until it is committed)
+        (:meth:`run_checkpoints.Checkpoints.save`)."""
         heartbeat.beat("checkpoint")
         started = time.perf_counter()
-        self._checkpoint_written(self.store.wait())  # the previous one, if still in flight
-        state = {"config_hash": self.config_hash, "epoch": self.epoch, "step": self.step,
-                 "scheduler": self.scheduler.state_dict(), "rng": self._rng_streams(),
-                 "history": self.history, "meta": self.meta()}  # fmt: skip
-        tensors = sharded_checkpoint.tensors_of(self.model, self.optimizer)
-        name = self.store.save(state, tensors)
-        self._saving_step = self.epoch * self.steps_per_epoch + self.step
-        if self.ctx.is_main:
-            self._write_live_metrics()
-        path = self.wait_for_checkpoint() if wait else None
+        path = self.checkpoints.save(self._position(), wait)
         self.meter.add("checkpoint", time.perf_counter() - started)  # the time training waited
-        return path or self.store.folder / name
-
-    def wait_for_checkpoint(self) -> Path | None:
-        """Collective: wait for the checkpoint in flight; its path (rank 0)."""
-        written = self.store.wait()
-        self._checkpoint_written(written)
-        return written[0] if written else None
-
-    def _checkpoint_written(self, written: tuple[Path, float] | None) -> None:
-        if written is not None:
-            path, seconds = written
-            self._record_progress(
-                end_step=self._saving_step, checkpoint=path.name,
-                checkpoint_seconds=max(self.progress["checkpoint_seconds"], seconds),
-            )  # fmt: skip
+        return path
 
     def resume(self) -> None:
-        """Load the newest valid checkpoint of this config, if any (rank 0 decides)."""
+        """Collective: continue from the newest valid checkpoint of this config, if any."""
         heartbeat.beat("checkpoint")
-        found: list[Any] = [None]
-        if self.ctx.is_main:
-            found[0] = self.store.latest(self.config_hash)
-        dist.broadcast_object_list(found, src=0)
-        latest: sharded_checkpoint.Found | None = found[0]
-        snapshot = latest and latest.state
-        self._record_progress(
-            resumed_from=latest and latest.path.name,
-            start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
-            world_size=self.ctx.world_size, strategy=self.spec.launch.strategy,
-        )  # fmt: skip
-        if latest is None or snapshot is None:
-            torch.manual_seed(rng.rank_seed(self.recipe.seed, 0, self.ctx.rank))
-            return
-        if latest.legacy:  # a run started before sharded checkpoints
-            if self.sharded:
-                raise checkpoint.CheckpointError(
-                    f"{latest.path} is a whole-model checkpoint of a run started before sharded "
-                    "checkpoints: resume it once with launch.strategy: ddp (its next checkpoint "
-                    "is sharded; fsdp continues from that)"
-                )
-            self.epoch, self.step, self.history = checkpoint.restore(snapshot, self._parts())
-        else:
-            tensors = sharded_checkpoint.tensors_of(self.model, self.optimizer)
-            self.store.load(latest.path, tensors)
-            sharded_checkpoint.restore_tensors(self.model, self.optimizer, tensors)
-            self.scheduler.load_state_dict(snapshot["scheduler"])
-            self.epoch, self.step = snapshot["epoch"], snapshot["step"]
-            self.history = snapshot["history"]
-        if len(snapshot["rng"]) == self.ctx.world_size:
-            rng.restore(snapshot["rng"][self.ctx.rank], self.ctx.device)
-        else:
-            log.warning("world size changed since the checkpoint: dropout streams are reseeded")
-            torch.manual_seed(rng.rank_seed(self.recipe.seed, self.epoch, self.ctx.rank))
-        if self.ctx.is_main:
-            log.info("resumed at epoch %d step %d", self.epoch, self.step)
+        at = self.checkpoints.resume()
+        if at is not None:
+            self.epoch, self.step, self.history = at.epoch, at.step, at.history
 
     def _record_progress(self, **changes: Any) -> None:
         """(Rank 0) This slot's progress for its attempt record
@@ -308,33 +204,7 @@ class Trainer:
         self.progress.update(changes)
         attempts.write_progress(self.paths.state, self.progress)
 
-    def _write_live_metrics(self) -> None:
-        jsonl.write(self.paths.state.metrics, self.history)
-
     # -- loop ----------------------------------------------------------------------------
-    def _stop_requested(self, guard: preemption.Guard) -> bool:
-        """Collective: whether any rank got the stop signal; raise NonFiniteLoss when any
-        rank's loss was non-finite since the last check (the earliest such step)."""
-        flag = torch.tensor([1 if guard.requested() else 0, 0, guard.received or 0],
-                            device=self.ctx.device)  # fmt: skip
-        flag[1] = -self._first_nonfinite  # MAX of the negated index: the earliest step
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop, first, signum = flag.tolist()
-        self._raise_if_nonfinite(-first)
-        # The signal that stopped the run, on every rank: it may have reached only one of them.
-        self._stop_signal = signum
-        return bool(stop)
-
-    def _raise_if_nonfinite(self, first: int) -> None:
-        if first != ALL_FINITE:
-            raise failures.NonFiniteLoss(first + 1, first // self.steps_per_epoch + 1)
-
-    def _check_finite(self, step: int, loss: torch.Tensor) -> None:
-        """Note step ``step`` (this epoch's) as the first non-finite one if its loss is (and
-        none was before): on the device, no sync."""
-        at = torch.where(torch.isfinite(loss), ALL_FINITE, self.epoch * self.steps_per_epoch + step)
-        torch.minimum(self._first_nonfinite, at, out=self._first_nonfinite)
-
     def _forward_backward(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
         y = batch[1]
         loss = evaluate.loss_of(self.net, batch, self.loss_fn, self.dtype, self.memory_format)
@@ -351,13 +221,19 @@ class Trainer:
         return loss * batch[1].shape[0]
 
     def _probe_communication(self, batch: batches.Batch, global_count: int) -> float:
-        """Collective: the all-reduce time a step exposes, into the meter
-        (:func:`ddppipe.training.probes.communication`); returns the probe's seconds."""
-        exposed, seconds = probes.communication(
+        """Collective: the all-reduce time a step exposes, into the meter, where the strategy
+        probes it (:meth:`strategy.Strategy.probe_communication`); the probe's seconds."""
+        if self.ctx.world_size == 1:
+            return 0.0
+        probed = self.strategy.probe_communication(
             self.net, self.optimizer, lambda: self._forward_backward(batch, global_count),
             self.ctx.device,
         )  # fmt: skip
+        if probed is None:
+            return 0.0
+        exposed, seconds = probed
         self.meter.communication(exposed, global_count)
+        self.meter.add("communication_probe", seconds)
         return seconds
 
     def _run_epoch(self, guard: preemption.Guard) -> float | None:
@@ -388,7 +264,7 @@ class Trainer:
                     lr = self.scheduler.get_last_lr()[0]
                     self._track(at, {"loss": loss, "lr": lr}, "train")
                     tracked = (total, local_images)
-                if self._stop_requested(guard):
+                if self.agreement.stop_requested(guard):
                     self.step = step
                     bar.close()
                     self._account(clock, images, start, warm_at, warm_images, probe_s)
@@ -396,15 +272,13 @@ class Trainer:
             failures.at_step(self.epoch * self.steps_per_epoch + step + 1, self.epoch + 1)
             heartbeat.beat(heartbeat.STEP, self.epoch * self.steps_per_epoch + step)
             step_loss = self._train_step(local, global_count)
-            self._check_finite(step, step_loss)
+            self.agreement.note(self.epoch * self.steps_per_epoch + step, step_loss)
             images += global_count
             self.meter.steps += 1
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
-                # (DDP's: its time counts as neither warm-up nor steady)
-                if self.ctx.world_size > 1 and not self.sharded:
-                    probe_s = self._probe_communication(local, global_count)
-                    self.meter.add("communication_probe", probe_s)
+                # (its time counts as neither warm-up nor steady)
+                probe_s = self._probe_communication(local, global_count)
             loss_total += step_loss
             local_images += local[1].shape[0]
             bar.update()
@@ -414,8 +288,7 @@ class Trainer:
         self._epoch_images = n - first * batch
         self._epoch_loss = float(loss_total) / self._epoch_images
         if not math.isfinite(self._epoch_loss):  # every rank sees it: agree on the first step
-            dist.all_reduce(self._first_nonfinite, op=dist.ReduceOp.MIN)
-            self._raise_if_nonfinite(int(self._first_nonfinite))
+            self.agreement.nonfinite_epoch()
         return seconds
 
     def _account(
@@ -435,11 +308,8 @@ class Trainer:
         heartbeat.beat("evaluate")
         size = self.recipe.eval_batch_size
         batches = self.test_data.shard(self.ctx.rank, self.ctx.world_size, size)
-        extra = 0  # FSDP's forward is collective: every rank runs as many
-        if self.sharded:
-            counts = [evaluate.batch_count(len(self.test_data), r, self.ctx.world_size, size)
-                      for r in range(self.ctx.world_size)]  # fmt: skip
-            extra = max(counts) - counts[self.ctx.rank]
+        extra = self.strategy.eval_padding(len(self.test_data), self.ctx.rank,
+                                           self.ctx.world_size, size)  # fmt: skip
         result = evaluate.counts(
             self.model, batches, self.dtype, self.memory_format, self.eval_loss_fn,
             self.metrics_fn, extra_forwards=extra,
@@ -458,7 +328,7 @@ class Trainer:
         except failures.NonFiniteLoss:
             # every rank stops here together: the checkpoint still being written in the
             # background is completed (committed), the one the next slot could resume from
-            self._checkpoint_written(self.store.wait())
+            self.checkpoints.wait()
             raise
 
     def _train_epochs(self, guard: preemption.Guard) -> None:
@@ -495,7 +365,7 @@ class Trainer:
                 self._track(self.epoch * self.steps_per_epoch, tracked, "epoch")
             last = self.epoch == self.recipe.epochs
             pruned = self._prune(decide=not last)
-            stop = not last and not pruned and self._stop_requested(guard)
+            stop = not last and not pruned and self.agreement.stop_requested(guard)
             if last or stop or pruned or self.epoch % self.recipe.checkpoint_every == 0:
                 path = self.save_checkpoint(wait=last or stop or pruned)
             if stop:
@@ -503,7 +373,7 @@ class Trainer:
             if pruned:  # ends as a completed run: this epoch's evaluation is the final one
                 self.pruned_at = self.epoch
                 break
-        self.wait_for_checkpoint()
+        self.checkpoints.wait()
         if self._final_eval is None:  # resumed after the last epoch's checkpoint
             self._final_eval = self._evaluate()
         self._record_efficiency()
@@ -512,25 +382,13 @@ class Trainer:
             self.tracker.close()
 
     def _prune(self, decide: bool) -> bool:
-        """Collective for a trial that prunes (else False at once): rank 0 reports the epoch's
-        metric to the sweep's study and, with ``decide``, asks whether to stop here; every rank
-        gets its answer (or raises PruningError with rank 0's message)."""
-        if not self.prunes:
-            return False
-        answer: list[Any] = [False]
-        if self.pruner is not None:
-            try:
-                answer[0] = self.pruner.report(self.history[-1], decide)
-            except Exception as e:  # the others must not wait for a decision that never comes
-                answer[0] = f"{type(e).__name__}: {e}"
-        dist.broadcast_object_list(answer, src=0)
-        if isinstance(answer[0], str):
-            raise pruning.PruningError(f"rank 0 could not report to the sweep's study: {answer[0]}")
-        return bool(answer[0])
+        """Collective for a trial that prunes (else False at once): whether the sweep's study
+        prunes it at this epoch's end (:func:`pruning.agreed`)."""
+        return self.prunes and pruning.agreed(self.pruner, self.history[-1], decide)
 
     def _stop(self, guard: preemption.Guard, path: Path | None) -> None:
         """After the checkpoint: leave the launcher a note (rank 0), then raise Preempted."""
-        signum = guard.received or self._stop_signal
+        signum = guard.received or self.agreement.signal
         self._record_efficiency()
         if self.tracker is not None:
             self.tracker.close()
@@ -543,7 +401,7 @@ class Trainer:
     def _write_outputs(self) -> None:
         """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
         heartbeat.beat("checkpoint")
-        snapshot = self.snapshot()
+        snapshot = self.checkpoints.snapshot(self._position())
 
         evaluation = {
             **self._final_eval.summary(),  # type: ignore[union-attr]

@@ -1,0 +1,140 @@
+"""A training's checkpoints as its loop takes them: each written in the background while
+training goes on (:class:`ddppipe.training.sharded_checkpoint.Store`), the newest resumed
+from, and the final snapshot of full weights; the model's tensors as its strategy
+(:mod:`ddppipe.training.strategy`) holds them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddppipe.core import jsonl
+from ddppipe.parallel import distributed
+from ddppipe.runstate.state import StateDir
+from ddppipe.settings import run_spec
+from ddppipe.training import checkpoint, provenance, rng, sharded_checkpoint
+from ddppipe.training.strategy import Strategy
+
+log = logging.getLogger(__name__)
+
+History = list[dict[str, Any]]
+
+
+@dataclass
+class Position:
+    """Where a training stands: ``epoch`` completed epochs, ``step`` steps into the next."""
+
+    epoch: int
+    step: int
+    history: History
+
+
+class Checkpoints:
+    """One rank's side of its run's checkpoints: every method collective; rank 0 records the
+    slot's progress (its attempt record) through ``record``."""
+
+    def __init__(
+        self, spec: run_spec.RunSpec, state: StateDir, ctx: distributed.Context,
+        strategy: Strategy, parts: checkpoint.Trainable, *, config_hash: str,
+        steps_per_epoch: int, record: Callable[..., None],
+    ) -> None:  # fmt: skip
+        self.spec, self.state, self.ctx, self.parts = spec, state, ctx, parts
+        self.strategy = strategy
+        self.config_hash, self.steps_per_epoch, self.record = config_hash, steps_per_epoch, record
+        # Saved in the background: their collectives have a group of their own (sharing the
+        # training's can deadlock against its collectives).
+        self.store = sharded_checkpoint.Store(
+            state.checkpoints, spec.train.keep_checkpoints, group=dist.new_group(backend="gloo")
+        )
+        hosts: list[str] = [""] * ctx.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        self.meta = provenance.meta(spec, ctx, hosts)  # what each checkpoint records
+        self._saving_step = 0  # the global step of the checkpoint in flight
+        self._longest_s = 0.0  # the longest save of this slot, start to commit
+
+    def snapshot(self, at: Position) -> dict[str, Any]:
+        """The whole training state, full weights; only rank 0's is complete."""
+        weights, optimizer = self.strategy.export(self.parts)
+        states = {"model": weights, "optimizer": optimizer,
+                  "scheduler": self.parts.scheduler.state_dict()}  # fmt: skip
+        return checkpoint.snapshot(self.config_hash, at.epoch, at.step, states,
+                                   self._rng_streams(), at.history, self.meta)  # fmt: skip
+
+    def _rng_streams(self) -> list[Any]:
+        """Every rank's RNG state (rank 0's list complete)."""
+        streams: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(streams, rng.state(self.ctx.device))
+        return streams
+
+    def save(self, at: Position, wait: bool = False) -> Path | None:
+        """Every rank starts writing its part of a sharded checkpoint, in the background
+        (``wait``: and waits until it is committed: before a stop or the end); rank 0 writes
+        the live metrics. Every rank raises CheckpointError if any could not write."""
+        self._written(self.store.wait())  # the previous one, if still in flight
+        state = {"config_hash": self.config_hash, "epoch": at.epoch, "step": at.step,
+                 "scheduler": self.parts.scheduler.state_dict(), "rng": self._rng_streams(),
+                 "history": at.history, "meta": self.meta}  # fmt: skip
+        name = self.store.save(state, self.strategy.tensors(self.parts))
+        self._saving_step = at.epoch * self.steps_per_epoch + at.step
+        if self.ctx.is_main:
+            jsonl.write(self.state.metrics, at.history)
+        path = self.wait() if wait else None
+        return path or self.store.folder / name
+
+    def wait(self) -> Path | None:
+        """Wait for the checkpoint in flight; its path (rank 0)."""
+        written = self.store.wait()
+        self._written(written)
+        return written[0] if written else None
+
+    def _written(self, written: tuple[Path, float] | None) -> None:
+        if written is not None:
+            path, seconds = written
+            self._longest_s = max(self._longest_s, seconds)
+            self.record(end_step=self._saving_step, checkpoint=path.name,
+                        checkpoint_seconds=self._longest_s)  # fmt: skip
+
+    def resume(self) -> Position | None:
+        """Load the newest valid checkpoint of this config, if any (rank 0 decides), and this
+        rank's RNG streams; where it stands (None: at the start)."""
+        found: list[Any] = [None]
+        if self.ctx.is_main:
+            found[0] = self.store.latest(self.config_hash)
+        dist.broadcast_object_list(found, src=0)
+        latest: sharded_checkpoint.Found | None = found[0]
+        snapshot = latest and latest.state
+        self.record(
+            resumed_from=latest and latest.path.name,
+            start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
+            world_size=self.ctx.world_size, strategy=self.spec.launch.strategy,
+        )  # fmt: skip
+        seed, rank = self.spec.train.seed, self.ctx.rank
+        if latest is None or snapshot is None:
+            torch.manual_seed(rng.rank_seed(seed, 0, rank))
+            return None
+        at = self._load(latest, snapshot)
+        if len(snapshot["rng"]) == self.ctx.world_size:
+            rng.restore(snapshot["rng"][rank], self.ctx.device)
+        else:
+            log.warning("world size changed since the checkpoint: dropout streams are reseeded")
+            torch.manual_seed(rng.rank_seed(seed, at.epoch, rank))
+        if self.ctx.is_main:
+            log.info("resumed at epoch %d step %d", at.epoch, at.step)
+        return at
+
+    def _load(self, latest: sharded_checkpoint.Found, snapshot: dict[str, Any]) -> Position:
+        if latest.legacy:  # a run started before sharded checkpoints
+            return Position(*self.strategy.resume_whole(latest.path, snapshot, self.parts))
+        tensors = self.strategy.tensors(self.parts)
+        self.store.load(latest.path, tensors)
+        self.strategy.load(self.parts, tensors)
+        self.parts.scheduler.load_state_dict(snapshot["scheduler"])
+        return Position(snapshot["epoch"], snapshot["step"], snapshot["history"])

@@ -1,5 +1,5 @@
-# The workflow's one object (ddppipe.pipeline.Pipeline): the runs, the run layout, the task's
-# data, the image and the sweep, each rule input, parameter and resource a method of it.
+# The workflow's one object (ddppipe.pipeline.pipeline.Pipeline): the runs, the run layout,
+# the task's data, the image and the sweep, each rule input, parameter and resource a method.
 import json
 import os
 import shlex

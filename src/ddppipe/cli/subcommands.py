@@ -62,7 +62,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "resolve-config",
         "validate a config, fill in its preset for this machine's device",
-        "ddppipe.launching.commands:resolve_config",
+        "ddppipe.cli.commands.launching:resolve_config",
         one_of(
             arg("--config", type=Path, help="a config file", **CONFIG),
             arg(
@@ -82,7 +82,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "data-settings",
         "write what a task's data depends on (data rule)",
-        "ddppipe.settings.commands:data_settings",
+        "ddppipe.cli.commands.settings:data_settings",
         arg(
             "--json",
             dest="json_text",
@@ -95,7 +95,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "prepare",
         "run the task's prepare() and write the data manifest",
-        "ddppipe.tasks.commands:prepare",
+        "ddppipe.cli.commands.tasks:prepare",
         arg(
             "--settings",
             type=Path,
@@ -122,7 +122,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "launch",
         "train one slot: torchrun locally, or an srun step in a SLURM job",
-        "ddppipe.launching.commands:launch",
+        "ddppipe.cli.commands.launching:launch",
         arg("--config", help="resolved config YAML", **RESOLVED),
         arg("--data", type=Path, help="the task's prepared data folder"),
         arg("--state", type=Path, required=True, help="run state folder"),
@@ -151,7 +151,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "pack-trial",
         "(train rule of a packed sweep) queue a trial for the sweep's held allocations, wait",
-        "ddppipe.packing.commands:pack_trial",
+        "ddppipe.cli.commands.packing:pack_trial",
         arg("--pool", type=Path, required=True, help="the sweep's pool folder"),
         arg("--config", help="the trial's resolved config", **RESOLVED),
         arg("--order", type=int, default=0, help="the trial's place in the sweep (0: first)"),
@@ -160,7 +160,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "pack-worker",
         "(in an allocation, one per node) run a packed sweep's trials in this node's slots",
-        "ddppipe.packing.commands:pack_worker",
+        "ddppipe.cli.commands.packing:pack_worker",
         arg("--pool", type=Path, required=True, help="the sweep's pool folder"),
         arg("--slots", type=int, required=True, help="trials side by side on this node"),
         arg("--signal-seconds", type=int, required=True, help="warn trials so long before the end"),
@@ -183,13 +183,13 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "preflight",
         "check the SLURM job's nodes before training",
-        "ddppipe.launching.commands:preflight",
+        "ddppipe.cli.commands.launching:preflight",
         arg("--config", **RESOLVED),
     ),
     command(
         "attempts",
         "print (or write as HTML) a run's attempt history",
-        "ddppipe.runstate.commands:attempts",
+        "ddppipe.cli.commands.runstate:attempts",
         arg(
             "--history",
             type=Path,
@@ -202,7 +202,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "submit",
         "submit the snakemake head as a SLURM job (runs `snakemake ARGS` there, requeues)",
-        "ddppipe.slurm.commands:submit",
+        "ddppipe.cli.commands.slurm:submit",
         arg("--time", default="1-00:00:00", help="the head job's time limit (sbatch --time)"),
         arg("--partition", help="the head job's partition (default: the cluster's)"),
         arg("--account", help="the head job's account"),
@@ -211,13 +211,13 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "head",
         "(in the head job) snakemake --unlock, then snakemake; requeue near the time limit",
-        "ddppipe.slurm.commands:head",
+        "ddppipe.cli.commands.slurm:head",
         arg("args", nargs=argparse.REMAINDER, help="-- and the snakemake arguments"),
     ),
     command(
         "preflight-node",
         "(one per node) resolve the host, check devices",
-        "ddppipe.launching.commands:preflight_node",
+        "ddppipe.cli.commands.launching:preflight_node",
         arg("--host", help="rendezvous host (default: the step's first node)"),
         arg("--nproc", type=int, default=1, help="training processes on this node"),
         arg("--use", **DEVICE),
@@ -241,7 +241,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "evaluate",
         "evaluate a checkpoint on the test set",
-        "ddppipe.reports.commands:evaluate",
+        "ddppipe.cli.commands.reports:evaluate",
         arg("--checkpoint", type=Path, required=True),
         arg("--data", type=Path, required=True),
         arg("--metrics", type=Path, required=True, help="metrics JSON to write"),
@@ -257,7 +257,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "export",
         "write the result and its provenance record",
-        "ddppipe.training.commands:export",
+        "ddppipe.cli.commands.training:export",
         arg(
             "--result",
             type=Path,
@@ -275,7 +275,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "plot-evaluation",
         "the training's final evaluation: metrics JSON and its figure",
-        "ddppipe.reports.commands:plot_evaluation",
+        "ddppipe.cli.commands.reports:plot_evaluation",
         arg("--evaluation", type=Path, required=True, help="train/evaluation.json"),
         arg("--metrics", type=Path, required=True, help="metrics JSON to write"),
         arg("--plot", type=Path, required=True, help="PNG to write"),
@@ -283,7 +283,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "evaluate-logged",
         "a script run's last logged values and plot",
-        "ddppipe.reports.commands:evaluate_logged",
+        "ddppipe.cli.commands.reports:evaluate_logged",
         arg("--metrics", type=Path, required=True, help="metrics.jsonl of job.log"),
         arg("--out", type=Path, required=True, help="metrics JSON to write"),
         arg("--plot", type=Path, required=True, help="PNG to write"),
@@ -291,7 +291,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "build-image",
         "build the Apptainer image (atomically) and its info",
-        "ddppipe.apptainer.commands:build_image",
+        "ddppipe.cli.commands.apptainer:build_image",
         arg("--recipe", type=Path, required=True, help="Apptainer definition file"),
         arg("--image", type=Path, required=True, help=".sif to write"),
         arg("--info", type=Path, required=True, help="image-info JSON (sha256, labels)"),
@@ -305,7 +305,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "build-task-image",
         "build the base image plus pinned pip packages, and its info",
-        "ddppipe.apptainer.commands:build_task_image",
+        "ddppipe.cli.commands.apptainer:build_task_image",
         arg("--base", type=Path, required=True, help="the ddppipe image to start from"),
         arg("--image", type=Path, required=True, help=".sif to write (recipe: .def)"),
         arg("--info", type=Path, required=True, help="image-info JSON (sha256, labels)"),
@@ -315,7 +315,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "image-info",
         "write the info JSON (sha256, labels) of an image",
-        "ddppipe.apptainer.commands:image_info",
+        "ddppipe.cli.commands.apptainer:image_info",
         arg("--image", type=Path, required=True),
         arg("--recipe", type=Path, required=True),
         arg("--out", type=Path, required=True),
@@ -323,14 +323,14 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "plot-training",
         "plot per-epoch loss and accuracy",
-        "ddppipe.reports.commands:plot_training",
+        "ddppipe.cli.commands.reports:plot_training",
         arg("--metrics", type=Path, required=True),
         arg("--out", type=Path, required=True),
     ),
     command(
         "plot-scaling",
         "figures and time-to-accuracy table of the scaling study",
-        "ddppipe.reports.commands:plot_scaling",
+        "ddppipe.cli.commands.reports:plot_scaling",
         arg(
             "--metrics",
             type=Path,
@@ -365,14 +365,14 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "sweep-trials",
         "write a sweep's definition and trials (results/sweeps/<name>/sweep.json)",
-        "ddppipe.sweeps.commands:sweep_trials",
+        "ddppipe.cli.commands.sweeps:sweep_trials",
         arg("--config-json", required=True, help="the workflow's config as JSON text"),
         arg("--out", type=Path, required=True),
     ),
     command(
         "sweep-table",
         "a sweep's table (one row per trial), best trial and TensorBoard HParams",
-        "ddppipe.sweeps.commands:sweep_table",
+        "ddppipe.cli.commands.sweeps:sweep_table",
         arg("--sweep", dest="sweep_path", type=Path, required=True, help="its sweep.json"),
         arg("--csv", type=Path, required=True, help="trials.csv to write"),
         arg("--best", type=Path, required=True, help="best.json to write"),
@@ -380,14 +380,14 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "plot-sweep",
         "a sweep's figures: metric against each parameter, learning curves, parallel coordinates",
-        "ddppipe.sweeps.commands:plot_sweep",
+        "ddppipe.cli.commands.sweeps:plot_sweep",
         arg("--sweep", dest="sweep_path", type=Path, required=True, help="its sweep.json"),
         arg("--out-dir", type=Path, required=True, help="the figures' folder"),
     ),
     command(
         "sweep-round",
         "suggest a model-based sweep's round of trials (results/sweeps/<name>/rounds/<k>.json)",
-        "ddppipe.sweeps.commands:sweep_round",
+        "ddppipe.cli.commands.sweeps:sweep_round",
         arg("--config-json", required=True, help="the workflow's config as JSON text"),
         arg("--round", type=int, required=True, help="the round's number, from 0"),
         arg("--out", type=Path, required=True),
@@ -395,7 +395,7 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "summary",
         "a run's summary: accuracy, targets, speed, attempts",
-        "ddppipe.reports.commands:summary",
+        "ddppipe.cli.commands.reports:summary",
         arg("run", help="run name (results/<run>)"),
         arg("--results", type=Path, default=Path("results"), help="results folder"),
         arg("--html", type=Path, help="write it as an HTML fragment here (the report's)"),
@@ -403,6 +403,6 @@ COMMANDS: tuple[Command, ...] = (
     command(
         "selfcheck",
         "print versions and run a one-process DDP smoke test",
-        "ddppipe.training.commands:selfcheck",
+        "ddppipe.cli.commands.training:selfcheck",
     ),
 )

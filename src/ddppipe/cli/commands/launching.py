@@ -22,12 +22,13 @@ def resolve_config(
     for the device (``gpus`` "yes"/"no", default this machine's answer), write it to ``out``."""
     import yaml
 
+    from ddppipe.cli.commands.settings import json_config
     from ddppipe.launching import resolve
     from ddppipe.parallel import devices
-    from ddppipe.settings import commands, config
+    from ddppipe.settings import config
 
     if json_text is not None:
-        cfg = config.validate(commands.json_config(json_text))
+        cfg = config.validate(json_config(json_text))
     else:
         with open(config_path) as f:
             cfg = config.validate(yaml.safe_load(f))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddppipe.cli.commands.settings import json_config
 from ddppipe.core import atomic
 from ddppipe.settings import sweep
-from ddppipe.settings.commands import json_config
 from ddppipe.settings.config import ConfigError, validate
 
 

@@ -1,5 +1,6 @@
-"""The sweep: section (ddppipe.settings.sweep): trial names, random draws, a trial's config, rounds
-and the errors of bad input. Quick: no workflow, no training."""
+"""The sweep: section (ddppipe.settings.sweep): trial names (ddppipe.settings.trial_names),
+random draws, a trial's config, rounds and the errors of bad input. Quick: no workflow, no
+training."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from ddppipe.runstate import sweep_rounds
 from ddppipe.settings import sweep as sweeps
+from ddppipe.settings import trial_names
 from ddppipe.settings.config import ConfigError, validate
 from ddppipe.settings.runs import Runs
 from tests.tiny import REPO, default_config
@@ -67,7 +69,7 @@ def test_values_that_differ_only_in_characters_get_a_hash() -> None:
 
 def test_a_long_name_is_shortened_with_a_hash() -> None:
     (name,) = names(name="s", parameters={"task_args.text": ["x" * 300]})
-    assert len(name) == sweeps.MAX_NAME and name.startswith("text=xxx")
+    assert len(name) == trial_names.MAX_NAME and name.startswith("text=xxx")
 
 
 def test_names_survive_the_slurm_plugins_wildcards_and_a_shell() -> None:
@@ -96,8 +98,8 @@ def test_a_run_name_with_a_comma_is_refused() -> None:
 
 
 def test_names_recorded_before_read_as_todays() -> None:
-    assert sweeps.current_name("lr=0.01,batch_size=256") == "lr=0.01+batch_size=256"
-    assert sweeps.current_name("lr=0.01") == "lr=0.01"
+    assert trial_names.current_name("lr=0.01,batch_size=256") == "lr=0.01+batch_size=256"
+    assert trial_names.current_name("lr=0.01") == "lr=0.01"
 
 
 def test_random_draws_are_seeded_and_more_trials_keep_the_first_ones() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddppipe.settings import sweep as sweeps
+from ddppipe.settings import trial_names
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class DataSets:
         differing = self._differing(task_args)
         if not differing:
             return self.task
-        return f"{self.task}{sweeps.SEPARATOR}{sweeps.value_name(differing)}"
+        return f"{self.task}{trial_names.SEPARATOR}{trial_names.value_name(differing)}"
 
     def task_args(self, task_args: Mapping[str, Any]) -> dict[str, Any]:
         """What that folder is prepared with: the base config's ``task_args`` with the values

@@ -4,12 +4,8 @@ The ``sweep:`` section names the sweep, the keys that vary (``parameters``: a co
 its dotted path mapped to a list of values, a grid axis, or to a range or choices for sampled
 search) and how trials are chosen (``method``). Each trial is an ordinary run named
 ``sweeps/<sweep>/<trial>``, its config the base config with the trial's values; the trial's
-name is derived from its values (``lr=0.01+batch_size=256``), so a person finds it on disk and
-adding a value adds only the trials that have it. A name survives every layer it passes: no
-comma (the SLURM plugin hands a job's wildcards to the Snakemake inside the job as
-``name=value,name=value``), no space, no character a shell, squeue, TensorBoard or MLflow
-reads specially; names written before with ``,`` between the keys are renamed once
-(:mod:`ddppipe.sweeps.legacy_names`).
+name is derived from its values (``lr=0.01+batch_size=256``:
+:mod:`ddppipe.settings.trial_names`).
 
 Grid and random trials are known when the workflow is parsed (random: Optuna's seeded
 sampler, so the same sweep suggests the same trials and more ``trials`` only adds trials);
@@ -22,10 +18,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import itertools
 import json
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from ddppipe.settings import layout
+from ddppipe.settings import layout, trial_names
 from ddppipe.settings.config import ConfigError, coerce, schema, validate
 from ddppipe.settings.run_spec import SweepSection
 
@@ -50,10 +44,6 @@ FIXED = {
     "scaling": "the scaling study is a sweep of its own (`snakemake scaling`)",
 }
 SIGNIFICANT_DIGITS = 4  # of a sampled float: what the trial's name shows is its value
-_SAFE = re.compile(r"[^A-Za-z0-9._+-]+")  # a value's characters kept in a name (others: _)
-SEPARATOR = "+"  # between the keys of a trial's name
-LEGACY_SEPARATOR = ","  # what names had between their keys before: the plugin cuts it
-MAX_NAME = 120  # characters of a trial's name before it is shortened with a hash
 # The user attribute that names a trial's ddppipe trial in the sweep's Optuna study (journal).
 OPTUNA_TRIAL_ATTR = "ddppipe_trial"
 
@@ -272,63 +262,9 @@ def from_config(cfg: dict[str, Any]) -> Sweep | None:
     )  # fmt: skip
 
 
-# -- names -------------------------------------------------------------------------------
-
-
-def labels_of(keys: tuple[str, ...]) -> dict[str, str]:
-    """Each key's label in a trial's name: its last part, or the whole path where two keys
-    share their last part."""
-    last = [k.split(".")[-1] for k in keys]
-    return {k: (tail if last.count(tail) == 1 else k) for k, tail in zip(keys, last, strict=True)}
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return repr(value)
-    if isinstance(value, int | float | str):
-        return _SAFE.sub("_", str(value)) or "_"
-    return _SAFE.sub("_", json.dumps(value, separators=(",", ":"), sort_keys=True)).strip("_")
-
-
-def _digest(values: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
-
-
-def trial_name(values: Mapping[str, Any], labels: Mapping[str, str]) -> str:
-    """``lr=0.01+batch_size=256``: each key's label and value, in the parameters' order."""
-    name = SEPARATOR.join(f"{labels[k]}={_text(v)}" for k, v in values.items())
-    if len(name) > MAX_NAME:
-        name = f"{name[: MAX_NAME - 9]}-{_digest(values)}"
-    return name
-
-
-def value_name(values: Mapping[str, Any]) -> str:
-    """A name for ``values`` (config keys by their dotted paths), as a trial's; with their
-    digest where a value's text is not the value itself (characters replaced, a list)."""
-    name = trial_name(values, labels_of(tuple(values)))
-    lossy = any(
-        not isinstance(v, int | float | str) or (isinstance(v, str) and (not v or _SAFE.search(v)))
-        for v in values.values()
-    )
-    return f"{name}-{_digest(values)}" if lossy and not name.endswith(_digest(values)) else name
-
-
-def current_name(name: str) -> str:
-    """A trial's name as ddppipe writes it now: one recorded before (an Optuna journal's, a
-    round file's, a folder's) had ``,`` between its keys, the only place a comma could be."""
-    return name.replace(LEGACY_SEPARATOR, SEPARATOR)
-
-
 def _named(sweep: Sweep, points: list[dict[str, Any]]) -> list[Trial]:
-    labels = labels_of(sweep.keys)
-    names = [trial_name(p, labels) for p in points]
-    clashes = {n for n in names if names.count(n) > 1}  # values that differ only in characters
-    return [
-        Trial(sweep.name, f"{n}-{_digest(p)}" if n in clashes else n, p)
-        for n, p in zip(names, points, strict=True)
-    ]
+    names = trial_names.distinct(points, sweep.keys)
+    return [Trial(sweep.name, n, p) for n, p in zip(names, points, strict=True)]
 
 
 # -- trials ------------------------------------------------------------------------------
@@ -399,7 +335,7 @@ def trials(sweep: Sweep, suggested: Sequence[Mapping[str, Any]] = ()) -> list[Tr
         return _named(sweep, list(_grid(sweep)))
     if sweep.method == "random":
         return _named(sweep, _random(sweep))
-    return [Trial(sweep.name, current_name(e["name"]), e["values"]) for e in suggested]
+    return [Trial(sweep.name, trial_names.current_name(e["name"]), e["values"]) for e in suggested]
 
 
 def apply(cfg: dict[str, Any], sweep: Sweep, trial: Trial) -> dict[str, Any]:

@@ -2,14 +2,14 @@
 
 Until 2026-11 a trial's name joined its keys with ``,`` (``lr=0.01,batch_size=256``); the SLURM
 plugin cuts a job's wildcards at commas, so such trials could not train on SLURM, and names
-now join keys with ``+`` (:data:`ddppipe.settings.sweep.SEPARATOR`). A comma was only ever that
-separator (a value's own commas became ``_``), so the old name of ``a+b`` is ``a,b``, and
-:func:`rename` moves an old trial's folders (``results/``, ``logs/``, ``benchmarks/``) to its
-name of today, with its config's ``run`` and ``trial.name``, the sweep's ``sweep.json`` and a
-model-based sweep's round files. Each file keeps its modification time, so Snakemake sees the
-same finished outputs and trains nothing again; the Optuna journal keeps the old names, read as
-today's
-(:func:`ddppipe.settings.sweep.current_name`).
+now join keys with ``+`` (:data:`ddppipe.settings.trial_names.SEPARATOR`). A comma was only
+ever that separator (a value's own commas became ``_``), so the old name of ``a+b`` is
+``a,b``, and :func:`rename` moves an old trial's folders (``results/``, ``logs/``,
+``benchmarks/``) to its name of today, with its config's ``run`` and ``trial.name``, the
+sweep's ``sweep.json`` and a model-based sweep's round files. Each file keeps its modification
+time, so Snakemake sees the same finished outputs and trains nothing again; the Optuna journal
+keeps the old names, read as today's
+(:func:`ddppipe.settings.trial_names.current_name`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from ddppipe.core import atomic
-from ddppipe.settings import config, layout
+from ddppipe.settings import config, layout, trial_names
 from ddppipe.settings import sweep as sweeps
 
 
@@ -53,12 +53,12 @@ def _rename_listed(path: Path) -> None:
     under their names of today."""
     doc = json.loads(path.read_text())
     listed = doc.get("trials", [])
-    if not any(sweeps.LEGACY_SEPARATOR in t["name"] for t in listed):
+    if not any(trial_names.LEGACY_SEPARATOR in t["name"] for t in listed):
         return
     for t in listed:
-        t["name"] = sweeps.current_name(t["name"])
+        t["name"] = trial_names.current_name(t["name"])
         if "run" in t:
-            t["run"] = sweeps.current_name(t["run"])
+            t["run"] = trial_names.current_name(t["run"])
     with _same_mtime(path):  # as rule sweep_trials and the rounds write them
         atomic.write_text(path, json.dumps(doc, indent=1) + "\n")
 
@@ -76,10 +76,10 @@ def rename(sweep_names: Iterable[str], results: Path = layout.RESULTS) -> list[s
                 _rename_listed(listed)
         old_names = sorted(
             p.name for p in (folder.iterdir() if folder.is_dir() else ())
-            if p.is_dir() and sweeps.LEGACY_SEPARATOR in p.name
+            if p.is_dir() and trial_names.LEGACY_SEPARATOR in p.name
         )  # fmt: skip
         for old in old_names:
-            new = sweeps.current_name(old)
+            new = trial_names.current_name(old)
             old_run, new_run = sweeps.run_name(sweep, old), sweeps.run_name(sweep, new)
             if (folder / new).exists():
                 lines.append(
@@ -93,6 +93,6 @@ def rename(sweep_names: Iterable[str], results: Path = layout.RESULTS) -> list[s
             _rename_config(layout.RunLayout(new_run, Path(results)).config, new_run, new)
             lines.append(
                 f"renamed trial {old_run} to {new_run} (trial names join their keys with "
-                f"'{sweeps.SEPARATOR}': SLURM job steps cut names at commas); nothing retrains"
+                f"'{trial_names.SEPARATOR}': SLURM job steps cut names at commas); nothing retrains"
             )
     return lines

@@ -27,6 +27,7 @@ from ddppipe.core import atomic
 from ddppipe.runstate import sweep_rounds
 from ddppipe.settings import layout as run_layout
 from ddppipe.settings import sweep as sweeps
+from ddppipe.settings import trial_names
 from ddppipe.settings.config import ConfigError
 from ddppipe.sweeps import slots
 
@@ -69,7 +70,7 @@ def _by_trial(study: Any) -> dict[str, list[Any]]:
     for t in study.get_trials(deepcopy=False):
         name = t.user_attrs.get(sweeps.OPTUNA_TRIAL_ATTR)
         if name is not None:
-            out.setdefault(sweeps.current_name(name), []).append(t)
+            out.setdefault(trial_names.current_name(name), []).append(t)
     return out
 
 
@@ -120,13 +121,13 @@ def suggest(sweep: sweeps.Sweep, study: Any, k: int, size: int,
     (the trials of the rounds before it) and from one another; the ones it asked before first."""
     from optuna.trial import TrialState
 
-    labels = sweeps.labels_of(sweep.keys)
-    seen = {sweeps.trial_name(v, labels) for v in taken}
+    labels = trial_names.labels_of(sweep.keys)
+    seen = {trial_names.trial_name(v, labels) for v in taken}
     out = []
     for t in _asked(study, k):
         values = sweeps.from_sampled(sweep, t.params)
-        seen.add(sweeps.trial_name(values, labels))
-        name = sweeps.current_name(t.user_attrs[sweeps.OPTUNA_TRIAL_ATTR])
+        seen.add(trial_names.trial_name(values, labels))
+        name = trial_names.current_name(t.user_attrs[sweeps.OPTUNA_TRIAL_ATTR])
         out.append({"name": name, "values": values, "number": t.number})
     dists = sweeps.distributions(sweep)
     for _ in range(size * ASKS_PER_TRIAL):
@@ -134,7 +135,7 @@ def suggest(sweep: sweeps.Sweep, study: Any, k: int, size: int,
             break
         asked = study.ask(dists)
         values = sweeps.from_sampled(sweep, asked.params)
-        name = sweeps.trial_name(values, labels)
+        name = trial_names.trial_name(values, labels)
         asked.set_user_attr(ROUND_ATTR, k)
         if name in seen:  # the sampler drew a trial that exists: not trained twice
             asked.set_user_attr(DUPLICATE_ATTR, name)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.settings import layout, run_spec
-from ddppipe.settings.sweep import OPTUNA_TRIAL_ATTR, current_name
+from ddppipe.settings.sweep import OPTUNA_TRIAL_ATTR
+from ddppipe.settings.trial_names import current_name
 
 log = logging.getLogger(__name__)
 

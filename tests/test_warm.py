@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ddppipe.core import env_names
-from ddppipe.launching import warm, workers
+from ddppipe.launching import warm, warm_client, workers
 
 # A rank's program (python -m probe): what it inherited, written where the test says.
 PROBE = """
@@ -92,7 +92,7 @@ def test_a_worker_group_forks_its_ranks_from_the_server(server: dict, tmp_path: 
         os.dup2(sink.fileno(), 1)  # the launcher's stdout: the ranks print there
         try:
             group = workers.Group(probe_command(server, "--flag"), probe(server, out), 2, 0)
-            assert all(isinstance(p, warm.Rank) for p in group.procs)
+            assert all(isinstance(p, warm_client.Rank) for p in group.procs)
             assert group.wait() == 0
         finally:
             os.dup2(saved, 1)
@@ -111,7 +111,8 @@ def test_a_forked_command_takes_its_callers_priority(server: dict, tmp_path: Pat
     """A rule's command beside a training (`ddppipe summary`, ...) lowers its priority
     (niceness 10), then asks the server: the fork runs at that niceness, not the server's."""
     caller = (
-        "import os, sys; from ddppipe.launching import warm; os.nice(7); sys.exit(warm.spawn("
+        "import os, sys; from ddppipe.launching import warm_client; os.nice(7); "
+        "sys.exit(warm_client.spawn("
         "[sys.executable, '-m', 'ddppipe.training.run_script', os.environ['PROBE']], "
         "dict(os.environ)).wait())"
     )
@@ -135,7 +136,7 @@ def test_the_commands_beside_a_training_run_at_a_lower_priority(monkeypatch) -> 
 def test_a_ranks_exit_status_and_signal_come_back(server: dict, tmp_path: Path) -> None:
     exits = workers.Group(probe_command(server), probe(server, tmp_path, "exit"), 1, 0)
     assert exits.wait() == 3  # rank 0 exits 3
-    rank = warm.spawn(probe_command(server), probe(server, tmp_path, "kill"))
+    rank = warm_client.spawn(probe_command(server), probe(server, tmp_path, "kill"))
     assert rank is not None
     assert rank.wait(timeout=60) == -signal.SIGKILL  # as Popen says it
 
@@ -143,8 +144,8 @@ def test_a_ranks_exit_status_and_signal_come_back(server: dict, tmp_path: Path) 
 def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> None:
     launcher = textwrap.dedent("""
         import sys, time
-        from ddppipe.launching import warm
-        rank = warm.spawn([sys.executable, "-m", "ddppipe.training.run_script",
+        from ddppipe.launching import warm_client
+        rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.run_script",
                            __import__("os").environ["PROBE"]], dict(__import__("os").environ))
         print("pid", rank.pid, flush=True)
         time.sleep(120)
@@ -168,12 +169,13 @@ def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> N
 
 
 def test_a_command_that_is_no_rank_entry_point_starts_cold(server: dict) -> None:
-    assert not warm.usable([sys.executable, "-c", "pass"], server)
-    assert not warm.usable(["/usr/bin/python3", *probe_command(server)[1:]], server)  # another
-    assert not warm.usable(probe_command(server), {})  # no server
-    assert not warm.usable([sys.executable, "-m", "probe"], server)  # not a rank's module
-    assert warm.usable(probe_command(server), server)
-    assert warm.usable([sys.executable, "-m", "ddppipe", "summary", "x"], server)
+    assert not warm_client.usable([sys.executable, "-c", "pass"], server)
+    another_python = ["/usr/bin/python3", *probe_command(server)[1:]]
+    assert not warm_client.usable(another_python, server)  # another interpreter
+    assert not warm_client.usable(probe_command(server), {})  # no server
+    assert not warm_client.usable([sys.executable, "-m", "probe"], server)  # not a rank's module
+    assert warm_client.usable(probe_command(server), server)
+    assert warm_client.usable([sys.executable, "-m", "ddppipe", "summary", "x"], server)
 
 
 def test_a_subcommand_runs_forked_and_keeps_its_exit_status(
@@ -185,9 +187,9 @@ def test_a_subcommand_runs_forked_and_keeps_its_exit_status(
                           capture_output=True, text=True)  # fmt: skip
     for name in (env_names.WARM_SOCKET, env_names.WARM_SERVER):
         monkeypatch.setenv(name, server[name])
-    assert warm.delegate(["summary", missing]) == cold.returncode == 2
+    assert warm_client.delegate(["summary", missing]) == cold.returncode == 2
     monkeypatch.setenv(env_names.WARM_CHILD, "1")  # a forked command runs itself, never delegates
-    assert warm.delegate(["summary", missing]) is None
+    assert warm_client.delegate(["summary", missing]) is None
 
 
 def test_a_rank_imports_from_its_callers_pythonpath(server: dict, tmp_path: Path) -> None:
@@ -197,7 +199,7 @@ def test_a_rank_imports_from_its_callers_pythonpath(server: dict, tmp_path: Path
     (tmp_path / "script.py").write_text("import only_mine\n")
     paths = [str(tmp_path / "mine"), server.get("PYTHONPATH", "")]
     env = {**server, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    rank = warm.spawn([sys.executable, "-m", "ddppipe.training.run_script",
+    rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.run_script",
                        str(tmp_path / "script.py")], env)  # fmt: skip
     assert rank is not None and rank.wait(timeout=60) == 7
 
@@ -241,7 +243,7 @@ def test_only_the_servers_user_gets_a_rank_forked(server: dict, tmp_path: Path) 
     peer uid is refused before a byte is read: nothing forked, the refusal logged."""
     if os.getuid() == NOBODY:
         pytest.fail("this test runs as another user than nobody (root in CI)")
-    assert warm.usable(probe_command(server), server)  # listening
+    assert warm_client.usable(probe_command(server), server)  # listening
     path = Path(server[env_names.WARM_SOCKET])
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -262,7 +264,8 @@ def test_only_the_servers_user_gets_a_rank_forked(server: dict, tmp_path: Path) 
     log = Path(server[LOG_ENV]).read_text()
     assert f"refused a connection of uid {NOBODY} (pid " in log
     assert f"it serves uid {os.getuid()} only" in log
-    rank = warm.spawn(probe_command(server), {**probe(server, tmp_path, "exit"), "RANK": "0"})
+    env = {**probe(server, tmp_path, "exit"), "RANK": "0"}
+    rank = warm_client.spawn(probe_command(server), env)
     assert rank is not None and rank.wait(timeout=60) == 3
 
 
@@ -271,7 +274,7 @@ def test_a_request_for_another_module_is_refused(server: dict, tmp_path: Path) -
     with the reason, nothing forked, the refusal logged."""
     archive = tmp_path / "hostname.zip"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    assert warm.usable(probe_command(server), server)
+    assert warm_client.usable(probe_command(server), server)
     conn.connect(server[env_names.WARM_SOCKET])
     request = {"module": "zipfile", "args": ["-c", str(archive), "/etc/hostname"],
                "env": {}, "cwd": str(tmp_path)}  # fmt: skip
@@ -284,7 +287,7 @@ def test_a_request_for_another_module_is_refused(server: dict, tmp_path: Path) -
     log = Path(server[LOG_ENV]).read_text()
     assert f"refused a request of pid {os.getpid()}: module 'zipfile'" in log
     with pytest.raises(ValueError, match="the warm server refused the rank: module 'probe'"):
-        warm.Rank([sys.executable, "-m", "probe"], dict(server))
+        warm_client.Rank([sys.executable, "-m", "probe"], dict(server))
 
 
 def test_a_socket_folder_others_may_enter_is_refused(tmp_path: Path) -> None:
@@ -347,8 +350,8 @@ def test_a_server_whose_kept_datasets_touched_cuda_forks_no_rank(
                env_names.WARM_SERVER: str(server.pid),
                "PROBE_OUT": str(tmp_path), "RANK": "0"}  # fmt: skip
         command = [sys.executable, "-m", "ddppipe.training.run_script", str(tmp_path / "probe.py")]
-        with caplog.at_level(logging.WARNING, logger="ddppipe.launching.warm"):
-            assert warm.spawn(command, env) is None  # started cold by its launcher
+        with caplog.at_level(logging.WARNING, logger="ddppipe.launching.warm_client"):
+            assert warm_client.spawn(command, env) is None  # started cold by its launcher
         assert "the warm server refused the rank: loading the datasets of " in caplog.text
         assert "cuda_task.py touched CUDA" in caplog.text and "the rank starts cold" in caplog.text
     finally:

@@ -12,7 +12,7 @@ from ddppipe import __version__
 from ddppipe.cli.subcommands import COMMANDS, Arg, Command, OneOf
 from ddppipe.core import env_names
 from ddppipe.core.errors import UserError
-from ddppipe.launching import warm
+from ddppipe.launching import warm_client
 
 
 def _setup_logging() -> None:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] and argv[0] in BESIDE_TRAINING:
         os.nice(BESIDE_NICE)  # (a warm server's fork takes its caller's priority)
     if argv and argv[0] not in COLD and os.environ.get(env_names.WARM_SOCKET):
-        code = warm.delegate(argv)
+        code = warm_client.delegate(argv)
         if code is not None:
             return code
     if argv[:1] == ["agent"]:  # torchrun's own options follow; argparse would take them

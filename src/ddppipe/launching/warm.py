@@ -10,13 +10,13 @@ for the ranks, touch CUDA, it forks no rank after: each starts cold, its launche
 why); it ignores the stop signals, so a rank forked from it never dies of one before its own
 handler is in place.
 
-A launcher uses it when ``DDPPIPE_WARM_SOCKET`` (:mod:`ddppipe.core.env_names`) names a live
-server on this machine and the rank's command is ``python -m MODULE ...`` of the server's own
-interpreter, MODULE one of :data:`SERVED` (never inside a container: the image's Python is
-another). Each request is one connection: the command, environment, working folder, CPUs
-and the launcher's stdin/stdout/stderr (passed as file descriptors) go in; the rank's pid
-comes back, then its exit status. A launcher that dies closes the connection, and the server
-kills its ranks.
+A launcher uses it (:mod:`ddppipe.launching.warm_client`) when ``DDPPIPE_WARM_SOCKET``
+(:mod:`ddppipe.core.env_names`) names a live server on this machine and the rank's command is
+``python -m MODULE ...`` of the server's own interpreter, MODULE one of :data:`SERVED` (never
+inside a container: the image's Python is another). Each request is one connection: the
+command, environment, working folder, CPUs and the launcher's stdin/stdout/stderr (passed as
+file descriptors) go in; the rank's pid comes back, then its exit status. A launcher that dies
+closes the connection, and the server kills its ranks.
 
 Only its own user can use it (docs/security.md): the socket is 0600 in a folder only the user
 can enter (:func:`private_folder`), every connection's peer is checked (``SO_PEERCRED``: the
@@ -38,21 +38,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddppipe.core import env_names
 from ddppipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
 # What a request may run: a launcher's rank entry points (a task's ``ddppipe train``, a script's
-# runner) and ddppipe's own subcommands (:func:`delegate`); nothing else is forked.
+# runner) and ddppipe's own subcommands (warm_client.delegate); nothing else is forked.
 SERVED = frozenset({"ddppipe", "ddppipe.training.run_script"})
 FOLDER_PREFIX = "ddppipe-warm-"  # a private folder made for a socket (mkdtemp), removed after
-READY_TIMEOUT_S = 120.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
 _POLL_S = 0.05
@@ -377,7 +375,8 @@ def local_socket(name: str | None = None) -> Path:
 def start(path: Path, log_path: Path,
           data: list[dict[str, Any]] | None = None) -> subprocess.Popen:  # fmt: skip
     """Start a server on ``path`` (its log in ``log_path``; ``data``: the datasets to keep, see
-    :func:`serve`); it listens seconds later (:func:`usable` waits for it)."""
+    :func:`serve`); it listens seconds later (:func:`ddppipe.launching.warm_client.usable`
+    waits for it)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -388,125 +387,3 @@ def start(path: Path, log_path: Path,
             stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
         )  # fmt: skip
     return server
-
-
-# -- the launcher's side ---------------------------------------------------------------------
-
-
-def usable(command: list[str], env: Mapping[str, str]) -> bool:
-    """Whether ``command`` may be forked by the server ``env`` names: ``python -m MODULE ...``
-    of this interpreter, and a server listening on this machine (waited for while it starts)."""
-    path = env.get(env_names.WARM_SOCKET)
-    if not path or len(command) < 3 or command[0] != sys.executable or command[1] != "-m":
-        return False
-    if command[2] not in SERVED:
-        return False
-    return _listening(Path(path), env.get(env_names.WARM_SERVER))
-
-
-def _listening(path: Path, server: str | None) -> bool:
-    """Whether a server listens on ``path``; while its process ``server`` lives and has not
-    bound it yet (it imports torch first), wait for it."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not path.is_socket():
-        alive = server is not None and server.isdigit() and Path(f"/proc/{server}").exists()
-        if not alive or time.monotonic() > deadline:
-            return False
-        time.sleep(_POLL_S)
-    return True
-
-
-class Rank:
-    """A rank forked by the server, with the part of :class:`subprocess.Popen`'s interface
-    a worker group uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``)."""
-
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.connect(env[env_names.WARM_SOCKET])
-        request = {
-            "module": command[2], "args": command[3:], "env": env, "cwd": os.getcwd(),
-            "cpus": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        }  # fmt: skip
-        socket.send_fds(self._conn, [json.dumps(request).encode()], [0, 1, 2])
-        self._buffer = b""
-        answer = self._message(None)
-        assert answer is not None  # (no timeout: a message, or the server's end)
-        if "refused" in answer:
-            raise ValueError(f"the warm server refused the rank: {answer['refused']}")
-        self.pid: int = answer["pid"]
-        self.returncode: int | None = None
-
-    def _message(self, timeout: float | None) -> dict[str, Any] | None:
-        """The server's next message, or None when none came within ``timeout`` seconds."""
-        while b"\n" not in self._buffer:
-            self._conn.settimeout(timeout)
-            try:
-                chunk = self._conn.recv(4096)
-            except (TimeoutError, BlockingIOError):
-                return None
-            if not chunk:  # the server went away: the rank with it
-                return {"exit": -signal.SIGKILL}
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            message = self._message(0)
-            if message is not None:
-                self._ended(message["exit"])
-        return self.returncode
-
-    def _ended(self, code: int) -> None:
-        self.returncode = code  # Popen's convention: -N for a rank killed by signal N
-        self._conn.close()
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(["warm rank", str(self.pid)], timeout or 0)
-            message = self._message(None if left is None else min(left, 1.0))
-            if message is not None:
-                self._ended(message["exit"])
-        assert self.returncode is not None
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def delegate(argv: list[str]) -> int | None:
-    """Run ``ddppipe ARGV`` in a process forked by this machine's server (its imports done):
-    its exit status, passing signals on; None when no server serves it (run it here)."""
-    if os.environ.get(env_names.WARM_CHILD):
-        return None
-    command = [sys.executable, "-m", "ddppipe", *argv]
-    child = spawn(command, {**os.environ, env_names.WARM_CHILD: "1"})
-    if child is None:
-        return None
-    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-    previous = {s: signal.signal(s, lambda n, f: child.send_signal(n)) for s in forwarded}
-    try:
-        code = child.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return code if code >= 0 else 128 - code
-
-
-def spawn(command: list[str], env: dict[str, str]) -> Rank | None:
-    """A rank forked by the server when it can serve ``command``; None to start it cold."""
-    if not usable(command, env):
-        return None
-    try:
-        return Rank(command, env)
-    except (OSError, ValueError, KeyError) as e:
-        log.warning("warm server unusable (%s): the rank starts cold", e)
-        return None

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddppipe.core import memory, slot
-from ddppipe.launching import warm
+from ddppipe.launching import warm_client
 from ddppipe.runstate import failures, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.training import heartbeat
@@ -72,23 +72,23 @@ class Group:
         self.max_restarts, self.preexec_fn = max_restarts, preexec_fn
         self.restarts = 0
         self.signalled = False  # a signal was passed on: whatever follows is no failure to retry
-        self.procs: list[subprocess.Popen | warm.Rank] = []
+        self.procs: list[subprocess.Popen | warm_client.Rank] = []
         self._start()
 
     def _start(self) -> None:
         port = free_port()
         self._oom_kills = memory.oom_kills()
         self.procs = [self._process(rank, port) for rank in range(self.nproc)]
-        forked = [p.pid for p in self.procs if isinstance(p, warm.Rank)]
+        forked = [p.pid for p in self.procs if isinstance(p, warm_client.Rank)]
         if forked:
             log.info("%d of %d rank(s) forked warm by the warm server (pids %s)", len(forked),
                      self.nproc, ", ".join(map(str, forked)))  # fmt: skip
 
-    def _process(self, rank: int, port: int) -> subprocess.Popen | warm.Rank:
+    def _process(self, rank: int, port: int) -> subprocess.Popen | warm_client.Rank:
         """Local rank ``rank``: forked by the warm server when one serves this machine
         (:mod:`ddppipe.launching.warm`), else started cold."""
         env = rank_environment(self.env, rank, self.nproc, port, self.restarts)
-        return warm.spawn(self.command, env) or subprocess.Popen(
+        return warm_client.spawn(self.command, env) or subprocess.Popen(
             self.command, env=env, start_new_session=True, preexec_fn=self.preexec_fn
         )
 

@@ -17,8 +17,6 @@ def derived_recipe(base: str, reqs: list[str], base_sha256: str | None = None) -
     as constraints, so torch, CUDA and NCCL stay the base image's; %labels record the list,
     each requirement's installed version and everything the layer added.
     """
-    listed = "\n".join(reqs)
-    names = " ".join(_name(r) for r in reqs)
     return f"""\
 Bootstrap: localimage
 From: {base}
@@ -34,6 +32,20 @@ From: {base}
 %files
     {{{{ CA_BUNDLE }}}} /opt/ddppipe-build/ca-certificates.crt
 
+{_post(reqs)}
+%labels
+    ddppipe.requirements {" ".join(reqs)}
+    ddppipe.base.sha256 {base_sha256 or "unknown"}
+"""
+
+
+def _post(reqs: list[str]) -> str:
+    """The recipe's %post: ``reqs`` pip-installed into the image's venv with its own packages
+    as constraints, checked, each one's version and what the layer added appended to the
+    labels, the build's folder removed."""
+    listed = "\n".join(reqs)
+    names = " ".join(_name(r) for r in reqs)
+    return f"""\
 %post
     set -eu
     # As in containers/ddppipe.def: no host pip configuration, the host's CA bundle for PyPI.
@@ -68,8 +80,4 @@ for name in sys.argv[1:]:
 EOF
     cd /
     rm -rf /opt/ddppipe-build /root/.cache
-
-%labels
-    ddppipe.requirements {" ".join(reqs)}
-    ddppipe.base.sha256 {base_sha256 or "unknown"}
 """

@@ -86,6 +86,15 @@ def check(
     checkpoint_seconds: float | None,
 ) -> list[Finding]:
     """Findings for a run of ``request``; ``requeue``: the profile's ``slurm-requeue``."""
+    return [
+        *_requeue_findings(cluster, requeue),
+        *_stop_findings(cluster.config, request, checkpoint_seconds),
+        *_status_findings(cluster.config, status_command),
+    ]
+
+
+def _requeue_findings(cluster: Cluster, requeue: bool) -> list[Finding]:
+    """Jobs that cannot be requeued, or that preemption cancels: the training stops."""
     conf, part = cluster.config, cluster.partition
     name = part.get("PartitionName", "?")
     found: list[Finding] = []
@@ -108,6 +117,14 @@ def check(
             "train in a partition whose jobs are requeued or not preempted (slurm.partition), "
             "or ask the administrators for PreemptMode=REQUEUE",
         ))  # fmt: skip
+    return found
+
+
+def _stop_findings(
+    conf: dict[str, str], request: slurm_request.Request, checkpoint_seconds: float | None
+) -> list[Finding]:
+    """A stop that leaves less time than this run's checkpoints take: the slot's work lost."""
+    found: list[Finding] = []
     if checkpoint_seconds:
         need = checkpoint_seconds + STOP_MARGIN_S
         kill_wait = seconds(conf.get("KillWait", "30")) or 0
@@ -127,6 +144,12 @@ def check(
                 f"({checkpoint_seconds:.1f}s +{STOP_MARGIN_S}s)",
                 f"set slurm.signal_seconds to at least {int(need) + 1}",
             ))  # fmt: skip
+    return found
+
+
+def _status_findings(conf: dict[str, str], status_command: str) -> list[Finding]:
+    """A status command that cannot see a job's end: a failure unnoticed, or a wait forever."""
+    found: list[Finding] = []
     min_job_age = seconds(conf.get("MinJobAge", "300"))
     if status_command == "squeue" and min_job_age and min_job_age < PLUGIN_MAX_POLL_S:
         found.append(Finding(

@@ -219,21 +219,35 @@ def supervise(
         env.update(watch.environment())
     sys.stdout.flush()
     sys.stderr.flush()
+    child = _start(plan, env)
+    code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
+    return code, _stop_note(state, attempt, code, plan, watch)
+
+
+def _start(plan: Plan, env: dict[str, str]) -> workers.Group | subprocess.Popen:
+    """The local worker group, or the srun step in a session of its own."""
     if plan.job is None:
-        child: workers.Group | subprocess.Popen = workers.Group(
+        return workers.Group(
             plan.command, env, plan.workers, plan.request.launch.max_restarts, _start_rank
         )
-    else:
-        child = subprocess.Popen(
-            plan.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
-        )
+    return subprocess.Popen(
+        plan.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
+    )
+
+
+def _wait(
+    child: workers.Group | subprocess.Popen, plan: Plan, stop_signal: str,
+    warn_in: float | None, watch: watchdog.Watchdog | None,
+) -> int:  # fmt: skip
+    """``child``'s exit status, the launcher's signals passed on to it meanwhile, its
+    ``stop_signal`` sent after ``warn_in`` seconds, ``watch`` watching its ranks."""
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if child.poll() is None:
             child.send_signal(signum)
 
     def warn() -> None:
-        sig = signal.Signals[record.stop_signal]
+        sig = signal.Signals[stop_signal]
         log.warning("time-limit warning: %s to the training", sig.name)
         forward(sig, None)
 
@@ -245,7 +259,7 @@ def supervise(
             timer.start()
         if watch is not None:
             watch.start(lambda beats: _end_hung(child, plan, beats), lambda: _pids(child))
-        code = child.wait()
+        return child.wait()
     finally:
         if watch is not None:
             watch.stop()
@@ -253,11 +267,17 @@ def supervise(
             timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stop_note(
+    state: StateDir, attempt: str, code: int, plan: Plan, watch: watchdog.Watchdog | None
+) -> dict | None:
+    """The slot's stop note (:func:`supervise`): this launcher's, a hang's, or the nodes whose
+    finished mark is missing after srun exited 0; None when the training just ended."""
     note = preemption.take(state)
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
         note = None
-    code = workers.exit_status(code)
     if note is None and code == 0 and plan.job is not None:
         done = finished_nodes.finished(state, attempt)
         if len(done) < plan.request.nodes:
@@ -272,7 +292,7 @@ def supervise(
     if watch is not None and watch.hang is not None:
         note = {"signal": None, "checkpoint": None, "attempt": attempt,
                 "hung": watch.hang.as_dict()}  # fmt: skip
-    return code, note
+    return note
 
 
 def _pids(child: workers.Group | subprocess.Popen) -> list[int]:

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ddppipe.core import atomic, env_names
 from ddppipe.launching import warm
@@ -148,13 +149,8 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
         env[env_names.ALLOCATION_END] = f"{end - signal_seconds:.3f} {end:.3f}"
     sock = warm.local_socket(f"ddppipe-warm-{job}-{node}.sock")
     server = warm.start(sock, pool.allocations / "nodes" / f"{job}-{node}.warm.log")
-    try:
-        own = slots_of_node(slots, env, check[0] if check and check[1] == "gpu" else 0)
-        problems = []
-    except PackError as e:
-        own, problems = [], [str(e)]
-    started = time.time()
-    record = {"job": job, "node": node, "slots": slots, "started": started,
+    own, problems = _node_slots(slots, env, check)
+    record = {"job": job, "node": node, "slots": slots, "started": time.time(),
               "cpus": len(os.sched_getaffinity(0)),
               "gpus": sum(len(s.gpus) for s in own)}  # fmt: skip
     problems = problems or (preflight(slots, *check) if check else [])
@@ -182,21 +178,7 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
                 stopping = True  # the running trials stop by their own timers
                 log.warning("time-limit warning: no new trial; the running ones stop")
                 atomic.write_json(record_path, {**record, "stopping": time.time()})
-            for s in own:
-                if s.process is not None and s.process.poll() is not None:
-                    _ended(pool, s, job, node)
-                elif s.gang is not None and s.trial is None and not s.gang.is_open:
-                    _unseated(s)
-                elif s.forming:
-                    if stopping:
-                        _disband(pool, s)
-                    elif s.gang.full:  # type: ignore[union-attr]
-                        _launch(s, job, node, env, sock, server.pid)
-            if not stopping:
-                for s in own:
-                    if not s.busy:
-                        _start(pool, s, job, node, leads, own, env, sock, server.pid)
-            busy = any(s.busy for s in own)
+            busy = _step(pool, own, stopping, job, node, leads, env, sock, server.pid)
             if busy or pool.waiting():
                 idle_since = time.monotonic()
             idle = time.monotonic() - idle_since
@@ -207,13 +189,48 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
         _stop_trials(pool, own, sig, job, node)
         server.terminate()
         server.wait()
-        ended = time.time()
-        atomic.write_json(record_path, {
-            **record, "ended": ended,
-            "slot_records": [{"busy_s": s.busy_s, "last_end": s.last_end, "trials": s.trials}
-                             for s in own],
-        })  # fmt: skip
+        _close(record_path, record, own)
     return 0
+
+
+def _close(record_path: Path, record: dict[str, Any], own: list[Slot]) -> None:
+    """The node's record, ended: what each of its slots did."""
+    atomic.write_json(record_path, {
+        **record, "ended": time.time(),
+        "slot_records": [{"busy_s": s.busy_s, "last_end": s.last_end, "trials": s.trials}
+                         for s in own],
+    })  # fmt: skip
+
+
+def _node_slots(slots: int, env: dict[str, str],
+                check: tuple[int, str, str] | None) -> tuple[list[Slot], list[str]]:  # fmt: skip
+    """This node's slots (its GPUs shared out when the trials train on GPUs); none and why
+    when it cannot hold them."""
+    try:
+        return slots_of_node(slots, env, check[0] if check and check[1] == "gpu" else 0), []
+    except PackError as e:
+        return [], [str(e)]
+
+
+def _step(pool: Pool, own: list[Slot], stopping: bool, job: str, node: str, leads: bool,
+          env: dict[str, str], sock: Path, server_pid: int) -> bool:  # fmt: skip
+    """One pass over the node's slots: ended trials closed, gangs seated (or disbanded once
+    the allocation stops), free slots given the next trial; whether a slot is busy."""
+    for s in own:
+        if s.process is not None and s.process.poll() is not None:
+            _ended(pool, s, job, node)
+        elif s.gang is not None and s.trial is None and not s.gang.is_open:
+            _unseated(s)
+        elif s.forming:
+            if stopping:
+                _disband(pool, s)
+            elif s.gang.full:  # type: ignore[union-attr]
+                _launch(s, job, node, env, sock, server_pid)
+    if not stopping:
+        for s in own:
+            if not s.busy:
+                _start(pool, s, job, node, leads, own, env, sock, server_pid)
+    return any(s.busy for s in own)
 
 
 def _stop_trials(pool: Pool, own: list[Slot], sig: signal.Signals, job: str, node: str) -> None:

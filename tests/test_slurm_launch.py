@@ -85,6 +85,16 @@ def test_srun_exit_0_is_a_finished_step_only_with_every_nodes_mark(tmp_path: Pat
     assert sorted(p.name for p in (tmp_path / "state/finished-nodes").iterdir()) == ["cn07"]
 
 
+def test_a_slot_whose_launcher_died_is_named_by_what_slurm_says_at_the_next() -> None:
+    """The launcher runs on the job's first node: when that node fails it dies with it, and
+    the next slot closes its record from SLURM's view (else as lost)."""
+    assert continuation.lost({"cn07": "DOWN+DRAIN"}, requeued=True) == "node failure"
+    assert continuation.lost({"gpu-a12": "IDLE+DRAIN"}, requeued=False) == "node failure"
+    assert continuation.lost({"cn07": "MIXED"}, requeued=True) == "requeued by SLURM"
+    assert continuation.lost({"cn07": "MIXED"}, requeued=False) is None  # (an OOM, a SIGKILL)
+    assert continuation.lost({}, requeued=False) is None  # (scontrol could not say)
+
+
 def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
     up = {"cn07": "MIXED", "cn08": "MIXED+DRAIN"}  # draining waits for the job: no failure
     running, requeued = {"JobState": "RUNNING"}, {"JobState": "PENDING", "Reason": "BeginTime"}

@@ -131,7 +131,7 @@ def _slot(
     if packed and end is None:  # warned before its allocation's end, by its own timer
         warn_in, end = preemption.allocation_warning()
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
-                             packed)  # fmt: skip
+                             packed, _lost_as(state, plan.job, restarts))  # fmt: skip
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
     opened = slot_record(spec, state, history[-1], warn_in, end)
@@ -218,6 +218,22 @@ def _ending(plan: launch.Plan) -> bool:
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("scontrol failed (%s): taking the job for ending", e)
         return True
+
+
+def _lost_as(state: StateDir, job: str | None, restarts: int) -> str:
+    """The outcome of the last slot left open (its launcher killed: on a failed node it dies
+    with the node), as SLURM tells it now (:func:`continuation.lost`); else attempts.LOST."""
+    left_open = [a for a in attempts.load(state) if a.outcome == "running"]
+    if job is None or not left_open:
+        return attempts.LOST
+    last = left_open[-1]
+    try:
+        nodes = scontrol.node_states(last.nodes)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("scontrol show node %s failed (%s)", ",".join(last.nodes), e)
+        nodes = {}
+    requeued = last.job == job and restarts > last.restarts
+    return continuation.lost(nodes, requeued) or attempts.LOST
 
 
 def _job_record(job: str) -> dict[str, str]:

@@ -81,15 +81,17 @@ def begin(
     submitted: float | None = None,
     peak: dict[str, Any] | None = None,
     packed: str | None = None,
+    lost: str = LOST,
 ) -> list[Attempt]:  # fmt: skip
-    """Open this slot's record; a record left open by a killed launcher is closed as lost.
+    """Open this slot's record; a record left open by a killed launcher is closed as ``lost``
+    (what SLURM says of it, where it can: ddppipe.launching.lifecycle).
 
     ``packed``: a packed trial's ``"<allocation> <node>/<k>"``
     (:data:`ddppipe.core.env_names.PACKED_SLOT`)."""
     history = load(state)
     for attempt in history:
         if attempt.outcome == "running":
-            attempt.outcome = LOST
+            attempt.outcome = lost
     state.progress.unlink(missing_ok=True)
     number = len(history) + 1
     allocation, _, slot = (packed or "").partition(" ")

@@ -69,6 +69,16 @@ def queue_seconds(job: dict[str, str]) -> float:
     return max(0.0, start - max(since)) if start is not None and since else 0.0
 
 
+def lost(nodes: dict[str, str], requeued: bool) -> str | None:
+    """How a slot whose launcher was killed before it could say ended, as SLURM tells it at
+    the next slot: its nodes' states ``nodes`` (a node down or drained: "node failure", the
+    launcher died with it), or its job ``requeued`` since (same job, more restarts); None
+    when SLURM says neither."""
+    if _nodes_in(nodes, BAD_NODE_STATES):
+        return "node failure"
+    return "requeued by SLURM" if requeued else None
+
+
 def classify(
     signal_name: str | None,
     job: dict[str, str] | None,

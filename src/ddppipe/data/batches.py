@@ -1,10 +1,11 @@
 """Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader (of a
-dataset read item by item, or of a pack: :mod:`ddppipe.data.packed`, a batch per read).
+dataset read item by item, of a pack: :mod:`ddppipe.data.packed`, a batch per read, or of
+shards streamed: :mod:`ddppipe.data.shards`).
 
-Both paths follow :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
-batch ``perm[k*B:(k+1)*B]`` of that epoch's permutation, each rank a contiguous slice of it,
-so a run resumed in the middle of an epoch (at any world size) trains the same samples as
-an uninterrupted one, every sample once per epoch.
+Every path follows :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
+batch ``perm[k*B:(k+1)*B]`` of that epoch's order (a permutation; for shards, theirs), each
+rank a contiguous slice of it, so a run resumed in the middle of an epoch (at any world size
+and worker count) trains the same samples as an uninterrupted one, every sample once per epoch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from ddppipe.data import packed, sharding
+from ddppipe.data import packed, sharding, shards
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -85,12 +86,20 @@ def loader_workers(setting: int | None, dataset: Any, cpus: int, local_world_siz
     return max(1, cpus // max(local_world_size, 1) - threads)
 
 
-class ShardedBatches:
-    """Batch sampler: this rank's index lists of one epoch, from ``start_step`` on."""
+def epoch_order(dataset: Any, seed: int, epoch: int) -> torch.Tensor:
+    """The global order of ``dataset``'s samples in ``epoch``: a permutation drawn from the seed
+    and the epoch (:mod:`ddppipe.data.sharding`), or the shards' own (read in order)."""
+    if shards.is_sharded(dataset):
+        return dataset.order(seed, epoch)
+    return sharding.epoch_permutation(len(dataset), seed, epoch)
 
-    def __init__(self, n: int, seed: int, epoch: int, global_batch: int, rank: int,
-                 world_size: int, start_step: int = 0) -> None:  # fmt: skip
-        self.perm = sharding.epoch_permutation(n, seed, epoch)
+
+class ShardedBatches:
+    """Batch sampler: this rank's index lists of one epoch of ``order``, from ``start_step``."""
+
+    def __init__(self, order: torch.Tensor, global_batch: int, rank: int, world_size: int,
+                 start_step: int = 0) -> None:  # fmt: skip
+        self.perm, n = order, len(order)
         self.global_batch, self.rank, self.world_size = global_batch, rank, world_size
         self.steps = sharding.steps_per_epoch(n, global_batch)
         self.start_step = start_step
@@ -117,7 +126,9 @@ class Feed:
 
     def _loader(self, dataset: Any, **kwargs: Any) -> DataLoader:
         workers = self.workers
-        if packed.is_packed(dataset):  # a packed dataset reads and stacks a batch at once
+        if isinstance(dataset, shards.Stream):  # yields its batches collated, in step order
+            kwargs["batch_size"] = None
+        elif packed.is_packed(dataset):  # a packed dataset reads and stacks a batch at once
             kwargs["collate_fn"] = packed.as_batch
         return DataLoader(
             dataset, num_workers=workers, pin_memory=self.device.type == "cuda",
@@ -140,13 +151,18 @@ class Feed:
                 local = sharding.local_slice(gbatch, rank, world_size)
                 yield self.dataset.batch(local), gbatch.numel()
             return
-        sampler = ShardedBatches(n, seed, epoch, global_batch, rank, world_size, start_step)
+        order = epoch_order(self.dataset, seed, epoch)
+        sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
         sizes = (
-            sharding.global_batch(sampler.perm, step, global_batch).numel()
+            sharding.global_batch(order, step, global_batch).numel()
             for step in range(start_step, sampler.steps)
         )
-        for batch, size in zip(self._loader(self.dataset, batch_sampler=sampler), sizes,
-                               strict=True):  # fmt: skip
+        if shards.is_sharded(self.dataset):  # a worker's share of a window read at once
+            share = self.dataset.window // (world_size * max(self.workers, 1))
+            loader = self._loader(shards.Stream(self.dataset, list(sampler), share))
+        else:
+            loader = self._loader(self.dataset, batch_sampler=sampler)
+        for batch, size in zip(loader, sizes, strict=True):
             yield self._to_device(batch), size
 
     def shard(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
@@ -158,6 +174,11 @@ class Feed:
                 idx = torch.arange(start, min(start + batch_size, len(part)), device=self.device)
                 yield part.batch(idx)
             return
-        loader = self._loader(Subset(self.dataset, range(lo, hi)), batch_size=batch_size)
+        if shards.is_sharded(self.dataset):  # in file order, a worker's batches at once
+            parts = [list(range(i, min(i + batch_size, hi))) for i in range(lo, hi, batch_size)]
+            share = self.dataset.window // max(self.workers, 1)
+            loader = self._loader(shards.Stream(self.dataset, parts, share))
+        else:
+            loader = self._loader(Subset(self.dataset, range(lo, hi)), batch_size=batch_size)
         for batch in loader:
             yield self._to_device(batch)

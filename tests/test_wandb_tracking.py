@@ -108,7 +108,7 @@ class Offline:
         return {row["_step"]: row[key] for row in self.rows if key in row}
 
 
-@pytest.mark.slow  # two slots of a 2-process training: 45 s on the loaded 2-core machine
+@pytest.mark.slow  # two slots of a 2-process training: 32 s on 2 cores (55 s when loaded)
 def test_a_run_stopped_and_continued_is_one_wandb_run(tmp_path: Path) -> None:
     """A local run stopped by SIGUSR1 at its first step check (a checkpoint at step 10) and
     continued: one W&B run id, every point once, the steps of the uninterrupted run."""

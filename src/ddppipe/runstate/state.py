@@ -124,6 +124,16 @@ class StateDir:
         return self.root / "mlflow_run_id"
 
     @property
+    def wandb_run_id(self) -> Path:
+        """The run's W&B run id, minted by its first slot (:mod:`ddppipe.training.wandb_log`)."""
+        return self.root / "wandb_run_id"
+
+    @property
+    def wandb(self) -> Path:
+        """W&B's folder of every slot (``wandb/`` next to the state folder, for users)."""
+        return layout.RunLayout.of_root(self.root.parent).wandb
+
+    @property
     def outputs(self) -> Path:
         """A script's output files (job.output_dir()), published when training completes."""
         return self.root / "outputs"

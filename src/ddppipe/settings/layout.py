@@ -181,6 +181,11 @@ class RunLayout:
         return self.root / "tensorboard"
 
     @property
+    def wandb(self) -> Path:
+        """Weights & Biases' files of every slot: one ``offline-run-*`` folder each, one run."""
+        return self.root / "wandb"
+
+    @property
     def summary(self) -> Path:
         """The run's summary as HTML (rule summarize)."""
         return self.root / "summary.html"

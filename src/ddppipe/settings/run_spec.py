@@ -90,10 +90,11 @@ class Container:
 
 @dataclass(frozen=True)
 class Tracking:
-    """``tracking:``: rank 0's TensorBoard and MLflow."""
+    """``tracking:``: rank 0's TensorBoard, MLflow and Weights & Biases."""
 
     tensorboard: bool
     mlflow: str | None
+    wandb: Mapping[str, Any] | None = None  # {project, entity, mode}; None: no W&B
 
 
 @dataclass(frozen=True)

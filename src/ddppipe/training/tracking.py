@@ -1,16 +1,21 @@
-"""Experiment tracking that continues across requeues: TensorBoard and MLflow, each optional.
+"""Experiment tracking that continues across requeues: TensorBoard, MLflow, W&B, each optional.
 
 A run is trained in several job slots (SLURM requeues, preemptions, restarts), each a new
 process that resumes from the last checkpoint at some global step S. Points the previous slot
 logged at steps >= S were computed after that checkpoint and are recomputed now, so they are
 stale. :class:`Tracker` (rank 0 only) keeps one continuous history over any number of slots by
 fanning each point out to the backends: TensorBoard (:mod:`ddppipe.training.tensorboard_log`,
-which purges the stale points) and MLflow (:mod:`ddppipe.training.mlflow_log`, which keeps them
-next to the new ones; a sweep's trials are child runs of one parent run).
+which purges the stale points), MLflow (:mod:`ddppipe.training.mlflow_log`, which keeps them
+next to the new ones; a sweep's trials are child runs of one parent run) and Weights & Biases
+(:mod:`ddppipe.training.wandb_log`, which holds each point back until the checkpoint covering
+its step commits, so no stale point reaches it; a sweep's trials are one group). The trainer
+says when a checkpoint commits (:meth:`Tracker.checkpointed`) and adds the run's summary and
+final weights (:meth:`Tracker.summary`, :meth:`Tracker.model`); TensorBoard and MLflow ignore
+them.
 
 Tracking never stops training: the first error of a backend is logged as a warning and that
-backend is then off for the rest of the process. ``tensorboard`` and ``mlflow`` are imported on
-first use only.
+backend is then off for the rest of the process. ``tensorboard``, ``mlflow`` and ``wandb`` are
+imported on first use only.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 from ddppipe.core import system
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.training import mlflow_log, tensorboard_log
+from ddppipe.training import mlflow_log, tensorboard_log, wandb_log
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +48,17 @@ class Tracker:
         params: dict[str, Any] | None = None,
         tags: dict[str, str] | None = None,
         parent: mlflow_log.SweepParent | None = None,
+        wandb: Mapping[str, Any] | None = None,
+        group: str | None = None,
     ) -> None:
-        """Track into TensorBoard files in ``log_dir`` (None: no TensorBoard) and, with
-        ``mlflow_uri``, into MLflow.
+        """Track into TensorBoard files in ``log_dir`` (None: no TensorBoard), with
+        ``mlflow_uri`` into MLflow and with ``wandb`` (``tracking.wandb``) into W&B.
 
         ``state`` is the run's state folder (it holds the MLflow run id). ``params`` are
         logged to MLflow once, when the run is created (nested dicts become dotted keys);
         ``tags`` are set by every slot. ``parent``: a trial's sweep (its MLflow run a child
-        of the sweep's parent run).
+        of the sweep's parent run). ``group``: a trial's sweep, its W&B group (W&B's config:
+        ``params``; ``tags`` in its summary).
         """
         self.state = state
         self._tensorboard: tensorboard_log.TensorBoardLog | None = None
@@ -65,6 +73,10 @@ class Tracker:
                 mlflow_uri, self.state, run_name, dict(params or {}), dict(tags or {}), parent
             )
             self._mlflow.start()
+        self._wandb: wandb_log.WandbLog | None = None
+        if wandb is not None:
+            self._wandb = wandb_log.WandbLog(wandb, state, run_name, dict(params or {}),
+                                             group, dict(tags or {}))  # fmt: skip
 
     def log(self, step: int, values: Mapping[str, float], prefix: str = "") -> None:
         """Scalars at global ``step`` (keys like 'train/loss', 'test/accuracy', 'lr').
@@ -86,6 +98,28 @@ class Tracker:
                 log.warning("TensorBoard tracking off for this process: %s", _describe(e))
         if self._mlflow is not None:
             self._mlflow.put(int(step), points)
+        if self._wandb is not None:
+            self._wandb.put(int(step), points)
+
+    def checkpointed(self, step: int) -> None:
+        """A checkpoint at global ``step`` is committed: W&B gets the points up to it."""
+        if self._wandb is not None and not self._closed:
+            self._wandb.checkpointed(int(step))
+
+    @property
+    def summarises(self) -> bool:
+        """Whether a backend takes :meth:`summary` and :meth:`model` (W&B, still open)."""
+        return self._wandb is not None and not self._closed
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        """Values for W&B's run summary (the outcome, provenance, efficiency)."""
+        if self._wandb is not None and not self._closed:
+            self._wandb.summary(values)
+
+    def model(self, path: Path) -> None:
+        """The final weights, for W&B as a reference artifact."""
+        if self._wandb is not None and not self._closed:
+            self._wandb.model(path)
 
     def close(self) -> None:
         """Write out everything logged (MLflow: waiting at most MLFLOW_CLOSE_TIMEOUT_S)."""
@@ -99,6 +133,8 @@ class Tracker:
                 log.warning("TensorBoard tracking off for this process: %s", _describe(e))
         if self._mlflow is not None:
             self._mlflow.finish(mlflow_log.MLFLOW_CLOSE_TIMEOUT_S)
+        if self._wandb is not None:
+            self._wandb.finish()
 
     def _points(self, values: Mapping[str, float], prefix: str) -> Iterator[tuple[str, float]]:
         for key, value in values.items():
@@ -113,9 +149,9 @@ class Tracker:
 
 def of_run(spec: RunSpec, state: StateDir, config_hash: str) -> Tracker | None:
     """(Rank 0) The tracking ``spec.tracking`` asks for, continued across every slot (None:
-    neither backend), tagged with the code, the task, the config hash and the SLURM job."""
+    no backend), tagged with the code, the task, the config hash and the SLURM job."""
     wanted = spec.tracking
-    if not wanted.tensorboard and not wanted.mlflow:
+    if not wanted.tensorboard and not wanted.mlflow and not wanted.wandb:
         return None
     source = spec.task_source or {}  # null where no launcher resolved the task
     tags = {"git_commit": str(system.git_commit()["commit"]),
@@ -127,6 +163,7 @@ def of_run(spec: RunSpec, state: StateDir, config_hash: str) -> Tracker | None:
         state.tensorboard if wanted.tensorboard else None, state, mlflow_uri=wanted.mlflow,
         run_name=spec.run, params=spec.as_dict(),  # MLflow's params: the config as written
         tags=tags, parent=mlflow_log.SweepParent.of(spec, state),  # a trial: a child run
+        wandb=wanted.wandb, group=spec.trial.sweep if spec.trial else None,
     )  # fmt: skip
 
 

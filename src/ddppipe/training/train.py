@@ -78,7 +78,7 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self._final_eval: evaluate.Counts | None = None
         self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
-        self.tracker: Any = None  # (rank 0's: TensorBoard and MLflow, continued across every slot)
+        self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         if ctx.is_main:
             from ddppipe.training import tracking
 
@@ -168,6 +168,8 @@ class Trainer:
         """Collective: the slot's figures into rank 0's progress (its attempt record)."""
         figures = self.meter.collect(self.ctx.world_size)
         self._record_progress(efficiency=figures)
+        if self.tracker is not None:
+            self.tracker.summary({"efficiency": figures})
 
     def _track(self, step: int, values: dict[str, float], prefix: str = "") -> None:
         if self.tracker is not None:
@@ -203,6 +205,8 @@ class Trainer:
             changes["end_step"] = changes["start_step"]
         self.progress.update(changes)
         attempts.write_progress(self.paths.state, self.progress)
+        if self.tracker is not None and "checkpoint" in changes:  # committed: W&B may have it
+            self.tracker.checkpointed(changes["end_step"])
 
     # -- loop ----------------------------------------------------------------------------
     def _forward_backward(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
@@ -418,6 +422,10 @@ class Trainer:
                 self.pruner.finish(self.history[-1], pruned=self.pruned_at is not None)
 
         checkpoint.rank0_writes(write)
+        if self.tracker is not None and self.tracker.summarises:  # (rank 0) W&B's
+            provenance = {"git": system.git_commit(), **checkpoint.record(snapshot)}
+            self.tracker.summary({"outcome": evaluation, "provenance": provenance})
+            self.tracker.model(self.paths.weights)
 
 
 def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -285,3 +286,13 @@ def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> 
     assert 0.5 < share <= 1.0, slot["efficiency"]
     (flag,) = [f for f in waste.flags(slot, None, None, 2) if f.startswith("data:")]
     assert flag.startswith(f"data: the steps waited {share:.0%} of the training")
+    assert flag.endswith("`ddppipe time-loader` times the loader alone")
+    # the loader alone, as the flag says: one worker reads an item in 50 ms or more
+    line = run_cli("time-loader", f"--config={run / 'config.yaml'}",
+                   f"--data={tmp_path / 'data'}", "--steps=5").stdout  # fmt: skip
+    found = re.fullmatch(
+        r"loader of rank 0 of 1 \(1 DataLoader worker\(s\)\): 5 batches, 20 samples; first "
+        r"batch after (\d+\.\d\d) s, then (\d+) samples/s \((\d+\.\d) ms a batch\): a "
+        r"training step shorter than that waits for its data\n", line)  # fmt: skip
+    assert found, line
+    assert float(found[1]) >= 0.2 and int(found[2]) <= 20 and float(found[3]) >= 200

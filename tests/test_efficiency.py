@@ -48,7 +48,8 @@ def test_steps_that_wait_for_their_data_are_flagged() -> None:
     assert waste.flags(waited, 8_000, 30, 8) == [
         "data: the steps waited 43% of the training for their batches; read them faster: more "
         "DataLoader workers (`launch.loader_workers`), or the data packed into one file, "
-        "decoded once (imagefolder's `pack: true`; docs/data.md)"
+        "decoded once (imagefolder's `pack: true`), or streamed from shards (docs/data.md); "
+        "`ddppipe time-loader` times the loader alone"
     ]
     fed = attempt(1_500, memory_peak_mb=7_000, cpu_s=11_000, data_wait_share=0.2)
     assert waste.flags(fed, 8_000, 30, 8) == []

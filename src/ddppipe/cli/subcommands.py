@@ -405,4 +405,14 @@ COMMANDS: tuple[Command, ...] = (
         "print versions and run a one-process DDP smoke test",
         "ddppipe.cli.commands.training:selfcheck",
     ),
+    command(
+        "time-loader",
+        "time one rank's data loader alone, as the run's training reads its batches",
+        "ddppipe.cli.commands.training:time_loader",
+        arg("--config", help="the run's resolved config (results/<run>/config.yaml)", **RESOLVED),
+        arg("--data", type=Path, required=True, help="the data folder (or its staged copy)"),
+        arg("--steps", type=int, default=50, help="batches to read (default 50; 2 or more)"),
+        arg("--world-size", type=int, help="default: the config's nodes x processes a node"),
+        arg("--rank", type=int, default=0, help="the rank whose share is read (default 0)"),
+    ),
 )

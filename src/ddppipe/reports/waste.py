@@ -54,7 +54,8 @@ def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
         found.append(
             f"data: the steps waited {waited:.0%} of the training for their batches; read "
             "them faster: more DataLoader workers (`launch.loader_workers`), or the data "
-            "packed into one file, decoded once (imagefolder's `pack: true`; docs/data.md)"
+            "packed into one file, decoded once (imagefolder's `pack: true`), or streamed "
+            "from shards (docs/data.md); `ddppipe time-loader` times the loader alone"
         )
     startup = eff.get("startup_s", 0.0)
     if wall > 0 and startup > STARTUP_SHARE_ABOVE * wall:

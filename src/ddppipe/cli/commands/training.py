@@ -45,3 +45,20 @@ def selfcheck() -> int:
 
     print(json.dumps(checks.run(), indent=2))
     return 0
+
+
+def time_loader(
+    config_path: Path, data: Path, steps: int, world_size: int | None, rank: int
+) -> int:
+    """``ddppipe time-loader``: one rank's loader read alone; its figures on one line."""
+    from ddppipe.settings import config, run_spec
+    from ddppipe.training import loader_timing
+
+    spec = run_spec.load(config_path)
+    if spec.kind == "script":
+        raise config.ConfigError(
+            "ddppipe time-loader: a torchrun script's run has no ddppipe loader to time"
+        )
+    world = world_size or spec.launch.nnodes * spec.launch.nproc_per_node
+    print(loader_timing.time_loader(spec, data, steps, world, rank).line())
+    return 0

@@ -25,8 +25,11 @@ modules of its ``nn.ModuleList``s, else its children with parameters
 (:mod:`ddppipe.parallel.fsdp`).
 
 ``datasets`` returns map-style torch Datasets of ``(input, target)`` (read through a
-sharded, resumable sampler and DataLoader workers), or :class:`ddppipe.data.Tensors` for
-data small enough to live in memory (indexed on the device, no per-sample Python).
+sharded, resumable sampler and DataLoader workers), :class:`ddppipe.data.Tensors` for
+data small enough to live in memory (indexed on the device, no per-sample Python),
+:class:`ddppipe.data.packed.Packed` (samples decoded once into one file, read memory-mapped)
+or :class:`ddppipe.data.shards.Sharded` (samples in tar shards written by ``prepare``,
+streamed in file order: data larger than a node's memory or disk).
 """
 
 from ddppipe.tasks.loader import (

@@ -24,32 +24,32 @@ def available_cpus() -> int:
 BF16_FLAGS = {"flags": {"avx512_bf16", "amx_bf16"}, "Features": {"bf16"}}
 
 
-def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this machine's CPU multiplies bfloat16 natively (:data:`BF16_FLAGS`); False
-    where ``cpuinfo`` cannot be read (no Linux): float32 is never emulated."""
+def _cpuinfo_field(cpuinfo: Path, keys: set[str]) -> tuple[str, str] | None:
+    """The first ``key: value`` line of ``cpuinfo`` whose key is one of ``keys`` (stripped);
+    None when there is none or the file cannot be read (no Linux)."""
     try:
         lines = cpuinfo.read_text().splitlines()
     except OSError:
-        return False
+        return None
     for line in lines:
         key, _, value = line.partition(":")
-        if key.strip() in BF16_FLAGS:
-            return bool(BF16_FLAGS[key.strip()] & set(value.split()))
-    return False
+        if key.strip() in keys:
+            return key.strip(), value.strip()
+    return None
+
+
+def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this machine's CPU multiplies bfloat16 natively (:data:`BF16_FLAGS`); False
+    where ``cpuinfo`` cannot be read (no Linux): float32 is never emulated."""
+    found = _cpuinfo_field(cpuinfo, set(BF16_FLAGS))
+    return found is not None and bool(BF16_FLAGS[found[0]] & set(found[1].split()))
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """This machine's CPU model ("AMD EPYC", "Intel(R) Xeon(R) Platinum 8481C CPU"): x86's
     "model name", else the machine type (an Arm's /proc/cpuinfo names no model)."""
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return platform.machine()
+    found = _cpuinfo_field(cpuinfo, {"model name"})
+    return found[1] if found else platform.machine()
 
 
 def git_commit(cwd: Path | None = None) -> dict[str, Any]:

@@ -231,6 +231,32 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
         staging.folder("$NOWHERE_SET/stage")
 
 
+def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (data / name).write_bytes(name.encode() * 4)
+    found = manifest.write(data, {"ref": "t"}, {})
+    assert manifest.check(data) == found
+    dest, _ = staging.staged(data, str(tmp_path / "local"), found, lambda: None)
+    (dest / "b.bin").write_bytes(b"short")  # the staged copy: sizes checked
+    with pytest.raises(staging.StageError, match=r"staged before but b\.bin is missing or of"):
+        staging.staged(data, str(tmp_path / "local"), found, lambda: None)
+
+    (data / "a.bin").unlink()
+    (data / "c.bin").write_bytes(b"C" * 20)  # the same size, other bytes
+    assert manifest.differences(data, found, hashes=False) == [("a.bin", "missing")]
+    assert manifest.differences(data, found) == [
+        ("a.bin", "missing"), ("c.bin", "changed since it was prepared"),
+    ]  # fmt: skip
+    with pytest.raises(manifest.ManifestError) as error:
+        manifest.check(data)
+    assert str(error.value) == (
+        f"{data} does not match its manifest.json: a.bin: missing; c.bin: changed since it was "
+        f"prepared. Delete {data}/manifest.json and run the prepare_data rule again"
+    )
+
+
 SLOW_TASK = """
 import time
 

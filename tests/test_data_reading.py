@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from ddppipe import tasks
-from ddppipe.data import batches, manifest, packed, staging
+from ddppipe.data import batches, file_digests, manifest, packed, staging
 from ddppipe.launching import resolve
 from ddppipe.reports import waste
 from ddppipe.tasks import imagefolder
@@ -86,21 +87,34 @@ def test_a_rank_reads_a_pack_in_batches_through_its_workers(tmp_path: Path) -> N
 
 
 def test_only_new_or_changed_images_are_read_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, data = tmp_path / "images", tmp_path / "data"
     write_images(root, per_class=10)
     args = args_of(root, pack=True)
     assert prepared(caplog, data, args) == "30 image(s), 30 read (new or changed), 30 decoded"
     index = (data / "index.json").stat().st_mtime_ns
+    stats = data / ".cache" / "file-digests"
+    kept = {p.name: p.stat().st_mtime_ns for p in stats.iterdir()}
+    assert len(kept) == 3  # one a class folder
+    reads: list[str] = []
+    digest = imagefolder._digest
+    monkeypatch.setattr(imagefolder, "_digest", lambda p: reads.append(p.name) or digest(p))
     assert prepared(caplog, data, args) == "30 image(s), 0 read (new or changed), 0 decoded"
     assert (data / "index.json").stat().st_mtime_ns == index  # nothing rewritten
+    assert reads == [] and {p.name: p.stat().st_mtime_ns for p in stats.iterdir()} == kept
 
     os.utime(root / "red" / "003.png", ns=(1, 1))  # touched: read, same digest, not decoded
     assert prepared(caplog, data, args) == "30 image(s), 1 read (new or changed), 0 decoded"
+    assert reads == ["003.png"]
+    # Only the red folder's stat cache is written again.
+    assert [k for k, v in kept.items() if (stats / k).stat().st_mtime_ns != v] == [
+        file_digests._file("red")
+    ]
     changed = np.full((16, 16, 3), 7, dtype=np.uint8)
     Image.fromarray(changed).save(root / "green" / "004.png")
     assert prepared(caplog, data, args) == "30 image(s), 1 read (new or changed), 1 decoded"
+    assert reads == ["003.png", "004.png"]
     index = json.loads((data / "index.json").read_text())
     train = [im["path"] for im in index["images"] if im["split"] == "train"]
     test = [im["path"] for im in index["images"] if im["split"] == "test"]
@@ -108,9 +122,13 @@ def test_only_new_or_changed_images_are_read_again(
         "test", test.index("green/004.png"))  # fmt: skip
     assert (packed.rows(data / split)[row] == 7).all()  # the new image, decoded
 
+    (root / "blue" / "005.png").unlink()  # removed: out of the index
     Image.fromarray(changed).save(root / "blue" / "new.png")  # one more: the split moves
     line = prepared(caplog, data, args)
-    assert line == "31 image(s), 1 read (new or changed), 1 decoded"
+    assert line == "30 image(s), 1 read (new or changed), 1 decoded"
+    assert reads[-1:] == ["new.png"]
+    index = json.loads((data / "index.json").read_text())
+    assert "blue/005.png" not in {im["path"] for im in index["images"]}
     fresh = tmp_path / "fresh"  # the same packs as a prepare from nothing
     imagefolder.prepare(fresh, args)
     for name in ("train.npy", "test.npy", "train.labels.npy", "test.labels.npy", "index.json"):
@@ -119,8 +137,54 @@ def test_only_new_or_changed_images_are_read_again(
     assert set(manifest.build(data, {}, {})["files"]) == {
         "index.json", "test.labels.npy", "test.npy", "train.labels.npy", "train.npy",
     }  # fmt: skip
+    shutil.rmtree(root / "green")  # a class folder gone: its stat cache goes too
     imagefolder.prepare(data, {**args, "pack": False})  # unpacked: the packs go
     assert sorted(p.name for p in data.iterdir()) == [".cache", "index.json"]
+    assert len(list(stats.iterdir())) == 2
+
+
+def test_an_image_changed_in_place_is_read_and_checked_again(tmp_path: Path) -> None:
+    """The same size, its folder's mtime kept (no folder is skipped whole): still read."""
+    root, data = tmp_path / "images", tmp_path / "data"
+    write_images(root, per_class=3)
+    imagefolder.prepare(data, args_of(root))
+    broken = bytearray((root / "blue" / "001.png").read_bytes())
+    broken[40] ^= 0xFF
+    folder_times = (root / "blue").stat()
+    (root / "blue" / "001.png").write_bytes(bytes(broken))
+    os.utime(root / "blue", ns=(folder_times.st_atime_ns, folder_times.st_mtime_ns))
+    with pytest.raises(imagefolder.ImageFolderError, match=r"001\.png is not a readable image"):
+        imagefolder.prepare(data, args_of(root))
+
+
+def test_file_digests_read_only_what_changed(tmp_path: Path) -> None:
+    root, cache = tmp_path / "files", tmp_path / "cache"
+    for rel, text in {"a/1": "one", "a/2": "two", "a/3": "six", "b/1": "ten"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    reads: list[str] = []
+
+    def digest(path: Path) -> str:  # the content stands for its digest
+        reads.append(path.relative_to(root).as_posix())
+        return path.read_text()
+
+    def digests(groups: dict[str, list[str]]) -> tuple[list[str], int]:
+        reads.clear()
+        return file_digests.digests(root, list(groups.items()), cache, digest, workers=2)
+
+    groups = {"a": ["a/1", "a/2", "a/3"], "b": ["b/1"]}
+    assert digests(groups) == (["one", "two", "six", "ten"], 4)
+    assert digests(groups) == (["one", "two", "six", "ten"], 0) and reads == []
+    (root / "a/2").write_text("TWO")  # the same size; its mtime set apart from the others'
+    os.utime(root / "a/2", ns=(10**9, 10**9))
+    assert digests(groups) == (["one", "TWO", "six", "ten"], 1) and reads == ["a/2"]
+    (cache / "file-digests" / file_digests._file("b")).write_bytes(b"{}\nbroken")
+    assert digests(groups) == (["one", "TWO", "six", "ten"], 1) and reads == ["b/1"]
+    (root / "a/3").unlink()  # a file and a group gone: their entries go
+    assert digests({"a": ["a/1", "a/2"]}) == (["one", "TWO"], 0)
+    assert [p.name for p in (cache / "file-digests").iterdir()] == [file_digests._file("a")]
+    (root / "a/3").write_text("new")
+    assert digests({"a": ["a/1", "a/2", "a/3"]}) == (["one", "TWO", "new"], 1)
 
 
 def test_a_pack_interrupted_leaves_nothing_half_written(tmp_path: Path) -> None:
@@ -230,6 +294,32 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
         subprocess.run(["umount", str(small)], check=True)
     with pytest.raises(staging.StageError, match=r"\$NOWHERE_SET is not set on"):
         staging.folder("$NOWHERE_SET/stage")
+
+
+def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (data / name).write_bytes(name.encode() * 4)
+    found = manifest.write(data, {"ref": "t"}, {})
+    assert manifest.check(data) == found
+    dest, _ = staging.staged(data, str(tmp_path / "local"), found, lambda: None)
+    (dest / "b.bin").write_bytes(b"short")  # the staged copy: sizes checked
+    with pytest.raises(staging.StageError, match=r"staged before but b\.bin is missing or of"):
+        staging.staged(data, str(tmp_path / "local"), found, lambda: None)
+
+    (data / "a.bin").unlink()
+    (data / "c.bin").write_bytes(b"C" * 20)  # the same size, other bytes
+    assert manifest.differences(data, found, hashes=False) == [("a.bin", "missing")]
+    assert manifest.differences(data, found) == [
+        ("a.bin", "missing"), ("c.bin", "changed since it was prepared"),
+    ]  # fmt: skip
+    with pytest.raises(manifest.ManifestError) as error:
+        manifest.check(data)
+    assert str(error.value) == (
+        f"{data} does not match its manifest.json: a.bin: missing; c.bin: changed since it was "
+        f"prepared. Delete {data}/manifest.json and run the prepare_data rule again"
+    )
 
 
 SLOW_TASK = """

@@ -140,6 +140,33 @@ def test_imagefolder_prepare_writes_an_index(tmp_path: Path) -> None:
     assert sorted(p.name for p in data.iterdir()) == [".cache", "index.json"]  # + stat cache
 
 
+def test_imagefolder_index_is_the_text_json_writes(tmp_path: Path) -> None:
+    """The index's text is json.dumps(indent=1)'s, as before it was written by hand: the
+    data's identity (the manifest's digest) is that of earlier versions."""
+    root = tmp_path / "images"
+    write_images(root, per_class=2, colours={'say "hi"': (1, 2, 3), "\u00fcber": (4, 5, 6)})
+    (root / "\u00fcber" / "sub").mkdir()
+    (root / "\u00fcber" / "sub" / "x.PNG").write_bytes(
+        (root / "\u00fcber" / "000.png").read_bytes()
+    )
+    imagefolder.prepare(tmp_path / "data", args_of(IMAGEFOLDER, root=str(root)))
+    text = (tmp_path / "data" / "index.json").read_text()
+    assert text == json.dumps(json.loads(text), indent=1) + "\n"
+    index = json.loads(text)
+    assert index["classes"] == ['say "hi"', "\u00fcber"]
+    assert [im["path"] for im in index["images"]] == [
+        'say "hi"/000.png', 'say "hi"/001.png', "\u00fcber/000.png", "\u00fcber/001.png",
+        "\u00fcber/sub/x.PNG",
+    ]  # fmt: skip
+    assert '   "path": "\\u00fcber/sub/x.PNG",\n   "class": "\\u00fcber",\n' in text
+
+
+def test_imagefolder_prepare_takes_the_extensions_imagefolder_reads() -> None:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    assert imagefolder.EXTENSIONS == IMG_EXTENSIONS  # held by prepare, which skips torchvision
+
+
 def test_imagefolder_train_test_layout(tmp_path: Path) -> None:
     write_images(tmp_path / "train", per_class=5)
     write_images(tmp_path / "test", per_class=2, seed=1)

@@ -69,19 +69,31 @@ def read(data_dir: Path) -> dict[str, Any]:
         ) from None
 
 
-def check(data_dir: Path) -> dict[str, Any]:
-    """The manifest, after checking every file's size and SHA-256; raise ManifestError."""
-    found = read(data_dir)
+def differences(
+    data_dir: Path, found: dict[str, Any], hashes: bool = True
+) -> list[tuple[str, str]]:
+    """The files of manifest ``found`` that ``data_dir`` does not hold as recorded, each as
+    ``(file, "missing" or "changed since it was prepared")``: its size, and with ``hashes``
+    its SHA-256, compared (the one check of a data folder, staged or not)."""
     bad = []
     for rel, want in found["files"].items():
         path = Path(data_dir) / rel
         if not path.is_file():
-            bad.append(f"{rel}: missing")
-        elif path.stat().st_size != want["bytes"] or hashing.file_sha256(path) != want["sha256"]:
-            bad.append(f"{rel}: changed since it was prepared")
-    if bad:
+            bad.append((rel, "missing"))
+        elif path.stat().st_size != want["bytes"] or (
+            hashes and hashing.file_sha256(path) != want["sha256"]
+        ):
+            bad.append((rel, "changed since it was prepared"))
+    return bad
+
+
+def check(data_dir: Path) -> dict[str, Any]:
+    """The manifest, after checking every file's size and SHA-256; raise ManifestError."""
+    found = read(data_dir)
+    if bad := differences(data_dir, found):
         raise ManifestError(
-            f"{data_dir} does not match its {NAME}: {'; '.join(bad[:5])}"
+            f"{data_dir} does not match its {NAME}: "
+            f"{'; '.join(f'{rel}: {what}' for rel, what in bad[:5])}"
             f"{' ...' if len(bad) > 5 else ''}. Delete {Path(data_dir) / NAME} and run the "
             "prepare_data rule again"
         )

@@ -83,13 +83,13 @@ def staged(
 
 
 def _check_sizes(dest: Path, found: dict[str, Any]) -> None:
-    for rel, want in found["files"].items():
-        path = dest / rel
-        if not path.is_file() or path.stat().st_size != want["bytes"]:
-            raise StageError(
-                f"{dest} was staged before but {rel} is missing or of another size: remove "
-                f"{dest} (the next process stages it again)"
-            )
+    """Every file of the manifest in the staged copy ``dest``, of its size (not hashed: it
+    was when copied); raise StageError."""
+    if bad := manifest.differences(dest, found, hashes=False):
+        raise StageError(
+            f"{dest} was staged before but {bad[0][0]} is missing or of another size: remove "
+            f"{dest} (the next process stages it again)"
+        )
 
 
 def _copy(data_dir: Path, root: Path, dest: Path, found: dict[str, Any],

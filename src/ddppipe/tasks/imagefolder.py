@@ -27,8 +27,9 @@ file opened per epoch instead of one per image, no decode per epoch, the same te
 loose images give. ``root``'s class folders are still read (the model's classes).
 
 Preparing again reads only what changed: the digests of images whose size and mtime are
-those of the last prepare are taken from its stat cache (``.cache/`` of the data folder, no
-part of the data), and the pack's rows of unchanged images are copied, not decoded again.
+those of the last prepare are taken from its stat cache (:mod:`ddppipe.data.file_digests`,
+one file per class folder in ``.cache/`` of the data folder, no part of the data), and the
+pack's rows of unchanged images are copied, not decoded again.
 
 ``task_args``: ``root`` (required), ``image_size`` (32; 8 or more), ``channels`` (3; 1 for grey),
 ``width`` (32: channels of the first convolution), ``test_fraction`` (0.2) and
@@ -40,7 +41,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import os
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +53,19 @@ from torch.utils.data import Dataset, Subset
 
 from ddppipe.core import atomic, hashing
 from ddppipe.core.errors import UserError
-from ddppipe.data import manifest, packed
+from ddppipe.data import file_digests, manifest, packed
 from ddppipe.tasks.split import stratified
 
 log = logging.getLogger(__name__)
 
 INDEX = "index.json"
-STATS = "imagefolder-stats.json"  # in the data folder's cache: each image's size, mtime, digest
+OLD_STATS = "imagefolder-stats.json"  # the stat cache of earlier versions: one JSON file
 # What the data folder depends on: the index, and the pack's decoded images.
 PREPARE_ARGS = ("root", "test_fraction", "split_seed", "pack", "image_size", "channels")
 FORMAT = 1
 SPLITS = ("train", "test")
+# What ImageFolder reads (torchvision.datasets.folder.IMG_EXTENSIONS; a test compares them).
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 ARGS_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -89,9 +93,9 @@ class ImageFolderError(ValueError, UserError):
 
 
 def _extensions() -> tuple[str, ...]:
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
-    return IMG_EXTENSIONS
+    """The extensions of the files ``ImageFolder`` reads (torchvision's ``IMG_EXTENSIONS``,
+    held here: ``prepare`` imports no torchvision, a few seconds of a re-prepare)."""
+    return EXTENSIONS
 
 
 def _root(args: dict[str, Any]) -> Path:
@@ -119,16 +123,19 @@ def _split_folders(root: Path) -> dict[str, Path] | None:
 
 
 def _classes(folder: Path) -> list[str]:
-    """The class folders of ``folder``, sorted, as ``ImageFolder`` finds them."""
-    from torchvision.datasets.folder import find_classes
-
+    """The class folders of ``folder``, sorted, as ``ImageFolder`` finds them (torchvision's
+    ``find_classes``: the entries that are folders, links to folders included)."""
     try:
-        return find_classes(folder)[0]
+        with os.scandir(folder) as entries:
+            names = sorted(entry.name for entry in entries if entry.is_dir())
     except FileNotFoundError:
+        names = []
+    if not names:
         raise ImageFolderError(
             f"{folder} holds no class folders: put each class's images in a folder named "
             f"after the class ({folder}/<class>/*.png)"
-        ) from None
+        )
+    return names
 
 
 def classes(args: dict[str, Any]) -> list[str]:
@@ -139,11 +146,16 @@ def classes(args: dict[str, Any]) -> list[str]:
 
 
 def _scan(folder: Path, names: list[str], root: Path) -> list[tuple[str, int]]:
-    """(path relative to root, class index) of every image, as ``ImageFolder`` lists them."""
-    from torchvision.datasets.folder import make_dataset
-
-    class_to_idx = {name: i for i, name in enumerate(names)}
-    samples = make_dataset(folder, class_to_idx, extensions=_extensions(), allow_empty=True)
+    """(path relative to root, class index) of every image, as ``ImageFolder`` lists them
+    (its ``make_dataset``: each class folder walked, links followed, sorted by folder then
+    name; an image by its extension), the paths made here as text (a million of them)."""
+    prefix = folder.relative_to(root).as_posix()
+    prefix, extensions, samples = ("" if prefix == "." else prefix + "/"), _extensions(), []
+    for c, name in enumerate(names):
+        top = os.path.join(folder, name)
+        for where, _, files in sorted(os.walk(top, followlinks=True)):
+            rel = prefix + name + where[len(top) :].replace(os.sep, "/")
+            samples += [(f"{rel}/{f}", c) for f in sorted(files) if f.lower().endswith(extensions)]
     counts = np.bincount([c for _, c in samples], minlength=len(names))
     empty = [names[i] for i in np.flatnonzero(counts == 0)]
     if empty:
@@ -152,7 +164,7 @@ def _scan(folder: Path, names: list[str], root: Path) -> list[tuple[str, int]]:
             + (f" (nor do {', '.join(empty[1:])})" if len(empty) > 1 else "")
             + f": add images ({', '.join(_extensions())}) or remove the folder"
         )
-    return [(Path(path).relative_to(root).as_posix(), c) for path, c in samples]
+    return samples
 
 
 def _discover(args: dict[str, Any]) -> tuple[list[str], list[tuple[str, int, str]]]:
@@ -202,30 +214,33 @@ def _digest(path: Path) -> str:
     return hashing.sha256(data)
 
 
-def _digests(root: Path, paths: list[str], cache: Path) -> tuple[list[str], int]:
-    """Every image's SHA-256 (in parallel: on a shared filesystem each is a round trip) and
-    how many were read: an image whose size and mtime are those the cache recorded keeps its
-    digest. The cache is rewritten with what was found."""
-    stats_path = cache / STATS
-    try:
-        known = json.loads(stats_path.read_text())
-    except (OSError, ValueError):
-        known = {}
+def _groups(images: list[tuple[str, int, str]], names: list[str],
+            split_layout: bool) -> list[tuple[str, list[str]]]:  # fmt: skip
+    """The images' paths by class folder (``cat``, or ``train/cat`` in the split layout), in
+    their order: the stat cache's groups."""
 
-    def stat(rel: str) -> list[int]:
-        st = (root / rel).stat()
-        return [st.st_size, st.st_mtime_ns]
+    def folder(image: tuple[str, int, str]) -> str:
+        path, c, _ = image
+        return f"{path.split('/', 1)[0]}/{names[c]}" if split_layout else names[c]
 
-    with ThreadPoolExecutor(32) as pool:
-        stats = list(pool.map(stat, paths))
-        fresh = [i for i, (rel, st) in enumerate(zip(paths, stats, strict=True))
-                 if known.get(rel, [None])[:2] != st]  # fmt: skip
-        read = dict(zip(fresh, pool.map(lambda i: _digest(root / paths[i]), fresh), strict=True))
-    digests = [read[i] if i in read else known[rel][2] for i, rel in enumerate(paths)]
-    found = {rel: [*st, d] for rel, st, d in zip(paths, stats, digests, strict=True)}
-    if found != known:
-        atomic.write_text(stats_path, json.dumps(found, separators=(",", ":")))
-    return digests, len(fresh)
+    return [(key, [path for path, _, _ in group]) for key, group in groupby(images, folder)]
+
+
+def _index_text(head: dict[str, Any], images: list[tuple[str, int, str]],
+                digests: list[str]) -> str:  # fmt: skip
+    """``json.dumps(index, indent=1) + "\n"`` of the index ``head`` with its ``images``, the
+    images written here: the same text, in a second for a million images where the encoder
+    (in Python when indenting) takes a minute."""
+    text = json.dumps({**head, "images": None}, indent=1)
+    assert text.endswith(' "images": null\n}') and images
+    quote = json.encoder.encode_basestring_ascii  # what json.dumps writes a text with
+    classes = [quote(name) for name in head["classes"]]
+    rows = [
+        f'  {{\n   "path": {quote(path)},\n   "class": {classes[c]},\n'
+        f'   "split": "{split}",\n   "sha256": "{digest}"\n  }}'
+        for (path, c, split), digest in zip(images, digests, strict=True)
+    ]
+    return text.removesuffix("null\n}") + "[\n" + ",\n".join(rows) + "\n ]\n}\n"
 
 
 def _decoder(root: Path, paths: list[str], args: dict[str, Any]) -> Any:
@@ -303,31 +318,36 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
     root = _root(args)
     names, images = _discover(args)
     cache = Path(data_dir) / manifest.CACHE
-    digests, read = _digests(root, [path for path, _, _ in images], cache)
-    index = {
+    (cache / OLD_STATS).unlink(missing_ok=True)
+    groups = _groups(images, names, _split_folders(root) is not None)
+    digests, read = file_digests.digests(root, groups, cache, _digest)
+    head = {
         "format": FORMAT,
         "classes": names,
         "split": _split_args(root, args),
         "counts": {s: sum(split == s for _, _, split in images) for s in SPLITS},
-        "pack": {"shape": _pack_shape(args)}
-        if args["pack"] else None,
-        "images": [{"path": path, "class": names[c], "split": split, "sha256": digest}
-                   for (path, c, split), digest in zip(images, digests, strict=True)],
-    }  # fmt: skip
-    text = json.dumps(index, indent=1) + "\n"
+        "pack": {"shape": _pack_shape(args)} if args["pack"] else None,
+    }
+    text = _index_text(head, images, digests)
     dest = Path(data_dir) / INDEX
+    unchanged = dest.is_file() and dest.read_text() == text
     decoded = 0
-    if args["pack"] and not (dest.is_file() and dest.read_text() == text and all(
+    if args["pack"] and not (unchanged and all(
         p.is_file() for s in SPLITS for p in packed.paths(Path(data_dir) / s)
     )):  # fmt: skip
-        decoded = _pack(Path(data_dir), root, index, args)
+        index = {**head, "images": [
+            {"path": path, "class": names[c], "split": split, "sha256": digest}
+            for (path, c, split), digest in zip(images, digests, strict=True)
+        ]}  # fmt: skip
+        decoded = _pack(Path(data_dir), root, index, args)  # removes the index meanwhile
+        unchanged = False
     if not args["pack"]:
         for split in SPLITS:
             for path in packed.paths(Path(data_dir) / split):
                 path.unlink(missing_ok=True)  # an earlier pack's: no data of this index
     log.info("%s: %d image(s), %d read (new or changed), %d decoded into packs",
              root, len(images), read, decoded)  # fmt: skip
-    if not (dest.is_file() and dest.read_text() == text):
+    if not unchanged:
         atomic.write_text(dest, text)
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +321,34 @@ def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> 
         f"{data} does not match its manifest.json: a.bin: missing; c.bin: changed since it was "
         f"prepared. Delete {data}/manifest.json and run the prepare_data rule again"
     )
+
+
+def test_a_rank_stats_the_files_prepared_long_ago_and_hashes_only_those_whose_mtime_moved(
+    tmp_path: Path,
+) -> None:
+    """A data folder larger than a node's disk must not be read by each rank before training:
+    a file older than 2 s when the manifest was written is checked by size and mtime; a file
+    written just before (its mtime could stay within one clock tick) is hashed every time."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("old.bin", "new.bin"):
+        (data / name).write_bytes(b"x" * 100)
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(data / "old.bin", ns=(hour_ago, hour_ago))
+    found = manifest.write(data, {"ref": "t"}, {})
+    assert found["files"]["old.bin"] == {"bytes": 100, "sha256": found["files"]["old.bin"][
+        "sha256"], "mtime_ns": hour_ago}  # fmt: skip
+    assert "mtime_ns" not in found["files"]["new.bin"]
+    for name in ("old.bin", "new.bin"):  # the same size, other bytes, the mtime put back
+        before = (data / name).stat().st_mtime_ns
+        (data / name).write_bytes(b"y" * 100)
+        os.utime(data / name, ns=(before, before))
+    # old.bin is not read (stat-ed as prepared); new.bin is, and differs
+    assert manifest.differences(data, found) == [("new.bin", "changed since it was prepared")]
+    (data / "old.bin").write_bytes(b"z" * 100)  # its mtime moves: read, and differs
+    assert manifest.differences(data, found) == [
+        ("new.bin", "changed since it was prepared"), ("old.bin", "changed since it was prepared"),
+    ]  # fmt: skip
 
 
 SLOW_TASK = """

@@ -8,6 +8,7 @@ config's identity: checkpoints of other data are never resumed.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ NAME = "manifest.json"
 # A folder of the data folder where a task's prepare keeps what speeds up its next run (e.g.
 # the files' stat cache): no data, in no manifest.
 CACHE = ".cache"
+# A file modified less than this before the manifest was written has no recorded mtime: it is
+# hashed at every check (git's "racily clean" entries), the others only when their mtime moved.
+RACY_NS = 2_000_000_000
 
 
 class ManifestError(RuntimeError, UserError):
@@ -33,10 +37,16 @@ def _files(data_dir: Path) -> list[Path]:
 
 
 def build(data_dir: Path, task: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
-    files = {
-        str(p.relative_to(data_dir)): {"bytes": p.stat().st_size, "sha256": hashing.file_sha256(p)}
-        for p in _files(data_dir)
-    }
+    """Every file's size and SHA-256, and its mtime where it is older than :data:`RACY_NS`
+    (a file changed within the same clock tick as its recorded mtime would keep it)."""
+    files = {}
+    for p in _files(data_dir):
+        stat = p.stat()
+        files[str(p.relative_to(data_dir))] = {
+            "bytes": stat.st_size, "sha256": hashing.file_sha256(p),
+            **({"mtime_ns": stat.st_mtime_ns}
+               if stat.st_mtime_ns < time.time_ns() - RACY_NS else {}),
+        }  # fmt: skip
     return {"task": task, "args": args, "files": files, "digest": digest(files)}
 
 
@@ -73,22 +83,29 @@ def differences(
     data_dir: Path, found: dict[str, Any], hashes: bool = True
 ) -> list[tuple[str, str]]:
     """The files of manifest ``found`` that ``data_dir`` does not hold as recorded, each as
-    ``(file, "missing" or "changed since it was prepared")``: its size, and with ``hashes``
-    its SHA-256, compared (the one check of a data folder, staged or not)."""
+    ``(file, "missing" or "changed since it was prepared")``: its size compared and, with
+    ``hashes``, its SHA-256 where its mtime is not the recorded one (the one check of a data
+    folder, staged or not: a data folder of shards larger than a node's disk is stat-ed by
+    each rank, not read)."""
     bad = []
     for rel, want in found["files"].items():
         path = Path(data_dir) / rel
-        if not path.is_file():
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
             bad.append((rel, "missing"))
-        elif path.stat().st_size != want["bytes"] or (
-            hashes and hashing.file_sha256(path) != want["sha256"]
-        ):
+            continue
+        if stat.st_size != want["bytes"] or (
+            hashes and stat.st_mtime_ns != want.get("mtime_ns")
+            and hashing.file_sha256(path) != want["sha256"]
+        ):  # fmt: skip
             bad.append((rel, "changed since it was prepared"))
     return bad
 
 
 def check(data_dir: Path) -> dict[str, Any]:
-    """The manifest, after checking every file's size and SHA-256; raise ManifestError."""
+    """The manifest, after checking every file's size and (its mtime moved) SHA-256; raise
+    ManifestError."""
     found = read(data_dir)
     if bad := differences(data_dir, found):
         raise ManifestError(

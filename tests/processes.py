@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 
@@ -41,3 +43,20 @@ def guarded_workers(workdir: Path, world_size: int) -> list[int] | None:
     """The workers once all ``world_size`` of them catch SIGUSR1 (their training loop runs)."""
     pids = worker_pids(workdir)
     return pids if len(pids) == world_size and all(map(catches_sigusr1, pids)) else None
+
+
+def start_guarded_launch(
+    args: list[str], run_dir: Path, world_size: int = 2, poll_s: float = 0.1
+) -> tuple[subprocess.Popen, Path]:
+    """`ddppipe launch ARGS` in the background (its output in ``run_dir/launch.log``),
+    returned once all ``world_size`` workers catch SIGUSR1 (looked for every ``poll_s``)."""
+    log = run_dir / "launch.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
+                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not guarded_workers(run_dir, world_size):
+        assert proc.poll() is None, f"launch exited {proc.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no training workers:\n{log.read_text()}"
+        time.sleep(poll_s)
+    return proc, log

@@ -169,27 +169,13 @@ def test_a_whole_model_checkpoint_of_a_run_started_before_is_resumed_from(
 STOPPING_TASK = '''\
 """The byte-level transformer; rank 0 stops itself at its STOP_AT_FORWARD-th training forward."""
 
-import os
-import signal
-
-import torch
-
 from ddppipe.tasks import charlm
 from ddppipe.tasks.charlm import ARGS_SCHEMA, datasets, loss, metrics, prepare  # noqa: F401
+from tests.stopping import stop_at_forward
 
 
 def model(args):
-    net = charlm.model(args)
-    forwards = [0]
-
-    def stop_at(module, inputs):
-        if module.training and torch.is_grad_enabled() and os.environ["RANK"] == "0":
-            forwards[0] += 1
-            if forwards[0] == int(os.environ.get("STOP_AT_FORWARD", "0")):
-                os.kill(os.getpid(), signal.SIGUSR1)
-
-    net.register_forward_pre_hook(stop_at)
-    return net
+    return stop_at_forward(charlm.model(args))
 '''
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from ddppipe.runstate import attempts, preemption
 from ddppipe.runstate.state import StateDir
-from tests.processes import guarded_workers
-from tests.test_train_ddp import cli_args, start_guarded_launch
+from tests.processes import start_guarded_launch, worker_pids
+from tests.test_train_ddp import cli_args
 from tests.tiny import TinyData, make_tiny, tiny_config
 
 
@@ -55,14 +55,8 @@ def test_a_signal_during_start_up_is_not_lost(tmp_path: Path) -> None:
     tiny = make_tiny(tmp_path / "tiny", n_train=1920)
     run_dir = tmp_path / "run"
     args = cli_args(long_config(tiny), tiny, run_dir)
-    log = run_dir / "launch.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
-                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (workers := guarded_workers(run_dir, 2)):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.02)
+    proc, log = start_guarded_launch(args, run_dir, poll_s=0.02)
+    workers = worker_pids(run_dir)
     assert "backend gloo" not in log.read_text()  # still starting up
     for pid in workers:
         os.kill(pid, signal.SIGUSR1)

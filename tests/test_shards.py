@@ -150,10 +150,8 @@ EXAMPLE = REPO / "examples" / "tasks" / "imageshards.py"
 # The example, with rank 0 stopping itself at its STOP_AT_FORWARD-th training forward.
 STOPPING = f"""\
 import importlib.util
-import os
-import signal
 
-import torch
+from tests.stopping import stop_at_forward
 
 spec = importlib.util.spec_from_file_location("imageshards", {str(EXAMPLE)!r})
 example = importlib.util.module_from_spec(spec)
@@ -163,16 +161,7 @@ prepare, datasets = example.prepare, example.datasets
 
 
 def model(args):
-    net, forwards = example.model(args), [0]
-
-    def stop_at(module, inputs):
-        if module.training and torch.is_grad_enabled() and os.environ["RANK"] == "0":
-            forwards[0] += 1
-            if forwards[0] == int(os.environ.get("STOP_AT_FORWARD", "0")):
-                os.kill(os.getpid(), signal.SIGUSR1)
-
-    net.register_forward_pre_hook(stop_at)
-    return net
+    return stop_at_forward(example.model(args))
 """
 
 

@@ -3,8 +3,6 @@
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
 from ddppipe.training import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
-from tests.processes import guarded_workers, worker_pids
+from tests.processes import start_guarded_launch, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
 
 
@@ -137,20 +135,6 @@ def test_plain_process_is_a_world_of_one(tiny: TinyData, tmp_path: Path) -> None
     assert "single: rank 0/1" in result.stderr
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["epochs"] == 1
     assert checkpoint.load(tmp_path / "final.pt")["meta"]["world_size"] == 1
-
-
-def start_guarded_launch(args: list[str], run_dir: Path) -> tuple[subprocess.Popen, Path]:
-    """`ddppipe launch` in the background, returned once both ranks' training loops run."""
-    log = run_dir / "launch.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
-                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not guarded_workers(run_dir, 2):
-        assert proc.poll() is None, f"launch exited {proc.returncode}:\n{log.read_text()}"
-        assert time.monotonic() < deadline, f"no training workers:\n{log.read_text()}"
-        time.sleep(0.1)
-    return proc, log
 
 
 @pytest.mark.slow  # 20 s on 2 cores

@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from ddppipe.runstate import attempts, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.training import tracking
 from tests.conftest import run_cli
-from tests.processes import guarded_workers
+from tests.processes import start_guarded_launch, worker_pids
 from tests.test_train_ddp import cli_args
 from tests.tiny import make_tiny, tiny_config
 
@@ -117,14 +116,8 @@ def test_a_run_stopped_and_continued_is_one_wandb_run(tmp_path: Path) -> None:
     cfg["tracking"] = {"tensorboard": False, "wandb": WANDB}
     run_dir = tmp_path / "run"
     args = cli_args(cfg, tiny, run_dir)
-    log = run_dir / "launch.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "launch", *args],
-                                cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (workers := guarded_workers(run_dir, 2)):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.02)
+    proc, log = start_guarded_launch(args, run_dir)
+    workers = worker_pids(run_dir)
     for pid in workers:
         os.kill(pid, signal.SIGUSR1)
     assert proc.wait(timeout=120) == preemption.EXIT_CODE, log.read_text()

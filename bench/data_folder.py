@@ -224,6 +224,16 @@ def files_figures(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return figures
 
 
+def measured_on() -> dict[str, str]:
+    """When (UTC) and on what CPU the figures were measured."""
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s*(.*)", lscpu)
+    return {
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{model[1] if model else platform.processor()}, {os.cpu_count()} CPUs",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="ddppipe-data-bench-"))
@@ -233,13 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = re.search(r"Model name:\s*(.*)", lscpu)
-    measured.update(
-        when=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        machine=f"{model[1] if model else platform.processor()}, {os.cpu_count()} CPUs",
-        quick=args.quick,
-    )
+    measured.update(**measured_on(), quick=args.quick)
     print(json.dumps(measured, indent=1))
     return 0
 

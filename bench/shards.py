@@ -26,14 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -238,12 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["exactly_once"] = exactly_once(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = re.search(r"Model name:\s*(.*)", lscpu)
-    figures.update(
-        when=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        machine=f"{model[1] if model else '?'}, {os.cpu_count()} CPUs",
-    )
+    figures.update(folder_bench.measured_on())
     print(json.dumps(figures, indent=1))
     return 0
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from ddppipe.launching import resolve
-from ddppipe.reproduce import checks, compare, verdict
+from ddppipe.reproduce import checks, compare, source, verdict
 from ddppipe.settings import config
 from ddppipe.training import determinism
 from tests.conftest import run_cli
@@ -217,3 +217,22 @@ def test_deterministic_mode_keeps_the_default_identity_and_names_a_refused_op() 
                                  "has no deterministic kernel on this device")  # fmt: skip
     other = ValueError("no")
     assert determinism.explained(other) is other
+
+
+def test_an_epoch_resumed_inside_compares_all_but_its_train_loss(tmp_path: Path) -> None:
+    """A slot that resumed at step 10 of epoch 1 (100 steps an epoch) averaged its loss over
+    steps 11-100 only: epoch 1's train_loss is not compared, its test loss is."""
+    attempts = [{"world_size": 2, "start_step": 0, "end_step": 10},
+                {"world_size": 2, "start_step": 10, "end_step": 200}]  # fmt: skip
+    record = {"epochs": 2, "attempts": attempts, "train_config": {}}
+    run = source.Recorded(tmp_path, record, None, [], None, tmp_path / "model.pt")
+    assert (run.steps_per_epoch, run.split_epochs) == (100, {1})
+    slots = [{"epoch": 1, "train_loss": 1.33, "test_loss": 1.26},
+             {"epoch": 2, "train_loss": 0.66, "test_loss": 0.18}]  # fmt: skip
+    again = [{**slots[0], "train_loss": 1.37}, slots[1]]
+    assert compare.epochs(slots, again, run.split_epochs) is None
+    assert compare.epochs(slots, again) == compare.EpochDiff(1, "train_loss", 1.33, 1.37)
+    later = [again[0], {**slots[1], "test_loss": 0.19}]
+    assert compare.epochs(slots, later, run.split_epochs) == compare.EpochDiff(
+        2, "test_loss", 0.18, 0.19
+    )

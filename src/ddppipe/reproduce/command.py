@@ -43,13 +43,6 @@ def run_checks(run: source.Recorded, data: Path) -> list[checks.Finding]:
     ]
 
 
-def steps_per_epoch(run: source.Recorded) -> int | None:
-    """Optimizer steps an epoch, from the last slot's end step and the epochs trained."""
-    epochs = run.provenance.get("epochs")
-    end = run.attempts[-1].get("end_step") if run.attempts else None
-    return end // epochs if end and epochs else None
-
-
 def reproduce(path: Path, data: Path | None = None) -> int:
     """Check the run at ``path``, train it again, compare; print the findings and the verdict."""
     run = source.find(path)
@@ -68,9 +61,14 @@ def reproduce(path: Path, data: Path | None = None) -> int:
     rerun.train(cfg, data_dir, root, plan.workdir(run))
     again = source.find(root)
     found = compare.compare(run, again)
+    if run.split_epochs:
+        print(
+            f"  epochs   {', '.join(map(str, sorted(run.split_epochs)))}: resumed inside, the "
+            "run's train_loss covers the steps after the resume only (not compared)"
+        )
     for tensor in found.tensors:
         print(f"  weights  {tensor.name}: largest difference {tensor.largest:.3g}")
     if not found.tensors:
         print(f"  weights  bitwise identical ({again.weights})")
-    print(verdict.line(found, causes.of(run, again, findings), steps_per_epoch(run)))
+    print(verdict.line(found, causes.of(run, again, findings), run.steps_per_epoch))
     return IDENTICAL if found.identical else DIFFERS

@@ -4,9 +4,12 @@ difference), per-epoch losses and metrics, the final evaluation."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddppipe.reproduce.source import Recorded
 
 # Metrics lines' values that measure the machine, not the training.
 TIMING = frozenset({"images_per_s", "epoch_seconds", "train_seconds", "time", "world_size"})
@@ -64,14 +67,19 @@ def _keys(line: dict[str, Any]) -> list[str]:
     return sorted(numbers, key=lambda k: (k != "train_loss", k))
 
 
-def epochs(run: list[dict[str, Any]], again: list[dict[str, Any]]) -> EpochDiff | None:
-    """The first epoch (1 = the first) where a loss or metric differs, or one side ends."""
+def epochs(
+    run: list[dict[str, Any]], again: list[dict[str, Any]], split: Collection[int] = ()
+) -> EpochDiff | None:
+    """The first epoch (1 = the first) where a loss or metric differs, or one side ends; the
+    ``split`` epochs' train_loss (a slot resumed inside them) is not compared."""
     for i in range(max(len(run), len(again))):
         if i >= len(run) or i >= len(again):
             have = run[i] if i < len(run) else again[i]
             return EpochDiff(i + 1, "epochs", None if i >= len(run) else have.get("train_loss"),
                              None if i >= len(again) else have.get("train_loss"))  # fmt: skip
         for key in _keys(run[i]):
+            if key == "train_loss" and i + 1 in split:
+                continue
             if run[i][key] != again[i].get(key):
                 return EpochDiff(i + 1, key, run[i][key], again[i].get(key))
     return None
@@ -85,10 +93,10 @@ def evaluation(run: dict[str, Any] | None, again: dict[str, Any] | None) -> list
     return sorted(k for k in set(run) | set(again) if k not in skip and run.get(k) != again.get(k))
 
 
-def compare(run: Any, again: Any) -> Comparison:
-    """Two :class:`~ddppipe.reproduce.source.Recorded` runs: the run and its reproduction."""
+def compare(run: Recorded, again: Recorded) -> Comparison:
+    """The run and its reproduction."""
     return Comparison(
         weights(run.weights, again.weights),
-        epochs(run.metrics, again.metrics),
+        epochs(run.metrics, again.metrics, run.split_epochs),
         evaluation(run.evaluation, again.evaluation),
     )

@@ -34,6 +34,21 @@ class Recorded:
         return self.provenance.get("attempts") or []
 
     @property
+    def steps_per_epoch(self) -> int | None:
+        """Optimizer steps an epoch: the last slot's end step over the epochs trained."""
+        epochs = self.provenance.get("epochs")
+        end = self.attempts[-1].get("end_step") if self.attempts else None
+        return end // epochs if end and epochs else None
+
+    @property
+    def split_epochs(self) -> set[int]:
+        """The epochs (1 = the first) a slot resumed inside of: their ``train_loss`` is the
+        mean over the steps after the resume only, not the whole epoch's."""
+        steps = self.steps_per_epoch
+        starts = [a.get("start_step") or 0 for a in self.attempts]
+        return {s // steps + 1 for s in starts if steps and s % steps} if steps else set()
+
+    @property
     def first_world_size(self) -> int:
         """The world size the run started at (its first slot's; else its record's)."""
         if self.attempts:

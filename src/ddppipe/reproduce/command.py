@@ -1,7 +1,8 @@
 """``ddppipe reproduce PATH``: check, train again in a new run folder, compare, one verdict.
 
 Exit status: 0 identical, 1 differs, 2 refused before training (a check that would make it
-another run: the data changed).
+another run: the data changed); the command's errors (no record, no data, a failed training)
+exit 2 too.
 """
 
 from __future__ import annotations

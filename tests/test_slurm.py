@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from ddppipe.slurm import scontrol
+from tests.conftest import run_cli
 from tests.processes import worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
@@ -475,12 +476,20 @@ def test_time_limit_slots_on_two_nodes(
     slurm_cluster: SlurmCluster, slot_data: TinyData, tmp_path: Path
 ) -> None:
     """The example task file (paced) on cn[07-08], in the partition `train` (not the default),
-    across at least 2 time limits."""
+    across at least 2 time limits; then `ddppipe reproduce` trains it again here in one go (2
+    ranks on this machine) from its record: identical."""
 
     def make_config(runtime: int) -> dict:
         return slot_config(slot_data, slurm_cluster, 2, runtime)
 
-    _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 2)
+    _time_limit_slots(slurm_cluster, tmp_path, make_config, TASK_EPOCHS * TASK_STEPS, 2,
+                      "results/tiny/export/provenance.json")  # fmt: skip
+    started = time.monotonic()
+    result = run_cli("reproduce", "results/tiny", cwd=tmp_path / "slots", check=False)
+    print(f"reproduced in {time.monotonic() - started:.0f}s:\n{result.stdout}")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "identical", result.stdout
+    assert "training the reproduction in results/tiny-reproduced-1" in result.stdout
 
 
 def test_killed_worker_resumes_from_last_checkpoint(

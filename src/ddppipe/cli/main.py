@@ -72,7 +72,7 @@ def _call(command: Command, args: argparse.Namespace) -> int:
 COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "preflight",
                   "pack-trial", "pack-worker",
                   "preflight-node", "preflight-allreduce", "build-image", "build-task-image",
-                  "selfcheck"})  # fmt: skip
+                  "selfcheck", "reproduce"})  # fmt: skip
 
 
 # The commands of the rules that run beside a training, holding no core of their own (`threads:

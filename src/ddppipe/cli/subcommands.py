@@ -401,6 +401,13 @@ COMMANDS: tuple[Command, ...] = (
         arg("--html", type=Path, help="write it as an HTML fragment here (the report's)"),
     ),
     command(
+        "reproduce",
+        "train a finished run again from its record; say whether it came out the same",
+        "ddppipe.cli.commands.reproduce:reproduce",
+        arg("path", type=Path, help="a run folder, its export/provenance.json or model.pt"),
+        arg("--data", type=Path, help="the prepared data (default: found under resources/)"),
+    ),
+    command(
         "selfcheck",
         "print versions and run a one-process DDP smoke test",
         "ddppipe.cli.commands.training:selfcheck",

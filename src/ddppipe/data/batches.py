@@ -116,10 +116,13 @@ class ShardedBatches:
 class Feed:
     """One rank's view of a dataset: batches of an epoch (training) or its shard (evaluation)."""
 
-    def __init__(self, dataset: Any, device: torch.device, workers: int) -> None:
+    def __init__(
+        self, dataset: Any, device: torch.device, workers: int, seeded: bool = False
+    ) -> None:
         self.in_memory = in_memory(dataset)
         self.dataset = dataset.to(device) if self.in_memory else dataset
         self.device, self.workers = device, workers
+        self.seeded = seeded  # workers seeded from the run's seed (train.deterministic)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -153,15 +156,16 @@ class Feed:
             return
         order = epoch_order(self.dataset, seed, epoch)
         sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
+        seeding = _worker_seeding(seed, epoch, rank) if self.seeded and self.workers else {}
         sizes = (
             sharding.global_batch(order, step, global_batch).numel()
             for step in range(start_step, sampler.steps)
         )
         if shards.is_sharded(self.dataset):  # a worker's share of a window read at once
             share = self.dataset.window // (world_size * max(self.workers, 1))
-            loader = self._loader(shards.Stream(self.dataset, list(sampler), share))
+            loader = self._loader(shards.Stream(self.dataset, list(sampler), share), **seeding)
         else:
-            loader = self._loader(self.dataset, batch_sampler=sampler)
+            loader = self._loader(self.dataset, batch_sampler=sampler, **seeding)
         for batch, size in zip(loader, sizes, strict=True):
             yield self._to_device(batch), size
 
@@ -182,3 +186,21 @@ class Feed:
             loader = self._loader(Subset(self.dataset, range(lo, hi)), batch_size=batch_size)
         for batch in loader:
             yield self._to_device(batch)
+
+
+def _worker_seeding(seed: int, epoch: int, rank: int) -> dict[str, Any]:
+    """A DataLoader's arguments that seed its workers the same in every run: the generator its
+    workers' torch seeds come from, and ``random``'s and NumPy's from those."""
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 4099 + rank)
+    return {"generator": generator, "worker_init_fn": _seed_worker}
+
+
+def _seed_worker(worker_id: int) -> None:
+    """(In a DataLoader worker) ``random`` and NumPy seeded from torch's seed of the worker."""
+    import random
+
+    import numpy
+
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    numpy.random.seed(seed)

@@ -324,6 +324,8 @@ def train_hash(cfg: dict[str, Any], data_digest: str) -> str:
     ``data_digest``: the data manifest's (:mod:`ddppipe.data.manifest`).
     """
     keyed = {k: cfg["train"][k] for k in HASHED_TRAIN_KEYS}
+    if cfg["train"].get("deterministic"):  # other kernels: only then (existing hashes kept)
+        keyed["deterministic"] = True
     keyed["data"] = data_digest
     keyed["task"] = (cfg["task_source"] or {}).get("sha256")
     keyed["task_args"] = cfg["task_args"]

@@ -42,6 +42,7 @@ class Train:
     checkpoint_every: int
     keep_checkpoints: int
     activation_checkpointing: bool = False  # recompute the blocks' activations (parallel.fsdp)
+    deterministic: bool = False  # deterministic kernels (ddppipe.training.determinism)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from ddppipe.training import (
     agreement,
     allowances,
     checkpoint,
+    determinism,
     efficiency,
     evaluate,
     files,
@@ -127,6 +128,7 @@ class Trainer:
             self.train_data, self.test_data = (batches.Feed(
                 part, ctx.device, batches.loader_workers(
                     spec.launch.loader_workers, part, cpus, ctx.local_world_size, threads),
+                seeded=self.recipe.deterministic,
             ) for part in (train_set, test_set))  # fmt: skip
         if len(self.test_data) < ctx.world_size:
             raise tasks.TaskError(
@@ -145,6 +147,8 @@ class Trainer:
         self.model = model
         if cuda:
             devices.speed_up_cuda()
+        if recipe.deterministic:  # (after speed_up_cuda: no cuDNN benchmark)
+            determinism.enable()
         self.loss_fn = evaluate.training_loss(self.task, recipe.label_smoothing)
         self.strategy = strategy.of(self.spec.launch)
         if ctx.is_main:  # on the whole model: before FSDP shards it (its forward is collective)
@@ -431,6 +435,8 @@ class Trainer:
 def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -> None:
     """Join the process group and train; every launched process calls this."""
     heap.keep_freed_memory()
+    if spec.train.deterministic:  # before CUDA starts: cuBLAS reads its workspace setting
+        determinism.enable()
     # (above every allowance of the hang watchdog: it names a hang before torch aborts it)
     ctx = distributed.setup(
         spec.device, allowances.collective_timeout_s(spec.launch.hang_timeout_s)
@@ -438,7 +444,10 @@ def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -
     try:
         Trainer(spec, paths, ctx).run(guard)
     except BaseException as e:
-        failures.record(e)  # first: its time orders it before the others' follow-on errors
+        error = determinism.explained(e)  # an op without a deterministic kernel, named
+        failures.record(error)  # first: its time orders it before the others' follow-on errors
         distributed.teardown(synchronize=False)  # the others may never get to a barrier
+        if error is not e:
+            raise error from e
         raise
     distributed.teardown()

@@ -1,0 +1,145 @@
+"""What ``ddppipe reproduce`` checks before it trains: the code, the data, the task, the
+packages, the image and the device, each against the run's record.
+
+A finding is ``ok``, ``differs`` (training goes on; the verdict may name it as the cause),
+``unknown`` (nothing recorded to check against) or ``refuse`` (training would not be the
+same run: nothing trains).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ddppipe.apptainer import identity
+from ddppipe.core import hashing
+
+Status = Literal["ok", "differs", "unknown", "refuse"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's outcome: what it checked, its status and a line saying what it found."""
+
+    check: str  # git | data | task | packages | image | device | config
+    status: Status
+    text: str
+
+    def line(self) -> str:
+        return f"{self.check:9} {self.status:8} {self.text}"
+
+
+def _git(*args: str, cwd: Path | None) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def git(recorded: dict[str, Any], cwd: Path | None = None) -> Finding:
+    """The recorded commit is in this repository, and this tree matches it (or what differs)."""
+    commit = (recorded or {}).get("commit")
+    if not commit:
+        return Finding("git", "unknown", "the run recorded no git commit (not trained in git)")
+    if _git("cat-file", "-e", f"{commit}^{{commit}}", cwd=cwd).returncode != 0:
+        return Finding("git", "differs", f"commit {commit[:12]} is not in this repository "
+                       f"(fetch it, then `git checkout {commit[:12]}`)")  # fmt: skip
+    changed = _git("diff", "--name-only", commit, "--", cwd=cwd).stdout.split()
+    dirty = " (its tree was dirty: uncommitted changes are not in the record)"
+    note = dirty if recorded.get("dirty") else ""
+    if not changed:
+        status: Status = "differs" if note else "ok"
+        return Finding("git", status, f"this tree is commit {commit[:12]}'s{note}")
+    named = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return Finding("git", "differs", f"this tree differs from commit {commit[:12]} in {named}"
+                   f"{note}")  # fmt: skip
+
+
+def data(recorded: dict[str, str], data_dir: Path) -> Finding:
+    """Every data file the run trained on, here with the SHA-256 it had (hashed now)."""
+    changed, missing = [], []
+    for rel, want in sorted(recorded.items()):
+        path = data_dir / rel
+        if not path.is_file():
+            missing.append(rel)
+        elif hashing.file_sha256(path) != want:
+            changed.append(rel)
+    if not changed and not missing:
+        return Finding("data", "ok", f"{len(recorded)} files in {data_dir}, SHA-256 as recorded")
+    what = [
+        f"{data_dir / rel} changed since the run trained on it (SHA-256 {recorded[rel][:12]} "
+        "recorded)"
+        for rel in changed
+    ]
+    what += [f"{data_dir / rel} missing" for rel in missing]
+    return Finding("data", "refuse", "; ".join(what) + ": nothing trained. Restore the run's "
+                   "files (their SHA-256 are its provenance's data_sha256), or give their folder "
+                   "with --data; then run ddppipe reproduce again")  # fmt: skip
+
+
+def task(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> Finding:
+    """The task file's SHA-256 now (the resolved config's task_source) against the record's."""
+    want, have = (recorded or {}).get("sha256"), (current or {}).get("sha256")
+    name = (recorded or {}).get("ref") or (recorded or {}).get("path") or "the task"
+    if want is None:
+        return Finding("task", "unknown", "the run recorded no task hash")
+    if want == have:
+        return Finding("task", "ok", f"{name}: SHA-256 {want[:12]} as recorded")
+    return Finding("task", "differs", f"{name}: SHA-256 {str(have)[:12]} here, "
+                   f"{want[:12]} recorded (the task file was edited)")  # fmt: skip
+
+
+def packages(recorded: dict[str, str] | None, current: dict[str, str]) -> Finding:
+    """The installed distributions against the recorded ones (versions, added, removed)."""
+    if not recorded:
+        return Finding("packages", "unknown", "the run recorded no package list")
+    keys = sorted(set(recorded) | set(current))
+    diff = [f"{k} {recorded.get(k, 'absent')} -> {current.get(k, 'absent')}"
+            for k in keys if recorded.get(k) != current.get(k)]  # fmt: skip
+    if not diff:
+        return Finding("packages", "ok", f"{len(recorded)} distributions as recorded")
+    shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
+    return Finding("packages", "differs", f"recorded -> installed: {shown}")
+
+
+def image(recorded: dict[str, Any] | None) -> Finding:
+    """The run's container image: here, with the SHA-256 it had."""
+    if not recorded:
+        return Finding("image", "ok", "the run used no container image")
+    path = Path(recorded["path"])
+    if not path.is_file():
+        return Finding("image", "differs", f"{path} (SHA-256 {recorded['sha256'][:12]}) is "
+                       "not here: build it from its recipe, or copy it")  # fmt: skip
+    found = identity.sha256(path)
+    if found != recorded["sha256"]:
+        return Finding("image", "differs", f"{path}: SHA-256 {found[:12]}, the run's "
+                       f"{recorded['sha256'][:12]} (rebuilt since)")  # fmt: skip
+    return Finding("image", "ok", f"{path}: SHA-256 {found[:12]} as recorded")
+
+
+def device(training: dict[str, Any], cpu: str | None, here: tuple[str, str, str]) -> Finding:
+    """The device kind and model (and the CPU model) the run trained on against this machine's
+    (``here``: kind, model, CPU model)."""
+    kind, name = training.get("device"), training.get("device_name")
+    was = f"{kind} ({name}, CPU {cpu})"
+    now = f"{here[0]} ({here[1]}, CPU {here[2]})"
+    if (kind, name) == here[:2] and cpu in (None, here[2]):
+        return Finding("device", "ok", f"{now}, as the run")
+    return Finding("device", "differs", f"the run trained on {was}, this machine on {now}")
+
+
+def config(provenance_train: dict[str, Any], written: dict[str, Any] | None) -> Finding:
+    """The provenance's train config against the run's own config.yaml (what its ranks read)."""
+    if written is None:
+        return Finding("config", "unknown", "no config.yaml beside the record: its train "
+                       "config is trained as recorded")  # fmt: skip
+    diff = differing(written.get("train", {}), provenance_train, "train.")
+    if not diff:
+        return Finding("config", "ok", "the record's train config is the run's config.yaml's")
+    return Finding("config", "differs", "the record's train config is not the run's "
+                   f"config.yaml's: {'; '.join(diff)} (config.yaml vs record; the record's "
+                   "trains)")  # fmt: skip
+
+
+def differing(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key a vs b`` for each key whose values differ (a key absent on one side: skipped)."""
+    return [f"{prefix}{k} {a[k]!r} vs {b[k]!r}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]

@@ -1,0 +1,265 @@
+"""`ddppipe reproduce`: a finished run trained again from its record, compared, one verdict.
+
+One finished run (tiny data, 2 epochs, 2 ranks: what the launch and export rules leave) in a
+scratch working directory; each test reproduces it, or a copy of it changed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+import torch
+import yaml
+
+from ddppipe.data import batches
+from ddppipe.launching import resolve
+from ddppipe.reproduce import checks, compare, source, verdict
+from ddppipe.settings import config
+from ddppipe.training import determinism
+from tests.conftest import run_cli
+from tests.tiny import REPO, TinyData, tiny_config
+
+STEPS_PER_EPOCH = 8  # 256 tiny training images, batches of 32
+# The fast preset's learning rate on CPUs, which the tiny config keeps.
+PRESET_LR = 0.006
+
+
+def train_and_export(workdir: Path, cfg: dict[str, Any] | None, run: str) -> Path:
+    """`ddppipe launch` then `ddppipe export` of results/<run> (its config.yaml written from
+    ``cfg`` unless None: already there), as the train and export rules run them."""
+    root, data = workdir / "results" / run, workdir / "resources" / "mnist"
+    if cfg is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        with contextlib.chdir(workdir):  # (the task check's record: resources/task-checks/)
+            resolve.write_resolved(cfg, root / "config.yaml", gpus=False)
+    files = {name: root / "train" / name for name in
+             ("final.pt", "metrics.jsonl", "attempts.json", "model.pt", "final.json")}  # fmt: skip
+    run_cli("launch", f"--config={root / 'config.yaml'}", f"--data={data}",
+            f"--state={root / 'state'}", f"--checkpoint={files['final.pt']}",
+            f"--metrics={files['metrics.jsonl']}", f"--attempts={files['attempts.json']}",
+            cwd=workdir)  # fmt: skip
+    run_cli("export", f"--result={files['model.pt']}", f"--record={files['final.json']}",
+            f"--config={root / 'config.yaml'}", f"--data={data}",
+            f"--out={root / 'export/model.pt'}", f"--provenance={root / 'export/provenance.json'}",
+            f"--attempts={files['attempts.json']}", cwd=workdir)  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def finished(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working directory with resources/mnist and the finished run results/mnist."""
+    workdir = tmp_path_factory.mktemp("reproduce")
+    shutil.copytree(tiny.data_dir, workdir / "resources" / "mnist")
+    cfg = tiny_config(tiny, epochs=2)
+    cfg["run"] = "mnist"
+    train_and_export(workdir, cfg, "mnist")
+    return workdir
+
+
+def copied(finished: Path, to: Path) -> Path:
+    """A copy of the working directory, to change (the run's state and reproductions left out)."""
+    skipped = shutil.ignore_patterns("state", "tensorboard", "*-reproduced-*")
+    shutil.copytree(finished, to, ignore=skipped)
+    return to
+
+
+def reproduce(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_cli("reproduce", *args, cwd=workdir, check=False)
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+def readme_command() -> list[str]:
+    """The README's `ddppipe reproduce` line, as typed (its arguments)."""
+    readme = (REPO / "README.md").read_text()
+    (line,) = re.findall(r"^\.venv/bin/ddppipe reproduce [^#\n]+", readme, re.M)
+    return shlex.split(line)[1:]
+
+
+def test_a_finished_run_reproduces_identical(finished: Path) -> None:
+    """The README's command on the default recipe on CPUs: the same bytes, `identical`."""
+    args = readme_command()
+    assert args == ["reproduce", "results/mnist"]
+    result = run_cli(*args, cwd=finished, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_line(result) == "identical"
+    assert "training the reproduction in results/mnist-reproduced-1" in result.stdout
+    lines = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:8]}
+    assert lines == {"git": "unknown", "data": "ok", "task": "ok", "config": "ok",
+                     "packages": "ok", "image": "ok", "device": "ok"}  # fmt: skip
+    again = finished / "results" / "mnist-reproduced-1"
+    digests = {hashlib.sha256((root / "export" / "model.pt").read_bytes()).hexdigest()
+               for root in (finished / "results" / "mnist", again)}  # fmt: skip
+    assert len(digests) == 1  # byte-identical model.pt
+    assert json.loads((again / "export" / "provenance.json").read_text())["epochs"] == 2
+
+
+def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path: Path) -> None:
+    workdir = copied(finished, tmp_path / "changed")
+    labels = workdir / "resources" / "mnist" / "train-labels-idx1-ubyte"
+    content = bytearray(labels.read_bytes())
+    content[-1] = (content[-1] + 1) % 10  # one label of another class
+    labels.write_bytes(bytes(content))
+    result = reproduce(workdir, "results/mnist/export/provenance.json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "refused before training: resources/mnist/train-labels-idx1-ubyte changed since the " \
+        "run trained on it" in result.stderr  # fmt: skip
+    assert "training the reproduction" not in result.stdout
+    assert not (workdir / "results" / "mnist-reproduced-1").exists()
+
+
+def test_another_learning_rate_in_the_record_differs_from_epoch_1(
+    finished: Path, tmp_path: Path
+) -> None:
+    """The record says the run trained at lr 0.02; its config.yaml and its numbers, at 0.006."""
+    workdir = copied(finished, tmp_path / "other-lr")
+    path = workdir / "results" / "mnist" / "export" / "provenance.json"
+    record = json.loads(path.read_text())
+    record["train_config"]["lr"] = 0.02
+    path.write_text(json.dumps(record))
+    result = reproduce(workdir, "results/mnist/export/model.pt")
+    assert result.returncode == 1, result.stdout + result.stderr
+    epoch_1 = json.loads((path.parents[1] / "train" / "metrics.jsonl").read_text().split("\n")[0])
+    found = re.fullmatch(r"differs from epoch 1, step 8: loss (\S+) vs (\S+); cause: (.*)",
+                         last_line(result))  # fmt: skip
+    assert found, last_line(result)
+    assert float(found[1]) == pytest.approx(epoch_1["train_loss"], rel=1e-5)
+    assert float(found[2]) != pytest.approx(epoch_1["train_loss"], rel=1e-3)
+    assert found[3] == "a changed config value: train.lr 0.006 vs 0.02 (config.yaml vs record)"
+
+
+def test_a_run_continued_at_another_world_size(finished: Path, tmp_path: Path) -> None:
+    """Epoch 1 on 2 ranks (its checkpoint and slot from the finished run), epoch 2 on 1:
+    reproduced in one go on 2 ranks, epoch 1 agrees, epoch 2 differs, the cause named."""
+    workdir = copied(finished, tmp_path / "continued")
+    source, root = finished / "results" / "mnist", workdir / "results" / "continued"
+    checkpoint = "ckpt-e0001-s000000"
+    shutil.copytree(source / "state" / "checkpoints" / checkpoint,
+                    root / "state" / "checkpoints" / checkpoint)  # fmt: skip
+    (first,) = json.loads((source / "train" / "attempts.json").read_text())
+    first.update(outcome="time limit", end_step=STEPS_PER_EPOCH, checkpoint=checkpoint)
+    (root / "state" / "attempts.json").write_text(json.dumps([first]))
+    cfg = yaml.safe_load((source / "config.yaml").read_text())
+    cfg["run"], cfg["launch"]["nproc_per_node"] = "continued", 1
+    config.write(cfg, root / "config.yaml")
+    train_and_export(workdir, None, "continued")
+    history = json.loads((root / "train" / "attempts.json").read_text())
+    assert [(a["world_size"], a["start_step"]) for a in history] == [(2, 0), (1, 8)]
+
+    result = reproduce(workdir, "results/continued")
+    metrics = workdir / "results" / "continued-reproduced-1" / "train" / "metrics.jsonl"
+    again = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [m["world_size"] for m in again] == [2, 2]
+    # BatchNorm's statistics of 16 images a rank against 32 from epoch 2: never the same
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.fullmatch(
+        r"differs from epoch 2, step 16: loss \S+ vs \S+; cause: the run changed world size "
+        r"\(2 -> 1 ranks at step 8\): each rank's share of the batch \(its BatchNorm "
+        r"statistics\) and the all-reduce's order changed there", last_line(result),
+    ), result.stdout  # fmt: skip
+
+
+def test_the_git_check_names_what_differs_from_the_recorded_commit(tmp_path: Path) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "train.py").write_text("lr = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    commit = git("rev-parse", "HEAD")
+    same = checks.git({"commit": commit, "dirty": False}, tmp_path)
+    assert (same.status, same.text) == ("ok", f"this tree is commit {commit[:12]}'s")
+    (tmp_path / "train.py").write_text("lr = 2\n")
+    edited = checks.git({"commit": commit, "dirty": False}, tmp_path)
+    assert edited.text == f"this tree differs from commit {commit[:12]} in train.py"
+    gone = checks.git({"commit": "0" * 40, "dirty": False}, tmp_path)
+    assert gone.text == "commit 000000000000 is not in this repository (fetch it, then " \
+        "`git checkout 000000000000`)"  # fmt: skip
+
+
+def test_the_verdict_of_weights_that_differ_only_at_the_end() -> None:
+    found = compare.Comparison([compare.TensorDiff("fc.weight", 2.5e-7)], None, [])
+    line = verdict.line(found, ["non-deterministic kernels (a GPU run without "
+                                "train.deterministic: true)"], 8)  # fmt: skip
+    assert line == ("differs in the final weights only: 1 tensors, largest difference 2.5e-07 "
+                    "in fc.weight; cause: non-deterministic kernels (a GPU run without "
+                    "train.deterministic: true)")  # fmt: skip
+
+
+def test_deterministic_mode_keeps_the_default_identity_and_names_a_refused_op() -> None:
+    """`train.deterministic: false` (the default) leaves every existing config hash as it was;
+    true is another identity. An op torch refuses is named."""
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    default = config.resolve(cfg, gpus=False)
+    assert default["train"]["deterministic"] is False
+    assert config.train_hash(default, "0123456789abcdef") == "baded4cb49bf758a"  # as before
+    cfg["train"]["deterministic"] = True
+    assert config.train_hash(config.resolve(cfg, gpus=False), "0123456789abcdef") == \
+        "f2fde597b231fd6b"  # fmt: skip
+    refused = RuntimeError(
+        "adaptive_max_pool2d_backward_cuda does not have a deterministic implementation, but "
+        "you set 'torch.use_deterministic_algorithms(True)'."
+    )
+    error = determinism.explained(refused)
+    assert isinstance(error, determinism.NoDeterministicKernel)
+    assert str(error).startswith("train.deterministic: the op adaptive_max_pool2d_backward_cuda "
+                                 "has no deterministic kernel on this device")  # fmt: skip
+    other = ValueError("no")
+    assert determinism.explained(other) is other
+
+
+def test_an_epoch_resumed_inside_compares_all_but_its_train_loss(tmp_path: Path) -> None:
+    """A slot that resumed at step 10 of epoch 1 (100 steps an epoch) averaged its loss over
+    steps 11-100 only: epoch 1's train_loss is not compared, its test loss is."""
+    attempts = [{"world_size": 2, "start_step": 0, "end_step": 10},
+                {"world_size": 2, "start_step": 10, "end_step": 200}]  # fmt: skip
+    record = {"epochs": 2, "attempts": attempts, "train_config": {}}
+    run = source.Recorded(tmp_path, record, None, [], None, tmp_path / "model.pt")
+    assert (run.steps_per_epoch, run.split_epochs) == (100, {1})
+    slots = [{"epoch": 1, "train_loss": 1.33, "test_loss": 1.26},
+             {"epoch": 2, "train_loss": 0.66, "test_loss": 0.18}]  # fmt: skip
+    again = [{**slots[0], "train_loss": 1.37}, slots[1]]
+    assert compare.epochs(slots, again, run.split_epochs) is None
+    assert compare.epochs(slots, again) == compare.EpochDiff(1, "train_loss", 1.33, 1.37)
+    later = [again[0], {**slots[1], "test_loss": 0.19}]
+    assert compare.epochs(slots, later, run.split_epochs) == compare.EpochDiff(
+        2, "test_loss", 0.18, 0.19
+    )
+
+
+class RandomItems(torch.utils.data.Dataset):
+    """Items drawn in the DataLoader's worker: a random transform's streams."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([torch.rand(()).item(), random.random(), numpy.random.rand()]), index
+
+
+def test_deterministic_mode_seeds_the_loader_workers() -> None:
+    """`train.deterministic`: a worker's torch, random and NumPy draws are the same in every
+    run (of the same seed, epoch and rank); without it, torch's differ."""
+
+    def drawn(seeded: bool, seed: int = 0) -> torch.Tensor:
+        feed = batches.Feed(RandomItems(), torch.device("cpu"), workers=1, seeded=seeded)
+        return torch.cat([x for (x, _), _ in feed.epoch(seed, 0, 4, 0, 1, 0)])
+
+    assert torch.equal(drawn(True), drawn(True))
+    assert not torch.equal(drawn(True), drawn(True, seed=1))
+    assert not torch.equal(drawn(False)[:, 0], drawn(False)[:, 0])

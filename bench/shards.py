@@ -3,14 +3,14 @@ guarantee across world sizes and DataLoader worker counts.
 
 Writes MNIST as PNG files (``train/<class>/``, ``test/<class>/``: bench/data_folder.py's
 writer), then with a task written here (the images' PNG bytes, class and index in shards of
-``examples/tasks/imageshards.py``'s layout; ``imagefolder``'s CNN, grey 28x28, the fast
+``examples/tasks/imageshards.py``'s layout; the example's CNN, grey 28x28, the fast
 recipe):
 
 - ``ddppipe prepare`` of the shards;
 - one epoch of 2 ranks of ``ddppipe launch``, the default DataLoader workers: images/s, the
   data-wait share, the files opened under the data folder (``strace -f -e trace=openat``, a
   run of its own), against the same images decoded and held as tensors (``imagefolder``'s
-  pack, bench/data_folder.py's tensors task);
+  pack, bench/data_folder.py's tensors task with this CNN);
 - one epoch stopped (SIGUSR1) at 2 ranks of 2 workers, continued at 1 rank of 4 workers,
   stopped again and finished at 3 ranks: how many samples each slot trained, how many were
   trained twice or never (the ids of each rank's optimizer steps), and the largest
@@ -38,6 +38,24 @@ from typing import Any
 import data_folder as folder_bench  # bench/data_folder.py: the folder writer, the runs
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The tensors comparison's task: bench/data_folder.py's (imagefolder's pack held as tensors),
+# with the shards task's CNN, so that both train the same model.
+TENSORS_TASK = (
+    folder_bench.TENSORS_TASK
+    + """
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("shards_task", Path(__file__).with_name(
+    "shards_task.py"))
+shards_task = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shards_task)
+
+
+def model(args):  # (this definition wins: the shards task's CNN)
+    return shards_task.cnn(args)
+"""
+)
 
 # Shards of the PNG files with each sample's index; the example task's CNN (no batch norm,
 # no dropout: the same numbers at any world size); each optimizer step logs the indices of
@@ -128,7 +146,8 @@ def metrics(output, target):
 
 
 def slot(work: Path, name: str, nproc: int, workers: int | None, **env: str) -> dict[str, Any]:
-    """One slot of the run ``name`` (1 epoch); its last attempt record."""
+    """One slot of the run ``name`` (1 epoch, SGD: see :func:`exactly_once`); its last
+    attempt record."""
     from ddppipe.launching import resolve
 
     cfg = folder_bench.yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -137,7 +156,8 @@ def slot(work: Path, name: str, nproc: int, workers: int | None, **env: str) -> 
         task=str(work / "shards_task.py"),
         task_args=folder_bench.TASK_ARGS | {"root": str(work / "images")},
     )
-    cfg["train"].update(epochs=1, batch_size=240, eval_batch_size=1000, precision="fp32")
+    cfg["train"].update(epochs=1, batch_size=240, eval_batch_size=1000, precision="fp32",
+                        optimizer="sgd", lr=0.05)  # fmt: skip
     cfg["launch"].update(nproc_per_node=nproc, loader_workers=workers)
     run = work / "runs" / name
     resolve.write_resolved(cfg, run / "config.yaml", gpus=False)
@@ -164,7 +184,13 @@ def slot(work: Path, name: str, nproc: int, workers: int | None, **env: str) -> 
 
 
 def exactly_once(work: Path) -> dict[str, Any]:
-    """2 ranks of 2 workers, 1 of 4, 3 of the default: each sample's count, the weights."""
+    """2 ranks of 2 workers, 1 of 4, 3 of the default: each sample's count, the weights.
+
+    SGD with momentum, not the fast recipe's AdamW: the ranks' gradients are summed in fp32 in
+    another order at another world size, and AdamW's division by the gradients' root mean
+    square turns those last-bit differences of tiny gradients into steps of the learning rate
+    (the AdamW runs of 1 and 2 ranks, uninterrupted, ended 0.056 apart here); SGD keeps them
+    at their size, so the weights say whether the data was the same."""
     import torch
 
     listing = json.loads((work / "shards" / "train.shards.json").read_text())
@@ -213,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             args.mirror, work / "images", 3000 if args.quick else None
         )
         (work / "shards_task.py").write_text(SHARDS_TASK)
-        (work / "tensors_task.py").write_text(folder_bench.TENSORS_TASK)
+        (work / "tensors_task.py").write_text(TENSORS_TASK)
         targs = {"root": str(work / "images"), **folder_bench.TASK_ARGS}
         started = time.perf_counter()
         folder_bench.prepare(work, "shards", str(work / "shards_task.py"), targs)

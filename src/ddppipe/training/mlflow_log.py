@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import atomic
+from ddppipe.core import atomic, errors
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout
 from ddppipe.settings.run_spec import RunSpec
@@ -129,7 +129,9 @@ class MlflowWorker(threading.Thread):
             self._serve()
         except Exception as e:
             self._on = False
-            log.warning("MLflow tracking (%s) off for this process: %s", self.uri, _describe(e))
+            log.warning(
+                "MLflow tracking (%s) off for this process: %s", self.uri, errors.one_line(e)
+            )
             _drain(self._queue)
 
     def _serve(self) -> None:
@@ -255,8 +257,3 @@ def _drain(q: queue.Queue[Any]) -> None:
             q.get_nowait()
         except queue.Empty:
             return
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"

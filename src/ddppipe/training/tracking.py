@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import system
+from ddppipe.core import errors, system
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training import mlflow_log, tensorboard_log, wandb_log
@@ -95,7 +95,7 @@ class Tracker:
                 self._tensorboard.log(int(step), points, prefix)
             except Exception as e:
                 self._tb_on = False
-                log.warning("TensorBoard tracking off for this process: %s", _describe(e))
+                log.warning("TensorBoard tracking off for this process: %s", errors.one_line(e))
         if self._mlflow is not None:
             self._mlflow.put(int(step), points)
         if self._wandb is not None:
@@ -130,7 +130,7 @@ class Tracker:
             try:
                 self._tensorboard.close()
             except Exception as e:
-                log.warning("TensorBoard tracking off for this process: %s", _describe(e))
+                log.warning("TensorBoard tracking off for this process: %s", errors.one_line(e))
         if self._mlflow is not None:
             self._mlflow.finish(mlflow_log.MLFLOW_CLOSE_TIMEOUT_S)
         if self._wandb is not None:
@@ -165,9 +165,3 @@ def of_run(spec: RunSpec, state: StateDir, config_hash: str) -> Tracker | None:
         tags=tags, parent=mlflow_log.SweepParent.of(spec, state),  # a trial: a child run
         wandb=wanted.wandb, group=spec.trial.sweep if spec.trial else None,
     )  # fmt: skip
-
-
-def _describe(e: BaseException) -> str:
-    # The same text as mlflow_log's warnings (a backend module never imports this facade).
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import atomic
+from ddppipe.core import atomic, errors
 from ddppipe.runstate.state import StateDir
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class WandbLog:
         except Exception as e:
             self.on = False
             self._pending = []
-            log.warning("W&B tracking off for this process: %s", _describe(e))
+            log.warning("W&B tracking off for this process: %s", errors.one_line(e))
 
 
 def _settings(wandb: Any) -> Any:
@@ -170,8 +170,3 @@ def _settings(wandb: Any) -> Any:
               "x_transaction_log_flush_interval": FLUSH_S}  # fmt: skip
     known = getattr(wandb.Settings, "model_fields", wanted)  # (a private setting may go)
     return wandb.Settings(**{k: v for k, v in wanted.items() if k in known})
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from ddppipe.core import jsonl
 from ddppipe.core.errors import UserError
 from ddppipe.settings import layout
 
@@ -67,12 +68,6 @@ def _provenance_of(path: Path) -> Path:
     return path.with_name("provenance.json")
 
 
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def find(path: Path) -> Recorded:
     """The record of the run at ``path``; raise :class:`NoRecord`."""
     provenance = _provenance_of(Path(path))
@@ -90,7 +85,7 @@ def find(path: Path) -> Recorded:
         root=run.root,
         provenance=found,
         config=yaml.safe_load(config_file.read_text()) if config_file.is_file() else None,
-        metrics=_json_lines(run.train.metrics),
+        metrics=jsonl.read(run.train.metrics),
         evaluation=json.loads(evaluation.read_text()) if evaluation.is_file() else None,
         weights=provenance.with_name("model.pt"),
     )

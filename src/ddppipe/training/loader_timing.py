@@ -19,6 +19,7 @@ import torch
 from ddppipe import tasks
 from ddppipe.core import system
 from ddppipe.data import batches
+from ddppipe.settings import run_spec
 from ddppipe.settings.run_spec import RunSpec
 
 
@@ -61,7 +62,7 @@ def time_loader(
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} of world size {world_size}: 0 <= rank < world size")
     task = tasks.load(spec.task, step="time-loader")
-    args = tasks.validate_args(task, dict(spec.task_args))
+    args = run_spec.plain(spec.task_args)  # as training gives them (validated when resolved)
     train_set, _ = task.call("datasets", Path(data_dir), args)
     local = max(1, world_size // max(spec.launch.nnodes, 1))
     cpus, threads = system.available_cpus(), torch.get_num_threads()

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_the_same_content_gives_the_same_image_and_a_failed_write_leaves_nothing
     assert second != first and os.listdir(tmp_path / "b") == [second]  # the old one removed
 
     monkeypatch.setattr(squashfs, "MKSQUASHFS_ARGS", ("-no-such-option",))
-    with pytest.raises(squashfs.SquashfsError, match="mksquashfs .* failed"):
+    with pytest.raises(squashfs.SquashfsError, match=r"mksquashfs .* failed"):
         squashfs.write(root, tmp_path / "b", "root")
     assert os.listdir(tmp_path / "b") == [second]
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
@@ -104,9 +105,9 @@ def test_without_fuse_the_image_is_unpacked_once_a_node(
         assert again == folder
     assert sorted(os.listdir(local)) == [f".ddppipe-sqfs-{image.digest}.lock", folder.name]
     other = squashfs.Image(image.path, "root")
-    with pytest.raises(squashfs.SquashfsError, match="needs no-such-unsquashfs"):
-        with other.mounted(tmp_path / "another-node"):
-            pass
+    refused = pytest.raises(squashfs.SquashfsError, match="needs no-such-unsquashfs")
+    with refused, other.mounted(tmp_path / "another-node"):
+        pass
     assert os.listdir(tmp_path / "another-node") == [f".ddppipe-sqfs-{image.digest}.lock"]
 
 
@@ -150,3 +151,43 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(m["epoch"], m["world_size"]) for m in epochs] == [(1, 2)]
     assert epochs[-1]["test_accuracy"] > 0.5  # three colours, 36 training images
+
+
+@pytest.mark.skipif(shutil.which("apptainer") is None, reason="no apptainer (make system-deps)")
+def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> None:
+    """container.mode apptainer: the launcher binds the image over task_args.root
+    (``--bind IMAGE:ROOT:image-src=/``), where the ranks read it as the folder itself. The
+    container: a sandbox of this machine's own /usr and Python environment (the DAG's real
+    image is tests/test_container.py's, minutes to build)."""
+    sandbox = tmp_path / "host.sif"  # (a folder: Apptainer runs it as a sandbox image)
+    for folder in ("usr", "proc", "sys", "dev", "tmp", "etc", "root", "home"):
+        (sandbox / folder).mkdir(parents=True)
+    for link in ("bin", "lib", "lib64", "sbin"):
+        (sandbox / link).symlink_to(f"usr/{link}")
+    root = tmp_path / "images"
+    write_images(root, per_class=16)
+    cfg = default_config()
+    cfg.update(run="bound", task="ddppipe.tasks.imagefolder", data={"pack": "squashfs"},
+               task_args={"root": str(root), "image_size": 16, "width": 8})  # fmt: skip
+    cfg["train"].update(epochs=1, batch_size=8, eval_batch_size=16, precision="fp32")
+    cfg["launch"]["nproc_per_node"] = 1
+    venv = Path(sys.prefix).resolve()
+    cfg["container"] = {"mode": "apptainer", "image": str(sandbox), "exec_args": [
+        "--bind", "/usr", "--bind", str(venv), "--env", f"PREPEND_PATH={venv}/bin",
+    ]}  # fmt: skip
+    settings = tmp_path / "data.yaml"
+    settings.write_text(json.dumps({k: cfg[k] for k in ("task", "task_args", "data")}))
+    data = tmp_path / "data"
+    run_cli("prepare", f"--settings={settings}", f"--dest={data}")
+    run = tmp_path / "run"
+    resolve.write_resolved(cfg, run / "config.yaml", gpus=False)
+    for image in root.glob("*/*.png"):  # the class folders stay, empty: the bind's target
+        image.unlink()
+    image = json.loads((data / "manifest.json").read_text())["squashfs"]["image"]
+    log = run_cli("launch", f"--config={run / 'config.yaml'}", f"--data={data}",
+                  f"--state={run / 'state'}", f"--checkpoint={run / 'final.pt'}",
+                  f"--metrics={run / 'metrics.jsonl'}").stderr  # fmt: skip
+    assert f"--bind {data.resolve() / image}:{root}:image-src=/ {sandbox} python" in log, log
+    assert "mounted" not in log and "unpacked" not in log, log  # the bind, no mount of its own
+    (epoch,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epoch["test_accuracy"] > 0.5

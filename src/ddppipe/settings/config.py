@@ -44,11 +44,12 @@ GUESSED = {
 }
 
 
-# Top-level sections that moved: where their settings live now.
+# Top-level sections whose settings moved (told by the keys they held): where they live now.
 MOVED = {
-    "data": "the MNIST download settings (mirrors, sha256, timeout_s, deadline_s, max_bytes) "
-    "are now task_args of the task ddppipe.tasks.mnist: rename data: to task_args:",
-}
+    "data": (("mirrors", "sha256", "timeout_s", "deadline_s", "max_bytes"),
+             "the MNIST download settings (mirrors, sha256, timeout_s, deadline_s, max_bytes) "
+             "are now task_args of the task ddppipe.tasks.mnist: rename data: to task_args:"),
+}  # fmt: skip
 
 
 class ConfigError(ValueError, UserError):
@@ -172,7 +173,8 @@ def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
 
 def _renamed(cfg: dict[str, Any]) -> list[str]:
     """Lines for keys that moved (old configs), saying where their setting lives now."""
-    lines = [f"  {old}: {why}" for old, why in MOVED.items() if old in cfg]
+    lines = [f"  {old}: {why}" for old, (keys, why) in MOVED.items()
+             if isinstance(cfg.get(old), dict) and set(keys) & set(cfg[old])]  # fmt: skip
     for old, new in RENAMED.items():
         section, key = old.split(".")
         if isinstance(cfg.get(section), dict) and key in cfg[section]:

@@ -4,13 +4,16 @@ Writes MNIST as 70,000 PNG files (``train/<class>/`` and ``test/<class>/``, from
 files of ``--mirror``), then measures with the built-in ``imagefolder`` task (grey, 28x28,
 its CNN, the fast recipe, 2 ranks of ``ddppipe launch``, the default DataLoader workers):
 
-- ``ddppipe prepare`` of the loose folder and of its pack (``pack: true``), and the packed
+- ``ddppipe prepare`` of the loose folder, of its pack (``pack: true``) and of its SquashFS
+  image (``data.pack: squashfs``: the PNG files as they are, in one image), and the packed
   prepare again after 10 images changed;
 - one epoch's images/s and its data-wait share (the attempt record's ``data_wait_share``)
-  from the loose files, from the pack, and from the same decoded images held as tensors by a task
-  written here (the same CNN and normalisation: the in-memory path of ``ddppipe.data``);
-- the files opened under the image folder and under the data folder during that epoch
-  (``strace -f -e trace=openat``, a run of its own: tracing slows it).
+  from the loose files, from the pack, from the SquashFS image (mounted by each rank with
+  squashfuse, else unpacked), from that image staged to a node folder (``launch.stage_data``),
+  and from the same decoded images held as tensors by a task written here (the same CNN and
+  normalisation: the in-memory path of ``ddppipe.data``);
+- the files opened under the image folder, under the data folder and through the image's
+  mount during that epoch (``strace -f -e trace=openat``, a run of its own: tracing slows it).
 
 ``--files N`` instead generates a folder of N small PNG files (100 classes) and times the
 packless prepare, and again after 10 files changed (the stat cache's case).
@@ -78,7 +81,7 @@ def model(args):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mirror", type=Path, default=SHARED_MNIST, help="folder of the *.gz files")
-    ap.add_argument("--quick", action="store_true", help="3,000 images, no strace run")
+    ap.add_argument("--quick", action="store_true", help="3,000 images")
     ap.add_argument("--files", type=int, help="time prepare on N generated small files")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it")
     return ap.parse_args(argv)
@@ -150,20 +153,25 @@ def change(files: list[Path]) -> None:
         Image.fromarray((pixels + 1 + k).astype(np.uint8)).save(path)
 
 
-def prepare(work: Path, name: str, task: str, args: dict[str, Any]) -> float:
+def prepare(work: Path, name: str, task: str, args: dict[str, Any],
+            data: dict[str, Any] | None = None) -> float:  # fmt: skip
     settings = work / f"{name}.yaml"
-    settings.write_text(yaml.safe_dump({"task": task, "task_args": args}))
+    packed = {"data": data} if data else {}
+    settings.write_text(yaml.safe_dump({"task": task, "task_args": args, **packed}))
     return ddppipe("prepare", f"--settings={settings}", f"--dest={work / name}", cwd=work)
 
 
-def train(work: Path, name: str, task: str, args: dict[str, Any], data: str,
-          trace: bool = False) -> dict[str, Any]:  # fmt: skip
-    """One epoch of 2 ranks on data folder ``data``; its metrics and (traced) opened files."""
+def train(work: Path, name: str, task: str, args: dict[str, Any], data: str, trace: bool = False,
+          settings: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One epoch of 2 ranks on data folder ``data``; its metrics and (traced) opened files.
+    ``settings``: more of the config's sections (``data``, ``launch``)."""
     from ddppipe.launching import resolve
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg.update(run=name, task=task, task_args=args)
     cfg["train"].update(epochs=1, eval_batch_size=1000)
+    for section, values in (settings or {}).items():
+        cfg[section] = {**(cfg.get(section) or {}), **values}
     run = work / "runs" / (name + ("-traced" if trace else ""))
     shutil.rmtree(run, ignore_errors=True)
     resolve.write_resolved(cfg, run / "config.yaml", gpus=False)
@@ -175,11 +183,13 @@ def train(work: Path, name: str, task: str, args: dict[str, Any], data: str,
     attempts = json.loads((run / "state" / "attempts.json").read_text())
     out = {"wall_s": round(wall, 1), "images_per_s": metrics["images_per_s"],
            "test_accuracy": metrics["test_accuracy"],
-           "data_wait_share": attempts[-1]["efficiency"].get("data_wait_share")}  # fmt: skip
+           "data_wait_share": attempts[-1]["efficiency"].get("data_wait_share"),
+           "stage_s": attempts[-1]["efficiency"].get("stage_s")}  # fmt: skip
     if strace:
         opened = re.findall(r'openat\([^"]*"([^"]+)"', strace.read_text())
         out["opened_under_images"] = sum(p.startswith(str(work / "images")) for p in opened)
         out["opened_under_data"] = sum(p.startswith(str(work / data) + "/") for p in opened)
+        out["opened_through_mount"] = sum("/ddppipe-sqfs-" in p for p in opened)
     return out
 
 
@@ -193,6 +203,11 @@ def folder_figures(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     packed = {**loose, "pack": True}
     figures["prepare_loose_s"] = round(prepare(work, "loose", task, loose), 1)
     figures["prepare_packed_s"] = round(prepare(work, "packed", task, packed), 1)
+    squashfs = {"data": {"pack": "squashfs"}}
+    figures["prepare_squashfs_s"] = round(prepare(work, "squashfs", task, loose, **squashfs), 1)
+    image = next((work / "squashfs").glob("*.sqfs"))
+    figures["squashfs_image_mb"] = round(image.stat().st_size / 1e6, 1)
+    staged = {**squashfs, "launch": {"stage_data": str(work / "node-local")}}
     change(sorted((work / "images" / "train" / "3").glob("*.png"))[:10])
     figures["prepare_packed_10_changed_s"] = round(prepare(work, "packed", task, packed), 1)
     (work / "tensors_task.py").write_text(TENSORS_TASK)
@@ -201,10 +216,17 @@ def folder_figures(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "loose": train(work, "loose", task, loose, "loose"),
         "packed": train(work, "packed", task, packed, "packed"),
         "tensors": train(work, "tensors", tensors, packed, "packed"),
+        "squashfs": train(work, "squashfs", task, loose, "squashfs", settings=squashfs),
+        "squashfs_staged": train(
+            work, "squashfs_staged", task, loose, "squashfs", settings=staged
+        ),  # (copied by this run: its stage_s)
     }
-    if not args.quick:  # the files each way opens during the epoch (a traced run each)
-        for name, targs in (("loose", loose), ("packed", packed)):
-            traced = train(work, name, task, targs, name, trace=True)
+    # The files each way opens during the epoch (a traced run each).
+    for name, targs, data, more in (("loose", loose, "loose", None),
+                                    ("packed", packed, "packed", None),
+                                    ("squashfs", loose, "squashfs", squashfs)):  # fmt: skip
+        if name == "squashfs" or not args.quick:
+            traced = train(work, name, task, targs, data, trace=True, settings=more)
             figures["epoch"][name].update(
                 {k: v for k, v in traced.items() if k.startswith("opened")}
             )

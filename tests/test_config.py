@@ -65,7 +65,7 @@ def test_hash_ignores_process_count_but_not_the_recipe() -> None:
 
 
 def test_old_data_section_says_where_it_moved() -> None:
-    cfg = default_config()
-    cfg["data"] = cfg.pop("task_args")
+    cfg = default_config()  # (data: is data.pack's section now: told by the keys it held)
+    cfg["data"] = {"mirrors": ["https://example.org/mnist/"], "timeout_s": 10}
     with pytest.raises(config.ConfigError, match=r"are now task_args of the task ddppipe\."):
         config.validate(cfg)

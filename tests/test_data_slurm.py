@@ -1,5 +1,6 @@
-"""A packed image folder on the SLURM test cluster: the DAG prepares the pack on the submitting
-machine, the two nodes each stage it once to their own folder and train from it."""
+"""A packed image folder on the SLURM test cluster: the DAG packs the images into one SquashFS
+image on the submitting machine (``data.pack: squashfs``), the two nodes each stage it once to
+their own folder and train from it, mounted there."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.tiny import default_config
 pytestmark = pytest.mark.slurm
 
 
-def test_a_packed_folder_is_staged_on_each_node_and_trained_from(
+def test_a_squashfs_image_is_staged_on_each_node_and_trained_from(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     root = tmp_path / "images"
@@ -25,7 +26,8 @@ def test_a_packed_folder_is_staged_on_each_node_and_trained_from(
     cfg.update(
         run="packed2n",
         task="ddppipe.tasks.imagefolder",
-        task_args={"root": str(root), "image_size": 16, "width": 8, "pack": True},
+        task_args={"root": str(root), "image_size": 16, "width": 8},
+        data={"pack": "squashfs"},
     )
     cfg["train"].update(epochs=1, batch_size=8, eval_batch_size=16)
     # Each node its own folder, as a node's local disk would be ($SLURMD_NODENAME: srun's).
@@ -34,11 +36,13 @@ def test_a_packed_folder_is_staged_on_each_node_and_trained_from(
     result = snakemake_slurm(slurm_cluster, workdir, cfg)
     assert result.returncode == 0, logs(workdir, result)
     (data,) = (workdir / "resources").glob("imagefolder*/manifest.json")
-    digest = json.loads(data.read_text())["digest"]
+    found = json.loads(data.read_text())
+    digest, image = found["digest"], found["squashfs"]["image"]
     staged = sorted((tmp_path / "local").glob(f"*/ddppipe-data-{digest}"))
     assert [p.parent.name for p in staged] == sorted(slurm_cluster.nodes), staged
-    for folder in staged:  # the pack, checked as it was copied
-        assert (folder / "train.npy").read_bytes() == (data.parent / "train.npy").read_bytes()
+    for folder in staged:  # the image, checked as it was copied
+        assert sorted(p.name for p in folder.iterdir()) == ["index.json", "manifest.json", image]
+        assert (folder / image).read_bytes() == (data.parent / image).read_bytes()
     metrics = json.loads((workdir / "results/packed2n/eval/metrics.json").read_text())
     assert metrics["test_accuracy"] > 0.5  # three colours
     (slot,) = json.loads((workdir / "results/packed2n/train/attempts.json").read_text())

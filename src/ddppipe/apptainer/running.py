@@ -28,21 +28,22 @@ def run_image(container: Container) -> str:
     return str(derived_image(base, reqs)) if reqs else base
 
 
-def exec_prefix(spec: RunSpec) -> list[str]:
+def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
     """``apptainer exec [--nv] [exec_args] [--bind DIR ...] IMAGE``, or ``[]`` when off.
 
     ``--nv`` is added when the run trains on GPUs (its spec's device); the binds are
-    :func:`~ddppipe.apptainer.binds.user_binds`; IMAGE is :func:`run_image`.
+    :func:`~ddppipe.apptainer.binds.user_binds`, then ``data_binds`` (a packed data folder's
+    image: :meth:`ddppipe.data.squashfs.Image.bind`); IMAGE is :func:`run_image`.
     """
     if not enabled(spec.container):
         return []
     extra = list(spec.container.exec_args)
     nv = ["--nv"] if spec.gpus and "--nv" not in extra else []
-    binds = [arg for folder in user_binds(spec) for arg in ("--bind", folder)]
+    binds = [arg for bind in [*user_binds(spec), *data_binds] for arg in ("--bind", bind)]
     return [APPTAINER, "exec", *nv, *extra, *binds, run_image(spec.container)]
 
 
-def python_command(spec: RunSpec) -> list[str]:
+def python_command(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
     """The Python to start training with: this interpreter, or the image's via exec_prefix."""
-    prefix = exec_prefix(spec)
+    prefix = exec_prefix(spec, data_binds)
     return [*prefix, IMAGE_PYTHON] if prefix else [sys.executable]

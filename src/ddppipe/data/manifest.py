@@ -56,9 +56,13 @@ def digest(files: dict[str, Any]) -> str:
     return hashing.sha256(blob)[:16]
 
 
-def write(data_dir: Path, task: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
-    """Hash what ``prepare`` left in ``data_dir`` and write the manifest there, atomically."""
-    found = build(Path(data_dir), task, args)
+def write(
+    data_dir: Path, task: dict[str, Any], args: dict[str, Any],
+    records: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Hash what ``prepare`` left in ``data_dir`` and write the manifest there, atomically;
+    ``records``: more of its entries (the SquashFS image: :mod:`ddppipe.data.squashfs`)."""
+    found = {**build(Path(data_dir), task, args), **(records or {})}
     if not found["files"]:
         raise ManifestError(
             f"task {task.get('ref')}: prepare() left no file in {data_dir}; it must write its "

@@ -24,7 +24,9 @@ from pathlib import Path
 from types import FrameType
 
 from ddppipe.apptainer import running
+from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import env_names, memory, slot, system
+from ddppipe.data import manifest, squashfs
 from ddppipe.launching import watchdog, workers
 from ddppipe.runstate import failures, finished_nodes, preemption
 from ddppipe.runstate.state import StateDir
@@ -87,11 +89,14 @@ def plan(
     max_restarts: int | None = None,
     join_timeout_s: int = slurm_request.RDZV_JOIN_TIMEOUT_S,
     program: list[str] | None = None,
+    data: Path | None = None,
 ) -> Plan:
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
 
-    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
+    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``; ``data``:
+    the run's data folder, whose SquashFS image, if any, the image binds over the task's folder
+    (:func:`data_binds`).
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
     (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own.
     """
@@ -100,13 +105,14 @@ def plan(
     request = slurm_request.Request.from_spec(spec)
     job = scontrol.job_id(env)
     agent = ["-m", "ddppipe", "agent"]
+    python = running.python_command(spec, data_binds(spec, data))
     if job is None:
         if request.nodes > 1:
             raise config.ConfigError(
                 f"launch.nnodes is {request.nodes}, but this is no SLURM allocation: run "
                 "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
             )
-        command = [*running.python_command(spec), *program]
+        command = [*python, *program]
         env = thread_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     placement = Placement.from_env(env)
@@ -118,11 +124,21 @@ def plan(
         )
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
-        *request.srun(job, placement=placement), *running.python_command(spec), *agent,
+        *request.srun(job, placement=placement), *python, *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
     return Plan(command, thread_environment(threads, env), job, hosts, request, placement)
+
+
+def data_binds(spec: RunSpec, data: Path | None) -> tuple[str, ...]:
+    """With container.mode apptainer, the ``--bind`` of the data folder ``data``'s SquashFS
+    image over the task's folder (``data.pack: squashfs``, :mod:`ddppipe.data.squashfs`);
+    none otherwise (a process outside a container mounts the image itself)."""
+    if data is None or not apptainer_tool.enabled(spec.container):
+        return ()
+    image = squashfs.Image.of(data, manifest.read(data))
+    return (image.bind(run_spec.plain(spec.task_args)),) if image else ()
 
 
 def _addresses(host: str) -> set[str]:

@@ -75,13 +75,14 @@ def mark_slot_end(state: StateDir) -> None:
 
 def run(
     spec: RunSpec, program: list[str], state: StateDir, record: Path | None,
-    publish: Callable[[], None] | None = None,
+    publish: Callable[[], None] | None = None, data: Path | None = None,
 ) -> int:  # fmt: skip
     """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments).
 
-    ``record`` receives the attempt history and ``publish`` runs when training is complete.
+    ``record`` receives the attempt history and ``publish`` runs when training is complete;
+    ``data``: the task's data folder (a packed one's image bound into the container).
     """
-    plan = launch.plan(spec, [], program=program)
+    plan = launch.plan(spec, [], program=program, data=data)
     with state_lock.hold(state, plan.job):
         return _slot(spec, plan, state, record, publish)
 

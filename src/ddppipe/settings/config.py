@@ -44,11 +44,12 @@ GUESSED = {
 }
 
 
-# Top-level sections that moved: where their settings live now.
+# Top-level sections whose settings moved (told by the keys they held): where they live now.
 MOVED = {
-    "data": "the MNIST download settings (mirrors, sha256, timeout_s, deadline_s, max_bytes) "
-    "are now task_args of the task ddppipe.tasks.mnist: rename data: to task_args:",
-}
+    "data": (("mirrors", "sha256", "timeout_s", "deadline_s", "max_bytes"),
+             "the MNIST download settings (mirrors, sha256, timeout_s, deadline_s, max_bytes) "
+             "are now task_args of the task ddppipe.tasks.mnist: rename data: to task_args:"),
+}  # fmt: skip
 
 
 class ConfigError(ValueError, UserError):
@@ -172,7 +173,8 @@ def coerce(value: Any, node: dict[str, Any], where: str = "") -> Any:
 
 def _renamed(cfg: dict[str, Any]) -> list[str]:
     """Lines for keys that moved (old configs), saying where their setting lives now."""
-    lines = [f"  {old}: {why}" for old, why in MOVED.items() if old in cfg]
+    lines = [f"  {old}: {why}" for old, (keys, why) in MOVED.items()
+             if isinstance(cfg.get(old), dict) and set(keys) & set(cfg[old])]  # fmt: skip
     for old, new in RENAMED.items():
         section, key = old.split(".")
         if isinstance(cfg.get(section), dict) and key in cfg[section]:
@@ -249,21 +251,29 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 DATA_KEYS = ("task", "task_args")  # what a task's data depends on: nothing of any run
+# ... and, where it is not its default, how it is stored (absent: the settings files, and so
+# the prepared data, of configs from before it stay as they were).
+PACK_KEY = "data"
 
 
 def data_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     """The settings a task's prepared data depends on (the data rule's input)."""
-    return {key: cfg[key] for key in DATA_KEYS}
+    packed = (cfg.get(PACK_KEY) or {}).get("pack", "none") != "none"
+    return {key: cfg[key] for key in DATA_KEYS + ((PACK_KEY,) if packed else ())}
 
 
 def load_data_settings(path: str | Path) -> dict[str, Any]:
-    """Read the data rule's settings file (``task:`` and ``task_args:``) and check its shape."""
+    """Read the data rule's settings file (``task:``, ``task_args:``, ``data:`` where packed)
+    and check its shape; ``data`` filled in."""
     with open(path) as f:
         doc = yaml.safe_load(f)
     props = schema()["properties"]
-    if not isinstance(doc, dict) or set(doc) != set(DATA_KEYS):
-        raise ConfigError(f"{path}: expected a YAML mapping of exactly {', '.join(DATA_KEYS)}")
-    return {key: validate_against(doc[key], props[key], key) for key in DATA_KEYS}
+    if not isinstance(doc, dict) or not set(DATA_KEYS) <= set(doc) <= {*DATA_KEYS, PACK_KEY}:
+        raise ConfigError(
+            f"{path}: expected a YAML mapping of {', '.join(DATA_KEYS)} (and {PACK_KEY})"
+        )
+    return {key: validate_against(doc.get(key, {}), props[key], key)
+            for key in (*DATA_KEYS, PACK_KEY)}  # fmt: skip
 
 
 def world_size(cfg: dict[str, Any]) -> int:

@@ -61,6 +61,13 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class Data:
+    """``data:``: how the task's data is stored (:mod:`ddppipe.data.squashfs`)."""
+
+    pack: str = "none"  # none | squashfs
+
+
+@dataclass(frozen=True)
 class Slurm:
     """``slurm:``: the training job's SLURM options."""
 
@@ -179,7 +186,7 @@ class TrialSection:
 
 SECTIONS: dict[str, type] = {
     "train": Train, "launch": Launch, "slurm": Slurm, "container": Container,
-    "tracking": Tracking, "scaling": Scaling, "sweep": SweepSection,
+    "tracking": Tracking, "scaling": Scaling, "sweep": SweepSection, "data": Data,
 }  # fmt: skip
 
 
@@ -217,6 +224,7 @@ class RunSpec:
     tracking: Tracking
     scaling: Scaling
     sweep: SweepSection
+    data: Data
     trial: TrialSection | None  # the sweep this run is a trial of; None: not a trial
     _config: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
 

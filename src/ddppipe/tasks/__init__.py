@@ -17,7 +17,9 @@ the confusion matrix), ``optimizer(params, args) -> Optimizer`` (default: ``trai
 ``ARGS_SCHEMA`` (a JSON schema of ``task_args``; validated, coerced from ``--config``
 text and filled with its defaults before anything runs) and ``PREPARE_ARGS`` (the names of
 the ``task_args`` that ``prepare`` reads: runs that differ in them get data prepared for
-their own values, :mod:`ddppipe.tasks.prepare_args`).
+their own values, :mod:`ddppipe.tasks.prepare_args`) and ``FOLDER_ARG`` (the ``task_args``
+key naming the folder of files ``datasets`` reads, which ``data.pack: squashfs`` packs into
+one image: :mod:`ddppipe.data.squashfs`).
 
 For ``launch.strategy: fsdp`` the model's blocks are sharded one by one: the model may name
 them in a ``shard_blocks`` attribute (its submodules, or their names); without it they are the

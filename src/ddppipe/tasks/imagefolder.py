@@ -25,6 +25,8 @@ again (``snakemake --forcerun prepare_data``). ``model`` counts the class folder
 ``test.npy``, with their labels), and training reads batches from those, memory-mapped: one
 file opened per epoch instead of one per image, no decode per epoch, the same tensors as the
 loose images give. ``root``'s class folders are still read (the model's classes).
+``data.pack: squashfs`` (:mod:`ddppipe.data.squashfs`, the pipeline's setting) packs ``root``
+itself, the image files as they are, into one SquashFS image that training reads in its place.
 
 Preparing again reads only what changed: the digests of images whose size and mtime are
 those of the last prepare are taken from its stat cache (:mod:`ddppipe.data.file_digests`,
@@ -62,6 +64,7 @@ INDEX = "index.json"
 OLD_STATS = "imagefolder-stats.json"  # the stat cache of earlier versions: one JSON file
 # What the data folder depends on: the index, and the pack's decoded images.
 PREPARE_ARGS = ("root", "test_fraction", "split_seed", "pack", "image_size", "channels")
+FOLDER_ARG = "root"  # the folder data.pack: squashfs packs (ddppipe.data.squashfs)
 FORMAT = 1
 SPLITS = ("train", "test")
 # What ImageFolder reads (torchvision.datasets.folder.IMG_EXTENSIONS; a test compares them).

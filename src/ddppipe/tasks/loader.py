@@ -29,6 +29,8 @@ MOVED_MODULES = {
     "Net); rename the import",
 }
 OPTIONAL = ("loss", "metrics", "optimizer", "ARGS_SCHEMA")
+# A task's task_args key naming the folder of files its datasets() read (data.pack packs it).
+FOLDER_ARG = "FOLDER_ARG"
 
 
 class TaskError(RuntimeError, UserError):
@@ -171,6 +173,18 @@ class Task:
     @property
     def args_schema(self) -> dict[str, Any] | None:
         return getattr(self.module, "ARGS_SCHEMA", None)
+
+    def folder_arg(self, step: str) -> str:
+        """The ``task_args`` key naming the folder the task's ``datasets`` read (its
+        ``FOLDER_ARG``), which ``step`` packs; raise TaskError where it declares none."""
+        name = getattr(self.module, FOLDER_ARG, None)
+        if not isinstance(name, str):
+            raise TaskError(
+                f"{step}: task {self.source.ref} declares no folder of its data ({FOLDER_ARG} "
+                f'= "root": the task_args key naming it, as ddppipe.tasks.imagefolder has): '
+                "declare it, or set data.pack: none"
+            )
+        return name
 
 
 def load(ref: str, cwd: Path | None = None, step: str | None = None) -> Task:

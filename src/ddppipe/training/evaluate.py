@@ -8,6 +8,8 @@ test set divided by the number of test samples.
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,7 +203,7 @@ def evaluate_checkpoint(
     training run reported after its last epoch.
     """
     from ddppipe import tasks
-    from ddppipe.data import batches
+    from ddppipe.data import batches, manifest, squashfs
     from ddppipe.training import checkpoint as ckpt
 
     snapshot = ckpt.load(checkpoint)
@@ -211,16 +213,20 @@ def evaluate_checkpoint(
     dtype, layout = numerics(recipe["precision"], recipe["channels_last"])
     model = task.call("model", args).to(memory_format=layout)
     model.load_state_dict(snapshot["model"])
-    test = task.call("datasets", data_dir, args)[1]
-    cpu = torch.device("cpu")
-    workers = batches.loader_workers(spec.launch.loader_workers, test, system.available_cpus(), 1,
-                                     torch.get_num_threads())  # fmt: skip
-    feed = batches.Feed(test, cpu, workers)
-    loss_fn = task.module.loss if task.has("loss") else None
-    metrics_fn = task.module.metrics if task.has("metrics") else None
-    batches = feed.shard(0, 1, batch_size)
-    result = counts(model, batches, dtype, layout, loss_fn, metrics_fn).summary()
-    result["precision"] = str(dtype).removeprefix("torch.")
-    result["epochs"] = snapshot["epoch"]
-    result["config_hash"] = snapshot["config_hash"]
-    return result
+    with contextlib.ExitStack() as held:  # a packed folder's image mounted meanwhile
+        found = manifest.read(data_dir)
+        args = squashfs.task_args(data_dir, found, args, Path(tempfile.gettempdir()), held)
+        test = task.call("datasets", data_dir, args)[1]
+        cpu = torch.device("cpu")
+        workers = batches.loader_workers(spec.launch.loader_workers, test,
+                                         system.available_cpus(), 1,
+                                         torch.get_num_threads())  # fmt: skip
+        feed = batches.Feed(test, cpu, workers)
+        loss_fn = task.module.loss if task.has("loss") else None
+        metrics_fn = task.module.metrics if task.has("metrics") else None
+        batches = feed.shard(0, 1, batch_size)
+        result = counts(model, batches, dtype, layout, loss_fn, metrics_fn).summary()
+        result["precision"] = str(dtype).removeprefix("torch.")
+        result["epochs"] = snapshot["epoch"]
+        result["config_hash"] = snapshot["config_hash"]
+        return result

@@ -10,6 +10,8 @@ steady batches' rate. A training step shorter than a steady batch waits for its 
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ import torch
 
 from ddppipe import tasks
 from ddppipe.core import system
-from ddppipe.data import batches
+from ddppipe.data import batches, manifest, squashfs
 from ddppipe.settings import run_spec
 from ddppipe.settings.run_spec import RunSpec
 
@@ -63,19 +65,24 @@ def time_loader(
         raise ValueError(f"rank {rank} of world size {world_size}: 0 <= rank < world size")
     task = tasks.load(spec.task, step="time-loader")
     args = run_spec.plain(spec.task_args)  # as training gives them (validated when resolved)
-    train_set, _ = task.call("datasets", Path(data_dir), args)
-    local = max(1, world_size // max(spec.launch.nnodes, 1))
-    cpus, threads = system.available_cpus(), torch.get_num_threads()
-    workers = batches.loader_workers(spec.launch.loader_workers, train_set, cpus, local, threads)
-    feed = batches.Feed(train_set, torch.device("cpu"), workers)
-    started = time.perf_counter()
-    first = seen = samples = 0
-    for (_, targets), _size in feed.epoch(spec.train.seed, 0, spec.train.batch_size, rank,
-                                          world_size, 0):  # fmt: skip
-        seen, samples = seen + 1, samples + len(targets)
-        if seen == 1:
-            first = time.perf_counter()
-        if seen == max(steps, 2):
-            break
-    done = time.perf_counter()
+    with contextlib.ExitStack() as held:  # a packed folder's image mounted meanwhile
+        found = manifest.read(data_dir)
+        args = squashfs.task_args(Path(data_dir), found, args, Path(tempfile.gettempdir()),
+                                  held)  # fmt: skip
+        train_set, _ = task.call("datasets", Path(data_dir), args)
+        local = max(1, world_size // max(spec.launch.nnodes, 1))
+        cpus, threads = system.available_cpus(), torch.get_num_threads()
+        workers = batches.loader_workers(spec.launch.loader_workers, train_set, cpus, local,
+                                         threads)  # fmt: skip
+        feed = batches.Feed(train_set, torch.device("cpu"), workers)
+        started = time.perf_counter()
+        first = seen = samples = 0
+        for (_, targets), _size in feed.epoch(spec.train.seed, 0, spec.train.batch_size, rank,
+                                              world_size, 0):  # fmt: skip
+            seen, samples = seen + 1, samples + len(targets)
+            if seen == 1:
+                first = time.perf_counter()
+            if seen == max(steps, 2):
+                break
+        done = time.perf_counter()
     return LoaderTiming(seen, samples, workers, rank, world_size, first - started, done - first)

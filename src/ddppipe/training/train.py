@@ -10,10 +10,12 @@ model (DDP, FSDP or HSDP: ``launch.strategy``) is its strategy's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from tqdm import tqdm
 
 from ddppipe import tasks
 from ddppipe.core import heap, system
-from ddppipe.data import batches, sharding, staging
+from ddppipe.data import batches, sharding, squashfs, staging
 from ddppipe.parallel import devices, distributed
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
@@ -56,14 +58,14 @@ class Trainer:
     """One rank's training run."""
 
     def __init__(
-        self, spec: run_spec.RunSpec, paths: files.Paths, ctx: distributed.Context
-    ) -> None:
+        self, spec: run_spec.RunSpec, paths: files.Paths, ctx: distributed.Context,
+        held: contextlib.ExitStack,
+    ) -> None:  # fmt: skip
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
         self.meter = efficiency.SlotMeter()
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
-        args = run_spec.plain(spec.task_args)  # a plain dict for the task's hooks
-        self._stage_data()
+        args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
         cuda = self._check_device()
         self._load_data(args)
         heartbeat.beat("start-up")
@@ -91,16 +93,20 @@ class Trainer:
         self.pruned_at: int | None = None  # the epoch whose end pruned the run
 
     # -- start-up ------------------------------------------------------------------------
-    def _stage_data(self) -> None:
+    def _stage_data(self, args: dict[str, Any], held: contextlib.ExitStack) -> dict[str, Any]:
         """The data folder (copied to node-local disk first with ``launch.stage_data``) and
-        the config hash of this data."""
+        the config hash of this data; the task's ``args``, reading a packed folder's image
+        (mounted until ``held`` closes: :func:`squashfs.task_args`)."""
         stage = self.spec.launch.stage_data
         heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
         with self.meter.phase("stage" if stage else "data"):
             self.data_dir, found = staging.data_folder(
                 self.paths.data_dir, stage, lambda: heartbeat.beat("data")
             )
+            local = staging.folder(stage) if stage else Path(tempfile.gettempdir())
+            args = squashfs.task_args(self.data_dir, found, args, local, held)
         self.config_hash = self.spec.train_hash(found["digest"])
+        return args
 
     def _check_device(self) -> bool:
         """The recipe's numerics on this rank's device, checked; whether it is a GPU."""
@@ -442,7 +448,8 @@ def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -
         spec.device, allowances.collective_timeout_s(spec.launch.hang_timeout_s)
     )
     try:
-        Trainer(spec, paths, ctx).run(guard)
+        with contextlib.ExitStack() as held:  # a packed data folder's mount, until the end
+            Trainer(spec, paths, ctx, held).run(guard)
     except BaseException as e:
         error = determinism.explained(e)  # an op without a deterministic kernel, named
         failures.record(error)  # first: its time orders it before the others' follow-on errors

@@ -86,7 +86,8 @@ def _launch(
     if data is None or checkpoint is None:
         raise config.ConfigError("ddppipe launch: a task run needs --data and --checkpoint")
     train_args = launch.train_args(config_path, data, state, checkpoint, metrics)
-    return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts)
+    return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts,
+                         data=data)  # fmt: skip
 
 
 def preflight(config_path: Path) -> int:

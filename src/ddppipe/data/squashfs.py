@@ -1,0 +1,238 @@
+"""A folder of many files packed once into one read-only SquashFS image (``data.pack: squashfs``).
+
+On a shared parallel filesystem every file opened is a round trip to a metadata server that all
+its users share; an image is one file. ``ddppipe prepare`` writes the folder a task reads (the
+one its ``FOLDER_ARG`` names: ``imagefolder``'s ``task_args.root``, the images as files,
+undecoded) into the data folder as ``<arg>-<digest>.sqfs``, named by the image's own SHA-256,
+and records it in the data manifest (``"squashfs": {"image": ..., "arg": ...}``). The image is
+deterministic (files sorted, owner root, every time 0): the same content gives the same name.
+
+Training reads it where the task expects its folder, the task's code unchanged:
+
+- ``container.mode: apptainer``: ``apptainer exec --bind IMAGE:FOLDER:image-src=/`` on every
+  node (:func:`Image.bind`), over the folder's own path;
+- locally and on SLURM without a container: each process mounts it with ``squashfuse`` on a
+  folder of its own (unmounted when it ends; a mount left by a killed process is removed by the
+  next one) and gives the task that folder (:func:`Image.mounted`); where FUSE does not work,
+  the first process of a node unpacks it once (``unsquashfs``) into
+  ``<local>/ddppipe-sqfs-<digest>/``, which the node's other processes and later runs reuse.
+
+With ``launch.stage_data`` the image, a file of the data folder, is staged like the others
+(one file copied a node) and mounted or unpacked there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddppipe.core import hashing
+from ddppipe.core.errors import UserError
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".sqfs"
+KEY = "squashfs"  # the data manifest's record of the image
+# Deterministic: no append to an old image, every file owned by root, every time (the image's
+# and its files') 0, no extended attributes; mksquashfs sorts each folder's entries itself.
+MKSQUASHFS_ARGS = ("-noappend", "-all-root", "-mkfs-time", "0", "-all-time", "0",
+                   "-no-xattrs", "-no-progress", "-quiet")  # fmt: skip
+MKSQUASHFS, UNSQUASHFS, SQUASHFUSE = "mksquashfs", "unsquashfs", "squashfuse"
+MOUNT_PREFIX = "ddppipe-sqfs-"  # <tmp>/ddppipe-sqfs-<digest>.<pid>: a process's mount
+
+
+class SquashfsError(RuntimeError, UserError):
+    """The image cannot be written, mounted or unpacked."""
+
+
+def _tool(name: str, purpose: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise SquashfsError(
+            f"data.pack: squashfs needs {name} to {purpose}, and it is not on PATH: install "
+            "squashfs-tools (apt install squashfs-tools squashfuse; `make system-deps`), or set "
+            "data.pack: none"
+        )
+    return found
+
+
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise SquashfsError(f"{what} failed (exit {done.returncode}): {' / '.join(tail)}")
+
+
+def write(folder: Path, data_dir: Path, stem: str) -> str:
+    """Pack ``folder`` into ``data_dir/<stem>-<digest>.sqfs`` and return that file's name;
+    earlier images of ``stem`` are removed. Written beside under a temporary name and renamed
+    when complete: a failed write leaves nothing. Raise SquashfsError."""
+    tool = _tool(MKSQUASHFS, "write the image")
+    folder, data_dir = Path(folder), Path(data_dir)
+    if not folder.is_dir():
+        raise SquashfsError(f"data.pack: squashfs: no folder {folder.absolute()} to pack")
+    # A name the data manifest leaves out (ddppipe.core.atomic's temporary files).
+    fd, name = tempfile.mkstemp(prefix=f".{stem}{SUFFIX}.", suffix=".tmp", dir=data_dir)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        _run([tool, str(folder), str(tmp), *MKSQUASHFS_ARGS], f"mksquashfs {folder}")
+        dest = data_dir / f"{stem}-{hashing.file_sha256(tmp)[:16]}{SUFFIX}"
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    for old in data_dir.glob(f"{stem}-*{SUFFIX}"):
+        if old != dest:
+            old.unlink()
+    return dest.name
+
+
+@dataclass(frozen=True)
+class Image:
+    """A data folder's image (its manifest's record) and the task argument it stands for."""
+
+    path: Path
+    arg: str
+
+    @classmethod
+    def of(cls, data_dir: Path, found: dict[str, Any]) -> Image | None:
+        """The image of the data folder ``data_dir`` whose manifest is ``found``; None when
+        its data is not packed."""
+        record = found.get(KEY)
+        if record is None:
+            return None
+        return cls(Path(data_dir) / record["image"], record["arg"])
+
+    @property
+    def digest(self) -> str:
+        return self.path.stem.rsplit("-", 1)[-1]
+
+    def _target(self, args: dict[str, Any]) -> str:
+        return os.path.abspath(os.path.expanduser(args[self.arg]))
+
+    def bind(self, args: dict[str, Any]) -> str:
+        """``apptainer exec --bind``'s value putting the image's content over the task's
+        folder (``args[arg]``, made absolute: the working directory is the same inside)."""
+        return f"{self.path.resolve()}:{self._target(args)}:image-src=/"
+
+    def bound(self, args: dict[str, Any]) -> bool:
+        """Whether this process runs in an Apptainer image with a mount over the task's
+        folder (:meth:`bind`)."""
+        in_image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+        return bool(in_image) and os.path.ismount(self._target(args))
+
+    @contextlib.contextmanager
+    def mounted(self, local: Path) -> Iterator[Path]:
+        """The image's content as a folder while in the block: mounted with squashfuse for
+        this process, else (no FUSE here: logged) unpacked once a node under ``local``."""
+        point = _mount(self.path, self.digest)
+        if point is None:
+            yield _unpacked(self.path, self.digest, Path(local))
+            return
+        try:
+            yield point
+        finally:
+            _unmount(point)
+
+
+def _unmount(point: Path) -> None:
+    """Detach a mount (lazily: a DataLoader worker may still hold a file) and remove its
+    folder; quiet when it is no mount (any more)."""
+    for argv in (["fusermount3", "-u", "-z"], ["fusermount", "-u", "-z"], ["umount", "-l"]):
+        if shutil.which(argv[0]):
+            subprocess.run([*argv, str(point)], capture_output=True, stdin=subprocess.DEVNULL)
+            break
+    with contextlib.suppress(OSError):
+        point.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(tmp: Path) -> None:
+    """The mounts that processes killed before their end left in ``tmp``, removed."""
+    for point in tmp.glob(f"{MOUNT_PREFIX}*.*"):
+        pid = point.suffix.lstrip(".")
+        if pid.isdigit() and not _alive(int(pid)):
+            log.info("removing %s, the mount of an ended process", point)
+            _unmount(point)
+
+
+def _mount(image: Path, digest: str) -> Path | None:
+    """The image mounted with squashfuse on a folder of this process's; None where squashfuse
+    is missing or cannot mount here (the reason logged)."""
+    tool = shutil.which(SQUASHFUSE)
+    if tool is None:
+        log.warning("data.pack: squashfs: no %s here: the image is unpacked to node-local disk "
+                    "instead (install squashfuse to mount it)", SQUASHFUSE)  # fmt: skip
+        return None
+    tmp = Path(tempfile.gettempdir())
+    _remove_stale(tmp)
+    point = tmp / f"{MOUNT_PREFIX}{digest}.{os.getpid()}"
+    if point.exists():  # this pid's, left by an earlier process of the same number
+        _unmount(point)
+    point.mkdir()
+    done = subprocess.run([tool, str(image), str(point)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    if done.returncode != 0 or not os.path.ismount(point):
+        with contextlib.suppress(OSError):
+            point.rmdir()
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["not mounted"]
+        log.warning("data.pack: squashfs: squashfuse cannot mount %s here (%s): the image is "
+                    "unpacked to node-local disk instead", image, why[0])  # fmt: skip
+        return None
+    log.info("mounted %s on %s (squashfuse)", image, point)
+    return point
+
+
+def _unpacked(image: Path, digest: str, local: Path) -> Path:
+    """The image's content unpacked into ``local/ddppipe-sqfs-<digest>/``: by the first process
+    of the node, into a temporary folder renamed into place; the others wait for it (a lock)
+    and every later one reuses it."""
+    dest = local / f"{MOUNT_PREFIX}{digest}"
+    local.mkdir(parents=True, exist_ok=True)
+    with open(local / f".{dest.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if dest.is_dir():
+            return dest
+        tool = _tool(UNSQUASHFS, f"unpack {image} where squashfuse cannot mount it")
+        tmp = local / f".{dest.name}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            _run([tool, "-no-progress", "-d", str(tmp), str(image)], f"unsquashfs {image}")
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    log.info("unpacked %s into %s", image, dest)
+    return dest
+
+
+def task_args(data_dir: Path, found: dict[str, Any], args: dict[str, Any], local: Path,
+              held: contextlib.ExitStack) -> dict[str, Any]:  # fmt: skip
+    """The task's ``args`` reading the data folder ``data_dir`` (manifest ``found``): as they
+    are where the data is not packed or its image is bound over the task's folder, else with
+    that folder replaced by the image's content, mounted (or unpacked under ``local``) until
+    ``held`` closes."""
+    image = Image.of(data_dir, found)
+    if image is None or image.bound(args):
+        return args
+    return {**args, image.arg: str(held.enter_context(image.mounted(local)))}

@@ -21,9 +21,6 @@ from tests.conftest import run_cli
 from tests.test_tasks_builtin import write_images
 from tests.tiny import default_config
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("mksquashfs") is None, reason="squashfs-tools not installed (make system-deps)"
-)
 IMAGE_NAME = re.compile(r"root-[0-9a-f]{16}\.sqfs")
 
 
@@ -66,7 +63,6 @@ def test_the_same_content_gives_the_same_image_and_a_failed_write_leaves_nothing
         squashfs.write(root, tmp_path / "b", "root")
 
 
-@pytest.mark.skipif(not fuse_mounts(), reason="no squashfuse or /dev/fuse here")
 def test_a_mount_ends_with_its_process_and_one_left_by_a_killed_one_is_removed(
     tmp_path: Path, tmp: Path
 ) -> None:
@@ -153,7 +149,6 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     assert epochs[-1]["test_accuracy"] > 0.5  # three colours, 36 training images
 
 
-@pytest.mark.skipif(shutil.which("apptainer") is None, reason="no apptainer (make system-deps)")
 def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> None:
     """container.mode apptainer: the launcher binds the image over task_args.root
     (``--bind IMAGE:ROOT:image-src=/``), where the ranks read it as the folder itself. The

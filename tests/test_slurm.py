@@ -424,6 +424,7 @@ def test_time_limit_slots_on_two_nodes_with_sacct(
     started = time.monotonic()
     proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "results/tiny/export/provenance.json",
                                  "--slurm-status-command", "sacct")  # fmt: skip
+    _poll(lambda: (wd / FINAL).exists(), proc, 840, "the trained model", out)  # 2 to 13 slots
     result = _result(proc, _finish(proc, out))
     wall = time.monotonic() - started
     assert result.returncode == 0, logs(wd, result)

@@ -102,3 +102,32 @@ def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
     assert continuation.ending(running, {**up, "cn08": "DOWN+DRAIN"})
     assert continuation.ending(running, {**up, "cn08": "IDLE+NOT_RESPONDING"})
     assert continuation.ending(requeued, up)
+
+
+def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
+    tmp_path: Path,
+) -> None:
+    """container.mode apptainer, data.pack squashfs: every node's step runs the image with the
+    data folder's SquashFS image bound over task_args.root (the manifest names the image)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(
+        '{"files": {}, "digest": "0", "squashfs": {"image": "root-0123456789abcdef.sqfs",'
+        ' "arg": "root"}}'
+    )
+    cfg = default_config()
+    cfg.update(task="ddppipe.tasks.imagefolder", task_args={"root": "/project/images"})
+    cfg["data"] = {"pack": "squashfs"}
+    cfg["container"].update(mode="apptainer", image="/images/ddppipe.sif")
+    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    plan = launch.plan(
+        run_spec.resolve(cfg, gpus=False), ["train", "--config=c"],
+        env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"], data=data,
+    )  # fmt: skip
+    image = data / "root-0123456789abcdef.sqfs"
+    step = plan.command[: plan.command.index("agent") + 1]
+    assert step[-9:] == [
+        "apptainer", "exec", "--bind", f"{image}:/project/images:image-src=/",
+        "/images/ddppipe.sif", "python", "-m", "ddppipe", "agent",
+    ]  # fmt: skip
+    assert step[:2] == ["srun", "--jobid=77"] and "--nodes=2" in step

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from snakemake_executor_plugin_slurm import Executor
 
+from ddppipe.slurm import bad_nodes
 from ddppipe.slurm.executor import failed_node_names
 
 
 def test_placeholders_are_no_node_names() -> None:
-    assert [failed_node_names.is_node_list(v) for v in (
+    assert [bad_nodes.is_node_name(v) for v in (
         "cn07", "gpu-a[01-04]", "node1,node2", "None assigned", "None", "", " cn07",
     )] == [True, True, True, False, False, False, False]  # fmt: skip
 

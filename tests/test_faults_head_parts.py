@@ -10,9 +10,8 @@ from snakemake.jobs import Wildcards
 from snakemake_executor_plugin_slurm.utils import get_job_wildcards
 
 from ddppipe.launching import preflight
-from ddppipe.runstate.state import StateDir
 from ddppipe.slurm import head, squeue
-from ddppipe.slurm.executor import attach, bad_nodes
+from ddppipe.slurm.executor import attach
 
 
 class _Job:
@@ -51,30 +50,6 @@ def test_failing_nodes_are_the_ones_whose_check_failed() -> None:
         "srun: error: gpu2: task 1: Exited with exit code 3\n"
     )
     assert preflight.failing_nodes(stderr, ["gpu1", "gpu2", "gpu3"]) == ["gpu2"]
-
-
-def test_bad_nodes_are_excluded_within_the_cap() -> None:
-    hosts = ["cn07", "cn08", "cn09"]
-    first = bad_nodes.decide(["cn08"], hosts, [], 2)
-    assert first.excluded == ["cn08"]
-    assert first.reason == (
-        "cn08 failed the preflight: excluded from the next slot (1 of "
-        "slurm.max_excluded_nodes 2 excluded: cn08)"
-    )
-    assert bad_nodes.decide(["cn09"], hosts, ["cn08"], 2).excluded == ["cn08", "cn09"]
-    capped = bad_nodes.decide(["cn09"], hosts, ["cn08"], 1)
-    assert capped.excluded == [] and "slurm.max_excluded_nodes (1) is reached" in capped.reason
-    every = bad_nodes.decide(hosts, hosts, [], 2)  # the run's problem, not a node's
-    assert every.excluded == [] and "every node of the slot failed" in every.reason
-    assert bad_nodes.decide([], hosts, [], 2).excluded == []
-
-
-def test_exclusions_survive_in_the_state_folder(tmp_path: Path) -> None:
-    state = StateDir(tmp_path)
-    assert bad_nodes.load(state) == []
-    bad_nodes.record(state, ["gpu2", "gpu5"])
-    assert bad_nodes.load(state) == ["gpu2", "gpu5"]
-    assert (tmp_path / "excluded-nodes.json").is_file()  # the file of earlier releases
 
 
 def test_head_job_request() -> None:

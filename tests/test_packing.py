@@ -19,7 +19,7 @@ import pytest
 
 from ddppipe.core import atomic
 from ddppipe.launching import resolve
-from ddppipe.packing import allocation_cost, tickets, worker
+from ddppipe.packing import allocation, allocation_cost, tickets, worker
 from ddppipe.packing.allocation import Allocation, PackError
 from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool
@@ -249,8 +249,11 @@ def test_a_node_that_fails_its_preflight_takes_no_trial(tmp_path: Path) -> None:
     assert pool.waiting() == 1 and pool.result("sweeps/s/a") is None
     (node,) = pool.records(pool.allocations / "nodes")
     assert node["node"] == socket.gethostname() and "GPU" in " ".join(node["preflight"])
-    assert pool.failed_nodes() == [socket.gethostname()]
+    assert list(pool.failed_preflight()) == [socket.gethostname()]
     spec = packed_spec(tmp_path, launch={"nnodes": 1, "device": "cpu"})
+    decision = allocation.exclude_bad_nodes(pool, spec.slurm.max_excluded_nodes)
+    assert decision is not None and decision.excluded == [socket.gethostname()]
+    assert pool.bad_nodes.load() == [socket.gethostname()] and pool.failed_preflight() == {}
     assert f"--exclude={socket.gethostname()}" in Allocation.of(spec).sbatch(pool, "/wd")
 
 

@@ -32,8 +32,7 @@ from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.runstate import attempts, failures, preemption, state_lock
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.slurm import continuation, scontrol
-from ddppipe.slurm.executor import bad_nodes
+from ddppipe.slurm import bad_nodes, continuation, scontrol
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
@@ -194,16 +193,13 @@ def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
 def _exclude_bad_nodes(
     spec: RunSpec, plan: launch.Plan, state: StateDir, error: preflight.PreflightError
 ) -> None:
-    """A preflight failure of some nodes of the slot: record them for the next slot's
-    submission and in the attempt history (ddppipe.slurm.executor.bad_nodes)."""
-    decision = bad_nodes.decide(
-        error.nodes, plan.hosts, bad_nodes.load(state), spec.slurm.max_excluded_nodes
-    )
+    """A preflight failure of some nodes of the slot: record them in the run's bad-node record
+    for the next slot's submission (ddppipe.slurm.bad_nodes) and in the attempt history."""
+    decision = bad_nodes.of_run(state).add(error.nodes, plan.hosts, spec.slurm.max_excluded_nodes)
     if not decision.excluded:
         if error.nodes:
             log.error("not excluding: %s", decision.reason)
         return
-    bad_nodes.record(state, decision.excluded)
     attempts.begin(state, plan.job, 0, plan.hosts)
     history = attempts.finish(state, f"bad node {', '.join(error.nodes)}", 1, decision.reason)
     log.error("%s; attempts:\n%s", decision.reason, attempts.table(history))

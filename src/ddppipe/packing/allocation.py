@@ -1,6 +1,6 @@
 """A packed sweep's allocations: the sbatch request of one (a trial's request, times the
-trials it holds), submitting one while trials wait and fewer than ``sweep.pack.allocations``
-are held, and which of those SLURM still queues or runs."""
+trials it holds, without the pool's bad nodes), submitting one while trials wait and fewer than
+``sweep.pack.allocations`` are held, and which of those SLURM still queues or runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.packing.pool import Pool
 from ddppipe.settings.run_spec import Pack, RunSpec, SweepSection
-from ddppipe.slurm import sbatch, squeue
+from ddppipe.slurm import bad_nodes, sbatch, squeue
 from ddppipe.slurm.request import Request
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Allocation:
             "--qos": slurm.qos,
             "--constraint": slurm.constraint,
             "--gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
-            "--exclude": ",".join(pool.failed_nodes()) or None,
+            "--exclude": pool.bad_nodes.exclude(),
             "--output": str(pool.allocations / "%j.log"),
             "--chdir": workdir,
         }
@@ -131,6 +131,29 @@ def held(pool: Pool) -> list[str]:
     return [job for job, state in squeue.states(submitted).items() if state in LIVE_STATES]
 
 
+def exclude_bad_nodes(pool: Pool, cap: int) -> bad_nodes.Decision | None:
+    """Decide on the nodes whose preflight failed in the pool's allocations since the last
+    decision (None: there is none), as a run decides on its slot's (ddppipe.slurm.bad_nodes):
+    recorded in the pool's bad-node record, which its next allocations ``--exclude``, within
+    the cap ``slurm.max_excluded_nodes``; past it, the waiting trials are refused (their train
+    jobs fail, saying why) instead of landing on the node again. Each node of a pool checks
+    itself alone, so a node that failed is a bad node even when the allocation had no other."""
+    failed = pool.failed_preflight()
+    if not failed:
+        return None
+    record = pool.bad_nodes
+    decision = record.add(list(failed), None, cap, bad_nodes.NEXT_ALLOCATIONS)
+    if decision.excluded:
+        log.error("%s", decision.reason)
+    else:
+        log.error("not excluding: %s", decision.reason)
+        refused = pool.refuse_waiting(decision.reason)
+        if refused:
+            log.error("refused the waiting trial(s) %s", ", ".join(refused))
+    pool.decided([p for paths in failed.values() for p in paths], decision.reason)
+    return decision
+
+
 def ensure(pool: Pool, allocation: Allocation, workdir: str, force: bool = False) -> str | None:
     """Submit an allocation when trials wait that the held ones have no slot for and fewer
     than ``pack.allocations`` are held; its job id, or None. At most one pool check every
@@ -143,6 +166,7 @@ def ensure(pool: Pool, allocation: Allocation, workdir: str, force: bool = False
         held_now = held(pool)
         for run in pool.reclaim(held_now):
             log.warning("%s: its allocation ended before it stopped; it waits again", run)
+        exclude_bad_nodes(pool, allocation.trial.slurm.max_excluded_nodes)
         live = [job for job in held_now if not pool.stopping(job)]  # (ending: a successor)
         waiting = pool.waiting()
         if not waiting:

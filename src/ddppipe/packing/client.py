@@ -46,7 +46,7 @@ def run(pool_root: Path, config_path: Path, command: list[str], order: int = 0) 
     allocations.ensure(pool, held, workdir, force=not pool.expected())
     while (result := pool.result(spec.run)) is None:
         if refused := pool.refusal(spec.run):
-            log.error("%s: a slot refused its ticket: %s", spec.run, refused)
+            log.error("%s: its ticket was refused: %s", spec.run, refused)
             return 1
         time.sleep(POLL_S)
         allocations.ensure(pool, held, workdir)

@@ -1,10 +1,11 @@
 """A packed sweep's pool folder (``results/sweeps/<sweep>/pack/``), on the shared filesystem:
 the trials waiting (``queue/``), training (``running/``), ended (``done/``) and refused
-(``refused/``), and the allocations' records (``allocations/``). Every move is one atomic
-rename or write, so two slots never take the same trial and a killed process leaves nothing
-half-written. Only the user may write the pool and its queue (their folders are made without
-group or other write permission, whatever the umask); a slot takes only the user's own tickets
-of the pool's sweep (:mod:`ddppipe.packing.tickets`).
+(``refused/``), the allocations' records (``allocations/``) and the nodes they exclude (the
+pool's bad-node record, ``excluded-nodes.json``: :mod:`ddppipe.slurm.bad_nodes`). Every move
+is one atomic rename or write, so two slots never take the same trial and a killed process
+leaves nothing half-written. Only the user may write the pool and its queue (their folders are
+made without group or other write permission, whatever the umask); a slot takes only the
+user's own tickets of the pool's sweep (:mod:`ddppipe.packing.tickets`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from ddppipe.core import atomic
 from ddppipe.packing import tickets
 from ddppipe.packing.tickets import Ticket, TicketError
+from ddppipe.slurm.bad_nodes import BadNodes
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,7 @@ class Pool:
             return None
 
     def refusal(self, run: str) -> str | None:
-        """Why a slot refused the ticket of ``run`` (None: it did not)."""
+        """Why the ticket of ``run`` was refused (None: it was not)."""
         try:
             return json.loads(self._path(self.refused, run).read_text())["refused"]
         except (FileNotFoundError, ValueError, KeyError):
@@ -234,10 +236,41 @@ class Pool:
         jobs = [r["job"] for r in self.records(self.allocations) if "job" in r]
         return any(not ended.get(job, False) for job in jobs)
 
-    def failed_nodes(self) -> list[str]:
-        """Nodes whose preflight failed in an allocation of this pool (not used again)."""
-        nodes = self.records(self.allocations / "nodes")
-        return sorted({r["node"] for r in nodes if r.get("preflight")})
+    @property
+    def bad_nodes(self) -> BadNodes:
+        """The nodes the pool's allocations exclude (its bad-node record, as a run has one)."""
+        return BadNodes.in_folder(self.root)
+
+    def failed_preflight(self) -> dict[str, list[Path]]:
+        """The nodes whose preflight failed in an allocation of this pool since the last
+        decision on them (:meth:`decided`), with their records."""
+        found: dict[str, list[Path]] = {}
+        folder = self.allocations / "nodes"
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                r = json.loads(path.read_text())
+                if r.get("preflight") and "bad_node" not in r:
+                    found.setdefault(r["node"], []).append(path)
+        return found
+
+    def decided(self, records: list[Path], reason: str) -> None:
+        """The node records of failed preflights decided on (excluded or not: ``reason``).
+        Their workers have ended (a node that fails takes no trial), so nothing else writes
+        them."""
+        for path in records:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                atomic.write_json(path, {**json.loads(path.read_text()), "bad_node": reason})
+
+    def refuse_waiting(self, why: str) -> list[str]:
+        """Refuse every waiting trial (its train job fails, saying ``why``); their runs."""
+        refused = []
+        for path in sorted(self.queue.glob("*.json")) if self.queue.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                found = json.loads(path.read_text())
+                self._refuse(path, found, why)
+                if (self.refused / path.name).exists():  # (not taken by a slot meanwhile)
+                    refused.append(str(found.get("run", path.stem)))
+        return refused
 
     def records(self, folder: Path) -> list[dict[str, Any]]:
         found = []

@@ -91,8 +91,8 @@ class StateDir:
 
     @property
     def excluded_nodes(self) -> Path:
-        """The nodes that failed the preflight, excluded from the run's next slots, in order
-        (ddppipe.slurm.executor.bad_nodes)."""
+        """The run's bad-node record: the nodes that failed the preflight, excluded from the
+        run's next slots, in order (ddppipe.slurm.bad_nodes)."""
         return self.root / "excluded-nodes.json"
 
     @property

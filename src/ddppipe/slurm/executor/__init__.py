@@ -6,7 +6,8 @@ executor class, each in its own module:
 - :mod:`~.failed_node_names`: submissions go on after a node failure (no ``--exclude`` of a
   placeholder);
 - :mod:`~.status_checks`: a job's end is noticed within seconds of its slot's end;
-- :mod:`~.bad_nodes`: a node that failed the run's preflight is excluded from its next slot;
+- :mod:`~.exclusions`: a node that failed the run's preflight (its record:
+  :mod:`ddppipe.slurm.bad_nodes`) is excluded from its next slot;
 - :mod:`~.attach`: a restarted snakemake waits for the run's live training job instead of
   submitting a second;
 - :mod:`~.early_failures`: a job that fails before its launcher starts is named, and not
@@ -28,8 +29,8 @@ from ddppipe.core.errors import UserError
 from ddppipe.runstate.state import StateDir
 from ddppipe.slurm.executor import (
     attach,
-    bad_nodes,
     early_failures,
+    exclusions,
     failed_node_names,
     status_checks,
 )
@@ -74,6 +75,6 @@ class Extension:
         check_version(installed_version() if version is None else version)
         failed_node_names.install(executor)
         status_checks.install(executor, self.states)
-        bad_nodes.install(executor, self.state_of)
+        exclusions.install(executor, self.state_of)
         attach.install(executor)
         early_failures.install(executor, self.state_of)

@@ -6,7 +6,8 @@ submissions, asking ``sacct -j JOB -X -o nodelist``. When the job has already be
 ``--exclude=None assigned,...``: sbatch reads ``assigned,...`` as its script and fails, for
 every rule and retry of the workflow (upstream issue #485, open; seen in this project's CI
 after a test took a node down). :func:`install` makes the executor's ``_failed_nodes`` a set
-that keeps only node names and hostlists.
+that keeps only node names and hostlists (:func:`ddppipe.slurm.bad_nodes.is_node_name`, which
+the bad-node record's reader applies too).
 """
 
 from __future__ import annotations
@@ -15,24 +16,20 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from ddppipe.slurm.bad_nodes import is_node_name
+
 log = logging.getLogger(__name__)
 ATTRIBUTE = "_failed_nodes"
-PLACEHOLDERS = ("None", "(null)", "Unknown")
-
-
-def is_node_list(value: str) -> bool:
-    """A node name or hostlist (``cn07``, ``gpu-a[01-04]``), not a placeholder or free text."""
-    return bool(value) and value not in PLACEHOLDERS and not any(c.isspace() for c in value)
 
 
 class NodeNames(set):
     """A set of node names that ignores anything else added to it."""
 
     def __init__(self, values: Iterable[str] = ()) -> None:
-        super().__init__(v for v in values if is_node_list(v))
+        super().__init__(v for v in values if is_node_name(v))
 
     def add(self, value: str) -> None:
-        if is_node_list(value):
+        if is_node_name(value):
             super().add(value)
         else:
             log.debug("ddppipe: not excluding %r from submissions: no node name", value)

@@ -15,14 +15,16 @@ def test_placeholders_are_no_node_names() -> None:
 
 
 def test_the_plugins_executor_excludes_only_node_names() -> None:
-    made_before = object.__new__(Executor)  # as __post_init__ leaves it, without a workflow
+    # a subclass: the plugin's own class stays as it is for the other tests of this process
+    cls = type("Executor", (Executor,), {})
+    made_before = object.__new__(cls)  # as __post_init__ leaves it, without a workflow
     made_before.__dict__["_failed_nodes"] = {"cn07", "None assigned"}
-    failed_node_names.install(Executor)
-    failed_node_names.install(Executor)  # twice: the same
+    failed_node_names.install(cls)
+    failed_node_names.install(cls)  # twice: the same
     made_before._failed_nodes.add("None assigned")  # sacct's answer for a requeued job
     made_before._failed_nodes.add("cn08")
     assert made_before._failed_nodes == {"cn07", "cn08"}
-    made_after = object.__new__(Executor)
+    made_after = object.__new__(cls)
     made_after._failed_nodes = set()  # what the plugin's __post_init__ does
     made_after._failed_nodes.add("None assigned")
     assert made_after._failed_nodes == set()

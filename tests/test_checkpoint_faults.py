@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe.training import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
 from tests.test_checkpoint import snapshot
 from tests.test_train_ddp import cli_args
@@ -83,7 +83,7 @@ SAVE_BIG = """
 import os, sys, time
 from pathlib import Path
 import torch
-from ddppipe.training import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 os.fsync = lambda fd: time.sleep(3600)
 snap = {"epoch": 2, "step": 0, "model": {"w": torch.ones(64 * 2**20)}}
 checkpoint.Store(Path(sys.argv[1])).save(snap)

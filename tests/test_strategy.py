@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ddppipe.settings import run_spec
-from ddppipe.training import checkpoint, evaluate, strategy
+from ddppipe.training import evaluate, strategy
+from ddppipe.training.checkpoints import checkpoint
 from tests.tiny import default_config
 
 CPU = torch.device("cpu")

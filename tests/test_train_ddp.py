@@ -14,7 +14,7 @@ from ddppipe.core import env_names
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
-from ddppipe.training import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
 from tests.processes import start_guarded_launch, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config

@@ -1,6 +1,6 @@
 """A training's checkpoints as its loop takes them: each written in the background while
-training goes on (:class:`ddppipe.training.sharded_checkpoint.Store`), the newest resumed
-from, and the final snapshot of full weights; the model's tensors as its strategy
+training goes on (:class:`ddppipe.training.checkpoints.sharded_checkpoint.Store`), the newest
+resumed from, and the final snapshot of full weights; the model's tensors as its strategy
 (:mod:`ddppipe.training.strategy`) holds them.
 """
 
@@ -20,7 +20,8 @@ from ddppipe.core import jsonl
 from ddppipe.parallel import distributed
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
-from ddppipe.training import checkpoint, provenance, rng, sharded_checkpoint
+from ddppipe.training import provenance, rng
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from ddppipe.training.strategy import Strategy
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ from ddppipe.tasks import kept_datasets
 from ddppipe.training import (
     agreement,
     allowances,
-    checkpoint,
     determinism,
     efficiency,
     evaluate,
@@ -44,6 +43,7 @@ from ddppipe.training import (
     run_checkpoints,
     strategy,
 )
+from ddppipe.training.checkpoints import checkpoint
 
 log = logging.getLogger(__name__)
 

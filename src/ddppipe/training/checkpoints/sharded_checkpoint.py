@@ -11,10 +11,10 @@ leaves a ``.saving`` folder, never a checkpoint that is picked; the next save or
 it. Being written in parts, a checkpoint loads at any world size and either strategy.
 
 Runs started before sharded checkpoints have ``ckpt-*.pt`` files
-(:mod:`ddppipe.training.checkpoint`): they are read too (a DDP run resumes from them) and counted
-among the ``keep`` newest. The other guarantees are those of the file store: damaged
-checkpoints go to ``damaged/``, another config's to ``stale-<hash>/``, nothing else is deleted
-but leftovers of killed saves and checkpoints beyond ``keep``.
+(:mod:`ddppipe.training.checkpoints.checkpoint`): they are read too (a DDP run resumes from
+them) and counted among the ``keep`` newest. The other guarantees are those of the file
+store: damaged checkpoints go to ``damaged/``, another config's to ``stale-<hash>/``, nothing
+else is deleted but leftovers of killed saves and checkpoints beyond ``keep``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ddppipe.core import atomic
-from ddppipe.training import checkpoint
+from ddppipe.training.checkpoints import checkpoint
 
 log = logging.getLogger(__name__)
 

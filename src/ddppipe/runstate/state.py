@@ -125,7 +125,8 @@ class StateDir:
 
     @property
     def wandb_run_id(self) -> Path:
-        """The run's W&B run id, minted by its first slot (:mod:`ddppipe.training.wandb_log`)."""
+        """The run's W&B run id, minted by its first slot
+        (:mod:`ddppipe.training.tracking.wandb_log`)."""
         return self.root / "wandb_run_id"
 
     @property

@@ -20,9 +20,10 @@ from ddppipe.core import jsonl
 from ddppipe.parallel import distributed
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
-from ddppipe.training import provenance, rng
+from ddppipe.training import rng
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from ddppipe.training.strategy import Strategy
+from ddppipe.training.tracking import provenance
 
 log = logging.getLogger(__name__)
 

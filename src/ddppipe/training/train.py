@@ -81,9 +81,9 @@ class Trainer:
         self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
         self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         if ctx.is_main:
-            from ddppipe.training import tracking
+            from ddppipe.training.tracking import run_tracking
 
-            self.tracker = tracking.of_run(spec, paths.state, self.config_hash)
+            self.tracker = run_tracking.of_run(spec, paths.state, self.config_hash)
         # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
         trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
         self.prunes = trial is not None

@@ -18,7 +18,7 @@ def export(
     from ddppipe.core import atomic
     from ddppipe.runstate import publish
     from ddppipe.settings import config, run_spec
-    from ddppipe.training import provenance as ddp_provenance
+    from ddppipe.training.tracking import provenance as ddp_provenance
 
     spec = run_spec.load(config_path)
     image = json.loads(Path(image_info).read_text()) if image_info else None

@@ -63,7 +63,7 @@ class StateDir:
     @property
     def watchdog(self) -> Path:
         """The current slot's heartbeats and stack dumps, one of each a rank
-        (ddppipe.training.heartbeat, ddppipe.launching.watchdog)."""
+        (ddppipe.training.measuring.heartbeat, ddppipe.launching.watchdog)."""
         return self.root / "watchdog"
 
     @property

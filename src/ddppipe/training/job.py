@@ -32,7 +32,7 @@ from typing import Any
 from ddppipe.core import slot
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
-from ddppipe.training import heartbeat
+from ddppipe.training.measuring import heartbeat
 
 STOP = preemption.EXIT_CODE  # the exit status of "stopped after a checkpoint: continue me"
 

@@ -31,12 +31,9 @@ from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
 from ddppipe.training import (
     agreement,
-    allowances,
     determinism,
-    efficiency,
     evaluate,
     files,
-    heartbeat,
     optim,
     probes,
     pruning,
@@ -44,6 +41,7 @@ from ddppipe.training import (
     strategy,
 )
 from ddppipe.training.checkpoints import checkpoint
+from ddppipe.training.measuring import allowances, efficiency, heartbeat
 
 log = logging.getLogger(__name__)
 

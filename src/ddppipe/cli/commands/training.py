@@ -52,7 +52,7 @@ def time_loader(
 ) -> int:
     """``ddppipe time-loader``: one rank's loader read alone; its figures on one line."""
     from ddppipe.settings import config, run_spec
-    from ddppipe.training import loader_timing
+    from ddppipe.training.measuring import loader_timing
 
     spec = run_spec.load(config_path)
     if spec.kind == "script":

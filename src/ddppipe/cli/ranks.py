@@ -22,7 +22,7 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
     try:
         from ddppipe.runstate.state import StateDir
         from ddppipe.settings import run_spec
-        from ddppipe.training import files, train
+        from ddppipe.training.loop import files, train
 
         paths = files.Paths(data, StateDir(state), checkpoint, metrics)
         train.train(run_spec.load(config_path), paths, guard)

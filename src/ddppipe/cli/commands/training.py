@@ -41,7 +41,7 @@ def export(
 
 def selfcheck() -> int:
     """``ddppipe selfcheck``: print versions and the result of a one-process DDP smoke test."""
-    from ddppipe.training import selfcheck as checks
+    from ddppipe.training.loop import selfcheck as checks
 
     print(json.dumps(checks.run(), indent=2))
     return 0

@@ -4,8 +4,8 @@ The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the
 metrics and optimizer; everything else is here: device, mixed precision, the sharded and
 resumable data order, stop on signal, evaluation, metrics and tracking. How the ranks hold the
 model (DDP, FSDP or HSDP: ``launch.strategy``) is its strategy's
-(:mod:`ddppipe.training.strategy`); its asynchronous checkpoints are
-:mod:`ddppipe.training.run_checkpoints`'s.
+(:mod:`ddppipe.training.loop.strategy`); its asynchronous checkpoints are
+:mod:`ddppipe.training.loop.run_checkpoints`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ddppipe.parallel import devices, distributed
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
-from ddppipe.training import (
+from ddppipe.training.checkpoints import checkpoint
+from ddppipe.training.loop import (
     agreement,
     determinism,
     evaluate,
@@ -40,13 +41,12 @@ from ddppipe.training import (
     run_checkpoints,
     strategy,
 )
-from ddppipe.training.checkpoints import checkpoint
 from ddppipe.training.measuring import allowances, efficiency, heartbeat
 
 log = logging.getLogger(__name__)
 
 # Ranks agree on a pending stop signal and on a non-finite loss every this many steps (one
-# tiny all-reduce: :mod:`ddppipe.training.agreement`).
+# tiny all-reduce: :mod:`ddppipe.training.loop.agreement`).
 SIGNAL_CHECK_EVERY = 10
 
 

@@ -7,8 +7,9 @@ Runs ddppipe's byte-level transformer (``ddppipe.tasks.charlm``) and prints:
   (target <= 0.55x);
 - (b) the median step time of a model both fit, FSDP / DDP (target <= 1.3x);
 - (c) a model of >= 100 M parameters (FSDP): the time training is blocked by an asynchronous
-  save (:class:`ddppipe.training.sharded_checkpoint.Store`: staging, then the write in the
-  background) against a synchronous one (the same save, waited for) (target <= 10 %).
+  save (:class:`ddppipe.training.checkpoints.sharded_checkpoint.Store`: staging, then the
+  write in the background) against a synchronous one (the same save, waited for) (target
+  <= 10 %).
 
     python bench/fsdp.py                 # d_model 256 x 8 layers for (a)/(b), 1024 x 8 for (c)
     python bench/fsdp.py --quick         # small models (a smoke run)
@@ -100,7 +101,7 @@ def train_steps(d_model: int, layers: int, strategy: str, steps: int) -> dict[st
 def checkpoint_block(d_model: int, layers: int, folder: Path) -> dict[str, float]:
     """(Every rank) An FSDP model's first optimizer step, then a sharded save waited for at
     once (synchronous) and one whose background write overlaps a stand-in for training."""
-    from ddppipe.training import sharded_checkpoint
+    from ddppipe.training.checkpoints import sharded_checkpoint
 
     torch.manual_seed(0)
     net = wrapped("fsdp", lm(d_model, layers))

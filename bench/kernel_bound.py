@@ -30,7 +30,7 @@ from ddppipe.core import system
 from ddppipe.data import batches
 from ddppipe.parallel import cpu_binding
 from ddppipe.settings import config
-from ddppipe.training import evaluate
+from ddppipe.training.loop import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 SECONDS = 1.0  # replaying time per process, after a warm-up round
@@ -83,7 +83,8 @@ def flops(calls: list[Call]) -> int:
 
 def training_step(cfg: dict[str, Any], data_dir: Path, images: int) -> Callable[[], None]:
     """Forward and backward of ``images`` training samples through ``cfg``'s model, in its
-    precision, memory format and loss, as :mod:`ddppipe.training.train` runs a step on the CPU."""
+    precision, memory format and loss, as :mod:`ddppipe.training.loop.train` runs a step on the
+    CPU."""
     task = tasks.load(cfg["task"])
     train = cfg["train"]
     dtype, memory_format = evaluate.numerics(train["precision"], train["channels_last"])

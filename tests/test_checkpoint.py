@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe.training import checkpoint
+from ddppipe.training.checkpoints import checkpoint
 
 
 def snapshot(epoch: int, step: int = 0, config_hash: str = "abc") -> dict:
@@ -124,7 +124,7 @@ def test_leftover_temp_files_of_checkpoints_are_removed_others_kept(tmp_path: Pa
 def test_a_state_dict_on_the_cpu_keeps_its_shape() -> None:
     """The final checkpoint's state dicts are moved to the CPU (a GPU run's final.pt loads on
     any machine without map_location): the same keys, nesting and values, detached."""
-    from ddppipe.training import checkpoint as ckpt
+    from ddppipe.training.checkpoints import checkpoint as ckpt
 
     weight = torch.nn.Parameter(torch.ones(2, 2))
     state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": weight * 2}},

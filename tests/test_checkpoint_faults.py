@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddppipe.training import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint, store_files
 from tests.conftest import run_cli
 from tests.test_checkpoint import snapshot
 from tests.test_train_ddp import cli_args
@@ -52,7 +52,7 @@ def test_a_small_file_on_a_full_disk_is_named_with_the_space_left(small_disk: Pa
     with pytest.raises(OSError) as raised:
         checkpoint.save({"epoch": 1, "notes": "x" * 8192}, path)
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
-    message = checkpoint.write_failure(raised.value)
+    message = store_files.write_failure(raised.value)
     assert message.startswith(f"rank 0 could not write {path}: [Errno 28] No space left")
     assert "MiB free (of 2.0 MiB): make room there" in message
     assert list(path.parent.iterdir()) == []  # no partial file, no temp file
@@ -83,7 +83,7 @@ SAVE_BIG = """
 import os, sys, time
 from pathlib import Path
 import torch
-from ddppipe.training import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 os.fsync = lambda fd: time.sleep(3600)
 snap = {"epoch": 2, "step": 0, "model": {"w": torch.ones(64 * 2**20)}}
 checkpoint.Store(Path(sys.argv[1])).save(snap)

@@ -35,7 +35,8 @@ def test_every_function_named_by_string_is_in_a_layer_the_cli_may_import() -> No
     """The table names its functions as text (imported on use), which lint-imports cannot
     see: each must be in the cli or a package below it in the layer contract."""
     layers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = [c for c in layers["contracts"] if c["type"] == "layers"]
+    (contract,) = [c for c in layers["contracts"]
+                   if c["type"] == "layers" and "ddppipe.cli" in c["layers"]]  # fmt: skip
     below = contract["layers"][contract["layers"].index("ddppipe.cli") :]
     assert below[:2] == ["ddppipe.cli", "ddppipe.sweeps"]  # the layers read as expected
     outside = [c.call for c in COMMANDS

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ddppipe import tasks
 from ddppipe.parallel import wrapping
 from ddppipe.settings import config, run_spec
-from ddppipe.training import evaluate, optim
+from ddppipe.training.loop import evaluate, optim
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -25,7 +25,7 @@ SUFFIXES = {".py", ".smk", ".md", ".yaml", ".yml", ".def", ".toml", ".txt", ".cf
 NOT_CODE = {
     "base", "cuda", "git_commit", "installed", "requirement", "requirements", "torch",
     "variant",  # image labels (containers/ddppipe.def, ddppipe.apptainer.task_recipe)
-    "role", "sweep",  # MLflow tags (ddppipe.training.mlflow_log)
+    "role", "sweep",  # MLflow tags (ddppipe.training.tracking.mlflow_log)
     "def", "json", "sif",  # containers/ddppipe.def, ddppipe.json, ddppipe.sif
     "model",  # the pre-0.3 module, named in ddppipe.tasks.loader.MOVED_MODULES
 }  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 
 from ddppipe.reports import utilisation, waste
-from ddppipe.training import efficiency
+from ddppipe.training.measuring import efficiency
 
 
 def attempt(wall: float, **figures: float) -> dict:
@@ -100,7 +100,7 @@ def test_utilisation_falls_back_to_the_gpu_datasheet_then_to_nothing() -> None:
 
 
 def test_gpu_usage_sampler_averages_and_keeps_the_peak() -> None:
-    from ddppipe.training import gpu_usage
+    from ddppipe.training.measuring import gpu_usage
 
     readings = iter([(50.0, 1_000.0), (100.0, 3_000.0), (0.0, 2_000.0)])
 
@@ -116,7 +116,7 @@ def test_gpu_usage_sampler_averages_and_keeps_the_peak() -> None:
 
 
 def test_gpu_usage_without_nvml_gives_no_figures() -> None:
-    from ddppipe.training import gpu_usage
+    from ddppipe.training.measuring import gpu_usage
 
     def read() -> tuple[float, float]:
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
@@ -147,7 +147,7 @@ def test_the_gemm_peak_fits_its_measuring_time_on_any_cpu() -> None:
 
     import torch
 
-    from ddppipe.training import peak
+    from ddppipe.training.measuring import peak
 
     for precision in ("fp32", "bf16"):
         started = time.perf_counter()

@@ -19,7 +19,7 @@ from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.slurm import continuation
-from ddppipe.training import allowances, heartbeat
+from ddppipe.training.measuring import allowances, heartbeat
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
 

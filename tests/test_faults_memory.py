@@ -24,7 +24,7 @@ from ddppipe.runstate import failures, out_of_memory
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout, sweep
 from ddppipe.sweeps import trials
-from ddppipe.training import rank_memory
+from ddppipe.training.measuring import rank_memory
 from tests.conftest import run_cli
 from tests.tiny import TinyData, make_tiny, tiny_config
 

@@ -20,7 +20,8 @@ from ddppipe.core import slot
 from ddppipe.data import manifest
 from ddppipe.parallel import fsdp
 from ddppipe.settings import config, run_spec
-from ddppipe.training import checkpoint, evaluate, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
+from ddppipe.training.loop import evaluate
 from tests.conftest import run_cli
 from tests.tiny import default_config
 

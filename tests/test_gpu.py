@@ -21,7 +21,7 @@ from ddppipe.parallel import cpu_binding
 from ddppipe.parallel import software as gpu_stack
 from ddppipe.runstate import attempts
 from ddppipe.settings import config
-from ddppipe.training import efficiency
+from ddppipe.training.measuring import efficiency
 from tests.conftest import requires_gpu, run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
 

@@ -141,7 +141,7 @@ def test_the_script_apis_info_makes_the_ranks_gpu_the_current_device(
 
     from ddppipe.core import slot
     from ddppipe.parallel import devices
-    from ddppipe.training import job
+    from ddppipe.training.script import job
 
     current: list[torch.device] = []
     monkeypatch.setattr(devices, "select", lambda rank, size, use: torch.device("cuda", rank))

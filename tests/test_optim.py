@@ -1,5 +1,5 @@
-"""The recipe's optimizer and schedule (ddppipe.training.optim) and a rank's random streams
-(ddppipe.training.rng), built from the typed run spec."""
+"""The recipe's optimizer and schedule (ddppipe.training.loop.optim) and a rank's random streams
+(ddppipe.training.loop.rng), built from the typed run spec."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from ddppipe.settings import run_spec
-from ddppipe.training import optim, rng
+from ddppipe.training.loop import optim, rng
 from tests.tiny import default_config
 
 CPU = torch.device("cpu")

@@ -26,7 +26,7 @@ from ddppipe.data import batches
 from ddppipe.launching import resolve
 from ddppipe.reproduce import checks, compare, source, verdict
 from ddppipe.settings import config
-from ddppipe.training import determinism
+from ddppipe.training.loop import determinism
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, tiny_config
 

@@ -1,4 +1,4 @@
-"""What the training loop asks its strategy (ddppipe.training.strategy): the one of
+"""What the training loop asks its strategy (ddppipe.training.loop.strategy): the one of
 ``launch.strategy``, and where DDP and FSDP2 differ, without a process group (the strategies'
 training, checkpoints and resumption: test_fsdp.py, test_train_ddp.py)."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ddppipe.settings import run_spec
-from ddppipe.training import checkpoint, evaluate, strategy
+from ddppipe.training.checkpoints import checkpoint
+from ddppipe.training.loop import evaluate, strategy
 from tests.tiny import default_config
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""Pruning a sweep's trials at epoch ends (ddppipe.training.pruning): real 2-process DDP
+"""Pruning a sweep's trials at epoch ends (ddppipe.training.loop.pruning): real 2-process DDP
 trainings of the built-in digits task, each a trial's config as the workflow writes it,
 reporting to the sweep's one Optuna journal.
 
@@ -26,7 +26,7 @@ from ddppipe.reports import summary
 from ddppipe.settings import config, layout
 from ddppipe.settings.run_spec import Pruning, TrialSection
 from ddppipe.settings.runs import Runs
-from ddppipe.training import pruning
+from ddppipe.training.loop import pruning
 from tests.tiny import default_config
 
 SWEEP = "lr"

@@ -323,7 +323,7 @@ def test_mlflow_trials_are_children_of_one_parent_run(
     from mlflow.tracking import MlflowClient
 
     from ddppipe.settings.run_spec import RunSpec
-    from ddppipe.training import mlflow_log, tracking
+    from ddppipe.training.tracking import mlflow_log, run_tracking
 
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -343,7 +343,7 @@ def test_mlflow_trials_are_children_of_one_parent_run(
             assert parent == mlflow_log.SweepParent(
                 "lr", tmp_path / "results/sweeps/lr/.mlflow-parent.lock"
             )
-            trackers.append(tracking.Tracker(None, state, mlflow_uri=uri, run_name=trial.run,
+            trackers.append(run_tracking.Tracker(None, state, mlflow_uri=uri, run_name=trial.run,
                                              parent=parent))  # fmt: skip
     for i, tracker in enumerate(trackers):
         tracker.log(10, {"accuracy": 0.5 + i / 10}, prefix="test")

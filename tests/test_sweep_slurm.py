@@ -38,7 +38,7 @@ import pytest
 from ddppipe.reports import summary
 from ddppipe.settings import layout
 from ddppipe.settings.run_spec import Pruning, TrialSection
-from ddppipe.training import pruning
+from ddppipe.training.loop import pruning
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
 from tests.test_slurm import _finish, _start_snakemake, logs, on_cluster, train_job_ids

@@ -326,5 +326,11 @@ def test_a_task_importing_a_moved_module_is_told_where_it_went(tmp_path: Path) -
     )
     from ddppipe import job  # the script API keeps its import
     from ddppipe.data import Tensors  # and tasks' in-memory datasets theirs
+    from ddppipe.training import job as before_packages  # (its old path, README's before)
 
-    assert job.__name__ == "ddppipe.training.job" and Tensors.__module__ == "ddppipe.data.batches"
+    assert before_packages is job
+
+    assert (
+        job.__name__ == "ddppipe.training.script.job"
+        and Tensors.__module__ == "ddppipe.data.batches"
+    )

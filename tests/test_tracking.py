@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ddppipe.runstate.state import StateDir
-from ddppipe.training import mlflow_log, tracking
+from ddppipe.training.tracking import mlflow_log, run_tracking
 
 # One job slot: logs train/loss = step + 1000 * slot at every step and test/accuracy at every
 # 10th, then closes the tracker or dies by SIGKILL (after `linger` seconds) without closing it.
@@ -24,11 +24,11 @@ SLOT = textwrap.dedent(
     import json, os, signal, sys, time
     from pathlib import Path
     from ddppipe.runstate.state import StateDir
-    from ddppipe.training import tensorboard_log, tracking
+    from ddppipe.training.tracking import run_tracking, tensorboard_log
 
     spec = json.loads(sys.argv[1])
     tensorboard_log.FLUSH_SECONDS = spec.get("flush_seconds", tensorboard_log.FLUSH_SECONDS)
-    tracker = tracking.Tracker(
+    tracker = run_tracking.Tracker(
         spec["log_dir"] and Path(spec["log_dir"]), StateDir(Path(spec["state_dir"])),
         mlflow_uri=spec.get("mlflow_uri"),
         run_name="mnist", params=spec.get("params"), tags=spec.get("tags"),
@@ -48,7 +48,9 @@ SLOT = textwrap.dedent(
 
 
 # The loggers of the facade and its backends.
-LOGGERS = {f"ddppipe.training.{m}" for m in ("tracking", "tensorboard_log", "mlflow_log")}
+LOGGERS = {
+    f"ddppipe.training.tracking.{m}" for m in ("run_tracking", "tensorboard_log", "mlflow_log")
+}
 
 
 def run_slot(tmp_path: Path, slot: int, first: int, last: int, end: str, **extra: Any) -> None:
@@ -167,7 +169,7 @@ def test_unreachable_mlflow_never_stops_training(
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
-        tracker = tracking.Tracker(
+        tracker = run_tracking.Tracker(
             tmp_path / "tensorboard", StateDir(tmp_path / "state"), mlflow_uri="http://127.0.0.1:9"
         )
         for step in range(10):
@@ -178,7 +180,7 @@ def test_unreachable_mlflow_never_stops_training(
     warnings = [r for r in caplog.records if r.name in LOGGERS]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert warnings[0].levelno == logging.WARNING
-    assert warnings[0].name == "ddppipe.training.mlflow_log"
+    assert warnings[0].name == "ddppipe.training.tracking.mlflow_log"
     assert "MLflow tracking (http://127.0.0.1:9) off" in warnings[0].getMessage()
     assert not StateDir(tmp_path / "state").mlflow_run_id.exists()
 
@@ -189,7 +191,7 @@ def test_unwritable_log_dir_never_stops_training(
     blocker = tmp_path / "file"
     blocker.write_text("")
     with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
-        tracker = tracking.Tracker(blocker / "tensorboard", StateDir(tmp_path / "state"))
+        tracker = run_tracking.Tracker(blocker / "tensorboard", StateDir(tmp_path / "state"))
         for step in range(3):
             tracker.log(step, {"loss": 1.0, "bad": "n/a"}, prefix="train")  # type: ignore[dict-item]
         tracker.close()
@@ -213,8 +215,8 @@ def test_flatten_params() -> None:
 
 def test_import_loads_neither_tensorboard_nor_mlflow() -> None:
     code = (
-        "import sys, ddppipe.training.tracking; print(sorted(m for m in sys.modules"
-        " if m.split('.')[0] in {'mlflow', 'tensorboard', 'torch'}))"
+        "import sys, ddppipe.training.tracking.run_tracking; print(sorted(m for m in"
+        " sys.modules if m.split('.')[0] in {'mlflow', 'tensorboard', 'torch'}))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

@@ -14,7 +14,7 @@ from ddppipe.core import env_names
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
-from ddppipe.training import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from tests.conftest import run_cli
 from tests.processes import start_guarded_launch, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
@@ -78,7 +78,8 @@ def test_two_process_torchrun_writes_metrics_and_checkpoints(straight: Path) -> 
 
 
 def test_the_slot_records_where_its_time_went(straight: Path) -> None:
-    """Rank 0's figures of the slot, in its attempt record (ddppipe.training.efficiency)."""
+    """Rank 0's figures of the slot, in its attempt record
+    (ddppipe.training.measuring.efficiency)."""
     (attempt,) = json.loads((straight / "state" / "attempts.json").read_text())
     figures = attempt["efficiency"]
     assert figures["flops_per_image"] == 71_565_312  # the seeds' CNN: 71.6 MFLOP an image

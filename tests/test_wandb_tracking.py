@@ -21,7 +21,7 @@ import pytest
 
 from ddppipe.runstate import attempts, preemption
 from ddppipe.runstate.state import StateDir
-from ddppipe.training import tracking
+from ddppipe.training.tracking import run_tracking
 from tests.conftest import run_cli
 from tests.processes import start_guarded_launch, worker_pids
 from tests.test_train_ddp import cli_args
@@ -166,10 +166,10 @@ SLOT = textwrap.dedent(
     import json, os, signal, sys, time
     from pathlib import Path
     from ddppipe.runstate.state import StateDir
-    from ddppipe.training import tracking
+    from ddppipe.training.tracking import run_tracking
 
     spec = json.loads(sys.argv[1])
-    tracker = tracking.Tracker(None, StateDir(Path(spec["state"])), run_name=spec["name"],
+    tracker = run_tracking.Tracker(None, StateDir(Path(spec["state"])), run_name=spec["name"],
                                params=spec["params"], wandb=spec["wandb"], group=spec["group"])
     slot = spec["slot"]
     for step in range(spec["first"], spec["last"] + 1):
@@ -222,11 +222,11 @@ TRIALS = textwrap.dedent(
     from pathlib import Path
     from ddppipe.runstate.state import StateDir
     from ddppipe.settings import run_spec
-    from ddppipe.training import tracking
+    from ddppipe.training.tracking import run_tracking
 
     for i, folder in enumerate(map(Path, sys.argv[1:])):
         spec = run_spec.load(folder / "config.yaml")
-        tracker = tracking.of_run(spec, StateDir(folder / "state"), "cafe0123")
+        tracker = run_tracking.of_run(spec, StateDir(folder / "state"), "cafe0123")
         for step in range(10):
             tracker.log(step, {"loss": 1.0 / (step + 1)}, prefix="train")
         tracker.summary({"outcome": {"test_accuracy": 0.5 + i / 10}})
@@ -278,7 +278,7 @@ def test_a_failing_wandb_never_stops_training(
     blocker = tmp_path / "file"
     blocker.write_text("")
     with caplog.at_level(logging.WARNING, logger="ddppipe.training"):
-        tracker = tracking.Tracker(None, StateDir(blocker / "state"), wandb=WANDB)
+        tracker = run_tracking.Tracker(None, StateDir(blocker / "state"), wandb=WANDB)
         for step in range(3):
             tracker.log(step, {"loss": 1.0}, prefix="train")
         tracker.checkpointed(2)
@@ -292,7 +292,8 @@ def test_a_failing_wandb_never_stops_training(
 
 def test_import_loads_no_wandb() -> None:
     code = (
-        "import sys, ddppipe.training.tracking, ddppipe.training.wandb_log;"
+        "import sys, ddppipe.training.tracking.run_tracking,"
+        " ddppipe.training.tracking.wandb_log;"
         " print(sorted(m for m in sys.modules if m.split('.')[0] == 'wandb'))"
     )
     result = subprocess.run(

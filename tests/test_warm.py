@@ -76,7 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 def probe_command(server: dict[str, str], *args: str) -> list[str]:
     """A rank running the probe script, as a script run's launcher starts it."""
-    return [sys.executable, "-m", "ddppipe.training.run_script", server["PROBE"], *args]
+    return [sys.executable, "-m", "ddppipe.training.script.run_script", server["PROBE"], *args]
 
 
 def probe(server: dict[str, str], out: Path, mode: str = "") -> dict[str, str]:
@@ -113,7 +113,7 @@ def test_a_forked_command_takes_its_callers_priority(server: dict, tmp_path: Pat
     caller = (
         "import os, sys; from ddppipe.launching import warm_client; os.nice(7); "
         "sys.exit(warm_client.spawn("
-        "[sys.executable, '-m', 'ddppipe.training.run_script', os.environ['PROBE']], "
+        "[sys.executable, '-m', 'ddppipe.training.script.run_script', os.environ['PROBE']], "
         "dict(os.environ)).wait())"
     )
     base = os.getpriority(os.PRIO_PROCESS, 0)
@@ -145,7 +145,7 @@ def test_a_rank_whose_launcher_dies_is_killed(server: dict, tmp_path: Path) -> N
     launcher = textwrap.dedent("""
         import sys, time
         from ddppipe.launching import warm_client
-        rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.run_script",
+        rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.script.run_script",
                            __import__("os").environ["PROBE"]], dict(__import__("os").environ))
         print("pid", rank.pid, flush=True)
         time.sleep(120)
@@ -199,7 +199,7 @@ def test_a_rank_imports_from_its_callers_pythonpath(server: dict, tmp_path: Path
     (tmp_path / "script.py").write_text("import only_mine\n")
     paths = [str(tmp_path / "mine"), server.get("PYTHONPATH", "")]
     env = {**server, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.run_script",
+    rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.script.run_script",
                        str(tmp_path / "script.py")], env)  # fmt: skip
     assert rank is not None and rank.wait(timeout=60) == 7
 
@@ -217,7 +217,7 @@ try:
 except PermissionError:
     print("denied")
     sys.exit(0)
-request = {"module": "ddppipe.training.run_script", "args": [script], "env": {}, "cwd": "/"}
+request = {"module": "ddppipe.training.script.run_script", "args": [script], "env": {}, "cwd": "/"}
 try:
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
     print(conn.recv(4096).decode().strip() or "closed")
@@ -281,7 +281,7 @@ def test_a_request_for_another_module_is_refused(server: dict, tmp_path: Path) -
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
     answer = json.loads(conn.makefile().readline())
     conn.close()
-    served = "ddppipe, ddppipe.training.run_script"
+    served = "ddppipe, ddppipe.training.script.run_script"
     assert answer == {"refused": f"module 'zipfile' is none of {served}"}
     assert not archive.exists()
     log = Path(server[LOG_ENV]).read_text()
@@ -349,7 +349,12 @@ def test_a_server_whose_kept_datasets_touched_cuda_forks_no_rank(
         env = {**os.environ, env_names.WARM_SOCKET: str(path),
                env_names.WARM_SERVER: str(server.pid),
                "PROBE_OUT": str(tmp_path), "RANK": "0"}  # fmt: skip
-        command = [sys.executable, "-m", "ddppipe.training.run_script", str(tmp_path / "probe.py")]
+        command = [
+            sys.executable,
+            "-m",
+            "ddppipe.training.script.run_script",
+            str(tmp_path / "probe.py"),
+        ]
         with caplog.at_level(logging.WARNING, logger="ddppipe.launching.warm_client"):
             assert warm_client.spawn(command, env) is None  # started cold by its launcher
         assert "the warm server refused the rank: loading the datasets of " in caplog.text

@@ -85,7 +85,7 @@ def test_the_same_failure_again_is_not_restarted(tmp_path: Path) -> None:
     script.write_text(ALWAYS_FAILS)
     record = slot.Slot("script", str(tmp_path), user_file=str(script))
     env = {"PATH": "/usr/bin:/bin", **slot.write(record, tmp_path / "slot.json")}
-    runner = [sys.executable, "-m", "ddppipe.training.run_script", str(script)]
+    runner = [sys.executable, "-m", "ddppipe.training.script.run_script", str(script)]
     line = 1 + ALWAYS_FAILS.splitlines().index('    raise ValueError(f"no batch {n}")')
     g = workers.Group(runner, env, 2, 3)
     assert g.wait() == 1

@@ -9,7 +9,7 @@ import torch
 
 from ddppipe.parallel import software as ddp_software
 from ddppipe.tasks.model import Net
-from ddppipe.training import checkpoint
+from ddppipe.training.checkpoints import checkpoint
 from tests.conftest import run_cli
 from tests.documented_build import Build, copy_checkout
 from tests.tiny import REAL_MNIST, default_config, real_mnist_sha256

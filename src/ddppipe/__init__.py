@@ -17,7 +17,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 def __getattr__(name: str) -> Any:
     if name == "job":  # the script API, where users' scripts have always imported it
-        from ddppipe.training import job
+        from ddppipe.training.script import job
 
         return job
     raise AttributeError(f"module 'ddppipe' has no attribute {name!r}")

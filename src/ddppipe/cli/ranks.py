@@ -16,13 +16,13 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
 
     # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
     guard = preemption.Guard()
-    from ddppipe.training import heartbeat
+    from ddppipe.training.measuring import heartbeat
 
     heartbeat.start()  # from now on the launcher's hang watchdog sees this rank's progress
     try:
         from ddppipe.runstate.state import StateDir
         from ddppipe.settings import run_spec
-        from ddppipe.training import files, train
+        from ddppipe.training.loop import files, train
 
         paths = files.Paths(data, StateDir(state), checkpoint, metrics)
         train.train(run_spec.load(config_path), paths, guard)
@@ -51,7 +51,7 @@ def _exit_now(code: int) -> NoReturn:
     called without an active exception", CI 2026-11-23) after a complete training: its
     agent then failed the slot and killed the other rank.
     """
-    from ddppipe.training import heartbeat
+    from ddppipe.training.measuring import heartbeat
 
     heartbeat.done()  # (os._exit runs no atexit handler)
     logging.shutdown()

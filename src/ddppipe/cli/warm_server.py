@@ -20,7 +20,7 @@ def preload() -> tuple[ModuleType, ...]:
 
     from ddppipe.cli import ranks
     from ddppipe.reports import plots
-    from ddppipe.training import evaluate, train
+    from ddppipe.training.loop import evaluate, train
 
     return (torch, torch.distributed, torch.nn.parallel, torch._dynamo, train, evaluate, ranks,
             plots)  # fmt: skip

@@ -29,7 +29,7 @@ from ddppipe.launching import launch
 from ddppipe.parallel import devices
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.training import efficiency, peak
+from ddppipe.training.measuring import efficiency, peak
 
 STEP_TIMEOUT_S = 90
 ALLREDUCE_JOIN_TIMEOUT_S = 30

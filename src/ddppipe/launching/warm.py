@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 # What a request may run: a launcher's rank entry points (a task's ``ddppipe train``, a script's
 # runner) and ddppipe's own subcommands (warm_client.delegate); nothing else is forked.
-SERVED = frozenset({"ddppipe", "ddppipe.training.run_script"})
+SERVED = frozenset({"ddppipe", "ddppipe.training.script.run_script"})
 FOLDER_PREFIX = "ddppipe-warm-"  # a private folder made for a socket (mkdtemp), removed after
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1

@@ -1,7 +1,7 @@
 """The progress watchdog of a slot: a rank without progress ends the slot as ``hung``.
 
 The launcher (on the job's first node) reads every rank's heartbeat
-(:mod:`ddppipe.training.heartbeat`) from the state folder once a second. A rank may go
+(:mod:`ddppipe.training.measuring.heartbeat`) from the state folder once a second. A rank may go
 without progress for its phase's allowance (:func:`allowance`): a training step's is
 ``launch.hang_timeout_s``, or with ``auto`` 10 times the slowest step seen in the slot and
 at least 2 minutes (10 minutes until the slot's first steps: torchtitan's two timeouts,
@@ -38,7 +38,7 @@ from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import scancel as ddp_scancel
 from ddppipe.slurm import squeue
-from ddppipe.training import allowances, heartbeat
+from ddppipe.training.measuring import allowances, heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from ddppipe.core import memory, slot
 from ddppipe.launching import warm_client
 from ddppipe.runstate import failures, preemption
 from ddppipe.runstate.state import StateDir
-from ddppipe.training import heartbeat
+from ddppipe.training.measuring import heartbeat
 
 log = logging.getLogger(__name__)
 

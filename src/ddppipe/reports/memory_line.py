@@ -1,6 +1,6 @@
 """The summary's memory line: the peak per rank of the last measured slot, host and GPU, each
 with its rank and node, and what the model and optimizer held of it
-(:mod:`ddppipe.training.rank_memory`'s record, read without torch)::
+(:mod:`ddppipe.training.measuring.rank_memory`'s record, read without torch)::
 
     memory  peak per rank: 1.2 GiB host (rank 0 on cn07), 10.3 of 80.0 GiB GPU (rank 3 on
             cn08; 11.0 GiB reserved): parameters 410 MiB, gradients 410 MiB, optimizer

@@ -10,7 +10,7 @@ from typing import Any
 
 from ddppipe.reports.run_files import About
 from ddppipe.reports.wording import duration, percent
-from ddppipe.training.pruning import PRUNED_AT
+from ddppipe.training.loop.pruning import PRUNED_AT
 
 Line = tuple[str, str]
 

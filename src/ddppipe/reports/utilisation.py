@@ -1,14 +1,14 @@
 """Utilisation: an attempt's achieved FLOP/s against its allocation's compute peak, in words.
 
 The peak is the preflight's GEMM on the attempt's nodes (SLURM runs), else the GPUs'
-datasheet (:mod:`ddppipe.training.peak`); a CPU without a measured peak gets no fraction.
+datasheet (:mod:`ddppipe.training.measuring.peak`); a CPU without a measured peak gets no fraction.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ddppipe.training import peak
+from ddppipe.training.measuring import peak
 
 NO_PEAK = "no peak to compare with: the preflight measures it (SLURM runs), or a known GPU"
 

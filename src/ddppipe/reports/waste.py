@@ -1,7 +1,7 @@
 """Waste flags: an attempt's figures judged at the thresholds centres use, in plain words, each
 with its fix (the summary's ``waste`` lines).
 
-The ranks measure (:mod:`ddppipe.training.efficiency`); this module judges.
+The ranks measure (:mod:`ddppipe.training.measuring.efficiency`); this module judges.
 """
 
 from __future__ import annotations

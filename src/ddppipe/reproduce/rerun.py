@@ -14,7 +14,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.runstate import publish
 from ddppipe.settings import config as configs
 from ddppipe.settings import layout
-from ddppipe.training import provenance
+from ddppipe.training.tracking import provenance
 
 
 class TrainingFailed(RuntimeError, UserError):

@@ -39,10 +39,11 @@ class Attempt:
     checkpoint: str | None = None  # the last checkpoint it wrote
     checkpoint_seconds: float | None = None  # slowest checkpoint write of the slot
     stop_seconds: float | None = None  # from the stop signal to its checkpoint written
-    efficiency: dict[str, Any] | None = None  # rank 0's figures (ddppipe.training.efficiency)
+    # rank 0's figures (ddppipe.training.measuring.efficiency)
+    efficiency: dict[str, Any] | None = None
     queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
     peak: dict[str, Any] | None = (
-        None  # the preflight's GEMM peaks (ddppipe.training.peak), if it ran
+        None  # the preflight's GEMM peaks (ddppipe.training.measuring.peak), if it ran
     )
     submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
     detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason

@@ -2,7 +2,7 @@
 
 Every rank of a slot that dies of a Python exception leaves one record
 (``<state>/failures/restart<R>-rank<N>.json``, written by :func:`record`: the trainer's entry
-and ``python -m ddppipe.training.run_script`` for a user's script): its rank, node, time,
+and ``python -m ddppipe.training.script.run_script`` for a user's script): its rank, node, time,
 exception type and message, traceback, the training step it was in, and the innermost frame
 in the user's own file (the task file or the script). The launcher reads them when the slot
 ends (:func:`first`): the **first** failure by time is the cause; the others (rank 0's gloo

@@ -63,7 +63,7 @@ class StateDir:
     @property
     def watchdog(self) -> Path:
         """The current slot's heartbeats and stack dumps, one of each a rank
-        (ddppipe.training.heartbeat, ddppipe.launching.watchdog)."""
+        (ddppipe.training.measuring.heartbeat, ddppipe.launching.watchdog)."""
         return self.root / "watchdog"
 
     @property
@@ -125,7 +125,8 @@ class StateDir:
 
     @property
     def wandb_run_id(self) -> Path:
-        """The run's W&B run id, minted by its first slot (:mod:`ddppipe.training.wandb_log`)."""
+        """The run's W&B run id, minted by its first slot
+        (:mod:`ddppipe.training.tracking.wandb_log`)."""
         return self.root / "wandb_run_id"
 
     @property

@@ -44,7 +44,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # >= 99.0 % test accuracy on MNIST in one epoch: the BatchNorm variant of the seeds' CNN
     # (TASK_ARGS), after the public single-GPU recipe (tuomaso/train_mnist_fast: one epoch,
     # Adam, one-cycle, no dropout) and CIFAR-10 speedruns (KellerJordan/cifar10-airbench:
-    # BatchNorm, label smoothing). bf16 also all-reduces bf16 gradients (ddppipe.training.train).
+    # BatchNorm, label smoothing). bf16 also all-reduces bf16 gradients
+    # (ddppipe.training.loop.train).
     # Measured with 2 CPU processes (2026-11-23): 99.14 / 99.13 / 99.10 % for seeds 0 / 1 / 2;
     # a global batch of 256 reached 98.86-99.06 %, and the seeds' CNN as it is 98.57 %.
     "fast": {

@@ -42,7 +42,7 @@ class Train:
     checkpoint_every: int
     keep_checkpoints: int
     activation_checkpointing: bool = False  # recompute the blocks' activations (parallel.fsdp)
-    deterministic: bool = False  # deterministic kernels (ddppipe.training.determinism)
+    deterministic: bool = False  # deterministic kernels (ddppipe.training.loop.determinism)
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,8 @@ class SweepSection:
 
 @dataclass(frozen=True)
 class Pruning:
-    """How a trial's training prunes itself at epoch ends (:mod:`ddppipe.training.pruning`)."""
+    """How a trial's training prunes itself at epoch ends
+    (:mod:`ddppipe.training.loop.pruning`)."""
 
     method: str  # median | halving
     metric: str

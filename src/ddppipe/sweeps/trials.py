@@ -21,7 +21,7 @@ from ddppipe.reports import result_lines, run_files, slurm_accounting
 from ddppipe.reports.hours import Cost
 from ddppipe.settings import layout
 from ddppipe.settings.sweep import Sweep, trials
-from ddppipe.training.pruning import PRUNED_AT, history_key
+from ddppipe.training.loop.pruning import PRUNED_AT, history_key
 
 COMPLETED, PRUNED, FAILED, RUNNING, PENDING = "completed", "pruned", "failed", "running", "pending"
 OUTCOMES = (COMPLETED, PRUNED, FAILED, RUNNING, PENDING)  # the counts, in this order

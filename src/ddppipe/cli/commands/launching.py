@@ -77,7 +77,7 @@ def _launch(
         if outputs is None:
             raise config.ConfigError("ddppipe launch: a script run needs --outputs")
         # the script as `python SCRIPT ARGS` runs it, its failure recorded (runstate.failures)
-        runner = ["-m", "ddppipe.training.run_script"]
+        runner = ["-m", "ddppipe.training.script.run_script"]
         program = [*runner, spec.task_source["path"], *spec.script_args]
         return lifecycle.run(
             spec, program, state, attempts,

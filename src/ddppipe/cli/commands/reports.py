@@ -18,7 +18,7 @@ def evaluate(
     from ddppipe.core import atomic
     from ddppipe.reports import plots
     from ddppipe.settings import run_spec
-    from ddppipe.training import evaluate
+    from ddppipe.training.loop import evaluate
 
     spec = run_spec.load(config_path)
     batch_size = batch_size or spec.train.eval_batch_size

@@ -18,7 +18,7 @@ def export(
     from ddppipe.core import atomic
     from ddppipe.runstate import publish
     from ddppipe.settings import config, run_spec
-    from ddppipe.training import provenance as ddp_provenance
+    from ddppipe.training.tracking import provenance as ddp_provenance
 
     spec = run_spec.load(config_path)
     image = json.loads(Path(image_info).read_text()) if image_info else None
@@ -41,7 +41,7 @@ def export(
 
 def selfcheck() -> int:
     """``ddppipe selfcheck``: print versions and the result of a one-process DDP smoke test."""
-    from ddppipe.training import selfcheck as checks
+    from ddppipe.training.loop import selfcheck as checks
 
     print(json.dumps(checks.run(), indent=2))
     return 0
@@ -52,7 +52,7 @@ def time_loader(
 ) -> int:
     """``ddppipe time-loader``: one rank's loader read alone; its figures on one line."""
     from ddppipe.settings import config, run_spec
-    from ddppipe.training import loader_timing
+    from ddppipe.training.measuring import loader_timing
 
     spec = run_spec.load(config_path)
     if spec.kind == "script":

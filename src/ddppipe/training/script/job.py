@@ -32,7 +32,7 @@ from typing import Any
 from ddppipe.core import slot
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
-from ddppipe.training import heartbeat
+from ddppipe.training.measuring import heartbeat
 
 STOP = preemption.EXIT_CODE  # the exit status of "stopped after a checkpoint: continue me"
 
@@ -211,9 +211,9 @@ def log(step: int, **values: float) -> None:
         f.write(json.dumps(record) + "\n")
     found = slot.read()
     if _tracker is None and found and (found.tensorboard or found.mlflow):
-        from ddppipe.training import tracking
+        from ddppipe.training.tracking import run_tracking
 
-        _tracker = tracking.Tracker(
+        _tracker = run_tracking.Tracker(
             Path(found.tensorboard) if found.tensorboard else None, state,
             mlflow_uri=found.mlflow, run_name=found.run,
         )  # fmt: skip

@@ -52,7 +52,7 @@ def record(
     attempts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The provenance of a final training snapshot (``final``: its epochs, config hash and
-    meta, :func:`ddppipe.training.checkpoint.record`)."""
+    meta, :func:`ddppipe.training.checkpoints.checkpoint.record`)."""
     meta = final["meta"]
     return {
         "git": system.git_commit(),

@@ -19,7 +19,8 @@ from torch import nn
 
 from ddppipe.parallel import fsdp, wrapping
 from ddppipe.settings import run_spec
-from ddppipe.training import checkpoint, evaluate, optim, probes, sharded_checkpoint
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
+from ddppipe.training.loop import evaluate, optim, probes
 
 History = list[dict[str, Any]]
 

@@ -204,7 +204,7 @@ def evaluate_checkpoint(
     """
     from ddppipe import tasks
     from ddppipe.data import batches, manifest, squashfs
-    from ddppipe.training import checkpoint as ckpt
+    from ddppipe.training.checkpoints import checkpoint as ckpt
 
     snapshot = ckpt.load(checkpoint)
     task = tasks.load(spec.task, step="ddppipe evaluate")

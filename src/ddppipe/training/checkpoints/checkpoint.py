@@ -9,10 +9,7 @@ checkpoints beyond ``keep``: damaged ones go to ``damaged/``, another config's t
 
 from __future__ import annotations
 
-import errno
 import logging
-import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +20,11 @@ import torch.distributed as dist
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
+from ddppipe.training.checkpoints import store_files
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-FILE_PATTERN = re.compile(r"^ckpt-e(\d{4})-s(\d{6})\.pt$")  # a checkpoint file's name
 REQUIRED_KEYS = frozenset(
     {
         "format",
@@ -103,7 +100,7 @@ def restore(snapshot_: dict[str, Any], parts: Trainable) -> tuple[int, int, list
 
 def file_name(epoch: int, step: int) -> str:
     """``epoch`` completed epochs plus ``step`` steps into the next one."""
-    return f"ckpt-e{epoch:04d}-s{step:06d}.pt"
+    return store_files.stem(epoch, step) + ".pt"
 
 
 def save(snapshot: dict[str, Any], path: Path) -> None:
@@ -158,7 +155,7 @@ class Store:
         """Checkpoint files, oldest first."""
         if not self.folder.is_dir():
             return []
-        found = [p for p in self.folder.iterdir() if FILE_PATTERN.match(p.name)]
+        found = [p for p in self.folder.iterdir() if store_files.FILE_PATTERN.match(p.name)]
         return sorted(found, key=lambda p: p.name)
 
     def save(self, snapshot: dict[str, Any]) -> Path:
@@ -181,47 +178,23 @@ class Store:
             try:
                 snapshot = load(path)
             except CheckpointError as e:
-                moved = move_into(path, self.folder / "damaged")
-                log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
+                store_files.set_aside_damaged(path, e)
                 continue
             if snapshot["config_hash"] != config_hash:
-                self._move_aside(snapshot["config_hash"], config_hash)
+                store_files.set_aside_stale(
+                    self.folder, self.paths(), snapshot["config_hash"], config_hash
+                )
                 return None
             log.info("resuming from %s", path)
             return snapshot
         return None
-
-    def _move_aside(self, old_hash: str, new_hash: str) -> None:
-        stale = self.folder / f"stale-{old_hash}"
-        for path in self.paths():
-            move_into(path, stale)
-        log.warning(
-            "checkpoints in %s belong to training config %s, not %s: moved to %s, starting over",
-            self.folder,
-            old_hash,
-            new_hash,
-            stale,
-        )
 
     def _remove_leftovers(self) -> None:
         """Remove the temporary files of saves whose process was killed."""
         if not self.folder.is_dir():
             return
         for path in self.folder.iterdir():
-            if FILE_PATTERN.match(atomic.temp_target(path.name) or ""):
-                path.unlink(missing_ok=True)
-                log.warning("removed %s, left by an interrupted checkpoint save", path)
-
-
-def move_into(path: Path, folder: Path) -> Path:
-    """Move ``path`` into ``folder`` without overwriting: ``<stem>.<n><suffix>`` on a clash."""
-    folder.mkdir(exist_ok=True)
-    dest, n = folder / path.name, 0
-    while dest.exists():
-        n += 1
-        dest = folder / f"{path.stem}.{n}{path.suffix}"
-    shutil.move(path, dest)
-    return dest
+            store_files.remove_if_temporary(path)
 
 
 def rank0_writes(write: Callable[[], T]) -> T | None:
@@ -237,25 +210,10 @@ def rank0_writes(write: Callable[[], T]) -> T | None:
         try:
             result = write()
         except Exception as e:
-            error, failure[0] = e, write_failure(e)
+            error, failure[0] = e, store_files.write_failure(e)
     dist.broadcast_object_list(failure, src=0)
     if failure[0] is None:
         return result
     if error is not None and not isinstance(error, OSError):
         raise error  # a bug, not the storage: keep its traceback
     raise CheckpointError(failure[0]) from error
-
-
-def write_failure(e: BaseException, rank: int = 0) -> str:
-    """A rank's message for a failed write, with the space left when the disk is full."""
-    if not isinstance(e, OSError) or e.filename is None:
-        return f"rank {rank} could not write: {type(e).__name__}: {e}"
-    path = Path(e.filename)
-    text = f"rank {rank} could not write {path}: [Errno {e.errno}] {e.strerror}"
-    if e.errno == errno.ENOSPC:  # the partial file is gone: this is the space the write had
-        disk = shutil.disk_usage(path.parent)
-        text += (
-            f"; {path.parent} has {disk.free / 2**20:.1f} MiB free "
-            f"(of {disk.total / 2**20:.1f} MiB): make room there"
-        )
-    return text

@@ -11,10 +11,10 @@ leaves a ``.saving`` folder, never a checkpoint that is picked; the next save or
 it. Being written in parts, a checkpoint loads at any world size and either strategy.
 
 Runs started before sharded checkpoints have ``ckpt-*.pt`` files
-(:mod:`ddppipe.training.checkpoint`): they are read too (a DDP run resumes from them) and counted
-among the ``keep`` newest. The other guarantees are those of the file store: damaged
-checkpoints go to ``damaged/``, another config's to ``stale-<hash>/``, nothing else is deleted
-but leftovers of killed saves and checkpoints beyond ``keep``.
+(:mod:`ddppipe.training.checkpoints.checkpoint`): they are read too (a DDP run resumes from
+them) and counted among the ``keep`` newest. The other guarantees are those of the file
+store: damaged checkpoints go to ``damaged/``, another config's to ``stale-<hash>/``, nothing
+else is deleted but leftovers of killed saves and checkpoints beyond ``keep``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -34,12 +33,11 @@ import torch
 import torch.distributed as dist
 
 from ddppipe.core import atomic
-from ddppipe.training import checkpoint
+from ddppipe.training.checkpoints import checkpoint, store_files
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2
-_NAME = re.compile(r"^ckpt-e(\d{4})-s(\d{6})$")
 SAVING = ".saving"  # suffix of a folder being written
 COMMITTED = "COMMITTED"  # the marker of a complete checkpoint
 STATE = "state.pt"  # its non-tensor state
@@ -57,7 +55,7 @@ _FAILED = _failed_types()
 
 def folder_name(epoch: int, step: int) -> str:
     """``epoch`` completed epochs plus ``step`` steps into the next one."""
-    return f"ckpt-e{epoch:04d}-s{step:06d}"
+    return store_files.stem(epoch, step)
 
 
 @dataclass
@@ -103,8 +101,8 @@ class Store:
         if not self.folder.is_dir():
             return []
         found = [p for p in self.folder.iterdir()
-                 if (_NAME.match(p.name) and (p / COMMITTED).is_file())
-                 or checkpoint.FILE_PATTERN.match(p.name)]  # fmt: skip
+                 if (store_files.FOLDER_PATTERN.match(p.name) and (p / COMMITTED).is_file())
+                 or store_files.FILE_PATTERN.match(p.name)]  # fmt: skip
         return sorted(found, key=lambda p: (p.name.removesuffix(".pt"), p.suffix != ".pt"))
 
     def latest(self, config_hash: str) -> Found | None:
@@ -115,17 +113,12 @@ class Store:
             try:
                 state = checkpoint.load(path) if path.suffix == ".pt" else read_state(path)
             except checkpoint.CheckpointError as e:
-                moved = checkpoint.move_into(path, self.folder / "damaged")
-                log.warning("%s; moved to %s, falling back to the previous checkpoint", e, moved)
+                store_files.set_aside_damaged(path, e)
                 continue
             if state["config_hash"] != config_hash:
-                stale = self.folder / f"stale-{state['config_hash']}"
-                for old in self.paths():
-                    checkpoint.move_into(old, stale)
-                log.warning(
-                    "checkpoints in %s belong to training config %s, not %s: moved to %s, "
-                    "starting over", self.folder, state["config_hash"], config_hash, stale,
-                )  # fmt: skip
+                store_files.set_aside_stale(
+                    self.folder, self.paths(), state["config_hash"], config_hash
+                )
                 return None
             log.info("resuming from %s", path)
             return Found(path, state)
@@ -137,16 +130,15 @@ class Store:
         if not self.folder.is_dir():
             return
         for path in self.folder.iterdir():
-            if path.is_dir() and _NAME.match(path.name.removesuffix(SAVING)):
+            if path.is_dir() and store_files.FOLDER_PATTERN.match(path.name.removesuffix(SAVING)):
                 if path.name.endswith(SAVING):
                     shutil.rmtree(path, ignore_errors=True)
                     log.warning("removed %s, left by an interrupted checkpoint save", path)
                 elif not (path / COMMITTED).is_file():
-                    moved = checkpoint.move_into(path, self.folder / "damaged")
+                    moved = store_files.move_into(path, self.folder / "damaged")
                     log.warning("%s has no %s marker: moved to %s", path, COMMITTED, moved)
-            elif checkpoint.FILE_PATTERN.match(atomic.temp_target(path.name) or ""):
-                path.unlink(missing_ok=True)
-                log.warning("removed %s, left by an interrupted checkpoint save", path)
+            else:
+                store_files.remove_if_temporary(path)
 
     # -- saving (collective) --------------------------------------------------------------
     def save(self, state: dict[str, Any], tensors: dict[str, Any]) -> str:
@@ -291,7 +283,7 @@ def _failure(e: BaseException, rank: int, where: Path) -> str:
         found = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if isinstance(found, OSError) and found.filename is None:
         found = OSError(found.errno, found.strerror, str(where))
-    return checkpoint.write_failure(found, rank)
+    return store_files.write_failure(found, rank)
 
 
 def _nearly_full(folder: Path) -> bool:

@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddppipe.data import batches
 from ddppipe.parallel import devices
-from ddppipe.training import efficiency, evaluate
+from ddppipe.training.loop import evaluate
+from ddppipe.training.measuring import efficiency
 
 COMM_PROBES = 3  # per slot: steps timed with and without the all-reduce (the fastest counts)
 

@@ -1,7 +1,7 @@
-"""``python -m ddppipe.training.run_script SCRIPT [ARGS...]``: a user's torchrun script run as
-``python SCRIPT ARGS`` runs it (``__main__``, its folder first on ``sys.path``), its failure
-recorded for the launcher (:func:`ddppipe.runstate.failures.record`): a script's ``main`` is
-not ours to decorate. Every script run (locally and under torchrun's agent) starts here.
+"""``python -m ddppipe.training.script.run_script SCRIPT [ARGS...]``: a user's torchrun script
+run as ``python SCRIPT ARGS`` runs it (``__main__``, its folder first on ``sys.path``), its
+failure recorded for the launcher (:func:`ddppipe.runstate.failures.record`): a script's
+``main`` is not ours to decorate. Every script run (locally and under torchrun's agent) starts here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 from ddppipe.core import atomic, jsonl
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout
-from ddppipe.training import checkpoint
+from ddppipe.training.checkpoints import checkpoint
 
 
 @dataclass

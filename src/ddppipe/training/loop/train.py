@@ -4,8 +4,8 @@ The task (:mod:`ddppipe.tasks`) gives the model, the datasets and optionally the
 metrics and optimizer; everything else is here: device, mixed precision, the sharded and
 resumable data order, stop on signal, evaluation, metrics and tracking. How the ranks hold the
 model (DDP, FSDP or HSDP: ``launch.strategy``) is its strategy's
-(:mod:`ddppipe.training.strategy`); its asynchronous checkpoints are
-:mod:`ddppipe.training.run_checkpoints`'s.
+(:mod:`ddppipe.training.loop.strategy`); its asynchronous checkpoints are
+:mod:`ddppipe.training.loop.run_checkpoints`'s.
 """
 
 from __future__ import annotations
@@ -31,26 +31,24 @@ from ddppipe.parallel import devices, distributed
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
-from ddppipe.training import (
+from ddppipe.training.checkpoints import checkpoint
+from ddppipe.training.loop import (
     agreement,
-    allowances,
-    checkpoint,
     determinism,
-    efficiency,
     evaluate,
     files,
-    heartbeat,
     optim,
     probes,
     pruning,
     run_checkpoints,
     strategy,
 )
+from ddppipe.training.measuring import allowances, efficiency, heartbeat
 
 log = logging.getLogger(__name__)
 
 # Ranks agree on a pending stop signal and on a non-finite loss every this many steps (one
-# tiny all-reduce: :mod:`ddppipe.training.agreement`).
+# tiny all-reduce: :mod:`ddppipe.training.loop.agreement`).
 SIGNAL_CHECK_EVERY = 10
 
 
@@ -83,9 +81,9 @@ class Trainer:
         self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
         self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         if ctx.is_main:
-            from ddppipe.training import tracking
+            from ddppipe.training.tracking import run_tracking
 
-            self.tracker = tracking.of_run(spec, paths.state, self.config_hash)
+            self.tracker = run_tracking.of_run(spec, paths.state, self.config_hash)
         # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
         trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
         self.prunes = trial is not None

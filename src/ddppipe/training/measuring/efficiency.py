@@ -6,9 +6,10 @@ their batches: :meth:`SlotMeter.fed`), the steady-state
 throughput (the first :data:`WARMUP_STEPS` steps of a slot excluded, reported apart), and the
 FLOPs of one training image (counted once with ``torch.utils.flop_counter``); every rank adds
 its CPU time and its peak memory (its node's, and its own host and GPU peaks with what its
-model and optimizer hold: :mod:`ddppipe.training.rank_memory`). The figures go into the slot's
-attempt record (:mod:`ddppipe.runstate.attempts`). Judging them (waste flags, utilisation of
-the peak) is the reports' part: :mod:`ddppipe.reports.waste`, :mod:`ddppipe.reports.utilisation`.
+model and optimizer hold: :mod:`ddppipe.training.measuring.rank_memory`). The figures go into
+the slot's attempt record (:mod:`ddppipe.runstate.attempts`). Judging them (waste flags,
+utilisation of the peak) is the reports' part: :mod:`ddppipe.reports.waste`,
+:mod:`ddppipe.reports.utilisation`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class SlotMeter:
         self.warmup_images = 0
         self.warmup_seconds = 0.0
         self.flops_per_image: float | None = None
-        self.gpu: dict[str, Any] = {}  # the GPU's name and memory (ddppipe.training.gpu_usage)
+        self.gpu: dict[str, Any] = {}  # the GPU's name and memory (measuring.gpu_usage)
         self.gpu_sampler: Any = None
         self.exposed_communication: tuple[float, int] | None = None  # (s a step, its images)
         self.device: Any = None  # the rank's device, model and optimizer (watch_memory)
@@ -84,7 +85,7 @@ class SlotMeter:
 
     def watch_gpu(self, device: Any) -> None:
         """Sample the CUDA ``device``'s NVML utilisation and memory from the first step on."""
-        from ddppipe.training import gpu_usage
+        from ddppipe.training.measuring import gpu_usage
 
         self.gpu = gpu_usage.describe(device)
         self.gpu_sampler = gpu_usage.Sampler(gpu_usage.nvml_reader(device))
@@ -145,7 +146,7 @@ class SlotMeter:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # the node's agent (or local launcher) too
             processes.append(process_memory(str(os.getppid())))
         private = sum(max(0.0, peak - files) for peak, files in processes)
-        from ddppipe.training import rank_memory
+        from ddppipe.training.measuring import rank_memory
 
         device = self.device if self.device is not None else torch.device("cpu")
         own = rank_memory.measure(device, self.model, self.optimizer)

@@ -1,13 +1,13 @@
 """A rank's memory: its host and GPU peaks and what its model and optimizer hold of them.
 
 Each rank measures itself (:func:`measure`) when its slot's figures are collected
-(:meth:`ddppipe.training.efficiency.SlotMeter.collect`); the slot keeps the fullest rank's
-(:func:`fullest`), named by rank and node, in its attempt record. The parts are the rank's own
-tensors: with sharding (FSDP's DTensor parameters) its shards (``to_local()``). Gradients count
-one per trainable parameter, as large as it (DDP's buckets hold them between steps; a
-``zero_grad(set_to_none=True)`` after the step would otherwise hide them); the rest of the
-peak is activations and everything else (the CUDA context is outside torch's count; on a CPU,
-the host peak also holds torch's libraries and the data).
+(:meth:`ddppipe.training.measuring.efficiency.SlotMeter.collect`); the slot keeps the fullest
+rank's (:func:`fullest`), named by rank and node, in its attempt record. The parts are the
+rank's own tensors: with sharding (FSDP's DTensor parameters) its shards (``to_local()``).
+Gradients count one per trainable parameter, as large as it (DDP's buckets hold them between
+steps; a ``zero_grad(set_to_none=True)`` after the step would otherwise hide them); the rest of
+the peak is activations and everything else (the CUDA context is outside torch's count; on a
+CPU, the host peak also holds torch's libraries and the data).
 """
 
 from __future__ import annotations

@@ -4,14 +4,15 @@ A run is trained in several job slots (SLURM requeues, preemptions, restarts), e
 process that resumes from the last checkpoint at some global step S. Points the previous slot
 logged at steps >= S were computed after that checkpoint and are recomputed now, so they are
 stale. :class:`Tracker` (rank 0 only) keeps one continuous history over any number of slots by
-fanning each point out to the backends: TensorBoard (:mod:`ddppipe.training.tensorboard_log`,
-which purges the stale points), MLflow (:mod:`ddppipe.training.mlflow_log`, which keeps them
-next to the new ones; a sweep's trials are child runs of one parent run) and Weights & Biases
-(:mod:`ddppipe.training.wandb_log`, which holds each point back until the checkpoint covering
-its step commits, so no stale point reaches it; a sweep's trials are one group). The trainer
-says when a checkpoint commits (:meth:`Tracker.checkpointed`) and adds the run's summary and
-final weights (:meth:`Tracker.summary`, :meth:`Tracker.model`); TensorBoard and MLflow ignore
-them.
+fanning each point out to the backends: TensorBoard
+(:mod:`ddppipe.training.tracking.tensorboard_log`, which purges the stale points), MLflow
+(:mod:`ddppipe.training.tracking.mlflow_log`, which keeps them next to the new ones; a sweep's
+trials are child runs of one parent run) and Weights & Biases
+(:mod:`ddppipe.training.tracking.wandb_log`, which holds each point back until the checkpoint
+covering its step commits, so no stale point reaches it; a sweep's trials are one group). The
+trainer says when a checkpoint commits (:meth:`Tracker.checkpointed`) and adds the run's summary
+and final weights (:meth:`Tracker.summary`, :meth:`Tracker.model`); TensorBoard and MLflow
+ignore them.
 
 Tracking never stops training: the first error of a backend is logged as a warning and that
 backend is then off for the rest of the process. ``tensorboard``, ``mlflow`` and ``wandb`` are
@@ -30,7 +31,7 @@ from typing import Any
 from ddppipe.core import errors, system
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.training import mlflow_log, tensorboard_log, wandb_log
+from ddppipe.training.tracking import mlflow_log, tensorboard_log, wandb_log
 
 log = logging.getLogger(__name__)
 

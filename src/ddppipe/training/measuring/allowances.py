@@ -9,7 +9,7 @@ the hang, dump every rank's stack and name it (:func:`collective_timeout_s`).
 
 from __future__ import annotations
 
-from ddppipe.training import heartbeat
+from ddppipe.training.measuring import heartbeat
 
 # auto: a step may take this many times the slowest step seen in the slot, and at least
 # AUTO_FLOOR_S (a file system's or the network's hiccup is no hang); until the slot's steps

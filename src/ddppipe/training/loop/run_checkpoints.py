@@ -1,7 +1,7 @@
 """A training's checkpoints as its loop takes them: each written in the background while
-training goes on (:class:`ddppipe.training.sharded_checkpoint.Store`), the newest resumed
-from, and the final snapshot of full weights; the model's tensors as its strategy
-(:mod:`ddppipe.training.strategy`) holds them.
+training goes on (:class:`ddppipe.training.checkpoints.sharded_checkpoint.Store`), the newest
+resumed from, and the final snapshot of full weights; the model's tensors as its strategy
+(:mod:`ddppipe.training.loop.strategy`) holds them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from ddppipe.core import jsonl
 from ddppipe.parallel import distributed
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
-from ddppipe.training import checkpoint, provenance, rng, sharded_checkpoint
-from ddppipe.training.strategy import Strategy
+from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
+from ddppipe.training.loop import rng
+from ddppipe.training.loop.strategy import Strategy
+from ddppipe.training.tracking import provenance
 
 log = logging.getLogger(__name__)
 

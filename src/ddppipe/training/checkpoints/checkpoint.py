@@ -9,7 +9,6 @@ checkpoints beyond ``keep``: damaged ones go to ``damaged/``, another config's t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,6 @@ import torch.distributed as dist
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.training.checkpoints import store_files
-
-log = logging.getLogger(__name__)
 
 FORMAT = 1
 REQUIRED_KEYS = frozenset(
@@ -174,20 +171,8 @@ class Store:
         config to ``stale-<hash>/``, so the run starts over.
         """
         self._remove_leftovers()
-        for path in reversed(self.paths()):
-            try:
-                snapshot = load(path)
-            except CheckpointError as e:
-                store_files.set_aside_damaged(path, e)
-                continue
-            if snapshot["config_hash"] != config_hash:
-                store_files.set_aside_stale(
-                    self.folder, self.paths(), snapshot["config_hash"], config_hash
-                )
-                return None
-            log.info("resuming from %s", path)
-            return snapshot
-        return None
+        found = store_files.newest(self.folder, self.paths(), config_hash, load, CheckpointError)
+        return found[1] if found else None
 
     def _remove_leftovers(self) -> None:
         """Remove the temporary files of saves whose process was killed."""

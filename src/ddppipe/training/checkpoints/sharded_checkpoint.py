@@ -109,20 +109,14 @@ class Store:
         """(Rank 0) The newest readable checkpoint of this config, falling back past damaged
         ones (moved to ``damaged/``); another config's move to ``stale-<hash>/`` (start over)."""
         self._remove_leftovers()
-        for path in reversed(self.paths()):
-            try:
-                state = checkpoint.load(path) if path.suffix == ".pt" else read_state(path)
-            except checkpoint.CheckpointError as e:
-                store_files.set_aside_damaged(path, e)
-                continue
-            if state["config_hash"] != config_hash:
-                store_files.set_aside_stale(
-                    self.folder, self.paths(), state["config_hash"], config_hash
-                )
-                return None
-            log.info("resuming from %s", path)
-            return Found(path, state)
-        return None
+
+        def read(path: Path) -> dict[str, Any]:
+            return checkpoint.load(path) if path.suffix == ".pt" else read_state(path)
+
+        found = store_files.newest(
+            self.folder, self.paths(), config_hash, read, checkpoint.CheckpointError
+        )
+        return Found(*found) if found else None
 
     def _remove_leftovers(self) -> None:
         """Remove what killed saves left: ``.saving`` folders and the file store's temp files;

@@ -12,7 +12,9 @@ import errno
 import logging
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ddppipe.core import atomic
 
@@ -56,6 +58,28 @@ def set_aside_stale(folder: Path, paths: list[Path], old_hash: str, new_hash: st
         "checkpoints in %s belong to training config %s, not %s: moved to %s, starting over",
         folder, old_hash, new_hash, stale,
     )  # fmt: skip
+
+
+def newest(
+    folder: Path, paths: list[Path], config_hash: str,
+    read: Callable[[Path], dict[str, Any]], damaged: type[Exception],
+) -> tuple[Path, dict[str, Any]] | None:  # fmt: skip
+    """The newest of ``paths`` (oldest first) that ``read`` reads, and what it read, where it
+    is of ``config_hash``: one that raises ``damaged`` is set aside (damaged/) for the one
+    before; one of another config sets all of them aside (stale-<hash>/) and gives None."""
+    for path in reversed(paths):
+        try:
+            state = read(path)
+        except damaged as e:
+            set_aside_damaged(path, e)
+            continue
+        if state["config_hash"] != config_hash:
+            set_aside_stale(folder, [p for p in paths if p.exists()], state["config_hash"],
+                            config_hash)  # fmt: skip
+            return None
+        log.info("resuming from %s", path)
+        return path, state
+    return None
 
 
 def remove_if_temporary(path: Path) -> None:

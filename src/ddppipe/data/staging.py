@@ -13,6 +13,7 @@ stale; it is left for the node's own cleanup (a job's ``$TMPDIR`` goes with the 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core.errors import UserError
-from ddppipe.data import manifest
+from ddppipe.data import manifest, squashfs
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
@@ -142,3 +143,15 @@ def data_folder(
     if not copied:
         log.info("the data staged on this node before: %s", dest)
     return dest, found
+
+
+def for_rank(
+    data_dir: Path, setting: str | None, args: dict[str, Any], held: contextlib.ExitStack,
+    progress: Callable[[], None],
+) -> tuple[Path, dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """What a rank reads: the data folder (:func:`data_folder`), its manifest, and the task's
+    ``args`` reading a packed folder's image, mounted (or unpacked on the stage folder or
+    ``$TMPDIR``) until ``held`` closes (:func:`ddppipe.data.squashfs.task_args`)."""
+    folder_, found = data_folder(data_dir, setting, progress)
+    local = folder(setting) if setting else Path(tempfile.gettempdir())
+    return folder_, found, squashfs.task_args(folder_, found, args, local, held)

@@ -67,7 +67,8 @@ PREPARE_ARGS = ("root", "test_fraction", "split_seed", "pack", "image_size", "ch
 FOLDER_ARG = "root"  # the folder data.pack: squashfs packs (ddppipe.data.squashfs)
 FORMAT = 1
 SPLITS = ("train", "test")
-# What ImageFolder reads (torchvision.datasets.folder.IMG_EXTENSIONS; a test compares them).
+# What ImageFolder reads (torchvision.datasets.folder.IMG_EXTENSIONS, held here: prepare imports
+# no torchvision, seconds of a re-prepare; a test compares them).
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 ARGS_SCHEMA: dict[str, Any] = {
@@ -93,12 +94,6 @@ ARGS_SCHEMA: dict[str, Any] = {
 
 class ImageFolderError(ValueError, UserError):
     """The image folder is missing, malformed, or no longer what ``prepare`` indexed."""
-
-
-def _extensions() -> tuple[str, ...]:
-    """The extensions of the files ``ImageFolder`` reads (torchvision's ``IMG_EXTENSIONS``,
-    held here: ``prepare`` imports no torchvision, a few seconds of a re-prepare)."""
-    return EXTENSIONS
 
 
 def _root(args: dict[str, Any]) -> Path:
@@ -153,7 +148,7 @@ def _scan(folder: Path, names: list[str], root: Path) -> list[tuple[str, int]]:
     (its ``make_dataset``: each class folder walked, links followed, sorted by folder then
     name; an image by its extension), the paths made here as text (a million of them)."""
     prefix = folder.relative_to(root).as_posix()
-    prefix, extensions, samples = ("" if prefix == "." else prefix + "/"), _extensions(), []
+    prefix, extensions, samples = ("" if prefix == "." else prefix + "/"), EXTENSIONS, []
     for c, name in enumerate(names):
         top = os.path.join(folder, name)
         for where, _, files in sorted(os.walk(top, followlinks=True)):
@@ -165,7 +160,7 @@ def _scan(folder: Path, names: list[str], root: Path) -> list[tuple[str, int]]:
         raise ImageFolderError(
             f"class folder {folder / empty[0]} holds no images"
             + (f" (nor do {', '.join(empty[1:])})" if len(empty) > 1 else "")
-            + f": add images ({', '.join(_extensions())}) or remove the folder"
+            + f": add images ({', '.join(EXTENSIONS)}) or remove the folder"
         )
     return samples
 

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from ddppipe import tasks
 from ddppipe.core import heap, system
-from ddppipe.data import batches, sharding, squashfs, staging
+from ddppipe.data import batches, sharding, staging
 from ddppipe.parallel import devices, distributed
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
@@ -94,15 +93,13 @@ class Trainer:
     def _stage_data(self, args: dict[str, Any], held: contextlib.ExitStack) -> dict[str, Any]:
         """The data folder (copied to node-local disk first with ``launch.stage_data``) and
         the config hash of this data; the task's ``args``, reading a packed folder's image
-        (mounted until ``held`` closes: :func:`squashfs.task_args`)."""
+        (mounted until ``held`` closes: :func:`staging.for_rank`)."""
         stage = self.spec.launch.stage_data
         heartbeat.beat("data")  # (the phases each have their own allowance: launching.watchdog)
         with self.meter.phase("stage" if stage else "data"):
-            self.data_dir, found = staging.data_folder(
-                self.paths.data_dir, stage, lambda: heartbeat.beat("data")
+            self.data_dir, found, args = staging.for_rank(
+                self.paths.data_dir, stage, args, held, lambda: heartbeat.beat("data")
             )
-            local = staging.folder(stage) if stage else Path(tempfile.gettempdir())
-            args = squashfs.task_args(self.data_dir, found, args, local, held)
         self.config_hash = self.spec.train_hash(found["digest"])
         return args
 
@@ -114,12 +111,8 @@ class Trainer:
         if cuda:
             devices.check_gpu(ctx.device.index, precision)
             self.meter.watch_gpu(ctx.device)
-        elif self.dtype == torch.bfloat16 and ctx.rank == 0 and not system.cpu_computes_bf16():
-            log.warning(
-                "train.precision bf16 on a CPU that only emulates bfloat16 (no AVX512-BF16, "
-                "AMX-BF16 or Arm BF16): several times slower than fp32 (set train.precision: "
-                "fp32, or leave it null: the preset then picks fp32 on such CPUs)"
-            )
+        elif self.dtype == torch.bfloat16 and ctx.rank == 0:
+            devices.warn_if_cpu_emulates_bf16()
         return cuda
 
     def _load_data(self, args: dict[str, Any]) -> None:
@@ -204,8 +197,7 @@ class Trainer:
             self.epoch, self.step, self.history = at.epoch, at.step, at.history
 
     def _record_progress(self, **changes: Any) -> None:
-        """(Rank 0) This slot's progress for its attempt record
-        (:mod:`ddppipe.runstate.attempts`)."""
+        """(Rank 0) This slot's progress for its attempt record (runstate.attempts)."""
         if not self.ctx.is_main:
             return
         if "start_step" in changes:

@@ -39,16 +39,16 @@ def install(executor: type, state_of: Callable[[Any], StateDir | None]) -> bool:
 
     def run_job(self: Any, job: Any) -> None:
         state = None if job.is_group() else state_of(job)
-        record = bad_nodes.of_run(state) if state is not None else None
-        nodes = record.load() if record is not None else []
-        new = [n for n in nodes if n not in self._failed_nodes]
-        if new:
-            self.logger.info(
-                f"ddppipe: excluding {', '.join(new)} from SLURM submissions: failed the "
-                f"preflight of rule {job.name} ({record.path})"  # type: ignore[union-attr]
-            )
-            for node in new:
-                self._failed_nodes.add(node)
+        if state is not None:
+            record = bad_nodes.of_run(state)
+            new = [n for n in record.load() if n not in self._failed_nodes]
+            if new:
+                self.logger.info(
+                    f"ddppipe: excluding {', '.join(new)} from SLURM submissions: failed the "
+                    f"preflight of rule {job.name} ({record.path})"
+                )
+                for node in new:
+                    self._failed_nodes.add(node)
         original(self, job)
 
     run_job._ddppipe_bad_nodes = True  # type: ignore[attr-defined]

@@ -147,6 +147,13 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(m["epoch"], m["world_size"]) for m in epochs] == [(1, 2)]
     assert epochs[-1]["test_accuracy"] > 0.5  # three colours, 36 training images
+    # `ddppipe evaluate` of the final checkpoint, one process, the images still gone: through
+    # the image as well (mounted, or unpacked, for the command), the training's figures
+    run_cli("evaluate", f"--checkpoint={run / 'final.pt'}", f"--config={run / 'config.yaml'}",
+            f"--data={data}", f"--metrics={tmp_path / 'again.json'}",
+            f"--plot={tmp_path / 'again.png'}")  # fmt: skip
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["test_count"] == 9 and again["test_accuracy"] == epochs[-1]["test_accuracy"]
 
 
 def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> None:

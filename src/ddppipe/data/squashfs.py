@@ -37,6 +37,7 @@ from typing import Any
 
 from ddppipe.core import hashing
 from ddppipe.core.errors import UserError
+from ddppipe.data import manifest
 
 log = logging.getLogger(__name__)
 
@@ -236,3 +237,13 @@ def task_args(data_dir: Path, found: dict[str, Any], args: dict[str, Any], local
     if image is None or image.bound(args):
         return args
     return {**args, image.arg: str(held.enter_context(image.mounted(local)))}
+
+
+@contextlib.contextmanager
+def reading(data_dir: Path, args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """:func:`task_args` of the data folder ``data_dir`` (its manifest read here) for one
+    process that is no training rank (``ddppipe evaluate``, ``time-loader``): the image
+    mounted, or unpacked under ``$TMPDIR``, while in the block."""
+    with contextlib.ExitStack() as held:
+        yield task_args(Path(data_dir), manifest.read(data_dir), args,
+                        Path(tempfile.gettempdir()), held)  # fmt: skip

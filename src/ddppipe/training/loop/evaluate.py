@@ -8,8 +8,6 @@ test set divided by the number of test samples.
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +201,7 @@ def evaluate_checkpoint(
     training run reported after its last epoch.
     """
     from ddppipe import tasks
-    from ddppipe.data import batches, manifest, squashfs
+    from ddppipe.data import batches, squashfs
     from ddppipe.training.checkpoints import checkpoint as ckpt
 
     snapshot = ckpt.load(checkpoint)
@@ -211,11 +209,10 @@ def evaluate_checkpoint(
     args = run_spec.plain(spec.task_args)  # a plain dict, as the task's hooks get it in training
     recipe = snapshot["meta"]["train"]  # the recipe that trained (its config's train section)
     dtype, layout = numerics(recipe["precision"], recipe["channels_last"])
-    model = task.call("model", args).to(memory_format=layout)
-    model.load_state_dict(snapshot["model"])
-    with contextlib.ExitStack() as held:  # a packed folder's image mounted meanwhile
-        found = manifest.read(data_dir)
-        args = squashfs.task_args(data_dir, found, args, Path(tempfile.gettempdir()), held)
+    # (the model too: it may read the task's folder, e.g. imagefolder's class folders)
+    with squashfs.reading(data_dir, args) as args:  # a packed folder's image mounted meanwhile
+        model = task.call("model", args).to(memory_format=layout)
+        model.load_state_dict(snapshot["model"])
         test = task.call("datasets", data_dir, args)[1]
         cpu = torch.device("cpu")
         workers = batches.loader_workers(spec.launch.loader_workers, test,

@@ -10,8 +10,6 @@ steady batches' rate. A training step shorter than a steady batch waits for its 
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ import torch
 
 from ddppipe import tasks
 from ddppipe.core import system
-from ddppipe.data import batches, manifest, squashfs
+from ddppipe.data import batches, squashfs
 from ddppipe.settings import run_spec
 from ddppipe.settings.run_spec import RunSpec
 
@@ -65,10 +63,7 @@ def time_loader(
         raise ValueError(f"rank {rank} of world size {world_size}: 0 <= rank < world size")
     task = tasks.load(spec.task, step="time-loader")
     args = run_spec.plain(spec.task_args)  # as training gives them (validated when resolved)
-    with contextlib.ExitStack() as held:  # a packed folder's image mounted meanwhile
-        found = manifest.read(data_dir)
-        args = squashfs.task_args(Path(data_dir), found, args, Path(tempfile.gettempdir()),
-                                  held)  # fmt: skip
+    with squashfs.reading(data_dir, args) as args:  # a packed folder's image mounted meanwhile
         train_set, _ = task.call("datasets", Path(data_dir), args)
         local = max(1, world_size // max(spec.launch.nnodes, 1))
         cpus, threads = system.available_cpus(), torch.get_num_threads()

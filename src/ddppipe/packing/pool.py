@@ -245,12 +245,9 @@ class Pool:
         """The nodes whose preflight failed in an allocation of this pool since the last
         decision on them (:meth:`decided`), with their records."""
         found: dict[str, list[Path]] = {}
-        folder = self.allocations / "nodes"
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                r = json.loads(path.read_text())
-                if r.get("preflight") and "bad_node" not in r:
-                    found.setdefault(r["node"], []).append(path)
+        for path, r in self._read(self.allocations / "nodes"):
+            if r.get("preflight") and "bad_node" not in r:
+                found.setdefault(r["node"], []).append(path)
         return found
 
     def decided(self, records: list[Path], reason: str) -> None:
@@ -264,17 +261,21 @@ class Pool:
     def refuse_waiting(self, why: str) -> list[str]:
         """Refuse every waiting trial (its train job fails, saying ``why``); their runs."""
         refused = []
-        for path in sorted(self.queue.glob("*.json")) if self.queue.is_dir() else []:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                found = json.loads(path.read_text())
-                self._refuse(path, found, why)
-                if (self.refused / path.name).exists():  # (not taken by a slot meanwhile)
-                    refused.append(str(found.get("run", path.stem)))
+        for path, found in self._read(self.queue):
+            self._refuse(path, found, why)
+            if (self.refused / path.name).exists():  # (not taken by a slot meanwhile)
+                refused.append(str(found.get("run", path.stem)))
         return refused
 
     def records(self, folder: Path) -> list[dict[str, Any]]:
+        return [record for _, record in self._read(folder)]
+
+    @staticmethod
+    def _read(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+        """The JSON records of ``folder`` with their files, by name; one that is gone or
+        half-read (moved meanwhile) left out."""
         found = []
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             with contextlib.suppress(FileNotFoundError, ValueError):
-                found.append(json.loads(path.read_text()))
+                found.append((path, json.loads(path.read_text())))
         return found

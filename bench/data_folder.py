@@ -8,10 +8,11 @@ its CNN, the fast recipe, 2 ranks of ``ddppipe launch``, the default DataLoader 
   image (``data.pack: squashfs``: the PNG files as they are, in one image), and the packed
   prepare again after 10 images changed;
 - one epoch's images/s and its data-wait share (the attempt record's ``data_wait_share``)
-  from the loose files, from the pack, from the SquashFS image (mounted by each rank with
-  squashfuse, else unpacked), from that image staged to a node folder (``launch.stage_data``),
-  and from the same decoded images held as tensors by a task written here (the same CNN and
-  normalisation: the in-memory path of ``ddppipe.data``);
+  from the loose files, from the pack (with the default workers and with none), from the
+  SquashFS image (mounted by each rank with squashfuse, else unpacked), from that image staged
+  to a node folder (``launch.stage_data``), and from the same decoded images held as tensors
+  by a task written here (the same CNN and normalisation: the in-memory path of
+  ``ddppipe.data``); the pack and the tensors in ``--rounds`` interleaved rounds (medians);
 - the files opened under the image folder, under the data folder and through the image's
   mount during that epoch (``strace -f -e trace=openat``, a run of its own: tracing slows it).
 
@@ -84,6 +85,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="3,000 images")
     ap.add_argument("--files", type=int, help="time prepare on N generated small files")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of the packed and tensors epochs (medians kept)",
+    )
     return ap.parse_args(argv)
 
 
@@ -193,6 +200,33 @@ def train(work: Path, name: str, task: str, args: dict[str, Any], data: str, tra
     return out
 
 
+def packed_against_tensors(work: Path, task: str, packed: dict[str, Any], tensors: str,
+                           rounds: int) -> dict[str, Any]:  # fmt: skip
+    """The pack (the default workers, and none: read in the training thread) against the same
+    images as tensors, in ``rounds`` interleaved rounds: one epoch's rate varies by a few
+    percent from run to run on two cores, so each form keeps its median run, every round's
+    rate beside it."""
+    forms = {
+        "tensors": lambda: train(work, "tensors", tensors, packed, "packed"),
+        "packed": lambda: train(work, "packed", task, packed, "packed"),
+        "packed_no_workers": lambda: train(work, "packed-no-workers", task, packed, "packed",
+                                           settings={"launch": {"loader_workers": 0}}),
+    }  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in forms}
+    for _ in range(rounds):
+        for name, run in forms.items():
+            runs[name].append(run())
+    medians = {}
+    for name, each in runs.items():
+        rates = [r["images_per_s"] for r in each]
+        median = sorted(each, key=lambda r: r["images_per_s"])[len(each) // 2]
+        medians[name] = {**median, "images_per_s_rounds": [round(x, 1) for x in rates]}
+    for name in ("packed", "packed_no_workers"):
+        ratio = medians[name]["images_per_s"] / medians["tensors"]["images_per_s"]
+        medians[name]["against_tensors"] = round(ratio, 3)
+    return medians
+
+
 def folder_figures(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     started = time.perf_counter()
     count = write_mnist_folder(args.mirror, work / "images", 3000 if args.quick else None)
@@ -214,8 +248,7 @@ def folder_figures(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tensors = str(work / "tensors_task.py")
     figures["epoch"] = {
         "loose": train(work, "loose", task, loose, "loose"),
-        "packed": train(work, "packed", task, packed, "packed"),
-        "tensors": train(work, "tensors", tensors, packed, "packed"),
+        **packed_against_tensors(work, task, packed, tensors, 1 if args.quick else args.rounds),
         "squashfs": train(work, "squashfs", task, loose, "squashfs", settings=squashfs),
         "squashfs_staged": train(
             work, "squashfs_staged", task, loose, "squashfs", settings=staged

@@ -32,6 +32,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -204,8 +205,8 @@ def packed_against_tensors(work: Path, task: str, packed: dict[str, Any], tensor
                            rounds: int) -> dict[str, Any]:  # fmt: skip
     """The pack (the default workers, and none: read in the training thread) against the same
     images as tensors, in ``rounds`` interleaved rounds: one epoch's rate varies by a few
-    percent from run to run on two cores, so each form keeps its median run, every round's
-    rate beside it."""
+    percent from run to run on two cores, so each form keeps the median of its rates (the other
+    figures: of its middle run, the lower one of an even count), every round's rate beside it."""
     forms = {
         "tensors": lambda: train(work, "tensors", tensors, packed, "packed"),
         "packed": lambda: train(work, "packed", task, packed, "packed"),
@@ -219,8 +220,9 @@ def packed_against_tensors(work: Path, task: str, packed: dict[str, Any], tensor
     medians = {}
     for name, each in runs.items():
         rates = [r["images_per_s"] for r in each]
-        median = sorted(each, key=lambda r: r["images_per_s"])[len(each) // 2]
-        medians[name] = {**median, "images_per_s_rounds": [round(x, 1) for x in rates]}
+        middle = sorted(each, key=lambda r: r["images_per_s"])[(len(each) - 1) // 2]
+        medians[name] = {**middle, "images_per_s": statistics.median(rates),
+                         "images_per_s_rounds": [round(x, 1) for x in rates]}  # fmt: skip
     for name in ("packed", "packed_no_workers"):
         ratio = medians[name]["images_per_s"] / medians["tensors"]["images_per_s"]
         medians[name]["against_tensors"] = round(ratio, 3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -60,3 +62,46 @@ def start_guarded_launch(
         assert time.monotonic() < deadline, f"no training workers:\n{log.read_text()}"
         time.sleep(poll_s)
     return proc, log
+
+
+def processes_in(workdir: Path) -> list[tuple[int, str]]:
+    """(PID, command line) of every process whose working directory is ``workdir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cwd").resolve() != workdir.resolve():
+                continue
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        found.append((int(entry.name), " ".join(argv).strip()[:300]))
+    return sorted(found)
+
+
+def hang_report(workdir: Path, state: Path, log: Path) -> str:
+    """What a run in ``workdir`` that outlived its test's wait is doing: its processes (each
+    with its state and kernel wait), every rank's Python stack (the heartbeat's dump signal,
+    :mod:`ddppipe.training.measuring.heartbeat`) and heartbeat, and its log's tail."""
+    from ddppipe.training.measuring import heartbeat
+
+    lines = ["processes:"]
+    for pid, command in processes_in(workdir):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            status, wchan = [], "?"
+        proc_state = next((s.split(None, 1)[1] for s in status if s.startswith("State:")), "?")
+        lines.append(f"  {pid} [{proc_state}; wchan {wchan or '-'}] {command}")
+    for pid in worker_pids(workdir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, heartbeat.DUMP_SIGNAL)
+    time.sleep(3)
+    folder = state / "watchdog"
+    for found in sorted(folder.glob("rank-*")) if folder.is_dir() else []:
+        lines.append(f"{found.name}:\n{found.read_text(errors='replace')[-6000:]}")
+    tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no log)"
+    lines.append(f"{log} (its end):\n{tail}")
+    return "\n".join(lines)

@@ -20,8 +20,7 @@ import torch
 import yaml
 
 from ddppipe.slurm import scontrol
-from tests.conftest import run_cli
-from tests.processes import worker_pids
+from tests.processes import hang_report, processes_in, worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
 from tests.tiny import (
@@ -448,11 +447,34 @@ def test_time_limit_slots_on_two_nodes_with_sacct(
     found = f"{len(history)} job record(s) (1 job(s), {len(history) - 1} requeue(s))"
     assert found in result.stderr, result.stderr[-3000:]
     started = time.monotonic()
-    reproduced = run_cli("reproduce", "results/tiny", cwd=wd, check=False)
-    print(f"reproduced in {time.monotonic() - started:.0f}s:\n{reproduced.stdout}")
-    assert reproduced.returncode == 0, reproduced.stdout + reproduced.stderr[-3000:]
-    assert reproduced.stdout.splitlines()[-1] == "identical", reproduced.stdout
-    assert "training the reproduction in results/tiny-reproduced-1" in reproduced.stdout
+    code, stdout = _reproduce(wd, "results/tiny", "tiny-reproduced-1")
+    print(f"reproduced in {time.monotonic() - started:.0f}s:\n{stdout}")
+    assert code == 0, stdout
+    assert stdout.splitlines()[-1] == "identical", stdout
+    assert "training the reproduction in results/tiny-reproduced-1" in stdout
+
+
+REPRODUCE_WAIT_S = 300  # the 800 paced steps train in ~50 s here
+
+
+def _reproduce(workdir: Path, run: str, again: str) -> tuple[int, str]:
+    """``ddppipe reproduce RUN`` in ``workdir``: its exit status and output (stdout and
+    stderr). Past :data:`REPRODUCE_WAIT_S`, the test fails with what the reproduction
+    ``again`` is doing (its processes, its ranks' stacks, its log), then stops it."""
+    proc = subprocess.Popen([sys.executable, "-m", "ddppipe", "reproduce", run], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=REPRODUCE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        report = hang_report(workdir, workdir / "results" / again / "state",
+                             workdir / "logs" / again / "train.log")  # fmt: skip
+        for pid, _command in processes_in(workdir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"reproduce ran past {REPRODUCE_WAIT_S}s:\n{out}\n{report}") from None
+    return proc.returncode, out
 
 
 def test_killed_worker_resumes_from_last_checkpoint(

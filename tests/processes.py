@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -82,7 +83,8 @@ def processes_in(workdir: Path) -> list[tuple[int, str]]:
 
 def hang_report(workdir: Path, state: Path, log: Path) -> str:
     """What a run in ``workdir`` that outlived its test's wait is doing: its processes (each
-    with its state and kernel wait), every rank's Python stack (the heartbeat's dump signal,
+    with its state, kernel wait, and Python and native stacks by py-spy), every rank's Python
+    stack by its own dump too (the heartbeat's signal,
     :mod:`ddppipe.training.measuring.heartbeat`) and heartbeat, and its log's tail."""
     from ddppipe.training.measuring import heartbeat
 
@@ -95,6 +97,12 @@ def hang_report(workdir: Path, state: Path, log: Path) -> str:
             status, wchan = [], "?"
         proc_state = next((s.split(None, 1)[1] for s in status if s.startswith("State:")), "?")
         lines.append(f"  {pid} [{proc_state}; wchan {wchan or '-'}] {command}")
+        spy = [str(Path(sys.executable).parent / "py-spy"), "dump", "--native", "--pid", str(pid)]
+        try:
+            dump = subprocess.run(spy, capture_output=True, text=True, timeout=30)
+            lines.append(textwrap.indent((dump.stdout + dump.stderr)[-6000:], "    "))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            lines.append(f"    (py-spy: {e})")
     for pid in worker_pids(workdir):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, heartbeat.DUMP_SIGNAL)

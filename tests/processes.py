@@ -11,25 +11,21 @@ import textwrap
 import time
 from pathlib import Path
 
+from ddppipe.runstate.state import StateDir
+from ddppipe.settings.layout import RunLayout
+from ddppipe.training.measuring import heartbeat
+
 
 def worker_pids(workdir: Path) -> list[int]:
     """PIDs of the ``ddppipe train`` workers (not agents or srun) running in ``workdir``.
 
     The SLURM test cluster's nodes are network namespaces: they share the host's process table.
     """
-    found = subprocess.run(["pgrep", "-f", "ddppipe train"], capture_output=True, text=True)
-    pids = []
-    for pid in map(int, found.stdout.split()):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-            cwd = Path(f"/proc/{pid}/cwd").resolve()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue  # exited meanwhile
-        if cwd != workdir.resolve() or "agent" in argv or Path(argv[0]).name == "srun":
-            continue
-        if any(argv[i : i + 2] == ["ddppipe", "train"] for i in range(len(argv))):
-            pids.append(pid)
-    return pids
+    return [
+        pid for pid, argv in processes_in(workdir)
+        if "agent" not in argv and Path(argv[0]).name != "srun"
+        and any(argv[i : i + 2] == ["ddppipe", "train"] for i in range(len(argv)))
+    ]  # fmt: skip
 
 
 def catches_sigusr1(pid: int) -> bool:
@@ -65,31 +61,33 @@ def start_guarded_launch(
     return proc, log
 
 
-def processes_in(workdir: Path) -> list[tuple[int, str]]:
-    """(PID, command line) of every process whose working directory is ``workdir``."""
-    found = []
+def processes_in(workdir: Path) -> list[tuple[int, list[str]]]:
+    """(PID, argv) of every process whose working directory is ``workdir``, by PID."""
+    found, here = [], workdir.resolve()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if (entry / "cwd").resolve() != workdir.resolve():
+            if (entry / "cwd").resolve() != here:
                 continue
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        found.append((int(entry.name), " ".join(argv).strip()[:300]))
+            continue  # exited meanwhile
+        if argv[-1] == "":
+            argv.pop()  # cmdline ends in a NUL
+        if argv:  # (a zombie's is empty)
+            found.append((int(entry.name), argv))
     return sorted(found)
 
 
-def hang_report(workdir: Path, state: Path, log: Path) -> str:
-    """What a run in ``workdir`` that outlived its test's wait is doing: its processes (each
-    with its state, kernel wait, and Python and native stacks by py-spy), every rank's Python
-    stack by its own dump too (the heartbeat's signal,
-    :mod:`ddppipe.training.measuring.heartbeat`) and heartbeat, and its log's tail."""
-    from ddppipe.training.measuring import heartbeat
-
+def hang_report(workdir: Path, run: RunLayout) -> str:
+    """What the run ``run`` in ``workdir`` that outlived its test's wait is doing: the
+    processes there (each with its state, kernel wait, and Python and native stacks by
+    py-spy), every rank's Python stack by its own dump too (the heartbeat's signal,
+    :mod:`ddppipe.training.measuring.heartbeat`) and heartbeat, and its train log's tail."""
     lines = ["processes:"]
-    for pid, command in processes_in(workdir):
+    for pid, argv in processes_in(workdir):
+        command = " ".join(argv)[:300]
         try:
             status = Path(f"/proc/{pid}/status").read_text().splitlines()
             wchan = Path(f"/proc/{pid}/wchan").read_text()
@@ -107,9 +105,10 @@ def hang_report(workdir: Path, state: Path, log: Path) -> str:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, heartbeat.DUMP_SIGNAL)
     time.sleep(3)
-    folder = state / "watchdog"
+    folder = StateDir(workdir / run.state).watchdog
     for found in sorted(folder.glob("rank-*")) if folder.is_dir() else []:
         lines.append(f"{found.name}:\n{found.read_text(errors='replace')[-6000:]}")
+    log = workdir / run.log("train")
     tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no log)"
     lines.append(f"{log} (its end):\n{tail}")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from ddppipe.settings.layout import RunLayout
 from ddppipe.slurm import scontrol
 from tests.processes import hang_report, processes_in, worker_pids
 from tests.slurm_cluster import SlurmCluster
@@ -467,9 +468,8 @@ def _reproduce(workdir: Path, run: str, again: str) -> tuple[int, str]:
     try:
         out, _ = proc.communicate(timeout=REPRODUCE_WAIT_S)
     except subprocess.TimeoutExpired:
-        report = hang_report(workdir, workdir / "results" / again / "state",
-                             workdir / "logs" / again / "train.log")  # fmt: skip
-        for pid, _command in processes_in(workdir):
+        report = hang_report(workdir, RunLayout.of_root(Path("results") / again))
+        for pid, _argv in processes_in(workdir):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate()

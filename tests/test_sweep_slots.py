@@ -100,9 +100,11 @@ def test_a_round_takes_the_slot_that_frees_first(tmp_path: Path, holder) -> None
     first, second = (state_of(results, sweeps.run_name("t", n)) for n in ("lr=0.01", "lr=0.02"))
     holder(first)  # the first trains on
     proc = holder(second)
-    threading.Timer(0.5, proc.communicate, [""]).start()  # the second ends after 0.5 s
+    ends = threading.Timer(0.5, proc.communicate, [""])  # the second ends after 0.5 s
+    ends.start()
     slot(second, "crashed", 1)
     freed = slots.wait(found, 1, tmp_path / "rounds", results, poll_s=0.05)
+    ends.join()  # its communicate done, before the fixture's own on the same process
     assert freed.ended == ["lr=0.02"] and not freed.idle
     assert 0.4 < freed.waited_s < 3, freed
 

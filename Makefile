@@ -9,7 +9,7 @@ MIRROR ?=
 SNAKEMAKE_ARGS ?=
 MIRROR_ARG := $(if $(MIRROR),--config 'task_args={mirrors: [$(MIRROR)]}',)
 
-.PHONY: run test env system-deps lint clean
+.PHONY: run test test-gpu env system-deps lint clean
 
 # constraints.txt pins torch to the version the training image ships (containers/ddppipe.def).
 $(BIN)/ddppipe: pyproject.toml constraints.txt
@@ -34,6 +34,12 @@ system-deps:
 test: env system-deps lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 -m "not solo"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m solo
+
+# The GPU suite (docs/tests.md): every GPU test in one session planned to 8 minutes on one GPU,
+# its report in results/gpu-suite/; without a CUDA GPU one line and exit 2, nothing run.
+GPU_SUITE_ARGS ?=
+test-gpu: env
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tests.gpu_suite $(GPU_SUITE_ARGS)
 
 # ruff; the packages' layering (import-linter, pyproject.toml); Snakemake's lint (only the
 # documented finding) and snakefmt (tests/test_lint.py).

@@ -23,6 +23,9 @@ from tests.tiny import REPO, TinyData, make_tiny
 
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+# The GPU tests' plan, skips and budget (`make test-gpu`): @pytest.mark.gpu(seconds=N, gpus=K).
+pytest_plugins = ["tests.gpu_plan"]
+
 
 GROUPS_ENV = "DDPPIPE_TEST_GROUPS"  # the file of each test's group (pytest-xdist, below)
 

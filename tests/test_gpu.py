@@ -1,6 +1,7 @@
-"""The CUDA/NCCL path on a real GPU: skipped cleanly where there is none (CI).
+"""The CUDA/NCCL path on a real GPU: skipped cleanly, named, where there is none (CI).
 
-Run on a GPU machine with ``python -m pytest tests/test_gpu.py``.
+Run with the rest of the GPU suite by `make test-gpu` (tests/gpu_suite.py: the plan, a budget,
+a JSON report); each test's ``seconds`` is its expected time on one H100-class GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,10 +24,8 @@ from ddppipe.parallel import software as gpu_stack
 from ddppipe.runstate import attempts
 from ddppipe.settings import config
 from ddppipe.training.measuring import efficiency
-from tests.conftest import requires_gpu, run_cli
+from tests.conftest import run_cli
 from tests.tiny import REAL_MNIST, TinyData, default_config, real_mnist_sha256, tiny_config
-
-pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
 def gpu_run(tiny: TinyData, run_dir: Path, procs: int, **launch: object) -> dict:
@@ -50,14 +50,20 @@ def gpu_run(tiny: TinyData, run_dir: Path, procs: int, **launch: object) -> dict
     return json.loads((run_dir / "provenance.json").read_text())
 
 
+@pytest.mark.gpu(seconds=10)
 def test_selfcheck_runs_nccl_on_the_gpu() -> None:
     report = json.loads(run_cli("selfcheck").stdout)
     assert report["cuda_available"] and report["backend"] == "nccl" and report["ddp_step"]
     assert report["gpus"] and report["driver"] and report["nccl"] and report["cudnn"]
 
 
-def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path) -> None:
-    procs = min(torch.cuda.device_count(), 2)
+@pytest.mark.parametrize("procs", [
+    pytest.param(1, marks=pytest.mark.gpu(seconds=20)),
+    pytest.param(2, marks=pytest.mark.gpu(seconds=25, gpus=2)),
+])  # fmt: skip
+def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path, procs: int) -> None:
+    """DDP with NCCL on 1 GPU and on 2: the stack that trained in the provenance, the gpu
+    recipe resolved, the final checkpoint's tensors on the CPU."""
     record = gpu_run(tiny, tmp_path / "run", procs)
     assert record["training"]["backend"] == "nccl" and record["training"]["device"] == "cuda"
     software = record["software"]
@@ -69,6 +75,7 @@ def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path) -> 
     assert on == {"cpu"}  # a CPU machine loads it as it is
 
 
+@pytest.mark.gpu(seconds=5)
 def test_cuda_event_clock_times_the_gpu_work_not_its_launch() -> None:
     """The trainer's clock on a GPU: the device's time between two marks, which a host clock
     read without a synchronisation would miss."""
@@ -85,18 +92,34 @@ def test_cuda_event_clock_times_the_gpu_work_not_its_launch() -> None:
     assert launched < seconds <= time.perf_counter() - started
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_gpu_recipe_reaches_99_percent_on_real_mnist(seed: int, tmp_path: Path) -> None:
-    """The default config on one GPU trains the gpu recipe: >= 99.0 % test accuracy, its
-    training time (CUDA events) and warm-up recorded apart."""
+def real_mnist_config() -> dict:
     cfg = default_config()
     cfg["task_args"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
     cfg["launch"].update(nproc_per_node=1, device="gpu")
-    cfg["train"]["seed"] = seed
-    data = tmp_path / "mnist"
-    settings = tmp_path / "data.yaml"
-    config.write(config.data_settings(config.validate(cfg)), settings)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def real_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MNIST prepared once from the offline mirror (checksum-verified), for every seed."""
+    folder = tmp_path_factory.mktemp("real-mnist")
+    settings, data = folder / "data.yaml", folder / "mnist"
+    config.write(config.data_settings(config.validate(real_mnist_config())), settings)
     run_cli("prepare", f"--settings={settings}", f"--dest={data}")
+    return data
+
+
+@pytest.mark.gpu(seconds=30)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gpu_recipe_reaches_99_percent_on_real_mnist(
+    seed: int, tmp_path: Path, real_mnist: Path, record_property: Any
+) -> None:
+    """The default config on one GPU trains the gpu recipe: >= 99.0 % test accuracy, its
+    training time (CUDA events) and warm-up recorded apart; its figures in the suite's report
+    (bench/gpu.py's: images/s, training and warm-up seconds, host memory)."""
+    cfg = real_mnist_config()
+    cfg["train"]["seed"] = seed
+    data = real_mnist
     path = tmp_path / "config.yaml"
     assert resolve.write_resolved(cfg, path)["train"]["preset"] == "gpu"
     run_cli(
@@ -107,10 +130,16 @@ def test_gpu_recipe_reaches_99_percent_on_real_mnist(seed: int, tmp_path: Path) 
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     figures = attempts.read(tmp_path / "attempts.json")[-1].efficiency
     print(f"seed {seed}: {evaluation['test_accuracy']:.4f}, {figures}")
+    epochs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    record_property("test_accuracy", evaluation["test_accuracy"])
+    record_property("train_s", round(sum(e["train_seconds"] for e in epochs), 3))
+    for key in ("images_per_s", "warmup_s", "memory_peak_mb"):
+        record_property(key, figures.get(key))
     assert evaluation["test_accuracy"] >= 0.99
     assert figures["warmup_s"] > 0 and figures["images_per_s"] > 0
 
 
+@pytest.mark.gpu(seconds=15)
 def test_two_ranks_on_one_gpu_are_refused(tiny: TinyData, tmp_path: Path) -> None:
     """One visible GPU, two processes: a clear error instead of NCCL's duplicate-GPU abort."""
     cfg = tiny_config(tiny)
@@ -127,7 +156,8 @@ def test_two_ranks_on_one_gpu_are_refused(tiny: TinyData, tmp_path: Path) -> Non
     assert not (tmp_path / "final.pt").exists()
 
 
-def test_preflight_allreduce_with_nccl_reports_bandwidth() -> None:
+@pytest.mark.gpu(seconds=15)
+def test_preflight_allreduce_with_nccl_reports_bandwidth(record_property: Any) -> None:
     procs = torch.cuda.device_count()
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -137,10 +167,14 @@ def test_preflight_allreduce_with_nccl_reports_bandwidth() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "all-reduce ok (nccl on cuda:0); bus bandwidth world" in result.stdout, result.stdout
-    assert re.search(r"GEMM peak \(bf16\): \S+ [\d,]+ GFLOP/s", result.stdout), result.stdout
+    peak = re.search(r"GEMM peak \(bf16\): \S+ ([\d,]+) GFLOP/s", result.stdout)
+    assert peak, result.stdout
     print(result.stdout)
+    record_property("gemm_peak_bf16_gflops", int(peak.group(1).replace(",", "")))
+    record_property("preflight", result.stdout.strip().splitlines())
 
 
+@pytest.mark.gpu(seconds=10)
 def test_node_check_accepts_this_gpu_for_training() -> None:
     precision = "bf16" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp32"
     result = run_cli(
@@ -150,6 +184,7 @@ def test_node_check_accepts_this_gpu_for_training() -> None:
     assert torch.cuda.get_device_name(0) in result.stdout
 
 
+@pytest.mark.gpu(seconds=5)
 def test_a_gpu_rank_finds_its_gpus_numa_node_and_binds_near_it() -> None:
     """GPU 0's PCI address as torch gives it names its sysfs device (else no binding at all);
     one rank on it is bound to CPUs of its NUMA node, every one of them on a one-node machine."""

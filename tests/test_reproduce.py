@@ -35,14 +35,17 @@ STEPS_PER_EPOCH = 8  # 256 tiny training images, batches of 32
 PRESET_LR = 0.006
 
 
-def train_and_export(workdir: Path, cfg: dict[str, Any] | None, run: str) -> Path:
+def train_and_export(
+    workdir: Path, cfg: dict[str, Any] | None, run: str, gpus: bool = False
+) -> Path:
     """`ddppipe launch` then `ddppipe export` of results/<run> (its config.yaml written from
-    ``cfg`` unless None: already there), as the train and export rules run them."""
+    ``cfg`` unless None: already there, resolved for GPUs with ``gpus``), as the train and
+    export rules run them."""
     root, data = workdir / "results" / run, workdir / "resources" / "mnist"
     if cfg is not None:
         root.mkdir(parents=True, exist_ok=True)
         with contextlib.chdir(workdir):  # (the task check's record: resources/task-checks/)
-            resolve.write_resolved(cfg, root / "config.yaml", gpus=False)
+            resolve.write_resolved(cfg, root / "config.yaml", gpus=gpus)
     files = {name: root / "train" / name for name in
              ("final.pt", "metrics.jsonl", "attempts.json", "model.pt", "final.json")}  # fmt: skip
     run_cli("launch", f"--config={root / 'config.yaml'}", f"--data={data}",

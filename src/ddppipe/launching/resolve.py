@@ -20,13 +20,18 @@ log = logging.getLogger(__name__)
 def write_resolved(
     cfg: dict[str, Any], path: str | Path, gpus: bool | None = None
 ) -> dict[str, Any]:
-    """Resolve ``cfg`` (``gpus``: see :func:`ddppipe.settings.config.resolve`) and write it, with
-    the task's checked ``task_args`` and its source.
+    """Resolve ``cfg`` (``gpus``: see :func:`ddppipe.settings.config.resolve`; None: decided
+    here, as for a local run, by :func:`ddppipe.parallel.devices.trains_on_gpus`) and write it,
+    with the task's checked ``task_args`` and its source.
 
     The task (or script) is located, its ``task_args`` validated against its ARGS_SCHEMA, its
     source (file, SHA-256, version) recorded as ``task_source``, and its model built once: a
     broken task fails here, on the submitting side, not in an allocation.
     """
+    if gpus is None:  # (a None here once meant CPUs: a GPU run got the CPU recipe)
+        from ddppipe.parallel import devices
+
+        gpus = devices.trains_on_gpus(config.validate(cfg), slurm=False)
     resolved = config.resolve(cfg, gpus)
     if layout.kind(resolved) == "script":
         resolved["task_source"] = tasks.locate_script(resolved["script"]).as_dict()

@@ -76,7 +76,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
         _DEFAULT_THREADS = sys.modules["torch"].get_num_threads()
         sys.modules["torch"].set_num_threads(1)
     _check_no_cuda()
-    driver_at_start = _driver_loaded()
+    cuda_at_start = cuda_state()
     cold: str | None = None  # why every rank starts cold (the server touched CUDA)
     pending = list(data or [])
     parent = os.getppid()
@@ -107,7 +107,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
             orphans &= ranks.keys()
             if pending and not readable:
                 pending, loaded = _keep_data(pending)
-                if loaded is not None and cold is None and cuda_touched(driver_at_start):
+                if loaded is not None and cold is None and cuda_touched(cuda_at_start):
                     cold = (f"loading the datasets of {loaded.get('task')} touched CUDA (pinned "
                             "memory, or torch.cuda asked): a rank forked from it could not "
                             "use CUDA")  # fmt: skip
@@ -157,14 +157,34 @@ def _driver_loaded() -> bool:
         return False
 
 
-def cuda_touched(driver_at_start: bool) -> bool:
-    """Whether this process touched CUDA since it started serving: torch initialized it, or
-    the driver's library came in (``torch.cuda.is_initialized()`` stays False when a task's
-    code asked the driver directly); ``driver_at_start``: mapped already then (imports)."""
+def _nvidia_files() -> int:
+    """How many NVIDIA device files this process has open: the control device once the driver
+    is initialized, a GPU's and nvidia-uvm's once a CUDA context exists (pinned memory makes
+    one without ``torch.cuda`` knowing: seen on an H200, where the driver's library was mapped
+    before serving already)."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                count += os.readlink(f"/proc/self/fd/{fd}").startswith("/dev/nvidia")
+    return count
+
+
+def cuda_state() -> tuple[bool, int]:
+    """What this process holds of CUDA: the driver's library mapped, its device files open."""
+    return _driver_loaded(), _nvidia_files()
+
+
+def cuda_touched(at_start: tuple[bool, int]) -> bool:
+    """Whether this process touched CUDA since it started serving (``at_start``: its
+    :func:`cuda_state` then, after the imports): torch initialized it, the driver's library
+    came in (``torch.cuda.is_initialized()`` stays False when a task's code asked the driver
+    directly), or an NVIDIA device file was opened (a context made by pinned memory)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return True
-    return not driver_at_start and _driver_loaded()
+    driver, files = cuda_state()
+    return (driver and not at_start[0]) or files > at_start[1]
 
 
 def _remove(path: Path) -> None:

@@ -166,8 +166,11 @@ class Store:
     def _stager(self) -> Any:
         """The copy in memory a save writes from: kept from save to save, so a save after the
         first copies into the same buffers (no allocation, no page faults: half the time
-        training waits). Safe: one save is in flight at a time."""
-        if self._staging is None:
+        training waits). Safe: one save is in flight at a time. Where torch's ``async_save``
+        closes the stager it is given after each save (torch before :data:`KEEPS_STAGER`: the
+        next save then fails, ``KeyError: <class 'type'>``, seen with torch 2.11 on a GPU), a
+        new one for each save."""
+        if self._staging is None or not _keeps_stager():
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             self._staging = DefaultStager(StagingOptions(False, False, False, False))
@@ -231,6 +234,16 @@ class Store:
                 f"{path}: unreadable sharded checkpoint ({type(e).__name__}: {e}); move it "
                 "out of the folder to resume from the one before"
             ) from e
+
+
+KEEPS_STAGER = (2, 14)  # the first torch whose async_save leaves a stager it is given open
+
+
+def _keeps_stager() -> bool:
+    import torch
+
+    release = torch.__version__.split("+")[0].split(".")
+    return tuple(int(p) for p in release[:2] if p.isdigit()) >= KEEPS_STAGER
 
 
 def tensors_of(model: Any, optimizer: Any) -> dict[str, Any]:

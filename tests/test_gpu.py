@@ -50,7 +50,7 @@ def gpu_run(tiny: TinyData, run_dir: Path, procs: int, **launch: object) -> dict
     return json.loads((run_dir / "provenance.json").read_text())
 
 
-@pytest.mark.gpu(seconds=10)
+@pytest.mark.gpu(seconds=15)
 def test_selfcheck_runs_nccl_on_the_gpu() -> None:
     report = json.loads(run_cli("selfcheck").stdout)
     assert report["cuda_available"] and report["backend"] == "nccl" and report["ddp_step"]
@@ -58,7 +58,7 @@ def test_selfcheck_runs_nccl_on_the_gpu() -> None:
 
 
 @pytest.mark.parametrize("procs", [
-    pytest.param(1, marks=pytest.mark.gpu(seconds=20)),
+    pytest.param(1, marks=pytest.mark.gpu(seconds=25)),
     pytest.param(2, marks=pytest.mark.gpu(seconds=25, gpus=2)),
 ])  # fmt: skip
 def test_nccl_training_records_the_gpu_stack(tiny: TinyData, tmp_path: Path, procs: int) -> None:
@@ -109,7 +109,7 @@ def real_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data
 
 
-@pytest.mark.gpu(seconds=30)
+@pytest.mark.gpu(seconds=25)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gpu_recipe_reaches_99_percent_on_real_mnist(
     seed: int, tmp_path: Path, real_mnist: Path, record_property: Any

@@ -85,7 +85,7 @@ def user_task(folder: Path, name: str, body: str) -> Path:
 # -- FSDP2 and HSDP in bf16 on CUDA; their DCP checkpoints resumed on CPUs -------------------
 
 
-@pytest.mark.gpu(seconds=40)
+@pytest.mark.gpu(seconds=35)
 @pytest.mark.parametrize(("strategy", "checkpointed"), [("fsdp", False), ("hsdp", True)])
 def test_sharded_bf16_on_cuda_resumes_on_cpus_at_2_ranks(
     lm_data: Path,  # noqa: F811 (the fixture imported above)
@@ -288,7 +288,7 @@ def model(args):
 """
 
 
-@pytest.mark.gpu(seconds=40)
+@pytest.mark.gpu(seconds=25)
 def test_the_job_api_and_the_collectives_timeout_over_nccl(tiny: TinyData, tmp_path: Path) -> None:
     """A script's ``job.info()`` makes its GPU current, ``job.shard()`` puts the model on it
     (DDP, bf16 gradients), ``should_stop()`` all-reduces over NCCL; a task's NCCL process
@@ -337,7 +337,7 @@ def model(args):
 """
 
 
-@pytest.mark.gpu(seconds=55)
+@pytest.mark.gpu(seconds=40)
 def test_deterministic_cuda_runs_reproduce_identical_and_a_refused_op_is_named(
     tiny: TinyData, tmp_path: Path
 ) -> None:
@@ -384,7 +384,7 @@ def model(args):
 """
 
 
-@pytest.mark.gpu(seconds=30)
+@pytest.mark.gpu(seconds=20)
 def test_cuda_out_of_memory_is_named_with_its_figures_and_the_fix(
     tiny: TinyData, tmp_path: Path
 ) -> None:

@@ -95,7 +95,7 @@ def test_fast_becomes_the_gpu_recipe_on_gpus() -> None:
     cfg = default_config()
     cfg["launch"]["device"] = "gpu"
     train = config.resolve(cfg, gpus=True)["train"]
-    assert recipe(train) == ("gpu", 1, 256, "adamw", 0.01)
+    assert recipe(train) == ("gpu", 2, 256, "adamw", 0.01)
     assert (train["precision"], train["channels_last"], train["label_smoothing"]) == (
         "bf16",
         True,
@@ -124,7 +124,7 @@ def test_the_resolved_config_records_the_gpu_recipe(tmp_path: Path) -> None:
     cpu = resolve.write_resolved(default_config(), tmp_path / "cpu.yaml", gpus=False)
     gpu = resolve.write_resolved(default_config(), tmp_path / "gpu.yaml", gpus=True)
     written = config.load_resolved(tmp_path / "gpu.yaml")
-    assert (written["train"]["preset"], written["train"]["epochs"]) == ("gpu", 1)
+    assert (written["train"]["preset"], written["train"]["epochs"]) == ("gpu", 2)
     assert written["task_args"]["batchnorm"] is True
     cpu_written = config.load_resolved(tmp_path / "cpu.yaml")
     assert cpu_written["train"]["preset"] == "fast" and cpu_written["task_args"]["batchnorm"]

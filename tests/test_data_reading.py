@@ -246,7 +246,7 @@ def test_two_ranks_train_on_a_pack_staged_once_a_node(tmp_path: Path) -> None:
 
     log = train(tmp_path / "run")
     digest = json.loads((data / "manifest.json").read_text())["digest"]
-    staged = tmp_path / "node-local" / "stage" / f"ddppipe-data-{digest}"
+    staged = tmp_path / "node-local" / "stage" / f"ddppipe-{os.getuid()}" / f"data-{digest}"
     # (rank 0's log: the copy is rank 0's, or rank 1's when it took the node's lock first)
     copied = f"staged {data} into {staged} (5 file(s),"
     assert copied in log or f"the data staged on this node before: {staged}" in log, log
@@ -282,7 +282,7 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
     (data / "b.bin").write_bytes(b"c" * 10)  # changed after prepare: refused, nothing kept
     with pytest.raises(manifest.ManifestError, match=r"b\.bin changed since it was prepared"):
         staging.staged(data, str(tmp_path / "other"), found, lambda: None)
-    assert [p.name for p in (tmp_path / "other").iterdir()] == [f".{dest.name}.lock"]
+    assert os.listdir(tmp_path / "other" / dest.parent.name) == [f".{dest.name}.lock"]
 
     small = tmp_path / "small"  # a node-local disk too small for the data
     small.mkdir()
@@ -290,14 +290,16 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
     try:
         with pytest.raises(staging.StageError, match=r"\(0\.00 GB\) does not fit in .*small"):
             staging.staged(data, str(small), found, lambda: None)
-        assert [p.name for p in small.iterdir()] == [f".{dest.name}.lock"]
+        assert os.listdir(small / dest.parent.name) == [f".{dest.name}.lock"]
     finally:
         subprocess.run(["umount", str(small)], check=True)
     with pytest.raises(staging.StageError, match=r"\$NOWHERE_SET is not set on"):
         staging.folder("$NOWHERE_SET/stage")
 
 
-def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> None:
+def test_a_data_folder_and_its_staged_copy_are_checked_alike(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     for name in ("a.bin", "b.bin", "c.bin"):
@@ -305,9 +307,11 @@ def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> 
     found = manifest.write(data, {"ref": "t"}, {})
     assert manifest.check(data) == found
     dest, _ = staging.staged(data, str(tmp_path / "local"), found, lambda: None)
-    (dest / "b.bin").write_bytes(b"short")  # the staged copy: sizes checked
-    with pytest.raises(staging.StageError, match=r"staged before but b\.bin is missing or of"):
-        staging.staged(data, str(tmp_path / "local"), found, lambda: None)
+    (dest / "b.bin").write_bytes(b"short")  # the staged copy: sizes checked, staged again
+    with caplog.at_level(logging.WARNING):
+        assert staging.staged(data, str(tmp_path / "local"), found, lambda: None) == (dest, True)
+    assert f"{dest} (staged before): b.bin changed since it was prepared: staging it" in caplog.text
+    assert (dest / "b.bin").read_bytes() == b"b.bin" * 4
 
     (data / "a.bin").unlink()
     (data / "c.bin").write_bytes(b"C" * 20)  # the same size, other bytes

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from tests.test_tasks_builtin import write_images
 from tests.tiny import default_config
 
 IMAGE_NAME = re.compile(r"root-[0-9a-f]{16}\.sqfs")
+MINE = f"ddppipe-{os.getuid()}"  # this user's private folder in a node-local one
 
 
 def fuse_mounts() -> bool:
@@ -71,16 +73,17 @@ def test_a_mount_ends_with_its_process_and_one_left_by_a_killed_one_is_removed(
     image = squashfs.Image(tmp_path / squashfs.write(root, tmp_path, "root"), "root")
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = tmp / f"ddppipe-sqfs-{image.digest}.{dead.pid}"
+    (tmp / MINE).mkdir(mode=0o700)
+    stale = tmp / MINE / f"sqfs-{image.digest}.{dead.pid}"
     stale.mkdir()
     subprocess.run(["squashfuse", str(image.path), str(stale)], check=True)
-    with image.mounted(tmp_path / "local") as folder:
-        assert folder == tmp / f"ddppipe-sqfs-{image.digest}.{os.getpid()}"
+    with image.mounted(tmp_path / "local", lambda: None) as folder:
+        assert folder == tmp / MINE / f"sqfs-{image.digest}.{os.getpid()}"
         assert os.path.ismount(folder)
         assert sorted(p.name for p in folder.iterdir()) == ["blue", "green", "red"]
         assert (folder / "red" / "001.png").read_bytes() == (root / "red/001.png").read_bytes()
         assert not stale.exists()  # the killed process's mount: unmounted and removed
-    assert os.listdir(tmp) == []
+    assert os.listdir(tmp) == [MINE] and os.listdir(tmp / MINE) == []
     assert not (tmp_path / "local").exists()  # nothing unpacked
 
 
@@ -92,19 +95,20 @@ def test_without_fuse_the_image_is_unpacked_once_a_node(
     image = squashfs.Image(tmp_path / squashfs.write(root, tmp_path, "root"), "root")
     monkeypatch.setattr(squashfs, "SQUASHFUSE", "no-such-squashfuse")
     local = tmp_path / "local"
-    with image.mounted(local) as folder:
-        assert folder == local / f"ddppipe-sqfs-{image.digest}"
+    with image.mounted(local, lambda: None) as folder:
+        assert folder == local / MINE / f"sqfs-{image.digest}"
         assert (folder / "green" / "000.png").read_bytes() == (root / "green/000.png").read_bytes()
     assert "no no-such-squashfuse here: the image is unpacked" in caplog.text
     monkeypatch.setattr(squashfs, "UNSQUASHFS", "no-such-unsquashfs")  # not needed again
-    with image.mounted(local) as again:
+    with image.mounted(local, lambda: None) as again:
         assert again == folder
-    assert sorted(os.listdir(local)) == [f".ddppipe-sqfs-{image.digest}.lock", folder.name]
+    assert sorted(os.listdir(local / MINE)) == [f".sqfs-{image.digest}.lock", folder.name]
+    assert stat.S_IMODE((local / MINE).stat().st_mode) == 0o700  # the copy: this user's only
     other = squashfs.Image(image.path, "root")
     refused = pytest.raises(squashfs.SquashfsError, match="needs no-such-unsquashfs")
-    with refused, other.mounted(tmp_path / "another-node"):
+    with refused, other.mounted(tmp_path / "another-node", lambda: None):
         pass
-    assert os.listdir(tmp_path / "another-node") == [f".ddppipe-sqfs-{image.digest}.lock"]
+    assert os.listdir(tmp_path / "another-node" / MINE) == [f".sqfs-{image.digest}.lock"]
 
 
 def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
@@ -138,10 +142,10 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     log = run_cli("launch", f"--config={run / 'config.yaml'}", f"--data={data}",
                   f"--state={run / 'state'}", f"--checkpoint={run / 'final.pt'}",
                   f"--metrics={run / 'metrics.jsonl'}").stderr  # fmt: skip
-    staged = tmp_path / "node-local" / f"ddppipe-data-{found['digest']}"
+    staged = tmp_path / "node-local" / MINE / f"data-{found['digest']}"
     assert sorted(p.name for p in staged.iterdir()) == ["index.json", "manifest.json", image]
     if fuse_mounts():
-        points = Path(tempfile.gettempdir()) / f"ddppipe-sqfs-{image.split('-')[1][:16]}"
+        points = Path(tempfile.gettempdir()) / MINE / f"sqfs-{image.split('-')[1][:16]}"
         assert log.count(f"mounted {staged / image} on {points}.") == 1, log  # rank 0's log
         assert not list(points.parent.glob(f"{points.name}.*"))  # each rank's mount gone
     epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -81,14 +81,16 @@ def _holder(path: Path) -> str:
 
 def _wait(fd: int, path: Path, progress: Callable[[], None]) -> None:
     """Take the lock ``fd`` (the file ``path``), beating ``progress`` while its holder
-    progresses; raise LockError once the holder has been silent :data:`STALL_S`."""
+    progresses; raise LockError once the holder has been silent :data:`STALL_S` (counted
+    from this wait's start at the earliest: a holder may not have written yet)."""
+    began = time.time()
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             pass
-        silent = time.time() - os.fstat(fd).st_mtime
+        silent = time.time() - max(os.fstat(fd).st_mtime, began)
         if silent > STALL_S:
             raise LockError(
                 f"{path} is held by {_holder(path)}, which has shown no progress for "

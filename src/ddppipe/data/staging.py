@@ -34,6 +34,7 @@ from ddppipe.data import manifest, squashfs
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+NAME_PREFIX = "data-"  # <this user's folder>/data-<digest>: a staged copy
 
 
 class StageError(RuntimeError, UserError):
@@ -51,9 +52,6 @@ def folder(setting: str) -> Path:
             "set launch.stage_data: null (read the data where it was prepared)"
         )
     return Path(expanded).expanduser()
-
-
-NAME_PREFIX = "data-"  # <user folder>/data-<digest>: a staged copy
 
 
 def staged(

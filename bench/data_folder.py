@@ -197,7 +197,7 @@ def train(work: Path, name: str, task: str, args: dict[str, Any], data: str, tra
         opened = re.findall(r'openat\([^"]*"([^"]+)"', strace.read_text())
         out["opened_under_images"] = sum(p.startswith(str(work / "images")) for p in opened)
         out["opened_under_data"] = sum(p.startswith(str(work / data) + "/") for p in opened)
-        out["opened_through_mount"] = sum("/ddppipe-sqfs-" in p for p in opened)
+        out["opened_through_mount"] = sum(f"/ddppipe-{os.getuid()}/sqfs-" in p for p in opened)
     return out
 
 

@@ -5,13 +5,21 @@ image; and a training whose loader is slow, named data-bound."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import signal
+import stat
 import subprocess
+import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from ddppipe import tasks
+from ddppipe.core import nodelock, private
 from ddppipe.data import batches, file_digests, manifest, packed, staging
 from ddppipe.launching import resolve
 from ddppipe.reports import waste
@@ -246,7 +255,7 @@ def test_two_ranks_train_on_a_pack_staged_once_a_node(tmp_path: Path) -> None:
 
     log = train(tmp_path / "run")
     digest = json.loads((data / "manifest.json").read_text())["digest"]
-    staged = tmp_path / "node-local" / "stage" / f"ddppipe-data-{digest}"
+    staged = tmp_path / "node-local" / "stage" / f"ddppipe-{os.getuid()}" / f"data-{digest}"
     # (rank 0's log: the copy is rank 0's, or rank 1's when it took the node's lock first)
     copied = f"staged {data} into {staged} (5 file(s),"
     assert copied in log or f"the data staged on this node before: {staged}" in log, log
@@ -282,7 +291,7 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
     (data / "b.bin").write_bytes(b"c" * 10)  # changed after prepare: refused, nothing kept
     with pytest.raises(manifest.ManifestError, match=r"b\.bin changed since it was prepared"):
         staging.staged(data, str(tmp_path / "other"), found, lambda: None)
-    assert [p.name for p in (tmp_path / "other").iterdir()] == [f".{dest.name}.lock"]
+    assert os.listdir(tmp_path / "other" / dest.parent.name) == [f".{dest.name}.lock"]
 
     small = tmp_path / "small"  # a node-local disk too small for the data
     small.mkdir()
@@ -290,14 +299,16 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
     try:
         with pytest.raises(staging.StageError, match=r"\(0\.00 GB\) does not fit in .*small"):
             staging.staged(data, str(small), found, lambda: None)
-        assert [p.name for p in small.iterdir()] == [f".{dest.name}.lock"]
+        assert os.listdir(small / dest.parent.name) == [f".{dest.name}.lock"]
     finally:
         subprocess.run(["umount", str(small)], check=True)
     with pytest.raises(staging.StageError, match=r"\$NOWHERE_SET is not set on"):
         staging.folder("$NOWHERE_SET/stage")
 
 
-def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> None:
+def test_a_data_folder_and_its_staged_copy_are_checked_alike(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     for name in ("a.bin", "b.bin", "c.bin"):
@@ -305,9 +316,11 @@ def test_a_data_folder_and_its_staged_copy_are_checked_alike(tmp_path: Path) -> 
     found = manifest.write(data, {"ref": "t"}, {})
     assert manifest.check(data) == found
     dest, _ = staging.staged(data, str(tmp_path / "local"), found, lambda: None)
-    (dest / "b.bin").write_bytes(b"short")  # the staged copy: sizes checked
-    with pytest.raises(staging.StageError, match=r"staged before but b\.bin is missing or of"):
-        staging.staged(data, str(tmp_path / "local"), found, lambda: None)
+    (dest / "b.bin").write_bytes(b"short")  # the staged copy: sizes checked, staged again
+    with caplog.at_level(logging.WARNING):
+        assert staging.staged(data, str(tmp_path / "local"), found, lambda: None) == (dest, True)
+    assert f"{dest} (staged before): b.bin changed since it was prepared: staging it" in caplog.text
+    assert (dest / "b.bin").read_bytes() == b"b.bin" * 4
 
     (data / "a.bin").unlink()
     (data / "c.bin").write_bytes(b"C" * 20)  # the same size, other bytes
@@ -415,3 +428,201 @@ def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> 
         r"training step shorter than that waits for its data\n", line)  # fmt: skip
     assert found, line
     assert float(found[1]) >= 0.2 and int(found[2]) <= 20 and float(found[3]) >= 200
+
+
+# -- node-local folders another user shares (ddppipe.core.private, ddppipe.core.nodelock) ----
+
+NOBODY = 65534  # the user nobody, and its group nogroup
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+# Run as nobody: each argument `path=content` a file (a folder where content is empty and
+# path ends with /, a link where content starts with ->), every folder made mode 0777.
+PLANT = r"""
+import os, sys
+for arg in sys.argv[1:]:
+    path, content = arg.split("=", 1)
+    if content.startswith("->"):
+        os.symlink(content[2:], path)
+        continue
+    folder = path if path.endswith("/") else os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o777)
+    if not path.endswith("/"):
+        open(path, "w").write(content)
+"""
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="acts as the user nobody (root only)")
+
+
+def plant(*files: str) -> None:
+    """What the user nobody plants (:data:`PLANT`)."""
+    subprocess.run([*AS_NOBODY, "/usr/bin/python3", "-c", PLANT, *files], check=True,
+                   cwd="/", timeout=60)  # fmt: skip
+
+
+@contextlib.contextmanager
+def shared_folder() -> Iterator[Path]:
+    """A node-local folder every user may write to, sticky (as /tmp is)."""
+    folder = Path(tempfile.mkdtemp(prefix="ddppipe-test-shared-", dir="/tmp"))
+    folder.chmod(0o1777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@contextlib.contextmanager
+def held_by_nobody(lock: Path) -> Iterator[None]:
+    """The lock file ``lock`` held by the user nobody (flock) in the block."""
+    holder = subprocess.Popen([*AS_NOBODY, "flock", "-o", str(lock), "sh", "-c", "echo held; "
+                               "exec sleep 120"], stdout=subprocess.PIPE, text=True, cwd="/",
+                              start_new_session=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+def data_of(folder: Path, **files: bytes) -> dict[str, Any]:
+    folder.mkdir()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    return manifest.write(folder, {"ref": "t"}, {})
+
+
+@needs_root
+def test_a_stage_folder_another_user_planted_is_avoided_unread_and_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nobody plants this user's folder name in a shared stage folder, with a copy of the
+    data of the same sizes and manifest (other bytes) and the lock held, and the next name
+    as a link to it: neither is used nor read, a warning names them, no wait; where no name
+    is left, or the stage folder lets others rename its entries, the staging is refused."""
+    found = data_of(tmp_path / "data", **{"a.bin": b"a" * 100, "b.bin": b"b" * 10})
+    name = f"data-{found['digest']}"
+    with shared_folder() as shared:
+        theirs, link = shared / "ddppipe-0", shared / "ddppipe-0.1"
+        plant(f"{theirs}/{name}/a.bin={'x' * 100}", f"{theirs}/{name}/b.bin={'y' * 10}",
+              f"{theirs}/{name}/manifest.json={(tmp_path / 'data/manifest.json').read_text()}",
+              f"{theirs}/.{name}.lock=", f"{link}=->{theirs}")  # fmt: skip
+        started = time.monotonic()
+        with held_by_nobody(theirs / f".{name}.lock"), caplog.at_level(logging.WARNING):
+            dest, copied = staging.staged(tmp_path / "data", str(shared), found, lambda: None)
+        assert time.monotonic() - started < 10  # (no wait for nobody's lock)
+        assert (dest, copied) == (shared / "ddppipe-0.2" / name, True)
+        assert (dest / "a.bin").read_bytes() == b"a" * 100  # ours, not nobody's
+        assert stat.filemode(dest.parent.stat().st_mode) == "drwx------"
+        assert (
+            f"{theirs} (drwxrwxrwx) is owned by nobody (uid 65534), not by this user "
+            f"(root (uid 0)); {link} is a symbolic link ({theirs}), no folder of this user's: "
+            f"not used (nothing in it read); using {shared}/ddppipe-0.2 instead"
+        ) in caplog.text
+        assert (theirs / name / "a.bin").read_text() == "x" * 100  # nothing of theirs touched
+
+        monkeypatch.setattr(private, "TRIES", 2)
+        with pytest.raises(private.NotPrivate) as refused:
+            staging.staged(tmp_path / "data", str(shared), found, lambda: None)
+        assert str(refused.value).startswith(
+            f"no private folder of this user's can be made in {shared}: {theirs} (drwxrwxrwx) "
+            "is owned by nobody (uid 65534), not by this user (root (uid 0)); "
+        )
+        assert "Remove them (their owner or an administrator can)" in str(refused.value)
+    unsafe = tmp_path / "unsafe"
+    unsafe.mkdir(mode=0o777)
+    unsafe.chmod(0o777)  # writable by all, not sticky: anyone may rename our folder away
+    with pytest.raises(private.NotPrivate, match=re.escape(
+        f"{unsafe} (drwxrwxrwx, owned by root (uid 0)) lets other users rename what it holds"
+    )):  # fmt: skip
+        staging.staged(tmp_path / "data", str(unsafe), found, lambda: None)
+
+
+def test_a_killed_copys_leftovers_are_removed_and_an_incomplete_copy_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy killed half-way leaves its temporary folder; the next process on the node
+    removes it (and those of other data nobody is copying), stages the data and, its copy
+    later found without its manifest (written last), stages it again."""
+    found = data_of(tmp_path / "data", **{"a.bin": b"a" * 5_000_000, "b.bin": b"b" * 10})
+    local = tmp_path / "local"
+    copier = subprocess.Popen([sys.executable, "-c", KILLED_COPY, str(tmp_path / "data"),
+                               str(local)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert copier.stdout is not None and copier.stdout.readline() == "copying\n"
+    copier.kill()
+    copier.wait()
+    mine = local / f"ddppipe-{os.getuid()}"
+    name = f"data-{found['digest']}"
+    left = mine / f".{name}.{copier.pid}.tmp"
+    assert (left / "a.bin").stat().st_size == 4 << 20  # one chunk copied when killed
+    (mine / ".data-other.4242.tmp").mkdir()  # a copy of other data, killed too
+    (mine / ".data-busy.4243.tmp").mkdir()  # one still under way (its lock held)
+    busy = os.open(mine / ".data-busy.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(busy, fcntl.LOCK_EX)
+    try:
+        with caplog.at_level(logging.INFO):
+            dest, copied = staging.staged(tmp_path / "data", str(local), found, lambda: None)
+    finally:
+        os.close(busy)
+    assert (dest, copied) == (mine / name, True)
+    assert f"removing {left}, left by a process that ended before it was complete" in caplog.text
+    kept = [".data-busy.4243.tmp", ".data-busy.lock", ".data-other.lock", f".{name}.lock", name]
+    assert sorted(os.listdir(mine)) == sorted(kept)
+
+    (dest / "manifest.json").unlink()  # (a node's cleaner took it): replaced, no ENOTEMPTY
+    with caplog.at_level(logging.WARNING):
+        assert staging.staged(tmp_path / "data", str(local), found, lambda: None) == (dest, True)
+    assert (
+        f"{dest} has no readable manifest.json (a copy that did not complete): staging it again"
+    ) in caplog.text
+    assert json.loads((dest / "manifest.json").read_text())["digest"] == found["digest"]
+
+
+KILLED_COPY = """
+import pathlib, sys, time
+from ddppipe.data import manifest, staging
+def slow():
+    print("copying", flush=True)
+    time.sleep(120)
+data = pathlib.Path(sys.argv[1])
+staging.staged(data, sys.argv[2], manifest.read(data), slow)
+"""
+
+
+def test_a_wait_for_the_nodes_copy_lasts_while_it_progresses_and_is_bounded_when_silent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process of the node copying: the wait beats this one's heartbeat as long as
+    the copy progresses, then reuses it; a holder silent past the bound ends the wait with
+    an error naming it."""
+    monkeypatch.setattr(nodelock, "STALL_S", 1.0)
+    monkeypatch.setattr(nodelock, "BEAT_EVERY_S", 0.1)
+    found = data_of(tmp_path / "data", **{"a.bin": b"a" * (16 << 20)})  # four chunks
+    local, started = str(tmp_path / "local"), threading.Event()
+
+    def slow() -> None:  # the holder: a chunk every 0.4 s, 1.6 s in all
+        started.set()
+        time.sleep(0.4)
+
+    holder = threading.Thread(target=staging.staged, args=(tmp_path / "data", local, found, slow))
+    holder.start()
+    assert started.wait(30)
+    beats: list[float] = []
+    dest, copied = staging.staged(tmp_path / "data", local, found,
+                                  lambda: beats.append(time.monotonic()))  # fmt: skip
+    holder.join()
+    assert not copied and (dest / "a.bin").stat().st_size == 16 << 20
+    assert beats[-1] - beats[0] > 1.0  # waited past the bound, beating, while it progressed
+
+    lock = dest.parent / f".{dest.name}.lock"
+    silent = os.open(lock, os.O_RDWR)
+    fcntl.flock(silent, fcntl.LOCK_EX)
+    os.pwrite(silent, b"pid 4242 on node7 since 2026-11-28 19:00:00\n", 0)
+    try:
+        waited = time.monotonic()
+        with pytest.raises(nodelock.LockError, match=re.escape(
+            f"{lock} is held by pid 4242 on node7 since 2026-11-28 19:00:00, which has shown "
+            "no progress for 1 s (the limit: 1 s): if that process hangs, end it"
+        )):  # fmt: skip
+            staging.staged(tmp_path / "data", local, found, lambda: None)
+        assert time.monotonic() - waited < 5
+    finally:
+        os.close(silent)

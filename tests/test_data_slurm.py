@@ -5,6 +5,7 @@ their own folder and train from it, mounted there."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,8 @@ def test_a_squashfs_image_is_staged_on_each_node_and_trained_from(
     (data,) = (workdir / "resources").glob("imagefolder*/manifest.json")
     found = json.loads(data.read_text())
     digest, image = found["digest"], found["squashfs"]["image"]
-    staged = sorted((tmp_path / "local").glob(f"*/ddppipe-data-{digest}"))
-    assert [p.parent.name for p in staged] == sorted(slurm_cluster.nodes), staged
+    staged = sorted((tmp_path / "local").glob(f"*/ddppipe-{os.getuid()}/data-{digest}"))
+    assert [p.parent.parent.name for p in staged] == sorted(slurm_cluster.nodes), staged
     for folder in staged:  # the image, checked as it was copied
         assert sorted(p.name for p in folder.iterdir()) == ["index.json", "manifest.json", image]
         assert (folder / image).read_bytes() == (data.parent / image).read_bytes()

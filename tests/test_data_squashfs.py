@@ -4,24 +4,30 @@ or, without FUSE, unpacked once a node; two ranks train on it with the loose ima
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from ddppipe.data import squashfs
+from ddppipe.data import manifest, squashfs, staging
 from ddppipe.launching import resolve
 from tests.conftest import run_cli
+from tests.test_data_reading import AS_NOBODY, held_by_nobody, needs_root, plant, shared_folder
 from tests.test_tasks_builtin import write_images
 from tests.tiny import default_config
 
 IMAGE_NAME = re.compile(r"root-[0-9a-f]{16}\.sqfs")
+MINE = f"ddppipe-{os.getuid()}"  # this user's private folder in a node-local one
 
 
 def fuse_mounts() -> bool:
@@ -71,16 +77,17 @@ def test_a_mount_ends_with_its_process_and_one_left_by_a_killed_one_is_removed(
     image = squashfs.Image(tmp_path / squashfs.write(root, tmp_path, "root"), "root")
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = tmp / f"ddppipe-sqfs-{image.digest}.{dead.pid}"
+    (tmp / MINE).mkdir(mode=0o700)
+    stale = tmp / MINE / f"sqfs-{image.digest}.{dead.pid}"
     stale.mkdir()
     subprocess.run(["squashfuse", str(image.path), str(stale)], check=True)
-    with image.mounted(tmp_path / "local") as folder:
-        assert folder == tmp / f"ddppipe-sqfs-{image.digest}.{os.getpid()}"
+    with image.mounted(tmp_path / "local", lambda: None) as folder:
+        assert folder == tmp / MINE / f"sqfs-{image.digest}.{os.getpid()}"
         assert os.path.ismount(folder)
         assert sorted(p.name for p in folder.iterdir()) == ["blue", "green", "red"]
         assert (folder / "red" / "001.png").read_bytes() == (root / "red/001.png").read_bytes()
         assert not stale.exists()  # the killed process's mount: unmounted and removed
-    assert os.listdir(tmp) == []
+    assert os.listdir(tmp) == [MINE] and os.listdir(tmp / MINE) == []
     assert not (tmp_path / "local").exists()  # nothing unpacked
 
 
@@ -92,19 +99,20 @@ def test_without_fuse_the_image_is_unpacked_once_a_node(
     image = squashfs.Image(tmp_path / squashfs.write(root, tmp_path, "root"), "root")
     monkeypatch.setattr(squashfs, "SQUASHFUSE", "no-such-squashfuse")
     local = tmp_path / "local"
-    with image.mounted(local) as folder:
-        assert folder == local / f"ddppipe-sqfs-{image.digest}"
+    with image.mounted(local, lambda: None) as folder:
+        assert folder == local / MINE / f"sqfs-{image.digest}"
         assert (folder / "green" / "000.png").read_bytes() == (root / "green/000.png").read_bytes()
     assert "no no-such-squashfuse here: the image is unpacked" in caplog.text
     monkeypatch.setattr(squashfs, "UNSQUASHFS", "no-such-unsquashfs")  # not needed again
-    with image.mounted(local) as again:
+    with image.mounted(local, lambda: None) as again:
         assert again == folder
-    assert sorted(os.listdir(local)) == [f".ddppipe-sqfs-{image.digest}.lock", folder.name]
+    assert sorted(os.listdir(local / MINE)) == [f".sqfs-{image.digest}.lock", folder.name]
+    assert stat.S_IMODE((local / MINE).stat().st_mode) == 0o700  # the copy: this user's only
     other = squashfs.Image(image.path, "root")
     refused = pytest.raises(squashfs.SquashfsError, match="needs no-such-unsquashfs")
-    with refused, other.mounted(tmp_path / "another-node"):
+    with refused, other.mounted(tmp_path / "another-node", lambda: None):
         pass
-    assert os.listdir(tmp_path / "another-node") == [f".ddppipe-sqfs-{image.digest}.lock"]
+    assert os.listdir(tmp_path / "another-node" / MINE) == [f".sqfs-{image.digest}.lock"]
 
 
 def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
@@ -138,10 +146,10 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     log = run_cli("launch", f"--config={run / 'config.yaml'}", f"--data={data}",
                   f"--state={run / 'state'}", f"--checkpoint={run / 'final.pt'}",
                   f"--metrics={run / 'metrics.jsonl'}").stderr  # fmt: skip
-    staged = tmp_path / "node-local" / f"ddppipe-data-{found['digest']}"
+    staged = tmp_path / "node-local" / MINE / f"data-{found['digest']}"
     assert sorted(p.name for p in staged.iterdir()) == ["index.json", "manifest.json", image]
     if fuse_mounts():
-        points = Path(tempfile.gettempdir()) / f"ddppipe-sqfs-{image.split('-')[1][:16]}"
+        points = Path(tempfile.gettempdir()) / MINE / f"sqfs-{image.split('-')[1][:16]}"
         assert log.count(f"mounted {staged / image} on {points}.") == 1, log  # rank 0's log
         assert not list(points.parent.glob(f"{points.name}.*"))  # each rank's mount gone
     epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -193,3 +201,84 @@ def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> No
     assert "mounted" not in log and "unpacked" not in log, log  # the bind, no mount of its own
     (epoch,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert epoch["test_accuracy"] > 0.5
+
+
+@needs_root
+def test_an_unpack_folder_a_mount_point_and_a_lock_another_user_planted_are_avoided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nobody plants this user's folder name in the shared temporary folder, with the image's
+    unpacked folder (other content), this process's mount point and the lock, held: the
+    image is mounted and unpacked in a folder of this user's instead, named, with no wait;
+    the unpacked copy is no other user's to read."""
+    root = tmp_path / "images"
+    write_images(root, per_class=2)
+    image = squashfs.Image(tmp_path / squashfs.write(root, tmp_path, "root"), "root")
+    name, red = f"sqfs-{image.digest}", (root / "red" / "000.png").read_bytes()
+    with shared_folder() as shared:
+        theirs, mine = shared / MINE, shared / f"{MINE}.1"
+        plant(f"{theirs}/{name}/red/000.png=planted", f"{theirs}/{name}.{os.getpid()}/=",
+              f"{theirs}/.{name}.lock=")  # fmt: skip
+        monkeypatch.setattr(tempfile, "tempdir", str(shared))  # where the mounts go
+        started = time.monotonic()
+        with held_by_nobody(theirs / f".{name}.lock"), caplog.at_level(logging.WARNING):
+            if fuse_mounts():
+                with image.mounted(tmp_path / "local", lambda: None) as point:
+                    assert point == mine / f"{name}.{os.getpid()}" and os.path.ismount(point)
+                    assert (point / "red" / "000.png").read_bytes() == red
+            monkeypatch.setattr(squashfs, "SQUASHFUSE", "no-such-squashfuse")
+            with image.mounted(shared, lambda: None) as folder:
+                assert folder == mine / name and (folder / "red" / "000.png").read_bytes() == red
+        assert time.monotonic() - started < 10  # (no wait for nobody's lock)
+        assert (
+            f"{theirs} (drwxrwxrwx) is owned by nobody (uid 65534), not by this user "
+            f"(root (uid 0)): not used (nothing in it read); using {mine} instead"
+        ) in caplog.text
+        assert (theirs / name / "red" / "000.png").read_text() == "planted"  # left as it was
+        read = subprocess.run([*AS_NOBODY, "cat", str(folder / "red" / "000.png")],
+                              capture_output=True, text=True, cwd="/")  # fmt: skip
+        assert read.returncode != 0 and "Permission denied" in read.stderr
+
+
+# An unsquashfs that reads the image for 1 s, then hangs 1 s (no input, no output), then works.
+SLOW_UNSQUASHFS = """#!/usr/bin/python3
+import os, sys, time
+image = os.open(sys.argv[-1], os.O_RDONLY)
+for _ in range(10):
+    os.pread(image, 1, 0)
+    time.sleep(0.1)
+time.sleep(1.0)
+os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+"""
+
+
+def test_a_long_unpacking_beats_the_ranks_heartbeat_while_it_progresses_only(
+    tmp_path: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without FUSE, a rank's unpacking of its packed folder's image (``staging.for_rank``)
+    beats the rank's heartbeat while unsquashfs reads or writes, and not while it hangs: the
+    watchdog lets a long unpacking run and still sees a hung one."""
+    root = tmp_path / "images"
+    write_images(root, per_class=2)
+    data = tmp_path / "data"
+    data.mkdir()
+    packed = squashfs.write(root, data, "root")
+    manifest.write(data, {"ref": "t"}, {}, {squashfs.KEY: {"image": packed, "arg": "root"}})
+    slow = tmp_path / "slow-unsquashfs"
+    slow.write_text(SLOW_UNSQUASHFS.format(real=shutil.which("unsquashfs")))
+    slow.chmod(0o755)
+    monkeypatch.setattr(squashfs, "SQUASHFUSE", "no-such-squashfuse")
+    monkeypatch.setattr(squashfs, "UNSQUASHFS", str(slow))
+    beats: list[float] = []
+    with contextlib.ExitStack() as held:
+        started = time.monotonic()
+        _, _, args = staging.for_rank(data, None, {"root": str(root)}, held,
+                                      lambda: beats.append(time.monotonic()))  # fmt: skip
+        ended = time.monotonic()
+        assert args["root"] == str(tmp / MINE / f"sqfs-{packed.split('-')[1][:16]}")
+        assert (Path(args["root"]) / "red" / "000.png").read_bytes() == (
+            root / "red" / "000.png"
+        ).read_bytes()
+    assert ended - started > 2.0 and len(beats) >= 4, beats  # beats while reading
+    gaps = [b - a for a, b in zip([started, *beats], [*beats, ended], strict=True)]
+    assert max(gaps) > 0.8, gaps  # none while it hung

@@ -300,7 +300,10 @@ def test_a_socket_folder_others_may_enter_is_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode != 0
-    assert f"the warm server's socket folder {folder} (drwxrwxrwx) is not private" in done.stderr
+    assert (
+        f"the warm server's socket folder is not private ({folder} (drwxrwxrwx, this "
+        f"user's) is open to other users: chmod 700 {folder})"
+    ) in done.stderr
     assert not (folder / "w.sock").exists()
 
 

@@ -15,7 +15,13 @@ Training reads it where the task expects its folder, the task's code unchanged:
   folder of its own (unmounted when it ends; a mount left by a killed process is removed by the
   next one) and gives the task that folder (:func:`Image.mounted`); where FUSE does not work,
   the first process of a node unpacks it once (``unsquashfs``) into
-  ``<local>/ddppipe-sqfs-<digest>/``, which the node's other processes and later runs reuse.
+  ``<local>/ddppipe-<uid>/sqfs-<digest>/``, which the node's other processes and later runs
+  reuse (renamed into place when complete: its completion mark; the others wait for it, a
+  lock with a bound, beating their heartbeat while the unpacking progresses).
+
+Mount points and unpacked copies live in this user's private folder of the node-local one
+(:func:`ddppipe.core.private.user_folder`: mode 0700, checked before use), where no other user
+can plant, block or read anything.
 
 With ``launch.stage_data`` the image, a file of the data folder, is staged like the others
 (one file copied a node) and mounted or unpacked there.
@@ -24,18 +30,17 @@ With ``launch.stage_data`` the image, a file of the data folder, is staged like 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import hashing
+from ddppipe.core import hashing, nodelock, private
 from ddppipe.core.errors import UserError
 from ddppipe.data import manifest
 
@@ -48,7 +53,10 @@ KEY = "squashfs"  # the data manifest's record of the image
 MKSQUASHFS_ARGS = ("-noappend", "-all-root", "-mkfs-time", "0", "-all-time", "0",
                    "-no-xattrs", "-no-progress", "-quiet")  # fmt: skip
 MKSQUASHFS, UNSQUASHFS, SQUASHFUSE = "mksquashfs", "unsquashfs", "squashfuse"
-MOUNT_PREFIX = "ddppipe-sqfs-"  # <tmp>/ddppipe-sqfs-<digest>.<pid>: a process's mount
+# In this user's private folder: sqfs-<digest>.<pid> a process's mount, sqfs-<digest> the
+# image unpacked.
+NAME_PREFIX = "sqfs-"
+POLL_S = 0.2
 
 
 class SquashfsError(RuntimeError, UserError):
@@ -66,11 +74,37 @@ def _tool(name: str, purpose: str) -> str:
     return found
 
 
-def _run(argv: list[str], what: str) -> None:
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise SquashfsError(f"{what} failed (exit {done.returncode}): {' / '.join(tail)}")
+def _io(pid: int) -> str | None:
+    """What process ``pid`` has read and written so far (None: unknown here)."""
+    try:
+        lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+    except OSError:
+        return None
+    return " ".join(x for x in lines if x.startswith(("rchar", "wchar")))
+
+
+def _run(argv: list[str], what: str, beat: Callable[[], None] | None = None) -> None:
+    """Run ``argv``; ``beat`` called every :data:`POLL_S` in which it read or wrote (every one
+    where that is unknown): one that hangs stops beating. Raise SquashfsError."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            seen: str | None = None
+            while proc.poll() is None:
+                if beat is not None and ((now := _io(proc.pid)) is None or now != seen):
+                    beat()
+                    seen = now
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(POLL_S)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.returncode != 0:
+            out.seek(0)
+            tail = out.read().strip().splitlines()[-3:]
+            raise SquashfsError(f"{what} failed (exit {proc.returncode}): {' / '.join(tail)}")
 
 
 def write(folder: Path, data_dir: Path, stem: str) -> str:
@@ -134,12 +168,13 @@ class Image:
         return bool(in_image) and os.path.ismount(self._target(args))
 
     @contextlib.contextmanager
-    def mounted(self, local: Path) -> Iterator[Path]:
+    def mounted(self, local: Path, progress: Callable[[], None]) -> Iterator[Path]:
         """The image's content as a folder while in the block: mounted with squashfuse for
-        this process, else (no FUSE here: logged) unpacked once a node under ``local``."""
+        this process, else (no FUSE here: logged) unpacked once a node under ``local``
+        (``progress`` called every few seconds of the unpacking or the wait for it)."""
         point = _mount(self.path, self.digest)
         if point is None:
-            yield _unpacked(self.path, self.digest, Path(local))
+            yield _unpacked(self.path, self.digest, Path(local), progress)
             return
         try:
             yield point
@@ -168,9 +203,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale(tmp: Path) -> None:
-    """The mounts that processes killed before their end left in ``tmp``, removed."""
-    for point in tmp.glob(f"{MOUNT_PREFIX}*.*"):
+def _remove_stale(mine: Path) -> None:
+    """The mounts that processes killed before their end left in ``mine``, removed."""
+    for point in mine.glob(f"{NAME_PREFIX}*.*"):
         pid = point.suffix.lstrip(".")
         if pid.isdigit() and not _alive(int(pid)):
             log.info("removing %s, the mount of an ended process", point)
@@ -185,9 +220,9 @@ def _mount(image: Path, digest: str) -> Path | None:
         log.warning("data.pack: squashfs: no %s here: the image is unpacked to node-local disk "
                     "instead (install squashfuse to mount it)", SQUASHFUSE)  # fmt: skip
         return None
-    tmp = Path(tempfile.gettempdir())
-    _remove_stale(tmp)
-    point = tmp / f"{MOUNT_PREFIX}{digest}.{os.getpid()}"
+    mine = private.user_folder(Path(tempfile.gettempdir()))
+    _remove_stale(mine)
+    point = mine / f"{NAME_PREFIX}{digest}.{os.getpid()}"
     if point.exists():  # this pid's, left by an earlier process of the same number
         _unmount(point)
     point.mkdir()
@@ -204,39 +239,42 @@ def _mount(image: Path, digest: str) -> Path | None:
     return point
 
 
-def _unpacked(image: Path, digest: str, local: Path) -> Path:
-    """The image's content unpacked into ``local/ddppipe-sqfs-<digest>/``: by the first process
-    of the node, into a temporary folder renamed into place; the others wait for it (a lock)
-    and every later one reuses it."""
-    dest = local / f"{MOUNT_PREFIX}{digest}"
-    local.mkdir(parents=True, exist_ok=True)
-    with open(local / f".{dest.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if dest.is_dir():
+def _unpacked(image: Path, digest: str, local: Path, progress: Callable[[], None]) -> Path:
+    """The image's content unpacked into ``<local>/ddppipe-<uid>/sqfs-<digest>/``: by the
+    first process of the node, into a temporary folder renamed into place (the mark of a
+    complete copy); the others wait for it (:func:`ddppipe.core.nodelock.held`) and every
+    later one reuses it."""
+    mine = private.user_folder(local)
+    dest = mine / f"{NAME_PREFIX}{digest}"
+    with nodelock.held(mine, dest.name, progress) as holder:
+        if dest.is_dir() and not dest.is_symlink():
             return dest
         tool = _tool(UNSQUASHFS, f"unpack {image} where squashfuse cannot mount it")
-        tmp = local / f".{dest.name}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = nodelock.temporary(mine, dest.name)
         try:
-            _run([tool, "-no-progress", "-d", str(tmp), str(image)], f"unsquashfs {image}")
+            _run([tool, "-no-progress", "-d", str(tmp), str(image)], f"unsquashfs {image}",
+                 holder.beat)  # fmt: skip
             os.rename(tmp, dest)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                nodelock.remove(tmp)
             raise
     log.info("unpacked %s into %s", image, dest)
     return dest
 
 
-def task_args(data_dir: Path, found: dict[str, Any], args: dict[str, Any], local: Path,
-              held: contextlib.ExitStack) -> dict[str, Any]:  # fmt: skip
+def task_args(
+    data_dir: Path, found: dict[str, Any], args: dict[str, Any], local: Path,
+    held: contextlib.ExitStack, progress: Callable[[], None],
+) -> dict[str, Any]:  # fmt: skip
     """The task's ``args`` reading the data folder ``data_dir`` (manifest ``found``): as they
     are where the data is not packed or its image is bound over the task's folder, else with
-    that folder replaced by the image's content, mounted (or unpacked under ``local``) until
-    ``held`` closes."""
+    that folder replaced by the image's content, mounted (or unpacked under ``local``,
+    ``progress`` its heartbeat) until ``held`` closes."""
     image = Image.of(data_dir, found)
     if image is None or image.bound(args):
         return args
-    return {**args, image.arg: str(held.enter_context(image.mounted(local)))}
+    return {**args, image.arg: str(held.enter_context(image.mounted(local, progress)))}
 
 
 @contextlib.contextmanager
@@ -246,4 +284,4 @@ def reading(data_dir: Path, args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     mounted, or unpacked under ``$TMPDIR``, while in the block."""
     with contextlib.ExitStack() as held:
         yield task_args(Path(data_dir), manifest.read(data_dir), args,
-                        Path(tempfile.gettempdir()), held)  # fmt: skip
+                        Path(tempfile.gettempdir()), held, lambda: None)  # fmt: skip

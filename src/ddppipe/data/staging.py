@@ -3,34 +3,38 @@
 On a cluster the prepared data sits on the shared parallel filesystem, whose every open and
 read is shared with all its users; a node's local disk (``$TMPDIR``, ``/local/scratch``) is
 its own. With ``launch.stage_data`` set, the first process of a node to start copies the data
-folder to ``<stage_data>/ddppipe-data-<digest>/`` (the manifest's digest: data of other
-content never mixes), checking each file's SHA-256 against the manifest as it copies, into a
-temporary folder renamed into place when complete; the node's other processes wait for it
-(a lock) and every later slot or packed trial on that node that trains on the same data
-reuses it (its files' sizes checked). The folder is named by its content, so it is never
-stale; it is left for the node's own cleanup (a job's ``$TMPDIR`` goes with the job).
+folder into this user's private folder there (mode 0700, checked:
+:func:`ddppipe.core.private.user_folder`), as ``<stage_data>/ddppipe-<uid>/data-<digest>/``
+(the manifest's digest: data of other content never mixes), checking each file's SHA-256
+against the manifest as it copies, into a temporary folder renamed into place when complete
+(its manifest copied last); the node's other processes wait for it (a lock with a bound:
+:mod:`ddppipe.core.nodelock`) and every later slot or packed trial on that node that trains
+on the same data reuses it (its manifest's digest and its files' sizes checked; an
+incomplete copy is replaced). The folder is named by its content, so it is never stale; it
+is left for the node's own cleanup (a job's ``$TMPDIR`` goes with the job).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
+import json
 import logging
 import os
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddppipe.core import nodelock, private
 from ddppipe.core.errors import UserError
 from ddppipe.data import manifest, squashfs
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+NAME_PREFIX = "data-"  # <this user's folder>/data-<digest>: a staged copy
 
 
 class StageError(RuntimeError, UserError):
@@ -53,58 +57,63 @@ def folder(setting: str) -> Path:
 def staged(
     data_dir: Path, setting: str, found: dict[str, Any], progress: Callable[[], None]
 ) -> tuple[Path, bool]:
-    """The data folder ``data_dir`` (of manifest ``found``) on this node's disk under
-    ``setting``, and whether this process copied it (False: staged before, or by another
-    process of the node while this one waited). ``progress`` is called every few seconds
-    of the copy or the wait (a heartbeat). Raise StageError (no room, a file that does not
-    match the manifest: nothing is left behind)."""
+    """The data folder ``data_dir`` (of manifest ``found``) on this node's disk, in this
+    user's private folder under ``setting`` (:func:`ddppipe.core.private.user_folder`), and
+    whether this process copied it (False: staged before, or by another process of the node
+    while this one waited). ``progress`` is called every few seconds of the copy or the wait
+    (a heartbeat). Raise StageError (no room, a file that does not match the manifest:
+    nothing is left behind)."""
     root = folder(setting)
-    dest = root / f"ddppipe-data-{found['digest']}"
+    name = f"{NAME_PREFIX}{found['digest']}"
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / f".{dest.name}.lock", "a") as lock:
-            while True:  # another process of the node may be copying: wait, alive
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    progress()
-                    time.sleep(0.2)
-            if (dest / manifest.NAME).is_file():
-                _check_sizes(dest, found)
-                return dest, False
-            _copy(Path(data_dir), root, dest, found, progress)
+        mine = private.user_folder(root)
+        dest = mine / name
+        with nodelock.held(mine, name, progress) as holder:  # another process may be copying
+            if dest.exists() or dest.is_symlink():
+                if (why := _incomplete(dest, found)) is None:
+                    return dest, False
+                log.warning("%s: staging it again", why)
+                nodelock.remove(dest)
+            _copy(Path(data_dir), mine, dest, found, holder.beat)
             return dest, True
     except OSError as e:
         raise StageError(
             f"launch.stage_data: cannot stage {data_dir} into {root} on "
-            f"{socket.gethostname()} ({e.strerror or e}): name a writable node-local folder, "
-            "or set launch.stage_data: null"
+            f"{socket.gethostname()} ({e.strerror or e}{f': {e.filename}' if e.filename else ''}"
+            "): name a writable node-local folder, or set launch.stage_data: null"
         ) from None
 
 
-def _check_sizes(dest: Path, found: dict[str, Any]) -> None:
-    """Every file of the manifest in the staged copy ``dest``, of its size (not hashed: it
-    was when copied); raise StageError."""
+def _incomplete(dest: Path, found: dict[str, Any]) -> str | None:
+    """Why the earlier copy ``dest`` is not the complete copy of the data of manifest
+    ``found`` (None: it is): its manifest, copied last, missing or of other data, or a file
+    missing or of another size (not hashed: it was when copied)."""
+    if not dest.is_dir() or dest.is_symlink():
+        return f"{dest} is no folder"
+    try:
+        staged_digest = json.loads((dest / manifest.NAME).read_text()).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return f"{dest} has no readable {manifest.NAME} (a copy that did not complete)"
+    if staged_digest != found["digest"]:
+        return f"{dest}'s {manifest.NAME} is of other data (digest {staged_digest})"
     if bad := manifest.differences(dest, found, hashes=False):
-        raise StageError(
-            f"{dest} was staged before but {bad[0][0]} is missing or of another size: remove "
-            f"{dest} (the next process stages it again)"
-        )
+        return f"{dest} (staged before): {bad[0][0]} {bad[0][1]}"
+    return None
 
 
-def _copy(data_dir: Path, root: Path, dest: Path, found: dict[str, Any],
-          progress: Callable[[], None]) -> None:  # fmt: skip
+def _copy(data_dir: Path, mine: Path, dest: Path, found: dict[str, Any],
+          beat: Callable[[], None]) -> None:  # fmt: skip
     """Copy the manifest's files, checking each one's SHA-256, then rename into ``dest``."""
     needed = sum(f["bytes"] for f in found["files"].values())
-    free = shutil.disk_usage(root).free
+    free = shutil.disk_usage(mine).free
     if needed > free:
         raise StageError(
-            f"launch.stage_data: the data ({needed / 1e9:,.2f} GB) does not fit in {root} on "
+            f"launch.stage_data: the data ({needed / 1e9:,.2f} GB) does not fit in {mine} on "
             f"{socket.gethostname()} ({free / 1e9:,.2f} GB free): name a larger node-local "
             "folder, or set launch.stage_data: null"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=root))
+    tmp = nodelock.temporary(mine, dest.name)
+    tmp.mkdir()
     try:
         for rel, want in found["files"].items():
             target = tmp / rel
@@ -114,7 +123,7 @@ def _copy(data_dir: Path, root: Path, dest: Path, found: dict[str, Any],
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
-                    progress()
+                    beat()
             if digest.hexdigest() != want["sha256"]:
                 raise manifest.ManifestError(
                     f"{data_dir / rel} changed since it was prepared (its SHA-256 is not the "
@@ -124,7 +133,7 @@ def _copy(data_dir: Path, root: Path, dest: Path, found: dict[str, Any],
         shutil.copyfile(data_dir / manifest.NAME, tmp / manifest.NAME)  # last: complete
         os.rename(tmp, dest)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        nodelock.remove(tmp)
         raise
     log.info("staged %s into %s (%d file(s), %.1f MB)", data_dir, dest, len(found["files"]),
              needed / 1e6)  # fmt: skip
@@ -151,7 +160,8 @@ def for_rank(
 ) -> tuple[Path, dict[str, Any], dict[str, Any]]:  # fmt: skip
     """What a rank reads: the data folder (:func:`data_folder`), its manifest, and the task's
     ``args`` reading a packed folder's image, mounted (or unpacked on the stage folder or
-    ``$TMPDIR``) until ``held`` closes (:func:`ddppipe.data.squashfs.task_args`)."""
+    ``$TMPDIR``) until ``held`` closes (:func:`ddppipe.data.squashfs.task_args`); ``progress``
+    called every few seconds of a copy, an unpacking or a wait for one (a heartbeat)."""
     folder_, found = data_folder(data_dir, setting, progress)
     local = folder(setting) if setting else Path(tempfile.gettempdir())
-    return folder_, found, squashfs.task_args(folder_, found, args, local, held)
+    return folder_, found, squashfs.task_args(folder_, found, args, local, held, progress)

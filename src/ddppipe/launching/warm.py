@@ -32,7 +32,6 @@ import os
 import select
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ddppipe.core import private
 from ddppipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -196,32 +196,21 @@ def _remove(path: Path) -> None:
             path.parent.rmdir()
 
 
-def _private(folder: Path) -> bool:
-    """Whether ``folder`` is a folder of this user's that no other user may enter."""
-    try:
-        info = folder.lstat()
-    except OSError:
-        return False
-    return (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-            and not info.st_mode & 0o077)  # fmt: skip
-
-
 def private_folder() -> Path:
     """A folder for a server's socket that only this user can enter: ``XDG_RUNTIME_DIR`` where
     it is set and private (mode 0700, this user's), else a new one in the temporary folder."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and _private(Path(runtime)):
+    if runtime and private.problem(Path(runtime)) is None:
         return Path(runtime)
     return Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700, whatever the umask
 
 
 def _check_private(folder: Path) -> None:
     """Refuse a socket folder another user may enter (they could reach the socket)."""
-    if not _private(folder):
-        mode = stat.filemode(folder.lstat().st_mode) if folder.exists() else "missing"
+    if why := private.problem(folder):
         raise UserError(
-            f"the warm server's socket folder {folder} ({mode}) is not private: other users "
-            "could reach the socket; give a folder of yours with mode 0700 "
+            f"the warm server's socket folder is not private ({why}): other users could reach "
+            "the socket; give a folder of yours with mode 0700 "
             "(ddppipe.launching.warm.private_folder makes one)"
         )
 

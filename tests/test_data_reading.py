@@ -76,13 +76,13 @@ def test_a_rank_reads_a_pack_in_batches_through_its_workers(tmp_path: Path) -> N
     imagefolder.prepare(tmp_path / "data", args)
     train, _ = imagefolder.datasets(tmp_path / "data", args)
     cpu = torch.device("cpu")
-    epoch = [(x, y) for (x, y), _ in batches.Feed(train, cpu, workers=2).epoch(3, 1, 8, 1, 2, 0)]
-    alone = [(x, y) for (x, y), _ in batches.Feed(train, cpu, workers=0).epoch(3, 1, 8, 1, 2, 0)]
+    epoch = [share.batch for share in batches.Feed(train, cpu, workers=2).epoch(3, 1, 8, 1, 2, 0)]
+    alone = [share.batch for share in batches.Feed(train, cpu, workers=0).epoch(3, 1, 8, 1, 2, 0)]
     assert [tuple(x.shape) for x, _ in epoch] == [(4, 3, 8, 8)] * 3  # 24 images, batch 8 / 2
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                for a, b in zip(epoch, alone, strict=True))  # fmt: skip
     # every image of the epoch once across both ranks (rank 1 above, rank 0 here)
-    other = [y for (_, y), _ in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
+    other = [y for (_, y), _, _ in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
     seen = torch.cat([y for _, y in epoch] + other)
     assert sorted(seen.tolist()) == sorted(train.labels.tolist())
 

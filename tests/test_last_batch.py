@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddppipe.data import batches, packed, sharding, shards
+from ddppipe.data import batches, packed, shards
 from ddppipe.training.loop import evaluate, stepping
 
 SEED, EPOCHS = 5, 1
@@ -93,8 +93,9 @@ def weights(net: nn.Module) -> dict[str, torch.Tensor]:
             for k, p in net.named_parameters()}  # fmt: skip
 
 
-def rank_main(rank: int, world: int, folder: str) -> None:
-    """One rank: every case at every size; what it trained into ``found-<rank>.pt``."""
+def rank_main(rank: int, folder: str) -> None:
+    """One of 3 processes: every case at every size of 3 ranks, then (ranks 0 and 1 in a new
+    group) of 2; what it trained into ``found-<world>-<rank>.pt``."""
     import multiprocessing
 
     import torch.distributed as dist
@@ -103,40 +104,41 @@ def rank_main(rank: int, world: int, folder: str) -> None:
 
     # A spawned process spawns its DataLoader workers too; a rank torchrun starts forks them.
     multiprocessing.set_start_method("fork", force=True)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))  # fmt: skip
-    found = {}
-    for n in SIZES[world]:
-        for path, strategy, workers in CASES:
-            net = wrapping.wrap(model(), torch.device("cpu"), strategy, 1, world)
-            data = dataset(path, Path(folder), n)
-            ids, loss = train(net, data, workers, rank, world, 2 * world)
-            found[path, strategy, workers, n] = (ids, loss, weights(net))
-    torch.save(found, f"{folder}/found-{rank}.pt")
-    dist.destroy_process_group()
+    for world in [w for w in sorted(SIZES, reverse=True) if rank < w]:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous-{world}",
+                                rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))  # fmt: skip
+        found = {}
+        for n in SIZES[world]:
+            for path, strategy, workers in CASES:
+                net = wrapping.wrap(model(), torch.device("cpu"), strategy, 1, world)
+                data = dataset(path, Path(folder), n)
+                ids, loss = train(net, data, workers, rank, world, 2 * world)
+                found[path, strategy, workers, n] = (ids, loss, weights(net))
+        torch.save(found, f"{folder}/found-{world}-{rank}.pt")
+        dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_last_batch_of_any_size_trains_each_sample_once_as_one_process(
-    world: int, tmp_path: Path
-) -> None:
+def test_a_last_batch_of_any_size_trains_each_sample_once_as_one_process(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 
-    for n in SIZES[world]:
+    for n in {n for sizes in SIZES.values() for n in sizes}:
         write(tmp_path, n)
-    mp.spawn(rank_main, args=(world, str(tmp_path)), nprocs=world)
-    found = [torch.load(tmp_path / f"found-{r}.pt", weights_only=False) for r in range(world)]
-    for n in SIZES[world]:
-        for case in CASES:  # one process on the same global batches: the path's own order
+    mp.spawn(rank_main, args=(str(tmp_path),), nprocs=max(SIZES))
+    for world, sizes in SIZES.items():
+        found = [torch.load(tmp_path / f"found-{world}-{r}.pt", weights_only=False)
+                 for r in range(world)]  # fmt: skip
+        for n, case in [(n, case) for n in sizes for case in CASES]:
+            # one process on the same global batches (the path's own order: the shards')
             alone = model()
             _, alone_loss = train(alone, dataset(case[0], tmp_path, n), 0, 0, 1, 2 * world)
-            ranks = [f[(*case, n)] for f in found]
+            ranks, what = [f[(*case, n)] for f in found], f"{world} ranks, {case}, n={n}"
             ids = [i for ids, _, _ in ranks for i in ids]
-            assert sorted(ids) == sorted(list(range(n)) * EPOCHS), (case, n)
-            assert sum(loss for _, loss, _ in ranks) == pytest.approx(alone_loss, rel=1e-5)
+            assert sorted(ids) == sorted(list(range(n)) * EPOCHS), what
+            assert sum(loss for _, loss, _ in ranks) == pytest.approx(alone_loss, rel=1e-5), what
             expected = weights(alone)
             for _, _, trained in ranks:  # every rank ends on one process's weights
                 assert trained.keys() == expected.keys()
                 for key, value in expected.items():
                     torch.testing.assert_close(trained[key], value, rtol=1e-5, atol=1e-6,
-                                               msg=f"{case} n={n} {key}")  # fmt: skip
+                                               msg=f"{what}: {key}")  # fmt: skip

@@ -85,13 +85,13 @@ def test_a_rank_reads_a_pack_in_batches_through_its_workers(tmp_path: Path) -> N
     imagefolder.prepare(tmp_path / "data", args)
     train, _ = imagefolder.datasets(tmp_path / "data", args)
     cpu = torch.device("cpu")
-    epoch = [(x, y) for (x, y), _ in batches.Feed(train, cpu, workers=2).epoch(3, 1, 8, 1, 2, 0)]
-    alone = [(x, y) for (x, y), _ in batches.Feed(train, cpu, workers=0).epoch(3, 1, 8, 1, 2, 0)]
+    epoch = [share.batch for share in batches.Feed(train, cpu, workers=2).epoch(3, 1, 8, 1, 2, 0)]
+    alone = [share.batch for share in batches.Feed(train, cpu, workers=0).epoch(3, 1, 8, 1, 2, 0)]
     assert [tuple(x.shape) for x, _ in epoch] == [(4, 3, 8, 8)] * 3  # 24 images, batch 8 / 2
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                for a, b in zip(epoch, alone, strict=True))  # fmt: skip
     # every image of the epoch once across both ranks (rank 1 above, rank 0 here)
-    other = [y for (_, y), _ in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
+    other = [y for (_, y), _, _ in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
     seen = torch.cat([y for _, y in epoch] + other)
     assert sorted(seen.tolist()) == sorted(train.labels.tolist())
 
@@ -195,6 +195,37 @@ def test_file_digests_read_only_what_changed(tmp_path: Path) -> None:
     assert [p.name for p in (cache / "file-digests").iterdir()] == [file_digests._file("a")]
     (root / "a/3").write_text("new")
     assert digests({"a": ["a/1", "a/2", "a/3"]}) == (["one", "TWO", "new"], 1)
+
+
+def test_file_digests_name_the_files_changed_since_their_record(tmp_path: Path) -> None:
+    """What training checks (file_digests.changed): a file whose size and mtime are the
+    record's is not read; one whose mtime moved is read and named if its content differs; a
+    group without a record (no cache) is read whole."""
+    root, cache = tmp_path / "files", tmp_path / "cache"
+    for rel, text in {"a/1": "one", "a/2": "two", "b/1": "ten"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    reads: list[str] = []
+
+    def digest(path: Path) -> str:  # the content stands for its digest
+        reads.append(path.relative_to(root).as_posix())
+        return path.read_text()
+
+    groups = [("a", ["a/1", "a/2"]), ("b", ["b/1"])]
+    file_digests.digests(root, groups, cache, digest, workers=2)  # prepare's record
+    reads.clear()
+    expected = ["one", "two", "ten"]
+    assert file_digests.changed(root, groups, cache, expected, digest) == ([], 0)
+    assert reads == []
+    os.utime(root / "a/1", ns=(10**9, 10**9))  # touched: read, the same content
+    (root / "b/1").write_text("TEN")  # the same size, another content, its mtime moved
+    os.utime(root / "b/1", ns=(2 * 10**9, 2 * 10**9))
+    assert file_digests.changed(root, groups, cache, expected, digest) == (["b/1"], 2)
+    assert sorted(reads) == ["a/1", "b/1"]
+    for path in (cache / "file-digests").iterdir():
+        path.unlink()
+    reads.clear()
+    assert file_digests.changed(root, groups, cache, expected, digest) == (["b/1"], 3)
 
 
 def test_a_pack_interrupted_leaves_nothing_half_written(tmp_path: Path) -> None:

@@ -51,3 +51,22 @@ def test_loader_workers_are_chosen_for_the_tasks_data() -> None:
     assert batches.loader_workers(None, files, 4, 2, 2) == 1  # threads take the share
     assert batches.loader_workers(3, tensors, 4, 2, 2) == 3
     assert batches.loader_workers(0, files, 16, 2, 2) == 0
+
+
+def test_a_rank_a_last_batch_has_no_sample_for_runs_a_stand_in_counted_zero() -> None:
+    """A last batch of 2 samples at 3 ranks: ranks 0 and 1 one each, rank 2 the batch's first
+    sample again, counted 0 (it joins the step, trains nothing); a batch of 4 splits 2/1/1."""
+    last = torch.tensor([41, 17])
+    shares = [sharding.local_share(last, r, 3) for r in range(3)]
+    assert [(part.tolist(), count) for part, count in shares] == [([41], 1), ([17], 1), ([41], 0)]
+    shares = [sharding.local_share(torch.tensor([5, 6, 7, 8]), r, 3) for r in range(3)]
+    assert [(part.tolist(), count) for part, count in shares] == [([5, 6], 2), ([7], 1), ([8], 1)]
+
+
+def test_each_ranks_loss_is_weighted_by_its_share_of_the_global_batch() -> None:
+    """Slices of 2, 1 and 1 samples of a batch of 4 at 3 ranks; a stand-in weighs nothing."""
+    from ddppipe.training.loop import stepping
+
+    assert [stepping.loss_weight(c, 4, 3) for c in (2, 1, 1)] == [1.5, 0.75, 0.75]
+    assert stepping.loss_weight(0, 2, 3) == 0.0
+    assert stepping.loss_weight(16, 32, 2) == 1.0  # even slices: the plain mean

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +183,50 @@ def test_imagefolder_train_test_layout(tmp_path: Path) -> None:
     assert x.shape == (6, 1, 8, 8) and x.dtype == torch.float32
     assert y.dtype == torch.int64 and y.tolist() == [0, 0, 1, 1, 2, 2]
     assert IMAGEFOLDER.call("model", args)(x).shape == (6, 3)
+
+
+def test_imagefolder_refuses_an_image_changed_in_place_since_prepare(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loose path compares each image's size and mtime with prepare's records (its stat
+    cache) and hashes those that moved: an image edited in place is refused by name, one only
+    touched trains; without the cache (a staged data folder) every image is hashed."""
+    root, data = tmp_path / "images", tmp_path / "data"
+    write_images(root, per_class=4)
+    args = args_of(IMAGEFOLDER, root=str(root), image_size=8)
+    imagefolder.prepare(data, args)
+    red = root / "red" / "001.png"
+    os.utime(red, ns=(10**9, 10**9))  # touched: the same content
+    imagefolder.datasets(data, args)
+    edited = bytearray(red.read_bytes())  # a byte changed in place: the same size
+    edited[-20] ^= 0xFF
+    red.write_bytes(bytes(edited))
+    os.utime(red, ns=(2 * 10**9, 2 * 10**9))
+    with pytest.raises(imagefolder.ImageFolderError) as refused:
+        imagefolder.datasets(data, args)
+    assert str(refused.value) == (
+        f"{root} changed since {data / 'index.json'} was written: prepare the data again "
+        "(snakemake --forcerun prepare_data) (changed in place: red/001.png: not the content "
+        "whose SHA-256 the index records)"
+    )
+    shutil.rmtree(data / ".cache")  # nothing recorded: each image read
+    with pytest.raises(imagefolder.ImageFolderError, match=r"in place: red/001\.png: not"):
+        imagefolder.datasets(data, args)
+    # (with data.pack: squashfs root is the content of an image the manifest covers: unread)
+    (data / "manifest.json").write_text(json.dumps({"squashfs": {"image": "x", "arg": "root"}}))
+    assert [len(part) for part in imagefolder.datasets(data, args)] == [9, 3]
+    (data / "manifest.json").unlink()
+    red.write_bytes((root / "blue" / "002.png").read_bytes())  # a picture that reads
+    imagefolder.prepare(data, args)  # prepared again: it trains
+    assert [len(part) for part in imagefolder.datasets(data, args)] == [9, 3]
+    # the split layout too (its own groups of the stat cache: train/<class>)
+    write_images(tmp_path / "split" / "train", per_class=3)
+    write_images(tmp_path / "split" / "test", per_class=2, seed=1)
+    args = args_of(IMAGEFOLDER, root=str(tmp_path / "split"), image_size=8)
+    imagefolder.prepare(tmp_path / "split-data", args)
+    (tmp_path / "split" / "test" / "green" / "001.png").write_bytes(red.read_bytes())
+    with pytest.raises(imagefolder.ImageFolderError, match=r"place: test/green/001\.png: not"):
+        imagefolder.datasets(tmp_path / "split-data", args)
 
 
 def test_imagefolder_datasets_through_workers(tmp_path: Path) -> None:

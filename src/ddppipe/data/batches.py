@@ -6,13 +6,16 @@ Every path follows :mod:`ddppipe.data.sharding`'s order: step k of an epoch trai
 batch ``perm[k*B:(k+1)*B]`` of that epoch's order (a permutation; for shards, theirs), each
 rank a contiguous slice of it, so a run resumed in the middle of an epoch (at any world size
 and worker count) trains the same samples as an uninterrupted one, every sample once per epoch.
+A step's :class:`Share` says how many of a rank's samples count (none for the stand-in of a
+rank an epoch's last batch has no sample for: :func:`sharding.local_share`) and how many the
+global batch holds: the training weights each rank's loss by them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
@@ -20,6 +23,15 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from ddppipe.data import packed, sharding, shards
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Share(NamedTuple):
+    """A rank's part of one training step: its ``batch``, how many of its samples ``count``
+    (0: a stand-in, :func:`sharding.local_share`) and the global batch's size ``total``."""
+
+    batch: Batch
+    count: int
+    total: int
 
 
 @dataclass(frozen=True)
@@ -107,10 +119,20 @@ class ShardedBatches:
     def __len__(self) -> int:
         return self.steps - self.start_step
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _shares(self) -> Iterator[tuple[torch.Tensor, int, int]]:
         for step in range(self.start_step, self.steps):
             gbatch = sharding.global_batch(self.perm, step, self.global_batch)
-            yield sharding.local_slice(gbatch, self.rank, self.world_size).tolist()
+            local, count = sharding.local_share(gbatch, self.rank, self.world_size)
+            yield local, count, gbatch.numel()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for local, _, _ in self._shares():
+            yield local.tolist()
+
+    def counts(self) -> Iterator[tuple[int, int]]:
+        """(samples that count, global batch size) of each batch :meth:`__iter__` yields."""
+        for _, count, total in self._shares():
+            yield count, total
 
 
 class Feed:
@@ -144,30 +166,26 @@ class Feed:
         return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
 
     def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
-              start_step: int) -> Iterator[tuple[Batch, int]]:  # fmt: skip
-        """(local batch, global batch size) per step of ``epoch`` from ``start_step`` on."""
+              start_step: int) -> Iterator[Share]:  # fmt: skip
+        """This rank's :class:`Share` of each step of ``epoch`` from ``start_step`` on."""
         n = len(self.dataset)
         if self.in_memory:
             perm = sharding.epoch_permutation(n, seed, epoch).to(self.device)
             for step in range(start_step, sharding.steps_per_epoch(n, global_batch)):
                 gbatch = sharding.global_batch(perm, step, global_batch)
-                local = sharding.local_slice(gbatch, rank, world_size)
-                yield self.dataset.batch(local), gbatch.numel()
+                local, count = sharding.local_share(gbatch, rank, world_size)
+                yield Share(self.dataset.batch(local), count, gbatch.numel())
             return
         order = epoch_order(self.dataset, seed, epoch)
         sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
         seeding = _worker_seeding(seed, epoch, rank) if self.seeded and self.workers else {}
-        sizes = (
-            sharding.global_batch(order, step, global_batch).numel()
-            for step in range(start_step, sampler.steps)
-        )
         if shards.is_sharded(self.dataset):  # a worker's share of a window read at once
             share = self.dataset.window // (world_size * max(self.workers, 1))
             loader = self._loader(shards.Stream(self.dataset, list(sampler), share), **seeding)
         else:
             loader = self._loader(self.dataset, batch_sampler=sampler, **seeding)
-        for batch, size in zip(loader, sizes, strict=True):
-            yield self._to_device(batch), size
+        for batch, (count, total) in zip(loader, sampler.counts(), strict=True):
+            yield Share(self._to_device(batch), count, total)
 
     def shard(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
         """Batches of this rank's contiguous share (evaluation: every sample once overall)."""

@@ -66,6 +66,36 @@ def digests(
     return found, len(fresh)
 
 
+def changed(
+    root: Path,
+    groups: Sequence[tuple[str, Sequence[str]]],
+    cache: Path,
+    expected: Sequence[str],
+    digest: Callable[[Path], str],
+    workers: int = 32,
+) -> tuple[list[str], int]:
+    """The files of ``groups`` whose digest is no longer ``expected`` (theirs, in order), and
+    how many files were read: a file whose size and mtime are those the cache (folder
+    ``cache``) recorded with the expected digest is unchanged unread; any other (its size or
+    mtime moved, or no record: a data folder without its cache) is read and compared."""
+    folder = Path(cache) / FOLDER
+    paths = [p for _, group in groups for p in group]
+    stale: list[int] = []
+    with ThreadPoolExecutor(workers) as pool:
+        stats = _stats(pool, str(root), paths)
+        start = 0
+        for name, group in groups:
+            end = start + len(group)
+            cached, unread = _reuse(_load(folder, name), list(group), stats[start:end])
+            stale += [start + i for i in unread]
+            stale += [i for i in range(start, end)
+                      if cached[i - start] and cached[i - start] != expected[i]]  # fmt: skip
+            start = end
+        read = _read(pool, root, [paths[i] for i in stale], digest, workers)
+    bad = {i for i, d in zip(stale, read, strict=True) if d != expected[i]}
+    return [paths[i] for i in sorted(bad)], len(stale)
+
+
 def _stats(pool: ThreadPoolExecutor, root: str, paths: list[str]) -> np.ndarray:
     """Every file's size and mtime (ns), an ``(n, 2)`` int64 array, stat-ed in chunks."""
 

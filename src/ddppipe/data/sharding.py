@@ -4,6 +4,10 @@ Each epoch draws one permutation from (seed, epoch). Step k's global batch is
 ``perm[k*B:(k+1)*B]`` whatever the world size; each rank takes one contiguous slice of it.
 So every sample is seen exactly once per epoch, ranks are disjoint, and the global batch
 composition does not depend on how many ranks share it.
+
+An epoch's last batch may hold fewer samples than there are ranks: a rank left without one
+still takes part in the step (its collectives) with a stand-in, counted as no sample
+(:func:`local_share`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ def global_batch(perm: torch.Tensor, step: int, global_batch_size: int) -> torch
 def local_slice(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Rank's contiguous share of a global batch (sizes differ by at most one)."""
     return torch.tensor_split(batch, world_size)[rank]
+
+
+def local_share(batch: torch.Tensor, rank: int, world_size: int) -> tuple[torch.Tensor, int]:
+    """Rank's share of a global batch to run, and how many of its samples count: its slice
+    (:func:`local_slice`), all counted; or, where the batch has fewer samples than there are
+    ranks and none is left for this rank, a stand-in counted 0: the batch's first sample, so
+    the rank still runs the step's forward and backward (the collectives every rank must
+    join) without training anything."""
+    part = local_slice(batch, rank, world_size)
+    if part.numel() == 0 and batch.numel() > 0:
+        return batch[:1], 0
+    return part, part.numel()
 
 
 def shard(

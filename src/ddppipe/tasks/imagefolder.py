@@ -16,8 +16,10 @@ folder: the classes and every image's path (relative to ``root``), class, split 
 so the run's data manifest covers the images' content. ``datasets`` reads the images with
 ``ImageFolder`` in the DataLoader workers (Resize to ``image_size``², ``Grayscale`` for one
 channel, ToTensor, Normalize to [-1, 1]) and refuses to train when ``root`` no longer
-matches the index: Snakemake does not watch ``root``, so after changing the images prepare
-again (``snakemake --forcerun prepare_data``). ``model`` counts the class folders of
+matches the index (a class or an image added or removed; an image changed in place: its size
+or mtime not the one ``prepare`` recorded, and its SHA-256 not the index's): Snakemake does
+not watch ``root``, so after changing the images prepare again (``snakemake --forcerun
+prepare_data``). ``model`` counts the class folders of
 ``root`` itself, so it works before ``prepare`` and always agrees with the data.
 
 ``pack: true`` (:mod:`ddppipe.data.packed`): ``prepare`` also decodes every image once
@@ -44,7 +46,6 @@ import io
 import json
 import logging
 import os
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,8 @@ from torch.utils.data import Dataset, Subset
 
 from ddppipe.core import atomic, hashing
 from ddppipe.core.errors import UserError
-from ddppipe.data import file_digests, manifest, packed
+from ddppipe.data import file_digests, manifest, packed, squashfs
+from ddppipe.tasks import image_index
 from ddppipe.tasks.split import stratified
 
 log = logging.getLogger(__name__)
@@ -212,35 +214,6 @@ def _digest(path: Path) -> str:
     return hashing.sha256(data)
 
 
-def _groups(images: list[tuple[str, int, str]], names: list[str],
-            split_layout: bool) -> list[tuple[str, list[str]]]:  # fmt: skip
-    """The images' paths by class folder (``cat``, or ``train/cat`` in the split layout), in
-    their order: the stat cache's groups."""
-
-    def folder(image: tuple[str, int, str]) -> str:
-        path, c, _ = image
-        return f"{path.split('/', 1)[0]}/{names[c]}" if split_layout else names[c]
-
-    return [(key, [path for path, _, _ in group]) for key, group in groupby(images, folder)]
-
-
-def _index_text(head: dict[str, Any], images: list[tuple[str, int, str]],
-                digests: list[str]) -> str:  # fmt: skip
-    """``json.dumps(index, indent=1) + "\n"`` of the index ``head`` with its ``images``, the
-    images written here: the same text, in a second for a million images where the encoder
-    (in Python when indenting) takes a minute."""
-    text = json.dumps({**head, "images": None}, indent=1)
-    assert text.endswith(' "images": null\n}') and images
-    quote = json.encoder.encode_basestring_ascii  # what json.dumps writes a text with
-    classes = [quote(name) for name in head["classes"]]
-    rows = [
-        f'  {{\n   "path": {quote(path)},\n   "class": {classes[c]},\n'
-        f'   "split": "{split}",\n   "sha256": "{digest}"\n  }}'
-        for (path, c, split), digest in zip(images, digests, strict=True)
-    ]
-    return text.removesuffix("null\n}") + "[\n" + ",\n".join(rows) + "\n ]\n}\n"
-
-
 def _decoder(root: Path, paths: list[str], args: dict[str, Any]) -> Any:
     """Row ``i`` of a pack: image ``paths[i]`` as the loose path gives it before ToTensor
     (RGB, then Grayscale, Resize), as a (channels, size, size) uint8 array."""
@@ -317,7 +290,7 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
     names, images = _discover(args)
     cache = Path(data_dir) / manifest.CACHE
     (cache / OLD_STATS).unlink(missing_ok=True)
-    groups = _groups(images, names, _split_folders(root) is not None)
+    groups = image_index.groups(images, names, _split_folders(root) is not None)
     digests, read = file_digests.digests(root, groups, cache, _digest)
     head = {
         "format": FORMAT,
@@ -326,7 +299,7 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
         "counts": {s: sum(split == s for _, _, split in images) for s in SPLITS},
         "pack": {"shape": _pack_shape(args)} if args["pack"] else None,
     }
-    text = _index_text(head, images, digests)
+    text = image_index.text(head, images, digests)
     dest = Path(data_dir) / INDEX
     unchanged = dest.is_file() and dest.read_text() == text
     decoded = 0
@@ -367,11 +340,21 @@ def _normalize(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.to(torch.float32).div_(255).sub_(0.5).div_(0.5)
 
 
-def _differences(found: list[str], indexed: list[str]) -> str:
-    added, removed = sorted(set(found) - set(indexed)), sorted(set(indexed) - set(found))
-    parts = [f"{len(added)} image(s) added (e.g. {added[0]})"] if added else []
-    parts += [f"{len(removed)} removed (e.g. {removed[0]})"] if removed else []
-    return ", ".join(parts) or "the images' order differs"
+def _refuse_changed(data_dir: Path, root: Path, index: dict[str, Any], split_layout: bool,
+                    redo: str) -> None:  # fmt: skip
+    """Refuse images changed in place since the index (:func:`image_index.changed`); not
+    those of the data folder's SquashFS image (``data.pack: squashfs``: root is its content,
+    which the data manifest covers and every rank checks)."""
+    try:
+        in_image = squashfs.KEY in manifest.read(data_dir)
+    except manifest.ManifestError:  # (prepared by hand: no manifest)
+        in_image = False
+    if in_image:
+        return
+    if bad := image_index.changed(data_dir, root, index, split_layout):
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise ImageFolderError(f"{redo} (changed in place: {', '.join(bad[:3])}{more}: not the "
+                               "content whose SHA-256 the index records)")  # fmt: skip
 
 
 def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Dataset, Dataset]:
@@ -404,14 +387,18 @@ def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Dataset, Dataset]:
         for s, part in parts.items():
             found = [Path(p).relative_to(root).as_posix() for p, _ in part.samples]
             if found != indexed[s]:
-                raise ImageFolderError(f"{redo} ({s}/: {_differences(found, indexed[s])})")
+                raise ImageFolderError(
+                    f"{redo} ({s}/: {image_index.differences(found, indexed[s])})"
+                )
+        _refuse_changed(data_dir, root, index, True, redo)
         return parts["train"], parts["test"]
     full = ImageFolder(root, transform)
     found = [Path(p).relative_to(root).as_posix() for p, _ in full.samples]
     if sorted(found) != sorted(indexed["train"] + indexed["test"]):
         raise ImageFolderError(
-            f"{redo} ({_differences(found, indexed['train'] + indexed['test'])})"
+            f"{redo} ({image_index.differences(found, indexed['train'] + indexed['test'])})"
         )
+    _refuse_changed(data_dir, root, index, False, redo)
     test = set(indexed["test"])
     return (
         Subset(full, [i for i, p in enumerate(found) if p not in test]),

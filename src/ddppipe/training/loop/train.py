@@ -40,6 +40,7 @@ from ddppipe.training.loop import (
     probes,
     pruning,
     run_checkpoints,
+    stepping,
     strategy,
 )
 from ddppipe.training.measuring import allowances, efficiency, heartbeat
@@ -163,6 +164,10 @@ class Trainer:
         else:
             self.optimizer = self.strategy.optimizer(self.net.parameters(), recipe, ctx.device)
         self.scheduler = optim.make_scheduler(self.optimizer, recipe, self.steps_per_epoch)
+        self.train_step = stepping.Stepper(
+            self.net, self.optimizer, self.scheduler, self.loss_fn, self.dtype,
+            self.memory_format, ctx.world_size,
+        )  # fmt: skip
         self.meter.watch_memory(ctx.device, model, self.optimizer)
 
     def _record_efficiency(self) -> None:
@@ -209,34 +214,19 @@ class Trainer:
             self.tracker.checkpointed(changes["end_step"])
 
     # -- loop ----------------------------------------------------------------------------
-    def _forward_backward(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
-        y = batch[1]
-        loss = evaluate.loss_of(self.net, batch, self.loss_fn, self.dtype, self.memory_format)
-        # DDP and FSDP average gradients over ranks; weighting each rank's mean by its share of the
-        # global batch makes the result the mean over the global batch whatever the shares.
-        (loss * (y.shape[0] * self.ctx.world_size / global_count)).backward()
-        return loss.detach()
-
-    def _train_step(self, batch: batches.Batch, global_count: int) -> torch.Tensor:
-        loss = self._forward_backward(batch, global_count)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return loss * batch[1].shape[0]
-
-    def _probe_communication(self, batch: batches.Batch, global_count: int) -> float:
+    def _probe_communication(self, share: batches.Share) -> float:
         """Collective: the all-reduce time a step exposes, into the meter, where the strategy
         probes it (:meth:`strategy.Strategy.probe_communication`); the probe's seconds."""
         if self.ctx.world_size == 1:
             return 0.0
         probed = self.strategy.probe_communication(
-            self.net, self.optimizer, lambda: self._forward_backward(batch, global_count),
+            self.net, self.optimizer, lambda: self.train_step.forward_backward(share),
             self.ctx.device,
         )  # fmt: skip
         if probed is None:
             return 0.0
         exposed, seconds = probed
-        self.meter.communication(exposed, global_count)
+        self.meter.communication(exposed, share.total)
         self.meter.add("communication_probe", seconds)
         return seconds
 
@@ -260,7 +250,7 @@ class Trainer:
             None, 0
         )  # fmt: skip
         self.meter.training_started()
-        for step, (local, global_count) in enumerate(self.meter.fed(batches), start=first):
+        for step, share in enumerate(self.meter.fed(batches), start=first):
             if step % SIGNAL_CHECK_EVERY == 0 and step > first:
                 if self.tracker is not None:  # the mean loss since the last point
                     total, at = float(loss_total), self.epoch * self.steps_per_epoch + step
@@ -275,16 +265,16 @@ class Trainer:
                     return None
             failures.at_step(self.epoch * self.steps_per_epoch + step + 1, self.epoch + 1)
             heartbeat.beat(heartbeat.STEP, self.epoch * self.steps_per_epoch + step)
-            step_loss = self._train_step(local, global_count)
+            step_loss = self.train_step(share)
             self.agreement.note(self.epoch * self.steps_per_epoch + step, step_loss)
-            images += global_count
+            images += share.total
             self.meter.steps += 1
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
                 # (its time counts as neither warm-up nor steady)
-                probe_s = self._probe_communication(local, global_count)
+                probe_s = self._probe_communication(share)
             loss_total += step_loss
-            local_images += local[1].shape[0]
+            local_images += share.count
             bar.update()
         bar.close()
         seconds = self._account(clock, images, start, warm_at, warm_images, probe_s)

@@ -72,9 +72,8 @@ def time_loader(
         feed = batches.Feed(train_set, torch.device("cpu"), workers)
         started = time.perf_counter()
         first = seen = samples = 0
-        for (_, targets), _size in feed.epoch(spec.train.seed, 0, spec.train.batch_size, rank,
-                                              world_size, 0):  # fmt: skip
-            seen, samples = seen + 1, samples + len(targets)
+        for share in feed.epoch(spec.train.seed, 0, spec.train.batch_size, rank, world_size, 0):
+            seen, samples = seen + 1, samples + len(share.batch[1])
             if seen == 1:
                 first = time.perf_counter()
             if seen == max(steps, 2):

@@ -1,0 +1,144 @@
+"""An epoch's last global batch of any size at any world size (``sharding.local_share``,
+``ddppipe.training.loop.stepping``): real gloo processes train each data path (tensors in
+memory, a map-style dataset, a pack, shards; with and without DataLoader workers; DDP and
+FSDP) through the training's own step, on dataset sizes that leave 1..W-1 samples (some
+ranks none) or W+1 samples (slices of unequal sizes) in the last batch: every sample is
+trained once, and the weights and the loss sum are one process's on the same global batches."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ddppipe.data import batches, packed, shards
+from ddppipe.training.loop import evaluate, stepping
+
+SEED, EPOCHS = 5, 1
+# (data path, strategy, DataLoader workers of a rank)
+CASES = [("tensors", "ddp", 0), ("tensors", "fsdp", 0), ("map", "ddp", 2), ("map", "ddp", 0),
+         ("packed", "ddp", 1), ("shards", "ddp", 2), ("shards", "ddp", 0)]  # fmt: skip
+# world size -> dataset sizes at a global batch of 2 x world size: the last batch holds
+# 1..W-1 samples (a rank or more without one), or W+1 (slices of 2 and 1)
+SIZES = {2: [9, 11], 3: [13, 14, 16]}
+
+
+def rows(n: int) -> torch.Tensor:
+    """Sample i: 4 bytes, the first its id."""
+    i = torch.arange(n)
+    return torch.stack([i, 37 * i % 251, 91 * i % 253, 13 * i % 256], dim=1).to(torch.uint8)
+
+
+def to_input(x: torch.Tensor) -> torch.Tensor:
+    return x.float() / 255
+
+
+def ids_of(inputs: torch.Tensor) -> list[int]:
+    return (inputs[:, 0] * 255).round().long().tolist()
+
+
+def decode(sample: shards.Sample) -> tuple[torch.Tensor, int]:
+    return to_input(torch.frombuffer(bytearray(sample["x"]), dtype=torch.uint8)), int(sample["cls"])
+
+
+def write(folder: Path, n: int) -> None:
+    """Sample i's pack and shards (2 samples a shard) below ``folder``; its class i % 3."""
+    x, labels = rows(n), [i % 3 for i in range(n)]
+    packed.write(folder / f"pack-{n}", (4,), labels, lambda i: x[i].numpy())
+    with shards.Writer(folder / f"shards-{n}", shard_bytes=5 * 1024) as writer:
+        for i in range(n):
+            writer.write({"x": x[i].numpy().tobytes(), "cls": str(labels[i]).encode()})
+
+
+def dataset(path: str, folder: Path, n: int) -> Any:
+    labels = torch.arange(n) % 3
+    if path == "tensors":
+        return batches.Tensors(rows(n), labels, to_input)
+    if path == "map":
+        return TensorDataset(to_input(rows(n)), labels)
+    if path == "packed":
+        return packed.Packed(folder / f"pack-{n}", to_input)
+    return shards.Sharded(folder / f"shards-{n}", decode, window=4)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def train(net: nn.Module, data: Any, workers: int, rank: int, world: int,
+          batch: int) -> tuple[list[int], float]:  # fmt: skip
+    """EPOCHS epochs of ``net`` on this rank's shares of global batches of ``batch`` through
+    the training's step; the ids of the samples that counted, and the sum of their losses."""
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    step = stepping.Stepper(net, optimizer, scheduler, evaluate.default_loss(), torch.float32,
+                            torch.contiguous_format, world)  # fmt: skip
+    feed, ids, loss = batches.Feed(data, torch.device("cpu"), workers), [], 0.0
+    for epoch in range(EPOCHS):
+        for share in feed.epoch(SEED, epoch, batch, rank, world, 0):
+            loss += float(step(share))
+            ids += ids_of(share.batch[0])[: share.count]
+    return ids, loss
+
+
+def weights(net: nn.Module) -> dict[str, torch.Tensor]:
+    net = getattr(net, "module", net)  # (DDP's wrapper)
+    return {k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for k, p in net.named_parameters()}  # fmt: skip
+
+
+def rank_main(rank: int, folder: str) -> None:
+    """One of 3 processes: every case at every size of 3 ranks, then (ranks 0 and 1 in a new
+    group) of 2; what it trained into ``found-<world>-<rank>.pt``."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from ddppipe.parallel import wrapping
+
+    # A spawned process spawns its DataLoader workers too; a rank torchrun starts forks them.
+    multiprocessing.set_start_method("fork", force=True)
+    for world in [w for w in sorted(SIZES, reverse=True) if rank < w]:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous-{world}",
+                                rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))  # fmt: skip
+        found = {}
+        for n in SIZES[world]:
+            for path, strategy, workers in CASES:
+                net = wrapping.wrap(model(), torch.device("cpu"), strategy, 1, world)
+                data = dataset(path, Path(folder), n)
+                ids, loss = train(net, data, workers, rank, world, 2 * world)
+                found[path, strategy, workers, n] = (ids, loss, weights(net))
+        torch.save(found, f"{folder}/found-{world}-{rank}.pt")
+        dist.destroy_process_group()
+
+
+def test_a_last_batch_of_any_size_trains_each_sample_once_as_one_process(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    for n in {n for sizes in SIZES.values() for n in sizes}:
+        write(tmp_path, n)
+    mp.spawn(rank_main, args=(str(tmp_path),), nprocs=max(SIZES))
+    for world, sizes in SIZES.items():
+        found = [torch.load(tmp_path / f"found-{world}-{r}.pt", weights_only=False)
+                 for r in range(world)]  # fmt: skip
+        for n, case in [(n, case) for n in sizes for case in CASES]:
+            # one process on the same global batches (the path's own order: the shards')
+            alone = model()
+            _, alone_loss = train(alone, dataset(case[0], tmp_path, n), 0, 0, 1, 2 * world)
+            ranks, what = [f[(*case, n)] for f in found], f"{world} ranks, {case}, n={n}"
+            ids = [i for ids, _, _ in ranks for i in ids]
+            assert sorted(ids) == sorted(list(range(n)) * EPOCHS), what
+            assert sum(loss for _, loss, _ in ranks) == pytest.approx(alone_loss, rel=1e-5), what
+            expected = weights(alone)
+            for _, _, trained in ranks:  # every rank ends on one process's weights
+                assert trained.keys() == expected.keys()
+                for key, value in expected.items():
+                    torch.testing.assert_close(trained[key], value, rtol=1e-5, atol=1e-6,
+                                               msg=f"{what}: {key}")  # fmt: skip

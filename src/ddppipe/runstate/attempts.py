@@ -51,6 +51,10 @@ class Attempt:
     slot: str | None = None  # a packed sweep's trial: its allocation's slot, "<node>/<k>"
     world_size: int | None = None  # the ranks it trained with (a run may resume at another)
     strategy: str | None = None  # ddp | fsdp (launch.strategy)
+    # what its ranks trained in: train.precision as configured, as decided where the ranks
+    # started (auto: bf16 only if every rank's device computes it natively), the hosts that
+    # only emulate bf16 (ddppipe.parallel.precision)
+    precision: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:
@@ -128,7 +132,7 @@ def finish(
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
     attempt.detail, attempt.failure = detail, failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency", "world_size", "strategy")  # fmt: skip
+            "stop_seconds", "efficiency", "world_size", "strategy", "precision")  # fmt: skip
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])

@@ -151,6 +151,11 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
                      figures[1])  # fmt: skip
     (attempt,) = json.loads((tmp_path / "wd/results/mnist2n/train/attempts.json").read_text())
     assert attempt["peak"]["precision"] == precision and set(attempt["peak"]["gflops"]) == {a, b}
+    # The ranks decided the preset's precision auto on the nodes (not where it was resolved),
+    # and the slot keeps what its job asked for (scontrol), which the summary judges against.
+    decided = attempt["precision"]
+    assert (decided["configured"], decided["trained"]) == ("auto", precision)
+    assert training["precision"] == attempt["precision"] and attempt["mem_mb"] == 1500
     summary = result.stderr[result.stderr.rindex("run mnist2n: task ddppipe.tasks.mnist") :]
     print("(a) summary:", summary)
     assert re.search(

@@ -58,6 +58,14 @@ def test_later_jobs_ask_for_the_last_measured_peak_with_a_margin() -> None:
     fixed = request.Request.from_spec(dataclasses.replace(
         spec(), slurm=dataclasses.replace(spec().slurm, mem_mb=4000)))  # fmt: skip
     assert fixed.measured_mem_mb([slot(5000.0)]) == 4000  # the user's request is kept
+    killed = dataclasses.replace(
+        slot(None),
+        outcome="out of memory",
+        mem_mb=2900,
+        failure={"memory": {"kind": "host", "oom_killer": True}},
+    )
+    assert req.measured_mem_mb([slot(DEFAULT_RUN_PEAK_MB), killed]) == 3700  # more than 2900
+    assert req.measured_mem_mb([dataclasses.replace(killed, mem_mb=None)]) == 2900  # unknown
     gpu = request.Request.from_spec(spec(nproc_per_node=2, device="gpu"))
     assert gpu.measured_mem_mb([slot(3000.0)]) == 8000  # never below a GPU process's least
 

@@ -2,7 +2,8 @@
 
 Before a run's first slot it is estimated from what its processes hold; once a slot of the run
 measured its peak (the fullest node's, as the job's cgroup counts it: its attempt record,
-:mod:`ddppipe.training.measuring.efficiency`), later submissions ask for that peak instead.
+:mod:`ddppipe.training.measuring.efficiency`), later submissions ask for that peak instead
+(after a slot the OOM killer killed at its request: for more than that request).
 Both with the same margin (:data:`HEADROOM`): a cluster that enforces the request
 (``ConstrainRAMSpace``) kills a job whose node goes above it.
 """
@@ -51,14 +52,18 @@ def from_peak_mb(peak_mb: float) -> int:
 def measured_peak_mb(history: Iterable[Any], procs_per_node: int) -> float | None:
     """The node peak the run's last measured slot recorded (``history``: its attempt
     records, :class:`ddppipe.runstate.attempts.Attempt`), if it ran ``procs_per_node``
-    processes a node (a slot of another shape says nothing of this one); None otherwise."""
+    processes a node (a slot of another shape says nothing of this one); None otherwise. A
+    slot the OOM killer killed under its job's request (its ``mem_mb``) measured nothing, but
+    needed more than that request: the request counts as its peak."""
     for attempt in reversed(list(history)):
         peak = (attempt.efficiency or {}).get("memory_peak_mb")
+        killed = ((attempt.failure or {}).get("memory") or {}).get("oom_killer")
+        if not peak and killed and attempt.mem_mb:
+            peak = attempt.mem_mb
         if not peak:
             continue
-        nodes = len(attempt.nodes) or 1
-        shape = attempt.world_size // nodes if attempt.world_size else None
-        return float(peak) if shape == procs_per_node else None
+        shape = attempt.world_size // (len(attempt.nodes) or 1) if attempt.world_size else None
+        return float(peak) if shape in (None, procs_per_node) else None
     return None
 
 

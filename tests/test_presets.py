@@ -133,13 +133,16 @@ def test_the_ranks_decide_the_precision_from_the_cpuinfo_they_read(
         on_milan = precision.for_world("auto", cpu, MILAN)
     assert on_milan == precision.Decision("auto", "fp32", (host,))
     assert caplog.messages == [
-        "train.precision auto: bf16 (every rank's device computes bfloat16 natively)",
-        f"train.precision auto: fp32 ({host} {precision.EMULATED}); set train.precision: bf16 "
-        "to train in it anyway",
+        "train.precision auto: bf16, as every rank computes bfloat16 natively",
+        f"train.precision auto: fp32, as bfloat16 is only emulated on {host} (no AVX512-BF16, "
+        "AMX-BF16 or Arm BF16 on a CPU, compute capability below 8.0 on a GPU), several times "
+        "slower than fp32; set train.precision: bf16 to train in it anyway",
     ]
     asked = precision.for_world("bf16", cpu, MILAN)  # the user's bf16 trains, named slow
     assert (asked.trained, asked.bf16_native) == ("bf16", False)
     assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1].startswith(f"train.precision bf16, but bfloat16 is only emulated "
+                                          f"on {host} (")  # fmt: skip
     assert precision.for_world("fp32", cpu, GENOA).trained == "fp32"
     assert precision.on_this_node("auto", cpu, MILAN) == "fp32"
     spec = run_spec.resolve(default_config(), gpus=False)

@@ -26,10 +26,7 @@ from ddppipe.settings.run_spec import RunSpec
 log = logging.getLogger(__name__)
 
 AUTO = presets.AUTO
-EMULATED = (
-    "only emulate bfloat16 (CPUs without AVX512-BF16, AMX-BF16 or Arm BF16; GPUs older than "
-    "compute capability 8.0), several times slower than fp32"
-)
+WHY = "no AVX512-BF16, AMX-BF16 or Arm BF16 on a CPU, compute capability below 8.0 on a GPU"
 
 
 @dataclass(frozen=True)
@@ -53,13 +50,15 @@ class Decision:
 
     def line(self) -> str:
         """The decision in words, for rank 0's log."""
-        where = (f"{', '.join(self.emulating)} {EMULATED}" if self.emulating
-                 else "every rank's device computes bfloat16 natively")  # fmt: skip
+        emulated = (f"bfloat16 is only emulated on {', '.join(self.emulating)} ({WHY}), "
+                    "several times slower than fp32")  # fmt: skip
+        if self.configured == AUTO and self.emulating:
+            return (f"train.precision auto: {self.trained}, as {emulated}; set "
+                    "train.precision: bf16 to train in it anyway")  # fmt: skip
         if self.configured == AUTO:
-            fix = "; set train.precision: bf16 to train in it anyway" if self.emulating else ""
-            return f"train.precision auto: {self.trained} ({where}){fix}"
+            return f"train.precision auto: {self.trained}, as every rank computes bfloat16 natively"
         if self.trained == "bf16" and self.emulating:
-            return (f"train.precision bf16, but {where}: set train.precision: fp32, or auto "
+            return (f"train.precision bf16, but {emulated}: set train.precision: fp32, or auto "
                     "(bf16 only where every rank computes it natively)")  # fmt: skip
         return f"train.precision {self.trained}"
 

@@ -170,6 +170,13 @@ class SlurmCluster:
         """A full environment: ``os.environ`` plus :attr:`env` plus ``extra``."""
         return {**os.environ, **self.env, **(extra or {})}
 
+    def slurmd_pid(self, node: str) -> int:
+        """The pid of ``node``'s slurmd (every job step on the node is its descendant)."""
+        proc = self._procs.get(f"slurmd-{node}")
+        if proc is None or proc.poll() is not None:
+            raise SlurmClusterError(f"slurmd on {node} is not running")
+        return proc.pid
+
     @property
     def running(self) -> bool:
         """Whether this object's daemons are up (after ``start()``, before ``stop()``)."""
@@ -454,10 +461,8 @@ class SlurmCluster:
         ])  # fmt: skip
 
     def _node_nsenter(self, node: str) -> list[str]:
-        proc = self._procs.get(f"slurmd-{node}")
-        if proc is None or proc.poll() is not None:
-            raise SlurmClusterError(f"slurmd on {node} is not running")
-        return ["nsenter", f"--target={proc.pid}", "--net", "--uts", "--mount", "--"]
+        pid = self.slurmd_pid(node)
+        return ["nsenter", f"--target={pid}", "--net", "--uts", "--mount", "--"]
 
     # ----------------------------------------------------------- readiness
 

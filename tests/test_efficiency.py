@@ -21,6 +21,22 @@ def test_memory_far_below_the_request_suggests_a_request() -> None:
     ]
 
 
+def test_a_peak_within_10_percent_of_the_request_or_above_it_is_flagged() -> None:
+    near = waste.flags(attempt(600, memory_peak_mb=1_850, cpu_s=1_100), 2_000, 30, 2)
+    assert near == [
+        "memory: the fullest node peaked at 1,850 MB, within 10 % of the 2,000 MB requested "
+        "(92%): a cluster that enforces the request (cgroup) kills the job there; ask for "
+        "2400 MB: `slurm.mem_mb: 2400` (or leave it null: the run's next job asks for its "
+        "measured peak and a quarter)"
+    ]
+    assert waste.flags(attempt(600, memory_peak_mb=1_790, cpu_s=1_100), 2_000, 30, 2) == []
+    above = waste.flags(attempt(600, memory_peak_mb=2_053, cpu_s=1_100), 2_000, 30, 2)
+    assert [flag[:66] for flag in above] == [
+        "memory: the fullest node peaked at 2,053 MB, above the 2,000 MB re"
+    ]
+    assert waste.flags(attempt(600, memory_peak_mb=2_053, cpu_s=1_100), None, 30, 2) == []
+
+
 def test_a_slot_that_used_little_of_its_time_limit() -> None:
     found = waste.flags(attempt(120, memory_peak_mb=7_000, cpu_s=900), 8_000, 60, 8)
     assert found == [

@@ -25,6 +25,7 @@ from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout, sweep
 from ddppipe.sweeps import trials
 from ddppipe.training.measuring import rank_memory
+from tests import cgroups
 from tests.conftest import run_cli
 from tests.tiny import TinyData, make_tiny, tiny_config
 
@@ -189,40 +190,14 @@ def test_the_cpu_allocators_failure_is_classified_with_its_figures() -> None:
     )
 
 
-CGROUP = Path("/sys/fs/cgroup")
 CGROUP_LIMIT = 2 * GIB  # the launcher and 2 ranks fit (~0.8 GiB); rank 1's 4 GiB does not
-
-
-def memory_cgroup_place() -> tuple[Path, str, tuple[str, int]]:
-    """Where this process may make a memory cgroup, its memory limit's file, and its swap
-    limit's (file, value) for CGROUP_LIMIT with no swap: cgroup v1's memory controller (a
-    child of this process's cgroup) or v2's (a child of its cgroup's parent, whose children
-    get the controller)."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    entries = [line.split(":", 2) for line in lines]
-    for _, controllers, path in entries:
-        if "memory" in controllers.split(","):
-            place = CGROUP / "memory" / path.lstrip("/")
-            return place, "memory.limit_in_bytes", ("memory.memsw.limit_in_bytes", CGROUP_LIMIT)
-    own = CGROUP / next(path for hierarchy, _, path in entries if hierarchy == "0").lstrip("/")
-    parent = own if own == CGROUP else own.parent
-    (parent / "cgroup.subtree_control").write_text("+memory")
-    return parent, "memory.max", ("memory.swap.max", 0)
 
 
 @pytest.fixture
 def memory_cgroup(tmp_path: Path) -> Iterator[Path]:
     """A new memory cgroup limited to CGROUP_LIMIT bytes (swap included); removed after."""
-    place, limit, (swap, no_swap) = memory_cgroup_place()
-    made = place / f"ddppipe-test-{os.getpid()}-{tmp_path.name}"
-    made.mkdir()
-    try:
-        (made / limit).write_text(str(CGROUP_LIMIT))
-        if (made / swap).exists():  # only where the kernel accounts swap
-            (made / swap).write_text(str(no_swap))
+    with cgroups.memory_limited(CGROUP_LIMIT, tmp_path.name) as made:
         yield made
-    finally:
-        made.rmdir()
 
 
 def test_a_rank_the_oom_killer_kills_in_a_memory_limited_cgroup_is_out_of_memory(
@@ -233,7 +208,7 @@ def test_a_rank_the_oom_killer_kills_in_a_memory_limited_cgroup_is_out_of_memory
     cgroup's limit, with the fix."""
 
     def enter() -> None:
-        (memory_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        cgroups.enter(memory_cgroup)
 
     fault = "torch.ones(4 * 2**30, dtype=torch.uint8)"
     run, code, stderr = launch(tmp_path, tiny, "oom", fault, monkeypatch, preexec_fn=enter)

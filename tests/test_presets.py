@@ -4,17 +4,22 @@ tiny data."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from ddppipe.core import system
 from ddppipe.launching import resolve
-from ddppipe.parallel import devices
-from ddppipe.settings import config, presets
+from ddppipe.parallel import devices, precision
+from ddppipe.runstate import attempts
+from ddppipe.settings import config, presets, run_spec
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, default_config, fast_cpu_precision, tiny_config
 
@@ -78,13 +83,79 @@ def test_native_bf16_read_from_the_cpu_flags(
     assert system.cpu_computes_bf16(path) is native
 
 
-def test_the_fast_preset_trains_in_fp32_on_cpus_that_emulate_bf16() -> None:
+# /proc/cpuinfo's first processor of two kinds of machine: an AMD EPYC 7763 (Zen 3, AVX2
+# only: it emulates bfloat16) and an AMD EPYC of Zen 4 (AVX512-BF16).
+MILAN, GENOA = (Path(__file__).parent / "data" / f"cpuinfo-epyc-{kind}.txt"
+                for kind in ("milan", "genoa"))  # fmt: skip
+DEFAULT_HASH = "741662e548142bf1"  # the default config's, data digest 0123456789abcdef
+
+
+def test_the_default_identity_does_not_depend_on_the_resolving_machines_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The config resolved on a login node with native bf16 and on one without is one run:
+    the fast preset's precision is auto there, decided where the ranks start."""
+    hashes = {}
+    for cpuinfo, native in ((MILAN, False), (GENOA, True)):
+        monkeypatch.setattr(system, "CPUINFO", cpuinfo)  # the resolving machine's CPU
+        assert system.cpu_computes_bf16() is native
+        resolved = config.resolve(default_config(), gpus=False)
+        assert resolved["train"]["precision"] == "auto"
+        hashes[cpuinfo.name] = config.train_hash(resolved, "0123456789abcdef")
+    assert set(hashes.values()) == {DEFAULT_HASH}, hashes
+
+
+def test_the_fast_preset_leaves_cpu_precision_to_the_ranks_and_keeps_a_users() -> None:
     train = config.validate(default_config())["train"]
-    assert presets.resolve(train, 2, gpus=False, cpu_bf16=False)["precision"] == "fp32"
-    assert presets.resolve(train, 2, gpus=False, cpu_bf16=True)["precision"] == "bf16"
-    assert presets.resolve(train, 2, gpus=True, cpu_bf16=False)["precision"] == "bf16"  # GPUs
-    asked = {**train, "precision": "bf16"}  # the user's own bf16 is kept (a rank warns)
-    assert presets.resolve(asked, 2, gpus=False, cpu_bf16=False)["precision"] == "bf16"
+    assert presets.resolve(train, 2, gpus=False)["precision"] == "auto"
+    assert presets.resolve(train, 2, gpus=True)["precision"] == "bf16"  # the gpu recipe
+    for asked in ("bf16", "fp32"):
+        assert presets.resolve({**train, "precision": asked}, 2, gpus=False)["precision"] == asked
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A process group of this process alone (gloo)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_ranks_decide_the_precision_from_the_cpuinfo_they_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cpu, host = torch.device("cpu"), socket.gethostname()
+    with caplog.at_level(logging.INFO, logger="ddppipe.parallel.precision"):
+        assert precision.for_world("auto", cpu, GENOA) == precision.Decision("auto", "bf16")
+        on_milan = precision.for_world("auto", cpu, MILAN)
+    assert on_milan == precision.Decision("auto", "fp32", (host,))
+    assert caplog.messages == [
+        "train.precision auto: bf16, as every rank computes bfloat16 natively",
+        f"train.precision auto: fp32, as bfloat16 is only emulated on {host} (no AVX512-BF16, "
+        "AMX-BF16 or Arm BF16 on a CPU, compute capability below 8.0 on a GPU), several times "
+        "slower than fp32; set train.precision: bf16 to train in it anyway",
+    ]
+    asked = precision.for_world("bf16", cpu, MILAN)  # the user's bf16 trains, named slow
+    assert (asked.trained, asked.bf16_native) == ("bf16", False)
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.messages[-1].startswith(f"train.precision bf16, but bfloat16 is only emulated "
+                                          f"on {host} (")  # fmt: skip
+    assert precision.for_world("fp32", cpu, GENOA).trained == "fp32"
+    assert precision.on_this_node("auto", cpu, MILAN) == "fp32"
+    spec = run_spec.resolve(default_config(), gpus=False)
+    trained = precision.applied(spec, on_milan)
+    assert trained.train.precision == "fp32"  # what the ranks train in ...
+    assert trained.train_hash("0123456789abcdef") == DEFAULT_HASH  # ... the run's identity kept
+
+
+def test_one_rank_that_emulates_bf16_makes_the_whole_world_train_fp32() -> None:
+    decided = precision.decide("auto", ["node3", "node1", "node3"])
+    assert decided.as_dict() == {"configured": "auto", "trained": "fp32", "bf16_native": False,
+                                 "emulating": ["node1", "node3"]}  # fmt: skip
+    assert precision.decide("auto", []).as_dict()["trained"] == "bf16"
 
 
 def recipe(train: dict[str, Any]) -> tuple:
@@ -163,12 +234,14 @@ def test_auto_on_a_machine_without_gpus_keeps_the_cpu_recipe(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("preset", "precision"), [("fast", fast_cpu_precision()), ("reference", "fp32")]
+    ("preset", "configured", "trained"),
+    [("fast", "auto", fast_cpu_precision()), ("reference", "fp32", "fp32")],
 )
 def test_preset_trains_one_epoch_with_two_processes(
-    preset: str, precision: str, tiny: TinyData, tmp_path: Path
+    preset: str, configured: str, trained: str, tiny: TinyData, tmp_path: Path
 ) -> None:
-    """Each preset's own recipe (batch, optimizer, schedule, precision), one epoch on tiny data."""
+    """Each preset's own recipe (batch, optimizer, schedule, precision), one epoch on tiny data;
+    the precision its ranks trained in (this machine's CPU decides auto) in the attempt."""
     cfg = tiny_config(tiny, preset=preset, epochs=1, batch_size=None)
     launch(cfg, tiny, tmp_path)
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -177,4 +250,7 @@ def test_preset_trains_one_epoch_with_two_processes(
     assert metrics["images_per_s"] > 0 and 0 <= metrics["test_accuracy"] <= 1
     assert math.isfinite(metrics["train_loss"]) and math.isfinite(metrics["test_loss"])
     resolved = config.load(tmp_path / "config.yaml")["train"]
-    assert resolved["precision"] == precision
+    assert resolved["precision"] == configured
+    (attempt,) = attempts.read(tmp_path / "state" / "attempts.json")
+    assert attempt.precision is not None
+    assert (attempt.precision["configured"], attempt.precision["trained"]) == (configured, trained)

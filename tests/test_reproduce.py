@@ -24,7 +24,7 @@ import yaml
 
 from ddppipe.data import batches
 from ddppipe.launching import resolve
-from ddppipe.reproduce import checks, compare, source, verdict
+from ddppipe.reproduce import causes, checks, compare, source, verdict
 from ddppipe.settings import config
 from ddppipe.training.loop import determinism
 from tests.conftest import run_cli
@@ -195,6 +195,31 @@ def test_the_git_check_names_what_differs_from_the_recorded_commit(tmp_path: Pat
         "`git checkout 000000000000`)"  # fmt: skip
 
 
+def test_a_reproduction_whose_cpu_decides_another_precision_names_it() -> None:
+    """A run whose precision auto trained bf16 on CPUs with AVX512-BF16, reproduced on a CPU
+    that only emulates it: the check before training and the causes after it say so."""
+    bf16 = {"configured": "auto", "trained": "bf16", "bf16_native": True, "emulating": []}
+    fp32 = {"configured": "auto", "trained": "fp32", "bf16_native": False, "emulating": ["b"]}
+    training = {"device": "cpu", "device_name": "cpu", "precision": bf16}
+    here = ("cpu", "cpu", "AMD EPYC")
+    assert checks.device(training, "AMD EPYC", here, "bf16").status == "ok"
+    found = checks.device(training, "AMD EPYC", here, "fp32")
+    assert (found.status, found.text) == ("differs", (
+        "the run trained on cpu (cpu, CPU AMD EPYC), this machine on cpu (cpu, CPU AMD EPYC); "
+        "train.precision auto trained in bf16 there and trains in fp32 here (bf16 only where "
+        "the device computes it natively)"))  # fmt: skip
+    run, again = {"training": training}, {"training": {**training, "precision": fp32}}
+    assert causes.precision(run, again) == [
+        "another precision (bf16 vs fp32: train.precision auto is bf16 only where every rank's "
+        "device computes bfloat16 natively)"
+    ]
+    assert causes.precision(run, run) == []
+    written = {"precision": "auto", "lr": 0.006}  # config.yaml's; the record's: as decided
+    assert checks.config({"precision": "fp32", "lr": 0.006}, {"train": written}).status == "ok"
+    assert checks.config({"precision": "fp32", "lr": 0.01}, {"train": written}).status == \
+        "differs"  # fmt: skip
+
+
 def test_the_verdict_of_weights_that_differ_only_at_the_end() -> None:
     found = compare.Comparison([compare.TensorDiff("fc.weight", 2.5e-7)], None, [])
     line = verdict.line(found, ["non-deterministic kernels (a GPU run without "
@@ -205,15 +230,16 @@ def test_the_verdict_of_weights_that_differ_only_at_the_end() -> None:
 
 
 def test_deterministic_mode_keeps_the_default_identity_and_names_a_refused_op() -> None:
-    """`train.deterministic: false` (the default) leaves every existing config hash as it was;
-    true is another identity. An op torch refuses is named."""
+    """`train.deterministic: false` (the default) leaves the default identity as it is; true
+    is another identity. An op torch refuses is named. (The hashes are the same on every CPU:
+    the fast preset's precision is auto, decided where the ranks start.)"""
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     default = config.resolve(cfg, gpus=False)
     assert default["train"]["deterministic"] is False
-    assert config.train_hash(default, "0123456789abcdef") == "baded4cb49bf758a"  # as before
+    assert config.train_hash(default, "0123456789abcdef") == "741662e548142bf1"
     cfg["train"]["deterministic"] = True
     assert config.train_hash(config.resolve(cfg, gpus=False), "0123456789abcdef") == \
-        "f2fde597b231fd6b"  # fmt: skip
+        "89fb125f6c0c8f75"  # fmt: skip
     refused = RuntimeError(
         "adaptive_max_pool2d_backward_cuda does not have a deterministic implementation, but "
         "you set 'torch.use_deterministic_algorithms(True)'."

@@ -21,6 +21,7 @@ import yaml
 
 from ddppipe.settings.layout import RunLayout
 from ddppipe.slurm import scontrol
+from tests import cgroups
 from tests.processes import hang_report, processes_in, worker_pids
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import TRAIN_PARTITION
@@ -111,19 +112,45 @@ def provenance(workdir: Path, run: str) -> dict[str, Any]:
     return json.loads((workdir / f"results/{run}/export/provenance.json").read_text())
 
 
+@contextlib.contextmanager
+def nodes_enforce_memory(cluster: SlurmCluster, mb: int) -> Iterator[dict[str, float]]:
+    """Each node's slurmd, and so every job step it starts, in a memory cgroup of ``mb`` MB
+    (swap included): a node that enforces a job's --mem as ConstrainRAMSpace does (the test
+    cluster has no cgroup plugin of its own); the slurmds moved back after. Yields each
+    node's peak in MB, filled in at the end (page cache included)."""
+    peaks: dict[str, float] = {}
+    with contextlib.ExitStack() as limits:
+        made = {}
+        for node in cluster.nodes:
+            made[node] = limits.enter_context(cgroups.memory_limited(mb * 2**20, node))
+            cgroups.enter(made[node], cluster.slurmd_pid(node))
+        yield peaks
+        peaks.update({node: (cgroups.peak_bytes(cgroup) or 0) / 2**20
+                      for node, cgroup in made.items()})  # fmt: skip
+
+
 def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Real MNIST, 2 nodes x 2 ranks, with the default memory request (slurm.mem_mb null), on
+    nodes that enforce it: every process of the job on a node (the batch step's Snakemake and
+    launcher on the first) in a cgroup of the request's size."""
     cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster)
     cfg["run"] = "mnist2n"
     cfg["task_args"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
     cfg["train"].update(epochs=1, batch_size=256, eval_batch_size=1000)
+    cfg["slurm"]["mem_mb"] = None  # the default request: 2,900 MB a node of 2 CPU processes
     started = time.monotonic()
     counts = tmp_path / "validations"  # tests/count_validations/sitecustomize.py
     counts.mkdir()
     sitecustomize = [str(REPO / "tests" / "count_validations"), os.environ.get("PYTHONPATH", "")]
     counting = {"PYTHONPATH": os.pathsep.join(sitecustomize),
                 "DDPPIPE_TEST_VALIDATIONS": str(counts)}  # fmt: skip
-    result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, env=counting)
-    print(f"(a) wall time {time.monotonic() - started:.1f}s")
+    with nodes_enforce_memory(slurm_cluster, 2900) as node_peaks:
+        result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, env=counting)
+    print(
+        f"(a) wall time {time.monotonic() - started:.1f}s; the nodes' cgroups peaked at "
+        + ", ".join(f"{node} {mb:,.0f} MB" for node, mb in node_peaks.items())
+    )
+    assert all(mb > 1024 for mb in node_peaks.values()), node_peaks  # the ranks ran in them
     assert result.returncode == 0, logs(tmp_path / "wd", result)
     # One validation in each process of the slot that reads the run's config (the launcher,
     # each of the 4 ranks), none in the others (agents, the preflight's steps).
@@ -151,12 +178,20 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
                      figures[1])  # fmt: skip
     (attempt,) = json.loads((tmp_path / "wd/results/mnist2n/train/attempts.json").read_text())
     assert attempt["peak"]["precision"] == precision and set(attempt["peak"]["gflops"]) == {a, b}
+    # The ranks decided the preset's precision auto on the nodes (not where it was resolved),
+    # and the slot keeps what its job asked for (scontrol), which the summary judges against.
+    decided = attempt["precision"]
+    assert (decided["configured"], decided["trained"]) == ("auto", precision)
+    assert training["precision"] == attempt["precision"] and attempt["mem_mb"] == 2900
     summary = result.stderr[result.stderr.rindex("run mnist2n: task ddppipe.tasks.mnist") :]
     print("(a) summary:", summary)
     assert re.search(
         rf"utilisation +\d+% of the peak \([\d,]+ GFLOP/s {precision} GEMM peak, measured", summary
     )
     assert re.search(r"communication +\d+% of a step waits for the all-reduce", summary)
+    peak = re.search(r"memory peak ([\d,]+) MB a node of 2,900 MB", summary)
+    assert peak and int(peak[1].replace(",", "")) < 0.9 * 2900, summary  # no memory flag
+    assert "waste          memory" not in summary, summary
     # The job's end noticed within seconds of the slot's end
     # (ddppipe.slurm.executor.status_checks), not at
     # the plugin's next check: 36, 68, 110 s ... after the submission (33 s late, measured).

@@ -57,6 +57,7 @@ def command(name: str, help: str, call: str, *args: Arg | OneOf) -> Command:
 CONFIG = {"dest": "config_path", "metavar": "CONFIG"}
 RESOLVED = {**CONFIG, "type": Path, "required": True}
 DEVICE = {"choices": ["gpu", "cpu"], "required": True, "help": "the run's device (its spec)"}
+PRECISIONS = ["fp32", "bf16", "auto"]  # train.precision (auto: ddppipe.parallel.precision)
 
 COMMANDS: tuple[Command, ...] = (
     command(
@@ -167,7 +168,7 @@ COMMANDS: tuple[Command, ...] = (
         arg("--stop-signal", required=True, help="the signal that warns them (SIGUSR1)"),
         arg("--nproc", type=int, required=True, help="a trial's processes (preflight)"),
         arg("--use", **DEVICE),
-        arg("--precision", choices=["fp32", "bf16"], required=True),
+        arg("--precision", choices=PRECISIONS, required=True),
     ),
     command(
         "warm-server",
@@ -221,7 +222,7 @@ COMMANDS: tuple[Command, ...] = (
         arg("--host", help="rendezvous host (default: the step's first node)"),
         arg("--nproc", type=int, default=1, help="training processes on this node"),
         arg("--use", **DEVICE),
-        arg("--precision", choices=["fp32", "bf16"], default="fp32"),
+        arg("--precision", choices=PRECISIONS, default="fp32"),
         arg("--state", type=Path, help="the run's state folder, which this node must see"),
         arg("--token", help="what the state folder's preflight-token file holds"),
     ),
@@ -232,9 +233,10 @@ COMMANDS: tuple[Command, ...] = (
         arg("--use", **DEVICE),
         arg(
             "--precision",
-            choices=["bf16", "fp32"],
+            choices=PRECISIONS,
             default="fp32",
-            help="the training's precision, for the GEMM peak",
+            help="the training's precision (auto: decided by the ranks' devices), for the GEMM "
+            "peak",
         ),
         arg("--peak-out", type=Path, help="(rank 0) write the nodes' peaks here (JSON)"),
     ),

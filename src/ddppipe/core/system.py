@@ -22,13 +22,14 @@ def available_cpus() -> int:
 # and rounds: the MNIST CNN's bf16 step took 3.49 s against 0.42 s in fp32 (one thread, an
 # AVX2-only AMD EPYC, 2026-11-27).
 BF16_FLAGS = {"flags": {"avx512_bf16", "amx_bf16"}, "Features": {"bf16"}}
+CPUINFO = Path("/proc/cpuinfo")  # what this machine's CPU is (a test names another machine's)
 
 
-def _cpuinfo_field(cpuinfo: Path, keys: set[str]) -> tuple[str, str] | None:
-    """The first ``key: value`` line of ``cpuinfo`` whose key is one of ``keys`` (stripped);
-    None when there is none or the file cannot be read (no Linux)."""
+def _cpuinfo_field(cpuinfo: Path | None, keys: set[str]) -> tuple[str, str] | None:
+    """The first ``key: value`` line of ``cpuinfo`` (None: :data:`CPUINFO`) whose key is one
+    of ``keys`` (stripped); None when there is none or the file cannot be read (no Linux)."""
     try:
-        lines = cpuinfo.read_text().splitlines()
+        lines = (cpuinfo or CPUINFO).read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -38,14 +39,15 @@ def _cpuinfo_field(cpuinfo: Path, keys: set[str]) -> tuple[str, str] | None:
     return None
 
 
-def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this machine's CPU multiplies bfloat16 natively (:data:`BF16_FLAGS`); False
-    where ``cpuinfo`` cannot be read (no Linux): float32 is never emulated."""
+def cpu_computes_bf16(cpuinfo: Path | None = None) -> bool:
+    """Whether this machine's CPU (``cpuinfo``'s, None: :data:`CPUINFO`) multiplies bfloat16
+    natively (:data:`BF16_FLAGS`); False where it cannot be read (no Linux): float32 is never
+    emulated. Asked where the ranks start (:mod:`ddppipe.parallel.precision`)."""
     found = _cpuinfo_field(cpuinfo, set(BF16_FLAGS))
     return found is not None and bool(BF16_FLAGS[found[0]] & set(found[1].split()))
 
 
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+def cpu_model(cpuinfo: Path | None = None) -> str:
     """This machine's CPU model ("AMD EPYC", "Intel(R) Xeon(R) Platinum 8481C CPU"): x86's
     "model name", else the machine type (an Arm's /proc/cpuinfo names no model)."""
     found = _cpuinfo_field(cpuinfo, {"model name"})

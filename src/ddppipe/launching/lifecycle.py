@@ -32,7 +32,7 @@ from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.runstate import attempts, failures, preemption, state_lock
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.slurm import bad_nodes, continuation, scontrol
+from ddppipe.slurm import bad_nodes, continuation, memory_request, scontrol
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
@@ -105,6 +105,7 @@ def _slot(
     publish: Callable[[], None] | None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
+    mem_mb = None  # what a node of the job asked for (SLURM)
     refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
@@ -121,6 +122,7 @@ def _slot(
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
+        mem_mb = memory_request.requested_mb(job)
         left = continuation.seconds_left(job)
         if left is not None:  # None: no time limit
             end = time.time() + left
@@ -131,7 +133,7 @@ def _slot(
     if packed and end is None:  # warned before its allocation's end, by its own timer
         warn_in, end = preemption.allocation_warning()
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
-                             packed, _lost_as(state, plan.job, restarts))  # fmt: skip
+                             packed, _lost_as(state, plan.job, restarts), mem_mb)  # fmt: skip
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
     opened = slot_record(spec, state, history[-1], warn_in, end)

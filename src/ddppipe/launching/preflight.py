@@ -27,6 +27,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, step_nodelist
 from ddppipe.launching import launch
 from ddppipe.parallel import devices
+from ddppipe.parallel.precision import for_world as decide_precision
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training.measuring import efficiency, peak
@@ -143,6 +144,7 @@ def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None) ->
                     pairs.append(_figure(f"{a}<->{b}", len(ranks), seconds))
         gathered: list[list[str]] = [[] for _ in range(world)]
         dist.all_gather_object(gathered, pairs)
+        precision = decide_precision(precision, ctx.device).trained  # as training decides it
         nodes_peak = _gemm_peaks(ctx.device, precision, world)
         line = (
             f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok "

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ddppipe.core import system
 from ddppipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -262,16 +261,6 @@ def check_gpu(index: int, precision: str) -> str:
         )
     check_precision(name, capability, precision)
     return f"{name} (compute capability {cc})"
-
-
-def warn_if_cpu_emulates_bf16() -> None:
-    """Log that bf16 on this CPU is emulated (no AVX512-BF16, AMX-BF16 or Arm BF16), if so."""
-    if not system.cpu_computes_bf16():
-        log.warning(
-            "train.precision bf16 on a CPU that only emulates bfloat16 (no AVX512-BF16, "
-            "AMX-BF16 or Arm BF16): several times slower than fp32 (set train.precision: "
-            "fp32, or leave it null: the preset then picks fp32 on such CPUs)"
-        )
 
 
 def check_precision(name: str, capability: tuple[int, int], precision: str) -> None:

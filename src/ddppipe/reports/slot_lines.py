@@ -5,6 +5,7 @@ held, and the waste flags.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -49,6 +50,8 @@ def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Lin
     if not slots:
         return []
     held = Allocation.of(spec, slots[-1]["job"] == "local")
+    if slots[-1].get("mem_mb"):  # what the last slot's job asked for (its request may differ)
+        held = dataclasses.replace(held, mem_mb=slots[-1]["mem_mb"])
     total = Slots.of(slots)
     last = slots[-1]["efficiency"]
     memory = memory_line.line(last)  # the last slot's peak per rank

@@ -17,7 +17,9 @@ def utilisation(
     attempt: dict[str, Any], precision: str, processes: int
 ) -> tuple[float, str] | None:
     """The attempt's achieved FLOP/s as a fraction of its allocation's peak, and the peak's
-    source: the preflight's GEMM on its nodes, else the GPUs' datasheet; None without either."""
+    source: the preflight's GEMM on its nodes, else the GPUs' datasheet; None without either.
+    ``precision``: the run's, unless the attempt recorded what its ranks decided it was."""
+    precision = (attempt.get("precision") or {}).get("trained", precision)
     eff = attempt.get("efficiency") or {}
     achieved = eff.get("achieved_gflops")
     if not achieved:

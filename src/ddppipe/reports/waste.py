@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddppipe.slurm import memory_request
+
 MEMORY_USED_BELOW = 0.70  # of the request: centres flag (seff, jobstats) and so does ddppipe
 TIME_LIMIT_USED_BELOW = 0.10
 CPU_EFFICIENCY_BELOW = 0.50
 STARTUP_SHARE_ABOVE = 0.50  # of a slot's wall time
 GPU_UTILISATION_BELOW = 0.25  # NVML's mean: centres' idle-GPU threshold (Job Defense Shield)
 DATA_WAIT_SHARE_ABOVE = 0.20  # of the steady steps' time: the steps wait for their data
-MEMORY_HEADROOM = 1.25  # the request ddppipe suggests: the peak plus a quarter
 
 
 def cpu_efficiency(cpu_s: float, wall_s: float, cpus: int) -> float | None:
@@ -24,16 +25,27 @@ def cpu_efficiency(cpu_s: float, wall_s: float, cpus: int) -> float | None:
 
 def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
           cpus: int) -> list[str]:  # fmt: skip
-    """Plain-words waste warnings for one attempt record, each with its fix."""
+    """Plain-words waste warnings for one attempt record, each with its fix (``mem_mb``: a
+    node's request). A memory peak near or above the request is flagged too: not waste, the
+    risk of the OOM killer."""
     found: list[str] = []
     eff = attempt.get("efficiency") or {}
     wall = (attempt.get("end") or 0) - attempt.get("start", 0)
     peak = eff.get("memory_peak_mb")
     if mem_mb and peak and peak < MEMORY_USED_BELOW * mem_mb:
-        suggest = int(-(-peak * MEMORY_HEADROOM // 100) * 100)
+        suggest = memory_request.from_peak_mb(peak)
         found.append(
             f"memory: the fullest node peaked at {peak:,.0f} MB of the {mem_mb:,} MB requested "
             f"({peak / mem_mb:.0%}); ask for {suggest} MB: `slurm.mem_mb: {suggest}`"
+        )
+    if mem_mb and peak and peak >= memory_request.NEAR_LIMIT * mem_mb:
+        suggest = memory_request.from_peak_mb(peak)
+        where = "above" if peak > mem_mb else "within 10 % of"
+        found.append(
+            f"memory: the fullest node peaked at {peak:,.0f} MB, {where} the {mem_mb:,} MB "
+            f"requested ({peak / mem_mb:.0%}): a cluster that enforces the request (cgroup) "
+            f"kills the job there; ask for {suggest} MB: `slurm.mem_mb: {suggest}` (or leave "
+            "it null: the run's next job asks for its measured peak and a quarter)"
         )
     if runtime_min and attempt.get("outcome") == "completed" and wall > 0:
         share = wall / (runtime_min * 60)

@@ -7,15 +7,17 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ddppipe.reproduce.checks import Finding, differing
+from ddppipe.reproduce.checks import Finding, as_decided, differing
 from ddppipe.reproduce.source import Recorded
+from ddppipe.settings.presets import AUTO
 
 
 def config_values(run: Recorded) -> list[str]:
     """The train config the record says trained against the run's own config.yaml."""
     if run.config is None:
         return []
-    found = differing(run.config.get("train", {}), run.provenance["train_config"], "train.")
+    recorded = run.provenance["train_config"]
+    found = differing(as_decided(run.config.get("train", {}), recorded), recorded, "train.")
     return [f"a changed config value: {'; '.join(found)} (config.yaml vs record)"] if found else []
 
 
@@ -43,6 +45,17 @@ def stack(run: dict[str, Any], again: dict[str, Any]) -> list[str]:
     return found
 
 
+def precision(run: dict[str, Any], again: dict[str, Any]) -> list[str]:
+    """Another precision: ``train.precision: auto`` decided otherwise by the devices that
+    trained the reproduction (bf16 only where every rank computes it natively)."""
+    a, b = (r["training"].get("precision") or {} for r in (run, again))
+    if not a or not b or a["trained"] == b["trained"]:
+        return []
+    why = (": train.precision auto is bf16 only where every rank's device computes bfloat16 "
+           "natively" if AUTO in (a["configured"], b["configured"]) else "")  # fmt: skip
+    return [f"another precision ({a['trained']} vs {b['trained']}{why})"]
+
+
 def kernels(run: dict[str, Any]) -> list[str]:
     """A GPU run without train.deterministic: its kernels may sum in any order."""
     if run["training"].get("device") != "cuda" or run["train_config"].get("deterministic"):
@@ -58,6 +71,7 @@ def of(run: Recorded, again: Recorded, findings: list[Finding]) -> list[str]:
         found.append(f"the task file changed ({named['task'].text})")
     if "git" in named:
         found.append(f"other code ({named['git'].text})")
+    found += precision(run.provenance, again.provenance)
     found += stack(run.provenance, again.provenance)
     found += world_sizes(run.attempts)
     found += kernels(run.provenance)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from ddppipe.apptainer import identity
 from ddppipe.core import hashing
+from ddppipe.settings.presets import AUTO
 
 Status = Literal["ok", "differs", "unknown", "refuse"]
 
@@ -116,15 +117,25 @@ def image(recorded: dict[str, Any] | None) -> Finding:
     return Finding("image", "ok", f"{path}: SHA-256 {found[:12]} as recorded")
 
 
-def device(training: dict[str, Any], cpu: str | None, here: tuple[str, str, str]) -> Finding:
+def device(
+    training: dict[str, Any], cpu: str | None, here: tuple[str, str, str],
+    precision_here: str | None = None,
+) -> Finding:  # fmt: skip
     """The device kind and model (and the CPU model) the run trained on against this machine's
-    (``here``: kind, model, CPU model)."""
+    (``here``: kind, model, CPU model); and, for a run whose ``train.precision`` is ``auto``,
+    what it trained in against what this machine decides (``precision_here``)."""
     kind, name = training.get("device"), training.get("device_name")
     was = f"{kind} ({name}, CPU {cpu})"
     now = f"{here[0]} ({here[1]}, CPU {here[2]})"
-    if (kind, name) == here[:2] and cpu in (None, here[2]):
+    decided = training.get("precision") or {}
+    other = (decided.get("configured") == AUTO and precision_here is not None
+             and precision_here != decided.get("trained"))  # fmt: skip
+    note = (f"; train.precision auto trained in {decided.get('trained')} there and trains in "
+            f"{precision_here} here (bf16 only where the device computes it natively)"
+            if other else "")  # fmt: skip
+    if (kind, name) == here[:2] and cpu in (None, here[2]) and not other:
         return Finding("device", "ok", f"{now}, as the run")
-    return Finding("device", "differs", f"the run trained on {was}, this machine on {now}")
+    return Finding("device", "differs", f"the run trained on {was}, this machine on {now}{note}")
 
 
 def config(provenance_train: dict[str, Any], written: dict[str, Any] | None) -> Finding:
@@ -132,12 +143,21 @@ def config(provenance_train: dict[str, Any], written: dict[str, Any] | None) -> 
     if written is None:
         return Finding("config", "unknown", "no config.yaml beside the record: its train "
                        "config is trained as recorded")  # fmt: skip
-    diff = differing(written.get("train", {}), provenance_train, "train.")
+    diff = differing(as_decided(written.get("train", {}), provenance_train), provenance_train,
+                     "train.")  # fmt: skip
     if not diff:
         return Finding("config", "ok", "the record's train config is the run's config.yaml's")
     return Finding("config", "differs", "the record's train config is not the run's "
                    f"config.yaml's: {'; '.join(diff)} (config.yaml vs record; the record's "
                    "trains)")  # fmt: skip
+
+
+def as_decided(written: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
+    """A config.yaml's train section with its ``precision: auto`` as the ranks decided it in
+    the record's train config (fp32 or bf16: what they trained in)."""
+    if written.get("precision") == AUTO and "precision" in recorded:
+        return {**written, "precision": recorded["precision"]}
+    return written
 
 
 def differing(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

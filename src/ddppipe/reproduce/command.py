@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ddppipe import tasks
 from ddppipe.core import system
-from ddppipe.parallel import software
+from ddppipe.parallel import precision, software
 from ddppipe.reproduce import causes, checks, compare, plan, rerun, source, verdict
 from ddppipe.settings import layout
 
@@ -28,6 +28,15 @@ def _here() -> tuple[str, str, str]:
     return "cpu", "cpu", system.cpu_model()
 
 
+def _precision_here() -> str:
+    """What ``train.precision: auto`` becomes on this machine's device (a reproduction trains
+    on GPU 0 or the CPU)."""
+    import torch
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    return precision.on_this_node(precision.AUTO, device)
+
+
 def run_checks(run: source.Recorded, data: Path) -> list[checks.Finding]:
     """Every check before training, in the order they print."""
     record, cwd = run.provenance, plan.workdir(run)
@@ -40,7 +49,12 @@ def run_checks(run: source.Recorded, data: Path) -> list[checks.Finding]:
         checks.config(record["train_config"], run.config),
         checks.packages((record.get("software") or {}).get("packages"), software.packages()),
         checks.image(record.get("container")),
-        checks.device(record["training"], (record.get("software") or {}).get("cpu"), _here()),
+        checks.device(
+            record["training"],
+            (record.get("software") or {}).get("cpu"),
+            _here(),
+            _precision_here(),
+        ),
     ]
 
 

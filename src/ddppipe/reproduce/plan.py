@@ -11,7 +11,7 @@ from typing import Any
 from ddppipe.core.errors import UserError
 from ddppipe.data import manifest
 from ddppipe.reproduce.source import Recorded
-from ddppipe.settings import layout
+from ddppipe.settings import layout, presets
 
 SUFFIX = "-reproduced-"  # results/<run>-reproduced-<k>/
 
@@ -36,8 +36,10 @@ def new_root(recorded: Recorded) -> Path:
 
 def config(recorded: Recorded, run: str, gpu: bool) -> dict[str, Any]:
     """The resolved config of the reproduction ``run``: the run's own, with the record's train
-    config and task_args, one node of its first world size, on a GPU only when it trained on
-    one and ``gpu`` (this machine has one), no tracking server, no sweep."""
+    config (but ``precision: auto`` where the run's config says so: decided by the devices
+    that train the reproduction, the run's identity kept) and task_args, one node of its first
+    world size, on a GPU only when it trained on one and ``gpu`` (this machine has one), no
+    tracking server, no sweep."""
     if recorded.config is None:
         raise UserError(f"{recorded.root}/config.yaml missing: the run's resolved config is "
                         "needed to train it again")  # fmt: skip
@@ -45,6 +47,8 @@ def config(recorded: Recorded, run: str, gpu: bool) -> dict[str, Any]:
     record = recorded.provenance
     cfg["run"] = run
     cfg["train"].update(record["train_config"])
+    if recorded.config["train"].get("precision") == presets.AUTO:  # its devices decide
+        cfg["train"]["precision"] = presets.AUTO
     if record.get("task_args") is not None:
         cfg["task_args"] = record["task_args"]
     on_gpu = gpu and record["training"]["device"] == "cuda"

@@ -51,6 +51,11 @@ class Attempt:
     slot: str | None = None  # a packed sweep's trial: its allocation's slot, "<node>/<k>"
     world_size: int | None = None  # the ranks it trained with (a run may resume at another)
     strategy: str | None = None  # ddp | fsdp (launch.strategy)
+    # what its ranks trained in: train.precision as configured, as decided where the ranks
+    # started (auto: bf16 only if every rank's device computes it natively), the hosts that
+    # only emulate bf16 (ddppipe.parallel.precision)
+    precision: dict[str, Any] | None = None
+    mem_mb: int | None = None  # SLURM: the memory a node of its job asked for (--mem)
 
     @property
     def steps(self) -> int:
@@ -83,9 +88,11 @@ def begin(
     peak: dict[str, Any] | None = None,
     packed: str | None = None,
     lost: str = LOST,
+    mem_mb: int | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as ``lost``
-    (what SLURM says of it, where it can: ddppipe.launching.lifecycle).
+    (what SLURM says of it, where it can: ddppipe.launching.lifecycle). ``mem_mb``: what a
+    node of the slot's job asked for (SLURM), which its measured peak is judged against.
 
     ``packed``: a packed trial's ``"<allocation> <node>/<k>"``
     (:data:`ddppipe.core.env_names.PACKED_SLOT`)."""
@@ -98,7 +105,7 @@ def begin(
     allocation, _, slot = (packed or "").partition(" ")
     history.append(Attempt(number, job or allocation or "local", restarts, nodes, time.time(),
                            queue_s=queue_s, submitted=submitted, peak=peak,
-                           slot=slot or None))  # fmt: skip
+                           slot=slot or None, mem_mb=mem_mb))  # fmt: skip
     save(state, history)
     return history
 
@@ -128,7 +135,7 @@ def finish(
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
     attempt.detail, attempt.failure = detail, failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency", "world_size", "strategy")  # fmt: skip
+            "stop_seconds", "efficiency", "world_size", "strategy", "precision")  # fmt: skip
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])

@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ddppipe.core import atomic, system
+from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.settings import layout, presets
 
@@ -287,9 +287,9 @@ def resolve(cfg: dict[str, Any], gpus: bool) -> dict[str, Any]:
     sets) filled in from its preset, and the device decision under ``resolved``.
 
     ``gpus``: whether the run trains on GPUs, as :func:`ddppipe.parallel.devices.trains_on_gpus`
-    decided it; it picks the preset's GPU version. On CPUs, a preset's bf16 stays bf16 only
-    where this machine's CPU computes it natively (the submitting machine's: a cluster's login
-    and compute nodes are mostly of one generation; a rank on a CPU that emulates it warns).
+    decided it; it picks the preset's GPU version. Nothing here reads this machine's CPU: the
+    ``fast`` preset's ``precision: auto`` is decided by the devices that train
+    (:mod:`ddppipe.parallel.precision`), so the result is the same on every machine.
     The typed form of the result: :class:`ddppipe.settings.run_spec.RunSpec`.
     """
     cfg = validate(json.loads(json.dumps(cfg)))
@@ -302,7 +302,7 @@ def resolve(cfg: dict[str, Any], gpus: bool) -> dict[str, Any]:
             "non-contiguous; set train.channels_last: false (or leave it null: the preset's "
             "value is then left out), or use launch.strategy: ddp"
         )
-    cfg["train"] = presets.resolve(cfg["train"], ws, gpus, strategy, system.cpu_computes_bf16())
+    cfg["train"] = presets.resolve(cfg["train"], ws, gpus, strategy)
     if layout.kind(cfg) == "task":
         cfg["task_args"] = presets.task_args(cfg["train"]["preset"], cfg["task"], cfg["task_args"])
     if cfg["train"]["batch_size"] % ws:

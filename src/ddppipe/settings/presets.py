@@ -1,17 +1,18 @@
 """Training recipes. A config's ``train.preset`` fills every recipe key the user left null.
 
 ``fast`` depends on the device: a run that trains on GPUs gets the ``gpu`` recipe, and its
-resolved config says ``preset: gpu`` (the recipe it trained with); on CPUs that emulate
-bfloat16 (:func:`ddppipe.core.system.cpu_computes_bf16`) a preset's bf16 becomes fp32, several
-times faster there, and the resolved config says ``precision: fp32``.
+resolved config says ``preset: gpu`` (the recipe it trained with). On CPUs its precision is
+``auto``: bf16 where the CPUs that train multiply bfloat16 natively, else fp32 (several times
+faster on CPUs that only emulate bf16), decided where the ranks start
+(:mod:`ddppipe.parallel.precision`), never by the machine that resolves the config: the
+resolved config, and so the run's identity, are the same on every machine.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-log = logging.getLogger(__name__)
+AUTO = "auto"  # train.precision decided by the devices that train (ddppipe.parallel.precision)
 
 RECIPE_KEYS = (
     "epochs",
@@ -56,7 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "weight_decay": 0.01,
         "schedule": "onecycle",
         "gamma": 0.7,
-        "precision": "bf16",
+        "precision": AUTO,  # bf16 where the training CPUs compute it natively, else fp32
         "channels_last": True,
         "label_smoothing": 0.1,
     },
@@ -66,7 +67,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 # global batch of 256, for fewer and larger steps, with a higher peak learning rate, and two
 # epochs: on an H200 one epoch gave 99.07 / 98.93 / 99.02 % for seeds 0 / 1 / 2, two epochs
 # 99.24 / 99.23 / 99.21 % in 2.7-3.6 s of training (docs/gpus.md, 2026-11-28).
-PRESETS["gpu"] = {**PRESETS["fast"], "epochs": 2, "batch_size": 256, "lr": 0.01}
+PRESETS["gpu"] = {
+    **PRESETS["fast"], "epochs": 2, "batch_size": 256, "lr": 0.01, "precision": "bf16"
+}  # fmt: skip
 
 GPU_VERSION = {"fast": "gpu"}  # what a preset becomes on a run that trains on GPUs
 
@@ -88,29 +91,18 @@ def chosen(name: str, gpus: bool) -> str:
     return GPU_VERSION.get(name, name) if gpus else name
 
 
-def resolve(train: dict[str, Any], world_size: int, gpus: bool,
-            strategy: str = "ddp", cpu_bf16: bool = True) -> dict[str, Any]:  # fmt: skip
+def resolve(
+    train: dict[str, Any], world_size: int, gpus: bool, strategy: str = "ddp"
+) -> dict[str, Any]:
     """The train section with its preset chosen for the device (``gpus``: the run trains on
     GPUs) and every recipe key filled from it (``channels_last`` not under a sharded
-    ``strategy``: :data:`SHARDED`; the preset's bf16 as fp32 on CPUs that emulate it:
-    ``cpu_bf16`` False). A precision the user set is kept."""
+    ``strategy``: :data:`SHARDED`). Nothing here reads this machine: a precision ``auto`` is
+    decided where the ranks start. A key the user set is kept."""
     resolved = {**train, "preset": chosen(train["preset"], gpus)}
     preset = PRESETS[resolved["preset"]]
     for key in RECIPE_KEYS:
         if resolved.get(key) is None:
             resolved[key] = preset[key]
-    if (
-        train.get("precision") is None
-        and resolved["precision"] == "bf16"
-        and not (gpus or cpu_bf16)
-    ):
-        resolved["precision"] = "fp32"
-        log.info(
-            "train.precision fp32: the %s preset trains in bf16, which this machine's CPU only "
-            "emulates (no AVX512-BF16, AMX-BF16 or Arm BF16), several times slower than fp32; "
-            "set train.precision: bf16 to train in it anyway",
-            resolved["preset"],
-        )
     if train.get("channels_last") is None and strategy in SHARDED:
         resolved["channels_last"] = False
     if resolved["batch_size"] is None:

@@ -16,9 +16,13 @@ from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist, step_port
-from ddppipe.settings import run_spec
+from ddppipe.runstate import attempts
+from ddppipe.runstate.attempts import Attempt
+from ddppipe.runstate.state import StateDir
+from ddppipe.settings import layout, run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.settings.runs import Runs
+from ddppipe.slurm import memory_request
 from ddppipe.slurm.placement import Placement
 from ddppipe.slurm.scontrol import job_id
 
@@ -28,11 +32,6 @@ RESOURCE_KEYS = (
     "constraint", "qos", "mpi", "gres", "tasks_per_gpu", "slurm_extra",
 )  # fmt: skip
 RDZV_JOIN_TIMEOUT_S = 120
-# Memory per training process when slurm.mem_mb is null, and the least a GPU process needs:
-# a CUDA process holds its context, cuDNN, cuBLAS and NCCL (measured: README "GPUs").
-MEM_MB_PER_CPU_PROC = 1000
-MEM_MB_PER_GPU_PROC = 8000
-MIN_MEM_MB_PER_GPU_PROC = 4000
 
 
 class SlurmRequestError(ValueError, UserError):
@@ -53,13 +52,13 @@ class Request:
         """The request of a run; raise SlurmRequestError for one that cannot work."""
         gpus = spec.launch.nproc_per_node if spec.gpus else 0  # one GPU per process
         request = cls(spec.launch, spec.slurm, gpus)
-        least = request.gpus_per_node * MIN_MEM_MB_PER_GPU_PROC
+        least = request.least_mem_mb
         if request.mem_mb < least:
             raise SlurmRequestError(
                 f"slurm.mem_mb ({request.mem_mb}) is too little for {request.gpus_per_node} GPU "
-                f"processes per node: each needs at least {MIN_MEM_MB_PER_GPU_PROC} MB of host "
-                f"memory; set slurm.mem_mb to {least} or more (or null: "
-                f"{MEM_MB_PER_GPU_PROC} per GPU)"
+                "processes per node: each needs at least "
+                f"{memory_request.MIN_GPU_PROCESS_MB} MB of host memory; set slurm.mem_mb to "
+                f"{least} or more (or null: {memory_request.GPU_PROCESS_MB} per GPU)"
             )
         if request.signal_seconds >= request.runtime * 60:
             raise SlurmRequestError(
@@ -84,9 +83,24 @@ class Request:
 
     @property
     def mem_mb(self) -> int:
-        """``slurm.mem_mb``, or by default per process (more for a GPU process)."""
-        per_proc = MEM_MB_PER_GPU_PROC if self.gpus_per_node else MEM_MB_PER_CPU_PROC
-        return self.slurm.mem_mb or self.procs_per_node * per_proc
+        """``slurm.mem_mb``, or what the node's processes are estimated to need
+        (:func:`memory_request.estimated_mb`)."""
+        return self.slurm.mem_mb or memory_request.estimated_mb(
+            self.procs_per_node, bool(self.gpus_per_node)
+        )
+
+    def measured_mem_mb(self, history: list[Attempt]) -> int:
+        """:attr:`mem_mb`, but from the peak the run's last slot measured (``history``: its
+        attempts) where ``slurm.mem_mb`` is null and one did (:mod:`.memory_request`)."""
+        peak = memory_request.measured_peak_mb(history, self.procs_per_node)
+        if self.slurm.mem_mb or peak is None:
+            return self.mem_mb
+        return max(self.least_mem_mb, memory_request.from_peak_mb(peak))
+
+    @property
+    def least_mem_mb(self) -> int:
+        """The least a node's request may be: what its GPU processes need at least."""
+        return self.gpus_per_node * memory_request.MIN_GPU_PROCESS_MB
 
     @property
     def runtime(self) -> int:
@@ -221,11 +235,15 @@ def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:
 
     A scaling-study point or a sweep's trial asks for its own nodes, CPUs, time, ...
     (:meth:`ddppipe.settings.runs.Runs.spec`, the run resolved once). The base run's request is
-    checked here, so a bad one fails when the Snakefile is read.
+    checked here, so a bad one fails when the Snakefile is read. With ``slurm.mem_mb`` null, a
+    run whose earlier slot measured its memory (``results/<run>/state``) asks for that peak
+    with a margin (:meth:`Request.measured_mem_mb`).
     """
 
     def request(run: str) -> dict[str, Any]:
-        return Request.from_spec(runs.spec(run)).resources()
+        request = Request.from_spec(runs.spec(run))
+        history = attempts.read(StateDir(layout.RunLayout(run).state).attempts)
+        return {**request.resources(), "mem_mb": request.measured_mem_mb(history)}
 
     by_run = {runs.base["run"]: request(runs.base["run"])}
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ddppipe.core import jsonl
 from ddppipe.parallel import distributed
+from ddppipe.parallel.precision import Decision
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
@@ -46,7 +47,7 @@ class Checkpoints:
     def __init__(
         self, spec: run_spec.RunSpec, state: StateDir, ctx: distributed.Context,
         strategy: Strategy, parts: checkpoint.Trainable, *, config_hash: str,
-        steps_per_epoch: int, record: Callable[..., None],
+        steps_per_epoch: int, record: Callable[..., None], precision: Decision,
     ) -> None:  # fmt: skip
         self.spec, self.state, self.ctx, self.parts = spec, state, ctx, parts
         self.strategy = strategy
@@ -58,7 +59,8 @@ class Checkpoints:
         )
         hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
-        self.meta = provenance.meta(spec, ctx, hosts)  # what each checkpoint records
+        self.precision = precision.as_dict()  # the ranks' (ddppipe.parallel.precision)
+        self.meta = provenance.meta(spec, ctx, hosts, self.precision)  # what checkpoints record
         self._saving_step = 0  # the global step of the checkpoint in flight
         self._longest_s = 0.0  # the longest save of this slot, start to commit
 
@@ -117,6 +119,7 @@ class Checkpoints:
             resumed_from=latest and latest.path.name,
             start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
             world_size=self.ctx.world_size, strategy=self.spec.launch.strategy,
+            precision=self.precision,
         )  # fmt: skip
         seed, rank = self.spec.train.seed, self.ctx.rank
         if latest is None or snapshot is None:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from ddppipe import tasks
 from ddppipe.core import heap, system
 from ddppipe.data import batches, sharding, staging
-from ddppipe.parallel import devices, distributed
+from ddppipe.parallel import devices, distributed, precision
 from ddppipe.runstate import attempts, failures, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
@@ -70,10 +70,10 @@ class Trainer:
         self._build_model(args, cuda)
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.checkpoints = run_checkpoints.Checkpoints(
-            spec, paths.state, ctx, self.strategy,
+            self.spec, paths.state, ctx, self.strategy,
             checkpoint.Trainable(self.model, self.optimizer, self.scheduler),
             config_hash=self.config_hash, steps_per_epoch=self.steps_per_epoch,
-            record=self._record_progress,
+            record=self._record_progress, precision=self.decided,
         )  # fmt: skip
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
@@ -105,15 +105,15 @@ class Trainer:
         return args
 
     def _check_device(self) -> bool:
-        """The recipe's numerics on this rank's device, checked; whether it is a GPU."""
-        ctx, precision = self.ctx, self.recipe.precision
-        self.dtype, self.memory_format = evaluate.numerics(precision, self.recipe.channels_last)
-        cuda = ctx.device.type == "cuda"
-        if cuda:
-            devices.check_gpu(ctx.device.index, precision)
+        """Collective: the precision the ranks' devices decide (:mod:`.precision`), the spec's
+        from now on; its numerics on this rank's device, checked; whether it is a GPU."""
+        ctx, self.decided = self.ctx, precision.for_world(self.recipe.precision, self.ctx.device)
+        self.spec = precision.applied(self.spec, self.decided)
+        self.recipe, chosen = self.spec.train, self.decided.trained
+        self.dtype, self.memory_format = evaluate.numerics(chosen, self.recipe.channels_last)
+        if cuda := ctx.device.type == "cuda":
+            devices.check_gpu(ctx.device.index, chosen)
             self.meter.watch_gpu(ctx.device)
-        elif self.dtype == torch.bfloat16 and ctx.rank == 0:
-            devices.warn_if_cpu_emulates_bf16()
         return cuda
 
     def _load_data(self, args: dict[str, Any]) -> None:

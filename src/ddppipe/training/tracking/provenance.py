@@ -16,9 +16,13 @@ if TYPE_CHECKING:
     from ddppipe.parallel.distributed import Context
 
 
-def meta(spec: run_spec.RunSpec, ctx: Context, hosts: list[str]) -> dict[str, Any]:
-    """What a checkpoint records of the training that wrote it (``hosts``: each rank's),
-    read back by :func:`record`."""
+def meta(
+    spec: run_spec.RunSpec, ctx: Context, hosts: list[str],
+    precision: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """What a checkpoint records of the training that wrote it (``hosts``: each rank's;
+    ``precision``: the ranks' decision, :mod:`ddppipe.parallel.precision`), read back by
+    :func:`record`."""
     import torch
 
     cuda = ctx.device.type == "cuda"
@@ -34,7 +38,8 @@ def meta(spec: run_spec.RunSpec, ctx: Context, hosts: list[str]) -> dict[str, An
         "ddppipe": __version__,
         "software": software.stack(),
         "seed": spec.train.seed,
-        "train": dataclasses.asdict(spec.train),
+        "precision": precision,
+        "train": dataclasses.asdict(spec.train),  # its precision as the ranks decided it
         "task": run_spec.plain(spec.task_source),
         "task_args": run_spec.plain(spec.task_args),
     }
@@ -69,6 +74,7 @@ def record(
             "device_name": meta["device_name"],
             "torch": meta["torch"],
             "ddppipe": meta["ddppipe"],
+            "precision": meta.get("precision"),  # configured, trained, where bf16 is emulated
         },
         "seed": meta["seed"],
         "epochs": final["epoch"],

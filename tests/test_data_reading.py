@@ -167,16 +167,24 @@ def test_an_image_changed_in_place_is_read_and_checked_again(tmp_path: Path) -> 
         imagefolder.prepare(data, args_of(root))
 
 
-def test_file_digests_read_only_what_changed(tmp_path: Path) -> None:
-    root, cache = tmp_path / "files", tmp_path / "cache"
-    for rel, text in {"a/1": "one", "a/2": "two", "a/3": "six", "b/1": "ten"}.items():
+def counted_files(root: Path, contents: dict[str, str]) -> tuple[list[str], Any]:
+    """Files ``contents`` written under ``root``; the list of files read, and a digest function
+    (the content stands for the digest) that appends each file it reads to it."""
+    for rel, text in contents.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     reads: list[str] = []
 
-    def digest(path: Path) -> str:  # the content stands for its digest
+    def digest(path: Path) -> str:
         reads.append(path.relative_to(root).as_posix())
         return path.read_text()
+
+    return reads, digest
+
+
+def test_file_digests_read_only_what_changed(tmp_path: Path) -> None:
+    root, cache = tmp_path / "files", tmp_path / "cache"
+    reads, digest = counted_files(root, {"a/1": "one", "a/2": "two", "a/3": "six", "b/1": "ten"})
 
     def digests(groups: dict[str, list[str]]) -> tuple[list[str], int]:
         reads.clear()
@@ -202,15 +210,7 @@ def test_file_digests_name_the_files_changed_since_their_record(tmp_path: Path) 
     record's is not read; one whose mtime moved is read and named if its content differs; a
     group without a record (no cache) is read whole."""
     root, cache = tmp_path / "files", tmp_path / "cache"
-    for rel, text in {"a/1": "one", "a/2": "two", "b/1": "ten"}.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    reads: list[str] = []
-
-    def digest(path: Path) -> str:  # the content stands for its digest
-        reads.append(path.relative_to(root).as_posix())
-        return path.read_text()
-
+    reads, digest = counted_files(root, {"a/1": "one", "a/2": "two", "b/1": "ten"})
     groups = [("a", ["a/1", "a/2"]), ("b", ["b/1"])]
     file_digests.digests(root, groups, cache, digest, workers=2)  # prepare's record
     reads.clear()

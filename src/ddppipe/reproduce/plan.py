@@ -87,7 +87,8 @@ def config(recorded: Recorded, run: str, gpu: bool) -> dict[str, Any]:
     at = pruned_at(recorded)
     trial = recorded.config.get("trial")
     if at is not None and trial and trial.get("prune"):
-        cfg["trial"] = {**trial, "prune": {**trial["prune"], "at_epoch": at}, "pack": None}
+        cfg["trial"] = {k: v for k, v in trial.items() if k != "pack"}  # not in allocations
+        cfg["trial"]["prune"] = {**trial["prune"], "at_epoch": at}
     else:
         cfg["trial"] = None
     return cfg

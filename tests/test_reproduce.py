@@ -29,6 +29,7 @@ from ddppipe.reproduce import causes, checks, command, compare, plan, source, ve
 from ddppipe.runstate import origin
 from ddppipe.settings import config
 from ddppipe.training.loop import determinism
+from ddppipe.training.tracking import provenance
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, tiny_config
 
@@ -129,14 +130,22 @@ def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path
 def test_another_learning_rate_in_the_record_differs_from_epoch_1(
     finished: Path, tmp_path: Path
 ) -> None:
-    """The record says the run trained at lr 0.02; its config.yaml and its numbers, at 0.006."""
+    """The record says the run trained at lr 0.02; its config.yaml and its numbers, at 0.006.
+    (Its config.yaml also stages the data to `$TMPDIR`, as a job's would: a node-local
+    setting the reproduction drops, saying so.)"""
     workdir = copied(finished, tmp_path / "other-lr")
     path = workdir / "results" / "mnist" / "export" / "provenance.json"
     record = json.loads(path.read_text())
     record["train_config"]["lr"] = 0.02
     path.write_text(json.dumps(record))
+    written = yaml.safe_load((workdir / "results" / "mnist" / "config.yaml").read_text())
+    written["launch"]["stage_data"] = "$TMPDIR"
+    config.write(written, workdir / "results" / "mnist" / "config.yaml")
     result = reproduce(workdir, "results/mnist/export/model.pt")
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "  launch.stage_data: '$TMPDIR' dropped (a node-local setting" in result.stdout
+    again = yaml.safe_load((workdir / "results/mnist-reproduced-1/config.yaml").read_text())
+    assert again["launch"]["stage_data"] is None
     epoch_1 = json.loads((path.parents[1] / "train" / "metrics.jsonl").read_text().split("\n")[0])
     found = re.fullmatch(r"differs from epoch 1, step 8: loss (\S+) vs (\S+); cause: (.*)",
                          last_line(result))  # fmt: skip
@@ -433,3 +442,21 @@ def test_a_script_run_is_refused_with_what_to_do_instead(tmp_path: Path) -> None
         "config.yaml under another run name and run it (snakemake, or ddppipe launch), then "
         "compare its export/outputs with the record's outputs_sha256"
     ) in result.stderr
+
+
+def test_the_export_refuses_data_prepared_again_since_the_training_started(
+    tiny: TinyData,
+) -> None:
+    """The record would name files that did not train: refused, with what to do."""
+    found = provenance.data_checksums(tiny.data_dir, digest=None)
+    assert found == tiny.sha256
+    digest = json.loads((tiny.data_dir / "manifest.json").read_text())["digest"]
+    assert provenance.data_checksums(tiny.data_dir, digest) == tiny.sha256
+    with pytest.raises(provenance.DataChanged) as e:
+        provenance.data_checksums(tiny.data_dir, "0123456789abcdef")
+    assert str(e.value) == (
+        f"{tiny.data_dir}: its manifest's digest is {digest}, the training started on data of "
+        "digest 0123456789abcdef: the data was prepared again since. The provenance would name "
+        "other data than trained: restore the data the run trained on, or train the run again "
+        "on this data"
+    )

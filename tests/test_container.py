@@ -246,6 +246,10 @@ def test_dag_trains_in_image_and_records_digest(image_run: ImageRun) -> None:
     host = software.stack()
     for key in ("torch", "cuda", "cudnn", "nccl"):
         assert labels[f"ddppipe.{key}.version"] == host[key], key
+    # Its packages, which `ddppipe reproduce` compares a container run's record with.
+    packages = identity.packages(labels)
+    assert packages is not None and len(packages) > 20, labels
+    assert packages["ddppipe"] == labels["ddppipe.installed.version"]
     record = json.loads((w / "results/tiny/export/provenance.json").read_text())
     assert record["container"]["sha256"] == info["sha256"]
     assert record["training"]["world_size"] == 2
@@ -452,6 +456,8 @@ def test_task_with_an_image_only_package_trains_in_the_image(task_image_run: Tas
     assert labels["ddppipe.requirement.humanize.version"] == "4.17.0"
     assert labels["ddppipe.requirements.installed"] == HUMANIZE  # humanize has no dependency
     assert labels["ddppipe.base.sha256"] == base["sha256"]
+    # its packages: the base's, with the layer's added (ddppipe reproduce compares with them)
+    assert identity.packages(labels) == {**identity.packages(base["labels"]), "humanize": "4.17.0"}
     for key in ("torch", "cuda", "cudnn", "nccl", "variant"):  # the base image's stack
         name = f"ddppipe.{key}" if key == "variant" else f"ddppipe.{key}.version"
         assert labels[name] == base["labels"][name], name

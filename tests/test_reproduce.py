@@ -22,11 +22,14 @@ import pytest
 import torch
 import yaml
 
+from ddppipe.apptainer import identity
 from ddppipe.data import batches
 from ddppipe.launching import resolve
-from ddppipe.reproduce import causes, checks, compare, source, verdict
+from ddppipe.reproduce import causes, checks, command, compare, plan, source, verdict
+from ddppipe.runstate import origin
 from ddppipe.settings import config
 from ddppipe.training.loop import determinism
+from ddppipe.training.tracking import provenance
 from tests.conftest import run_cli
 from tests.tiny import REPO, TinyData, tiny_config
 
@@ -51,7 +54,7 @@ def train_and_export(
     run_cli("launch", f"--config={root / 'config.yaml'}", f"--data={data}",
             f"--state={root / 'state'}", f"--checkpoint={files['final.pt']}",
             f"--metrics={files['metrics.jsonl']}", f"--attempts={files['attempts.json']}",
-            cwd=workdir)  # fmt: skip
+            f"--log={workdir / 'logs' / run / 'train.log'}", cwd=workdir)  # fmt: skip
     run_cli("export", f"--result={files['model.pt']}", f"--record={files['final.json']}",
             f"--config={root / 'config.yaml'}", f"--data={data}",
             f"--out={root / 'export/model.pt'}", f"--provenance={root / 'export/provenance.json'}",
@@ -127,14 +130,22 @@ def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path
 def test_another_learning_rate_in_the_record_differs_from_epoch_1(
     finished: Path, tmp_path: Path
 ) -> None:
-    """The record says the run trained at lr 0.02; its config.yaml and its numbers, at 0.006."""
+    """The record says the run trained at lr 0.02; its config.yaml and its numbers, at 0.006.
+    (Its config.yaml also stages the data to `$TMPDIR`, as a job's would: a node-local
+    setting the reproduction drops, saying so.)"""
     workdir = copied(finished, tmp_path / "other-lr")
     path = workdir / "results" / "mnist" / "export" / "provenance.json"
     record = json.loads(path.read_text())
     record["train_config"]["lr"] = 0.02
     path.write_text(json.dumps(record))
+    written = yaml.safe_load((workdir / "results" / "mnist" / "config.yaml").read_text())
+    written["launch"]["stage_data"] = "$TMPDIR"
+    config.write(written, workdir / "results" / "mnist" / "config.yaml")
     result = reproduce(workdir, "results/mnist/export/model.pt")
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "  launch.stage_data: '$TMPDIR' dropped (a node-local setting" in result.stdout
+    again = yaml.safe_load((workdir / "results/mnist-reproduced-1/config.yaml").read_text())
+    assert again["launch"]["stage_data"] is None
     epoch_1 = json.loads((path.parents[1] / "train" / "metrics.jsonl").read_text().split("\n")[0])
     found = re.fullmatch(r"differs from epoch 1, step 8: loss (\S+) vs (\S+); cause: (.*)",
                          last_line(result))  # fmt: skip
@@ -292,3 +303,160 @@ def test_deterministic_mode_seeds_the_loader_workers() -> None:
     assert torch.equal(drawn(True), drawn(True))
     assert not torch.equal(drawn(True), drawn(True, seed=1))
     assert not torch.equal(drawn(False)[:, 0], drawn(False)[:, 0])
+
+
+def test_the_provenance_names_the_commit_the_training_started_from(
+    finished: Path, tmp_path: Path
+) -> None:
+    """Epoch 1 trained in a slot started at commit A (its record: the finished run's slot,
+    with the origin that launcher takes in this tree), commit B made while it was held,
+    epoch 2 in a second slot: the second slot names the change, the provenance says A."""
+    workdir = copied(finished, tmp_path / "committed")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=workdir, check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    (workdir / ".gitignore").write_text("results/\nresources/\nlogs/\n")
+    (workdir / "notes.py").write_text("lr = 0.006\n")
+    git("add", ".")
+    git("commit", "-qm", "A")
+    a = git("rev-parse", "HEAD")
+    data = workdir / "resources" / "mnist"
+    taken = origin.taken(data, workdir)
+    assert taken == {
+        "git": {"commit": a, "dirty": False},
+        "data": json.loads((data / "manifest.json").read_text())["digest"],
+    }
+    source, root = finished / "results" / "mnist", workdir / "results" / "committed"
+    checkpoint = "ckpt-e0001-s000000"
+    shutil.copytree(source / "state" / "checkpoints" / checkpoint,
+                    root / "state" / "checkpoints" / checkpoint)  # fmt: skip
+    (first,) = json.loads((source / "train" / "attempts.json").read_text())
+    first.update(outcome="time limit", end_step=STEPS_PER_EPOCH, checkpoint=checkpoint,
+                 origin=taken)  # fmt: skip
+    (root / "state" / "attempts.json").write_text(json.dumps([first]))
+    cfg = yaml.safe_load((source / "config.yaml").read_text())
+    cfg["run"] = "committed"
+    config.write(cfg, root / "config.yaml")
+    (workdir / "notes.py").write_text("lr = 0.01\n")
+    git("commit", "-qam", "B")  # while the run waits for its next slot
+    b = git("rev-parse", "HEAD")
+
+    train_and_export(workdir, None, "committed")
+    change = f"the code changed since the first slot: commit {a[:12]} -> {b[:12]}"
+    history = json.loads((root / "train" / "attempts.json").read_text())
+    assert [(h["start_step"], h["origin"]["git"]["commit"]) for h in history] == [(0, a), (8, b)]
+    assert history[1]["detail"] == change
+    assert change in (root / "state" / "train.log").read_text()
+    record = json.loads((root / "export" / "provenance.json").read_text())
+    assert record["git"] == {"commit": a, "dirty": False}
+    assert record["data_sha256"] == json.loads((source / "export" / "provenance.json")
+                                               .read_text())["data_sha256"]  # fmt: skip
+
+
+def test_a_later_slot_names_changed_data_and_a_dirty_tree() -> None:
+    was = {"git": {"commit": "a" * 40, "dirty": False}, "data": "d1"}
+    now = {"git": {"commit": "a" * 40, "dirty": True}, "data": "d2"}
+    assert origin.changes(was, now, 3) == [
+        "the code changed since slot 3 (where the training started): the tree of commit "
+        "aaaaaaaaaaaa has uncommitted changes now",
+        "the data changed since slot 3 (where the training started): manifest digest d1 -> d2 "
+        "(its checkpoints are of other data: training starts again)",
+    ]
+    assert origin.changes(was, was, 1) == []
+    # the slot the final training started in: the last that started at step 0
+    history = [{"number": 1, "start_step": 0, "origin": was},
+               {"number": 2, "start_step": 8, "origin": was},
+               {"number": 3, "start_step": 0, "origin": now},
+               {"number": 4, "start_step": None, "origin": None}]  # fmt: skip
+    assert origin.started(history) == (3, now)
+    assert origin.started([{"number": 1, "start_step": None, "origin": None}]) is None
+
+
+def test_a_container_runs_packages_are_compared_with_its_images(tmp_path: Path) -> None:
+    """The record's packages are those rank 0 saw in the image; the host's venv is another
+    environment: the image's labels are what the reproduction trains with."""
+    image = tmp_path / "ddppipe.sif"
+    image.write_bytes(b"an image")
+    recorded = {"torch": "2.9.1", "numpy": "2.3.0", "not-on-this-host": "1.0"}
+    labels = {identity.PACKAGES: "torch==2.9.1 numpy==2.3.0 Not-On-This-Host==1.0"}
+    container = {"path": str(image), "sha256": identity.sha256(image), "labels": labels}
+    record = {"software": {"packages": recorded}, "container": container}
+    same = checks.image(container)
+    assert same.status == "ok"
+    found = command._packages(record, same)
+    assert (found.status, found.text) == ("ok", f"3 distributions as recorded (the image "
+                                                f"{image}'s)")  # fmt: skip
+    assert command._packages({**record, "container": None}, same).text.startswith(
+        "recorded -> installed: "
+    )  # the same record against this venv: a false difference the image check avoids
+    rebuilt = checks.Finding("image", "differs", "rebuilt since")
+    now = {identity.PACKAGES: "torch==2.9.1 numpy==2.3.0 not-on-this-host==1.0",
+           identity.ADDED: "numpy==2.3.1"}  # a task image's layer over its base  # fmt: skip
+    found = checks.image_packages(recorded, container, rebuilt, now)
+    assert (found.status, found.text) == (
+        "differs",
+        f"recorded -> the image {image}'s: numpy 2.3.0 -> 2.3.1",
+    )
+    older = {**container, "labels": {}}  # built before the packages were a label
+    assert checks.image_packages(recorded, older, same, None).status == "ok"
+    assert checks.image_packages(recorded, older, rebuilt, {}).status == "unknown"
+
+
+def test_node_local_settings_are_dropped_from_the_reproduction(
+    finished: Path, tmp_path: Path
+) -> None:
+    """`launch.stage_data: $TMPDIR` (set inside a job only) names where the run trained, not
+    what: the reproduction reads the data where it is, and says so."""
+    workdir = copied(finished, tmp_path / "staged")
+    path = workdir / "results" / "mnist" / "config.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    cfg["launch"]["stage_data"] = "$TMPDIR"
+    config.write(cfg, path)
+    run = source.find(workdir / "results" / "mnist")
+    again = plan.config(run, "mnist-reproduced-1", gpu=False)
+    assert again["launch"]["stage_data"] is None
+    assert plan.dropped(run) == [
+        "launch.stage_data: '$TMPDIR' dropped (a node-local setting of where the run trained; "
+        "it changes no number): the reproduction reads the data where it is"
+    ]
+    assert again["trial"] is None and plan.pruned_at(run) is None
+
+
+def test_a_script_run_is_refused_with_what_to_do_instead(tmp_path: Path) -> None:
+    export = tmp_path / "results" / "own" / "export"
+    export.mkdir(parents=True)
+    record = {"git": {"commit": "c" * 40, "dirty": False}, "script": {"path": "train.py"},
+              "outputs_sha256": {"model.pt": "0" * 64}}  # fmt: skip
+    (export / "provenance.json").write_text(json.dumps(record))
+    result = reproduce(tmp_path, "results/own")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        "results/own/export/provenance.json: the record of a script run (train.py); ddppipe "
+        "reproduce trains task runs only: a script trains with its own code, whose weights and "
+        "per-epoch numbers ddppipe does not know, so it cannot train it to a comparable end. To "
+        "run it again, check out commit cccccccccccc (the record's git), copy the run's "
+        "config.yaml under another run name and run it (snakemake, or ddppipe launch), then "
+        "compare its export/outputs with the record's outputs_sha256"
+    ) in result.stderr
+
+
+def test_the_export_refuses_data_prepared_again_since_the_training_started(
+    tiny: TinyData,
+) -> None:
+    """The record would name files that did not train: refused, with what to do."""
+    found = provenance.data_checksums(tiny.data_dir, digest=None)
+    assert found == tiny.sha256
+    digest = json.loads((tiny.data_dir / "manifest.json").read_text())["digest"]
+    assert provenance.data_checksums(tiny.data_dir, digest) == tiny.sha256
+    with pytest.raises(provenance.DataChanged) as e:
+        provenance.data_checksums(tiny.data_dir, "0123456789abcdef")
+    assert str(e.value) == (
+        f"{tiny.data_dir}: its manifest's digest is {digest}, the training started on data of "
+        "digest 0123456789abcdef: the data was prepared again since. The provenance would name "
+        "other data than trained: restore the data the run trained on, or train the run again "
+        "on this data"
+    )

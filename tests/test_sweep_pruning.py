@@ -179,3 +179,24 @@ def test_a_resumed_trial_continues_its_optuna_trial(tmp_path: Path) -> None:
     found = pruning.make_pruner(halving)
     assert type(found).__name__ == "SuccessiveHalvingPruner"
     assert (found._min_resource, found._reduction_factor) == (2, 2)
+
+
+def test_a_pruned_trial_reproduces_to_its_pruning_epoch(swept: Path) -> None:
+    """`ddppipe reproduce` of the pruned trial trains its 2-epoch schedule to epoch 1, where it
+    was pruned, stops there and compares: identical; the sweep's study is not asked or told."""
+    run = layout.SweepLayout(SWEEP).trial(BAD)
+    subprocess.run([sys.executable, "-m", "ddppipe", "export",
+                    f"--result={run.train.weights}", f"--record={run.train.record}",
+                    f"--config={run.config}", f"--data={swept / 'resources' / 'digits'}",
+                    f"--out={run.export.weights}", f"--provenance={run.export.provenance}",
+                    f"--attempts={run.train.attempts}"], cwd=swept, check=True)  # fmt: skip
+    journal = (swept / layout.SweepLayout(SWEEP).journal).read_bytes()
+    result = subprocess.run([sys.executable, "-m", "ddppipe", "reproduce", str(run.root)],
+                            cwd=swept, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "  pruned   the trial was pruned at epoch 1: reproduced and compared to it" in \
+        result.stdout  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "identical"
+    again = layout.RunLayout.of_root(swept / "results" / f"{BAD}-reproduced-1")
+    assert json.loads(again.train.evaluation.read_text())["pruned_at_epoch"] == 1
+    assert (swept / layout.SweepLayout(SWEEP).journal).read_bytes() == journal

@@ -31,6 +31,24 @@ def labels(image: str | Path) -> dict[str, str]:
     return json.loads(out)["data"]["attributes"]["labels"]
 
 
+PACKAGES = "ddppipe.packages"  # every distribution in the image's venv: `name==version ...`
+ADDED = "ddppipe.requirements.installed"  # a task image's layer: what it added or changed
+
+
+def packages(labels: dict[str, str]) -> dict[str, str] | None:
+    """The distributions an image's labels record, by lower-case name (as
+    :func:`ddppipe.parallel.software.packages` names them), a task image's layer over its
+    base's; None: an image built before ddppipe recorded them."""
+    if PACKAGES not in labels:
+        return None
+    found: dict[str, str] = {}
+    for label in (PACKAGES, ADDED):
+        for pin in (labels.get(label) or "").split():
+            name, _, version = pin.partition("==")
+            found[name.lower()] = version
+    return dict(sorted(found.items()))
+
+
 def image_info(image: str | Path, recipe: str | Path, path: str | Path | None = None) -> dict:
     """What the provenance records of an image: its path, SHA-256, recipe and labels."""
     return {

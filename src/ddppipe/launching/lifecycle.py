@@ -29,7 +29,7 @@ from typing import Any
 
 from ddppipe.core import atomic, env_names, slot
 from ddppipe.launching import launch, preflight, watchdog
-from ddppipe.runstate import attempts, failures, preemption, state_lock
+from ddppipe.runstate import attempts, failures, origin, preemption, state_lock
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import bad_nodes, continuation, memory_request, scontrol
@@ -83,7 +83,7 @@ def run(
     """
     plan = launch.plan(spec, [], program=program, data=data)
     with state_lock.hold(state, plan.job):
-        return _slot(spec, plan, state, record, publish)
+        return _slot(spec, plan, state, record, publish, data)
 
 
 def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
@@ -102,7 +102,7 @@ def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
 
 def _slot(
     spec: RunSpec, plan: launch.Plan, state: StateDir, record: Path | None,
-    publish: Callable[[], None] | None,
+    publish: Callable[[], None] | None, data: Path | None = None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
     mem_mb = None  # what a node of the job asked for (SLURM)
@@ -133,7 +133,9 @@ def _slot(
     if packed and end is None:  # warned before its allocation's end, by its own timer
         warn_in, end = preemption.allocation_warning()
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
-                             packed, _lost_as(state, plan.job, restarts), mem_mb)  # fmt: skip
+                             packed, _lost_as(state, plan.job, restarts), mem_mb,
+                             origin.taken(data))  # fmt: skip
+    _check_origin(state, history)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
     opened = slot_record(spec, state, history[-1], warn_in, end)
@@ -160,6 +162,21 @@ def _slot(
             atomic.write_json(record, [asdict(a) for a in history])
         return 0
     return _failed(spec, state, code)
+
+
+def _check_origin(state: StateDir, history: list[attempts.Attempt]) -> None:
+    """A slot whose code or data is not what the run's training started from: each change
+    named in the log and in its attempt record (the provenance keeps the start's)."""
+    began = origin.started([asdict(a) for a in history[:-1]])
+    now = history[-1].origin
+    if began is None or now is None:
+        return
+    found = origin.changes(began[1], now, began[0])
+    for change in found:
+        log.warning("%s", change)
+    if found:
+        history[-1].detail = "; ".join(found)
+        attempts.save(state, history)
 
 
 def _failed(spec: RunSpec, state: StateDir, code: int) -> int:

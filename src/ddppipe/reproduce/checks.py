@@ -89,17 +89,44 @@ def task(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> Fin
                    f"{want[:12]} recorded (the task file was edited)")  # fmt: skip
 
 
-def packages(recorded: dict[str, str] | None, current: dict[str, str]) -> Finding:
-    """The installed distributions against the recorded ones (versions, added, removed)."""
+def packages(
+    recorded: dict[str, str] | None, current: dict[str, str], where: str = "installed"
+) -> Finding:
+    """The distributions that will train (``current``: this environment's, or the image's:
+    ``where`` says which) against the recorded ones (versions, added, removed)."""
     if not recorded:
         return Finding("packages", "unknown", "the run recorded no package list")
     keys = sorted(set(recorded) | set(current))
     diff = [f"{k} {recorded.get(k, 'absent')} -> {current.get(k, 'absent')}"
             for k in keys if recorded.get(k) != current.get(k)]  # fmt: skip
     if not diff:
-        return Finding("packages", "ok", f"{len(recorded)} distributions as recorded")
+        return Finding("packages", "ok", f"{len(recorded)} distributions as recorded"
+                       f"{'' if where == 'installed' else f' ({where})'}")  # fmt: skip
     shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
-    return Finding("packages", "differs", f"recorded -> installed: {shown}")
+    return Finding("packages", "differs", f"recorded -> {where}: {shown}")
+
+
+def image_packages(
+    recorded: dict[str, str] | None, container: dict[str, Any], found: Finding,
+    labels: dict[str, str] | None,
+) -> Finding:  # fmt: skip
+    """A container run's packages: those of its image (the reproduction trains in it), never
+    this machine's environment. ``found``: the image check's finding; ``labels``: the image's
+    labels now (None: it could not be read), which record its packages when built by this
+    ddppipe (:func:`ddppipe.apptainer.identity.packages`)."""
+    path = container.get("path")
+    if found.status == "ok":  # the same bytes: the packages the run trained with
+        labels = container.get("labels") or labels
+    in_image = identity.packages(labels or {})
+    if in_image is not None:
+        return packages(recorded, in_image, f"the image {path}'s")
+    if found.status == "ok":
+        return Finding("packages", "ok", f"the image {path}'s, its SHA-256 as recorded: the "
+                       "distributions the run trained with")  # fmt: skip
+    return Finding("packages", "unknown", f"the image {path} records no package list in its "
+                   "labels (built before ddppipe recorded them) and is not the run's: "
+                   "compare `apptainer exec IMAGE pip list` with the provenance's "
+                   "software.packages")  # fmt: skip
 
 
 def image(recorded: dict[str, Any] | None) -> Finding:

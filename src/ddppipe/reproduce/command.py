@@ -7,10 +7,14 @@ exit 2 too.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
+from typing import Any
 
 from ddppipe import tasks
+from ddppipe.apptainer import identity
+from ddppipe.apptainer.tool import ContainerError
 from ddppipe.core import system
 from ddppipe.parallel import precision, software
 from ddppipe.reproduce import causes, checks, compare, plan, rerun, source, verdict
@@ -42,13 +46,14 @@ def run_checks(run: source.Recorded, data: Path) -> list[checks.Finding]:
     record, cwd = run.provenance, plan.workdir(run)
     task_ref = (run.config or {}).get("task") or (record.get("task") or {}).get("ref")
     current = tasks.locate(task_ref, cwd).as_dict() if task_ref else None
+    image = checks.image(record.get("container"))
     return [
         checks.git(record.get("git") or {}, cwd),
         checks.data(record.get("data_sha256") or {}, data),
         checks.task(record.get("task"), current),
         checks.config(record["train_config"], run.config),
-        checks.packages((record.get("software") or {}).get("packages"), software.packages()),
-        checks.image(record.get("container")),
+        _packages(record, image),
+        image,
         checks.device(
             record["training"],
             (record.get("software") or {}).get("cpu"),
@@ -56,6 +61,19 @@ def run_checks(run: source.Recorded, data: Path) -> list[checks.Finding]:
             _precision_here(),
         ),
     ]
+
+
+def _packages(record: dict[str, Any], image: checks.Finding) -> checks.Finding:
+    """The packages check: against this environment's, or a container run's image's."""
+    recorded = (record.get("software") or {}).get("packages")
+    container = record.get("container")
+    if not container:
+        return checks.packages(recorded, software.packages())
+    labels = None
+    if image.status != "ok" and Path(container["path"]).is_file():
+        with contextlib.suppress(ContainerError):  # no apptainer here: unknown
+            labels = identity.labels(container["path"])
+    return checks.image_packages(recorded, container, image, labels)
 
 
 def reproduce(path: Path, data: Path | None = None) -> int:
@@ -73,6 +91,11 @@ def reproduce(path: Path, data: Path | None = None) -> int:
     root = plan.new_root(run)
     print(f"training the reproduction in {root}", flush=True)
     cfg = plan.config(run, layout.RunLayout.of_root(root).run, _here()[0] == "cuda")
+    for note in plan.dropped(run):
+        print(f"  {note}")
+    at = plan.pruned_at(run)
+    if at is not None and cfg.get("trial"):
+        print(f"  pruned   the trial was pruned at epoch {at}: reproduced and compared to it")
     rerun.train(cfg, data_dir, root, plan.workdir(run))
     again = source.find(root)
     found = compare.compare(run, again)

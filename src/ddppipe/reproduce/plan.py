@@ -12,6 +12,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.data import manifest
 from ddppipe.reproduce.source import Recorded
 from ddppipe.settings import layout, presets
+from ddppipe.training.loop import pruning
 
 SUFFIX = "-reproduced-"  # results/<run>-reproduced-<k>/
 
@@ -34,12 +35,34 @@ def new_root(recorded: Recorded) -> Path:
     return results / f"{recorded.root.name}{SUFFIX}{k}"
 
 
+# Settings of where a run trained that a reproduction elsewhere cannot honour and that change
+# no number: a node-local folder (`$TMPDIR` exists inside a job only), dropped with a note.
+NODE_LOCAL = {"launch": ("stage_data",)}
+
+
+def dropped(recorded: Recorded) -> list[str]:
+    """The node-local settings the reproduction drops, each in words."""
+    cfg = recorded.config or {}
+    return [f"{section}.{key}: {cfg[section][key]!r} dropped (a node-local setting of where "
+            "the run trained; it changes no number): the reproduction reads the data where "
+            "it is"
+            for section, keys in NODE_LOCAL.items() for key in keys
+            if (cfg.get(section) or {}).get(key) is not None]  # fmt: skip
+
+
+def pruned_at(recorded: Recorded) -> int | None:
+    """The epoch a sweep's trial was pruned at, as its final evaluation records it."""
+    found = (recorded.evaluation or {}).get(pruning.PRUNED_AT)
+    return int(found) if found is not None else None
+
+
 def config(recorded: Recorded, run: str, gpu: bool) -> dict[str, Any]:
     """The resolved config of the reproduction ``run``: the run's own, with the record's train
     config (but ``precision: auto`` where the run's config says so: decided by the devices
     that train the reproduction, the run's identity kept) and task_args, one node of its first
     world size, on a GPU only when it trained on one and ``gpu`` (this machine has one), no
-    tracking server, no sweep."""
+    tracking server, no node-local setting (:func:`dropped`), no sweep: a pruned trial stops
+    at the epoch it was pruned at (its schedule kept: its trial section, the study not asked)."""
     if recorded.config is None:
         raise UserError(f"{recorded.root}/config.yaml missing: the run's resolved config is "
                         "needed to train it again")  # fmt: skip
@@ -57,7 +80,17 @@ def config(recorded: Recorded, run: str, gpu: bool) -> dict[str, Any]:
                          device="gpu" if on_gpu else "cpu")  # fmt: skip
     cfg["resolved"] = {**cfg.get("resolved", {}), "device": "gpu" if on_gpu else "cpu"}
     cfg["tracking"] = {**cfg.get("tracking", {}), "mlflow": None}
-    cfg["trial"] = None
+    for section, keys in NODE_LOCAL.items():
+        for key in keys:
+            if key in cfg.get(section, {}):
+                cfg[section][key] = None
+    at = pruned_at(recorded)
+    trial = recorded.config.get("trial")
+    if at is not None and trial and trial.get("prune"):
+        cfg["trial"] = {k: v for k, v in trial.items() if k != "pack"}  # not in allocations
+        cfg["trial"]["prune"] = {**trial["prune"], "at_epoch": at}
+    else:
+        cfg["trial"] = None
     return cfg
 
 

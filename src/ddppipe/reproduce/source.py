@@ -68,6 +68,21 @@ def _provenance_of(path: Path) -> Path:
     return path.with_name("provenance.json")
 
 
+def script_run(provenance: Path, found: dict[str, Any]) -> str:
+    """Why a script run is not reproduced, and what to do instead."""
+    script = (found.get("script") or {}).get("path") or "its script"
+    commit = ((found.get("git") or {}).get("commit") or "")[:12]
+    checkout = f"check out commit {commit} (the record's git), " if commit else ""
+    return (
+        f"{provenance}: the record of a script run ({script}); ddppipe reproduce trains task "
+        "runs only: a script trains with its own code, whose weights and per-epoch numbers "
+        "ddppipe does not know, so it cannot train it to a comparable end. To run it again, "
+        f"{checkout}copy the run's config.yaml under another run name and run it "
+        "(snakemake, or ddppipe launch), then compare its export/outputs with the record's "
+        "outputs_sha256"
+    )
+
+
 def find(path: Path) -> Recorded:
     """The record of the run at ``path``; raise :class:`NoRecord`."""
     provenance = _provenance_of(Path(path))
@@ -78,7 +93,7 @@ def find(path: Path) -> Recorded:
         )
     found = json.loads(provenance.read_text())
     if "train_config" not in found:
-        raise NoRecord(f"{provenance}: a script run's record; only a task run is reproduced")
+        raise NoRecord(script_run(provenance, found))
     run = layout.RunLayout.of_root(provenance.parent.parent)
     config_file, evaluation = run.config, run.train.evaluation
     return Recorded(

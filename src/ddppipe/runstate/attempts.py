@@ -56,6 +56,9 @@ class Attempt:
     # only emulate bf16 (ddppipe.parallel.precision)
     precision: dict[str, Any] | None = None
     mem_mb: int | None = None  # SLURM: the memory a node of its job asked for (--mem)
+    # what it started from: git commit and dirty state, the data's manifest digest
+    # (ddppipe.runstate.origin; the provenance takes the one of the slot training started in)
+    origin: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:
@@ -89,10 +92,12 @@ def begin(
     packed: str | None = None,
     lost: str = LOST,
     mem_mb: int | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as ``lost``
     (what SLURM says of it, where it can: ddppipe.launching.lifecycle). ``mem_mb``: what a
-    node of the slot's job asked for (SLURM), which its measured peak is judged against.
+    node of the slot's job asked for (SLURM), which its measured peak is judged against;
+    ``origin``: what it starts from (:mod:`ddppipe.runstate.origin`).
 
     ``packed``: a packed trial's ``"<allocation> <node>/<k>"``
     (:data:`ddppipe.core.env_names.PACKED_SLOT`)."""
@@ -105,7 +110,7 @@ def begin(
     allocation, _, slot = (packed or "").partition(" ")
     history.append(Attempt(number, job or allocation or "local", restarts, nodes, time.time(),
                            queue_s=queue_s, submitted=submitted, peak=peak,
-                           slot=slot or None, mem_mb=mem_mb))  # fmt: skip
+                           slot=slot or None, mem_mb=mem_mb, origin=origin))  # fmt: skip
     save(state, history)
     return history
 
@@ -128,12 +133,14 @@ def finish(
     failure: dict[str, Any] | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Close the open record with how the slot ended (``failure``: the first failing rank's
-    record) and rank 0's progress."""
+    record) and rank 0's progress; ``detail`` follows what the record says already (a changed
+    origin)."""
     history = load(state)
     attempt = history[-1]
     progress = read_progress(state)
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
-    attempt.detail, attempt.failure = detail, failure
+    attempt.detail = "; ".join(filter(None, [attempt.detail, detail]))
+    attempt.failure = failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
             "stop_seconds", "efficiency", "world_size", "strategy", "precision")  # fmt: skip
     for key in keys:

@@ -161,6 +161,9 @@ class Pruning:
     metric: str
     direction: str  # maximize | minimize
     warmup_epochs: int
+    # a reproduction of a pruned trial (ddppipe.reproduce.plan): stop at the end of this epoch,
+    # where the trial's record says it was pruned, the sweep's study not asked
+    at_epoch: int | None = None
 
 
 @dataclass(frozen=True)

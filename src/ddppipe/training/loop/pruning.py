@@ -179,7 +179,34 @@ class TrialPruner:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
-def agreed(pruner: TrialPruner | None, record: Mapping[str, Any], decide: bool) -> bool:
+class RecordedPruning:
+    """(Rank 0) A reproduction of a pruned trial: it stops where the trial's record says it
+    was pruned (``trial.prune.at_epoch``), the sweep's study neither asked nor told."""
+
+    def __init__(self, at_epoch: int) -> None:
+        self.at_epoch = at_epoch
+
+    def report(self, record: Mapping[str, Any], decide: bool = True) -> bool:
+        pruned = decide and int(record["epoch"]) == self.at_epoch
+        if pruned:
+            log.info("pruned at epoch %d, as the reproduced trial was", self.at_epoch)
+        return pruned
+
+    def finish(self, record: Mapping[str, Any], pruned: bool) -> None:
+        """Nothing to tell: the reproduction is no trial of the sweep's study."""
+
+
+def of_trial(trial: run_spec.TrialSection) -> TrialPruner | RecordedPruning:
+    """The pruner of a trial that prunes: the sweep's study, or the epoch its reproduction
+    stops at."""
+    if trial.prune is not None and trial.prune.at_epoch is not None:
+        return RecordedPruning(trial.prune.at_epoch)
+    return TrialPruner(trial)
+
+
+def agreed(
+    pruner: TrialPruner | RecordedPruning | None, record: Mapping[str, Any], decide: bool
+) -> bool:
     """Collective: rank 0 (the one with a ``pruner``) reports the epoch's metrics ``record``
     to the sweep's study and, with ``decide``, asks whether to stop here; every rank gets its
     answer (or raises PruningError with rank 0's message)."""

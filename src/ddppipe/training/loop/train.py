@@ -27,7 +27,7 @@ from ddppipe import tasks
 from ddppipe.core import heap, system
 from ddppipe.data import batches, sharding, staging
 from ddppipe.parallel import devices, distributed, precision
-from ddppipe.runstate import attempts, failures, preemption
+from ddppipe.runstate import attempts, failures, origin, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
 from ddppipe.training.checkpoints import checkpoint
@@ -87,7 +87,7 @@ class Trainer:
         # A sweep's trial with pruning on: rank 0 reports to the sweep's study at epoch ends.
         trial = spec.trial if spec.trial is not None and spec.trial.prune is not None else None
         self.prunes = trial is not None
-        self.pruner = pruning.TrialPruner(trial) if trial is not None and ctx.is_main else None
+        self.pruner = pruning.of_trial(trial) if trial is not None and ctx.is_main else None
         self.pruned_at: int | None = None  # the epoch whose end pruned the run
 
     # -- start-up ------------------------------------------------------------------------
@@ -413,7 +413,9 @@ class Trainer:
 
         checkpoint.rank0_writes(write)
         if self.tracker is not None and self.tracker.summarises:  # (rank 0) W&B's
-            provenance = {"git": system.git_commit(), **checkpoint.record(snapshot)}
+            began = origin.started([vars(a) for a in attempts.load(self.paths.state)])
+            git = began[1]["git"] if began else system.git_commit()  # as the provenance's
+            provenance = {"git": git, **checkpoint.record(snapshot)}
             self.tracker.summary({"outcome": evaluation, "provenance": provenance})
             self.tracker.model(self.paths.weights)
 

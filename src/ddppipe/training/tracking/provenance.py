@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from ddppipe import __version__
 from ddppipe.core import system
+from ddppipe.core.errors import UserError
 from ddppipe.data import manifest
 from ddppipe.parallel import software
+from ddppipe.runstate import origin
 from ddppipe.settings import run_spec
 
 if TYPE_CHECKING:
@@ -45,9 +47,32 @@ def meta(
     }
 
 
-def data_checksums(data_dir: Path) -> dict[str, str]:
-    """SHA-256 of every file the task prepared (from its checked manifest)."""
-    return {rel: f["sha256"] for rel, f in manifest.check(data_dir)["files"].items()}
+class DataChanged(RuntimeError, UserError):
+    """The data folder is not what the run's training started from."""
+
+
+def data_checksums(data_dir: Path, digest: str | None = None) -> dict[str, str]:
+    """SHA-256 of every file the task prepared (from its checked manifest); with ``digest``
+    (the manifest's when the training started), raise :class:`DataChanged` if it is another's."""
+    found = manifest.check(data_dir)
+    if digest is not None and found.get("digest") != digest:
+        raise DataChanged(
+            f"{data_dir}: its manifest's digest is {found.get('digest')}, the training started "
+            f"on data of digest {digest}: the data was prepared again since. The provenance "
+            "would name other data than trained: restore the data the run trained on, or "
+            "train the run again on this data"
+        )
+    return {rel: f["sha256"] for rel, f in found["files"].items()}
+
+
+def started(attempts: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What the training started from (:func:`ddppipe.runstate.origin.started`): the git
+    commit and data digest of the slot it started in; a run whose attempts recorded none (one
+    trained before ddppipe recorded them): the commit now, no digest."""
+    began = origin.started(attempts or [])
+    if began is None:
+        return {"git": system.git_commit(), "data": None}
+    return began[1]
 
 
 def record(
@@ -58,9 +83,9 @@ def record(
 ) -> dict[str, Any]:
     """The provenance of a final training snapshot (``final``: its epochs, config hash and
     meta, :func:`ddppipe.training.checkpoints.checkpoint.record`)."""
-    meta = final["meta"]
+    meta, began = final["meta"], started(attempts)
     return {
-        "git": system.git_commit(),
+        "git": began["git"],  # when the training started (its first slot), not now
         # the stack that trained (recorded by rank 0), not the one that exports
         "software": meta.get("software") or software.stack(),
         "training": {
@@ -82,7 +107,7 @@ def record(
         "train_config": meta["train"],
         "task": meta.get("task"),  # file, SHA-256, version of the task that trained
         "task_args": meta.get("task_args"),
-        "data_sha256": data_checksums(data_dir),
+        "data_sha256": data_checksums(data_dir, began["data"]),
         "container": image,
         "attempts": attempts,
     }
@@ -103,7 +128,7 @@ def script_record(
     files = sorted(p for p in Path(outputs).rglob("*")
                    if p.is_file() and p.name != SNAKEMAKE_MARK)  # fmt: skip
     return {
-        "git": system.git_commit(),
+        "git": started(attempts)["git"],
         "software": software.stack(),  # the launcher's stack; the script's own may differ
         "script": {**run_spec.plain(spec.task_source), "args": list(spec.script_args)},
         "world_size": spec.world_size,

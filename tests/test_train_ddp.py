@@ -100,6 +100,9 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert figures["flops_per_image"] == 71_565_312  # the seeds' CNN: 71.6 MFLOP an image
     assert figures["images"] == 2 * 256  # 2 epochs of the 256 tiny training images
     assert figures["train_s"] > 0 and figures["evaluate_s"] > 0 and figures["checkpoint_s"] > 0
+    # One at each epoch's end, none by time (train.checkpoint_minutes off)
+    assert (figures["checkpoints"], figures["timed_checkpoints"]) == (2, 0)
+    assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]
     assert 0 < figures["warmup_s"] < figures["train_s"]  # the first 10 of the 16 steps
     assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
     assert figures["images_per_s"] == pytest.approx(2 * figures["images_per_s_per_process"])
@@ -247,7 +250,7 @@ def paced(module: torch.nn.Module, inputs: tuple) -> None:
 '''
 
 
-@pytest.mark.slow  # 30 s on 2 cores
+@pytest.mark.slow  # 35-50 s on 2 cores
 def test_a_crash_resumes_from_the_newest_checkpoint_by_time_mid_epoch_identically(
     tiny640: TinyData, reference640: Path, tmp_path: Path
 ) -> None:

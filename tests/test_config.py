@@ -64,6 +64,25 @@ def test_hash_ignores_process_count_but_not_the_recipe() -> None:
     assert config.train_hash(base, "fedcba9876543210") != config.train_hash(base, data)
 
 
+def test_checkpoint_minutes_is_off_by_default_checked_and_not_hashed() -> None:
+    """Checkpoints by time change no number: a run resumes whatever its interval."""
+    base = config.resolve(default_config(), gpus=False)
+    assert base["train"]["checkpoint_minutes"] is None
+    timed = default_config()
+    timed["train"]["checkpoint_minutes"] = 7.5
+    resolved = config.resolve(timed, gpus=False)
+    assert resolved["train"]["checkpoint_minutes"] == 7.5
+    data = "0123456789abcdef"
+    assert config.train_hash(resolved, data) == config.train_hash(base, data)
+    for bad, says in ((0, "0 is less than or equal to the minimum of 0"),
+                      ("30m", "'30m' is not of type 'number', 'null'")):  # fmt: skip
+        wrong = default_config()
+        wrong["train"]["checkpoint_minutes"] = bad
+        with pytest.raises(config.ConfigError) as e:
+            config.validate(wrong)
+        assert f"train.checkpoint_minutes: {says}" in str(e.value)
+
+
 def test_old_data_section_says_where_it_moved() -> None:
     cfg = default_config()  # (data: is data.pack's section now: told by the keys it held)
     cfg["data"] = {"mirrors": ["https://example.org/mnist/"], "timeout_s": 10}

@@ -191,7 +191,8 @@ def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
     step moves the loss by 1e-2).
 
     The stopped slot trains with launch.strategy hsdp (one node: fsdp's mesh) and activation
-    checkpointing, the resumed one with fsdp and without: neither changes a number."""
+    checkpointing, the resumed one with fsdp and without, and a checkpoint by time at each of
+    its agreements (train.checkpoint_minutes shorter than a step): none changes a number."""
     task = tmp_path / "stopping.py"
     task.write_text(STOPPING_TASK)
     stopped = lm_config("hsdp", 2)
@@ -207,6 +208,7 @@ def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
 
     resumed = lm_config("fsdp", 1)
     resumed.update(task=str(task))
+    resumed["train"]["checkpoint_minutes"] = 1e-6
     stderr = launch(resumed, lm_data, tmp_path)
     assert f"resuming from {tmp_path / 'state' / 'checkpoints' / mid_epoch}" in stderr, stderr
     second = json.loads((tmp_path / "state" / "attempts.json").read_text())[1]
@@ -214,6 +216,9 @@ def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
     assert (second["world_size"], second["strategy"]) == (1, "fsdp")
     # the rest of epoch 1 (1,124 samples less 10 steps of 48) and epoch 2
     assert second["efficiency"]["images"] == (TRAIN_SAMPLES - 10 * 48) + TRAIN_SAMPLES
+    # by time at epoch 1's step 20 and epoch 2's steps 10 and 20; 2 more at the epochs' ends
+    figures = second["efficiency"]
+    assert (figures["timed_checkpoints"], figures["checkpoints"]) == (3, 5)
     reference, history_ = history(straight["fsdp"]), history(tmp_path)
     assert [m["world_size"] for m in history_] == [1, 1]
     assert history_[0]["test_loss"] == pytest.approx(reference[0]["test_loss"], rel=1e-5)

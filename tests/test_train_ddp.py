@@ -15,6 +15,7 @@ from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
+from ddppipe.training.loop import probes
 from tests.conftest import run_cli
 from tests.processes import start_guarded_launch, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
@@ -57,6 +58,20 @@ def straight(tiny: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def tiny640(tmp_path_factory: pytest.TempPathFactory) -> TinyData:
+    """640 training images: 40 steps an epoch at a global batch of 16."""
+    return make_tiny(tmp_path_factory.mktemp("tiny640"), n_train=640)
+
+
+@pytest.fixture(scope="module")
+def reference640(tiny640: TinyData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three epochs of 40 steps without interruption, 2 processes."""
+    run_dir = tmp_path_factory.mktemp("reference640")
+    launch(tiny_config(tiny640, epochs=3, batch_size=16), tiny640, run_dir)
+    return run_dir
+
+
 def test_two_process_torchrun_writes_metrics_and_checkpoints(straight: Path) -> None:
     lines = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in lines] == [1, 2]
@@ -85,6 +100,9 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert figures["flops_per_image"] == 71_565_312  # the seeds' CNN: 71.6 MFLOP an image
     assert figures["images"] == 2 * 256  # 2 epochs of the 256 tiny training images
     assert figures["train_s"] > 0 and figures["evaluate_s"] > 0 and figures["checkpoint_s"] > 0
+    # One at each epoch's end, none by time (train.checkpoint_minutes off)
+    assert (figures["checkpoints"], figures["timed_checkpoints"]) == (2, 0)
+    assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]
     assert 0 < figures["warmup_s"] < figures["train_s"]  # the first 10 of the 16 steps
     assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
     assert figures["images_per_s"] == pytest.approx(2 * figures["images_per_s_per_process"])
@@ -140,14 +158,12 @@ def test_plain_process_is_a_world_of_one(tiny: TinyData, tmp_path: Path) -> None
 
 @pytest.mark.slow  # 20 s on 2 cores
 def test_sigterm_to_the_launcher_checkpoints_exits_75_and_resumes_identically(
-    tmp_path: Path,
+    tiny640: TinyData, reference640: Path, tmp_path: Path
 ) -> None:
     """`kill` of a local `ddppipe launch`: the ranks checkpoint, it exits 75; a relaunch
     resumes there and ends with the weights of an uninterrupted run."""
-    tiny = make_tiny(tmp_path / "tiny", n_train=640)
+    tiny, reference = tiny640, reference640
     cfg = tiny_config(tiny, epochs=3, batch_size=16)  # 40 steps an epoch
-    reference = tmp_path / "reference"
-    launch(cfg, tiny, reference)
 
     run_dir = tmp_path / "stopped"
     args = cli_args(cfg, tiny, run_dir)
@@ -200,3 +216,78 @@ def test_a_packed_trial_started_at_its_allocations_warning_stops_by_its_own_cloc
     assert slot.checkpoint is not None and slot.end_step is not None
     assert slot.end_step < 50 * 10  # stopped within its first epoch, not at the end
     assert not (run_dir / "final.pt").exists()
+
+
+# MNIST's task and model, each training forward slowed down by PACE_S seconds; rank 1's
+# CRASH_AT-th training forward raises.
+PACED_TASK = '''\
+"""MNIST, paced; a crash on rank 1 when asked."""
+
+import os
+import time
+
+import torch
+
+from ddppipe.tasks import mnist
+from ddppipe.tasks.mnist import ARGS_SCHEMA, datasets, prepare  # noqa: F401
+
+forwards = 0
+
+
+def model(args: dict) -> torch.nn.Module:
+    net = mnist.model(args)  # the same weights: a hook, no wrapper
+    net.register_forward_pre_hook(paced)
+    return net
+
+
+def paced(module: torch.nn.Module, inputs: tuple) -> None:
+    global forwards
+    if module.training and torch.is_grad_enabled():
+        forwards += 1
+        time.sleep(float(os.environ["PACE_S"]))
+        if os.environ["RANK"] == "1" and forwards == int(os.environ.get("CRASH_AT", "0")):
+            raise RuntimeError(f"crash at training forward {forwards}")
+'''
+
+
+@pytest.mark.slow  # 35-50 s on 2 cores
+def test_a_crash_resumes_from_the_newest_checkpoint_by_time_mid_epoch_identically(
+    tiny640: TinyData, reference640: Path, tmp_path: Path
+) -> None:
+    """train.checkpoint_minutes shorter than the ranks' 10 steps between agreements (0.24 s,
+    steps paced to 0.05 s): a checkpoint at every agreement. Rank 1 crashes in epoch 2; the
+    relaunch resumes at its newest checkpoint, mid-epoch, and ends with the weights of an
+    uninterrupted run without checkpoints by time."""
+    from ddppipe.runstate import attempts
+
+    task = tmp_path / "tasks" / "paced.py"
+    task.parent.mkdir()
+    task.write_text(PACED_TASK)
+    cfg = tiny_config(tiny640, epochs=3, batch_size=16, checkpoint_minutes=0.004)
+    cfg["task"] = str(task)
+    cfg["task_args"]["batchnorm"] = True  # the fast preset's model of ddppipe.tasks.mnist
+    args = cli_args(cfg, tiny640, tmp_path / "run")
+    # Step 70's forward on rank 1 (the 10th step is followed by the all-reduce probe's
+    # forwards), 9 steps after the checkpoint at step 60 started.
+    crash = {"PACE_S": "0.05", "CRASH_AT": str(70 + 2 * probes.COMM_PROBES)}
+    crashed = run_cli("launch", *args, check=False, env=crash)
+    assert crashed.returncode != 0, crashed.stderr[-3000:]
+    (first,) = attempts.read(tmp_path / "run/state/attempts.json")
+    assert first.failure is not None and first.failure["step"] == 70, first.failure
+    stored = sharded_checkpoint.Store(tmp_path / "run/state/checkpoints").paths()
+    # Every 10 steps: e0000-s000010 ... e0001-s000020; the newest train.keep_checkpoints kept.
+    assert [p.name for p in stored] == ["ckpt-e0001-s000010", "ckpt-e0001-s000020"]
+
+    done = run_cli("launch", *args, env={"PACE_S": "0.05"})
+    assert "resuming from" in done.stderr and "ckpt-e0001-s000020" in done.stderr
+    history = attempts.read(tmp_path / "run/state/attempts.json")
+    assert (history[1].resumed_from, history[1].start_step) == ("ckpt-e0001-s000020", 60)
+    # 9 steps redone (60 to 69), where the epoch's start (step 40) would have redone 29.
+    figures = history[1].efficiency
+    assert figures is not None
+    # By time: epoch 2's step 30, epoch 3's steps 10, 20, 30; at epochs' ends: 2 more.
+    assert (figures["timed_checkpoints"], figures["checkpoints"]) == (4, 6)
+    assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]
+    stored = sharded_checkpoint.Store(tmp_path / "run/state/checkpoints").paths()
+    assert [p.name for p in stored] == ["ckpt-e0002-s000030", "ckpt-e0003-s000000"]
+    assert_identical(weights(tmp_path / "run/final.pt"), weights(reference640 / "final.pt"))

@@ -43,6 +43,7 @@ class Train:
     keep_checkpoints: int
     activation_checkpointing: bool = False  # recompute the blocks' activations (parallel.fsdp)
     deterministic: bool = False  # deterministic kernels (ddppipe.training.loop.determinism)
+    checkpoint_minutes: float | None = None  # also mid-epoch, by time (training.loop.save_clock)
 
 
 @dataclass(frozen=True)

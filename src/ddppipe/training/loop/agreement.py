@@ -1,11 +1,16 @@
-"""What the ranks agree on every few steps: whether to stop (a signal reached any of them), and
-the first step whose loss was NaN or infinite on any of them (the run then fails).
+"""What the ranks agree on every few steps: whether to stop (a signal reached any of them),
+whether to checkpoint now (rank 0's clock says a checkpoint is due by time:
+:mod:`ddppipe.training.loop.save_clock`), and the first step whose loss was NaN or infinite on
+any of them (the run then fails).
 
 Each rank notes its first non-finite step in a device-side flag (no host sync a step); one tiny
-all-reduce at each check carries both, so every rank stops, or fails, at the same step.
+all-reduce at each check carries all three, so every rank stops, saves, or fails, at the same
+step.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -13,6 +18,14 @@ import torch.distributed as dist
 from ddppipe.runstate import failures, preemption
 
 ALL_FINITE = 2**62  # the first non-finite step's index when there was none
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What the ranks agreed at a check."""
+
+    stop: bool  # a stop signal reached a rank: checkpoint and stop
+    save: bool  # rank 0's clock: a checkpoint is due by time
 
 
 class Agreement:
@@ -31,17 +44,23 @@ class Agreement:
         torch.minimum(self._first_nonfinite, at, out=self._first_nonfinite)
 
     def stop_requested(self, guard: preemption.Guard) -> bool:
-        """Collective: whether any rank got the stop signal; raise NonFiniteLoss when any
-        rank's loss was non-finite since the last check (the earliest such step)."""
-        flag = torch.tensor([1 if guard.requested() else 0, 0, guard.received or 0],
+        """Collective: whether any rank got the stop signal (:meth:`check`)."""
+        return self.check(guard).stop
+
+    def check(self, guard: preemption.Guard, save_due: bool = False) -> Agreed:
+        """Collective: whether any rank got the stop signal, and whether to checkpoint
+        (``save_due``: rank 0's; the others' is ignored); raise NonFiniteLoss when any rank's
+        loss was non-finite since the last check (the earliest such step)."""
+        due = int(save_due and dist.get_rank() == 0)
+        flag = torch.tensor([int(guard.requested()), 0, guard.received or 0, due],
                             device=self._first_nonfinite.device)  # fmt: skip
         flag[1] = -self._first_nonfinite  # MAX of the negated index: the earliest step
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop, first, signum = flag.tolist()
+        stop, first, signum, save = flag.tolist()
         self._raise_if_nonfinite(-first)
         # The signal that stopped the run, on every rank: it may have reached only one of them.
         self.signal = signum
-        return bool(stop)
+        return Agreed(stop=bool(stop), save=bool(save))
 
     def nonfinite_epoch(self) -> None:
         """Collective, when every rank saw a non-finite epoch loss: raise NonFiniteLoss at the

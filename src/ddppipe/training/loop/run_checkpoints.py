@@ -22,7 +22,7 @@ from ddppipe.parallel.precision import Decision
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
-from ddppipe.training.loop import rng
+from ddppipe.training.loop import rng, save_clock
 from ddppipe.training.loop.strategy import Strategy
 from ddppipe.training.tracking import provenance
 
@@ -63,6 +63,12 @@ class Checkpoints:
         self.meta = provenance.meta(spec, ctx, hosts, self.precision)  # what checkpoints record
         self._saving_step = 0  # the global step of the checkpoint in flight
         self._longest_s = 0.0  # the longest save of this slot, start to commit
+        self.clock = save_clock.SaveClock(spec.train.checkpoint_minutes)  # (rank 0's counts)
+
+    def due(self) -> bool:
+        """Whether a checkpoint is due by time (``train.checkpoint_minutes``) on this rank's
+        clock (only rank 0's counts: :meth:`ddppipe.training.loop.agreement.Agreement.check`)."""
+        return self.clock.due()
 
     def snapshot(self, at: Position) -> dict[str, Any]:
         """The whole training state, full weights; only rank 0's is complete."""
@@ -87,6 +93,7 @@ class Checkpoints:
                  "scheduler": self.parts.scheduler.state_dict(), "rng": self._rng_streams(),
                  "history": at.history, "meta": self.meta}  # fmt: skip
         name = self.store.save(state, self.strategy.tensors(self.parts))
+        self.clock.restart()  # the next by time counts from this one's start
         self._saving_step = at.epoch * self.steps_per_epoch + at.step
         if self.ctx.is_main:
             jsonl.write(self.state.metrics, at.history)
@@ -121,6 +128,7 @@ class Checkpoints:
             world_size=self.ctx.world_size, strategy=self.spec.launch.strategy,
             precision=self.precision,
         )  # fmt: skip
+        self.clock.restart()  # training starts (again): the next by time counts from here
         seed, rank = self.spec.train.seed, self.ctx.rank
         if latest is None or snapshot is None:
             torch.manual_seed(rng.rank_seed(seed, 0, rank))

@@ -47,8 +47,8 @@ from ddppipe.training.measuring import allowances, efficiency, heartbeat
 
 log = logging.getLogger(__name__)
 
-# Ranks agree on a pending stop signal and on a non-finite loss every this many steps (one
-# tiny all-reduce: :mod:`ddppipe.training.loop.agreement`).
+# Ranks agree on a pending stop signal, a checkpoint due by time and a non-finite loss every
+# this many steps (one tiny all-reduce: :mod:`ddppipe.training.loop.agreement`).
 SIGNAL_CHECK_EVERY = 10
 
 
@@ -185,13 +185,13 @@ class Trainer:
     def _position(self) -> run_checkpoints.Position:
         return run_checkpoints.Position(self.epoch, self.step, self.history)
 
-    def save_checkpoint(self, wait: bool = False) -> Path | None:
-        """Collective: save a checkpoint in the background (``wait``: until it is committed)
-        (:meth:`run_checkpoints.Checkpoints.save`)."""
+    def save_checkpoint(self, wait: bool = False, timed: bool = False) -> Path | None:
+        """Collective: save a checkpoint in the background (``wait``: until it is committed;
+        ``timed``: due by time) (:meth:`run_checkpoints.Checkpoints.save`)."""
         heartbeat.beat("checkpoint")
         started = time.perf_counter()
         path = self.checkpoints.save(self._position(), wait)
-        self.meter.add("checkpoint", time.perf_counter() - started)  # the time training waited
+        self.meter.checkpointed(time.perf_counter() - started, timed)  # training waited
         return path
 
     def resume(self) -> None:
@@ -243,7 +243,7 @@ class Trainer:
             self.step,
         )  # fmt: skip
         clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
-        start, first, probe_s = clock.mark(), self.step, 0.0
+        start, first, aside_s = clock.mark(), self.step, 0.0  # (aside: not training)
         images = local_images = 0  # global and this rank's, this epoch in this slot
         tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
         warm_at, warm_images = (start, 0) if self.meter.steps >= efficiency.WARMUP_STEPS else (
@@ -258,11 +258,16 @@ class Trainer:
                     lr = self.scheduler.get_last_lr()[0]
                     self._track(at, {"loss": loss, "lr": lr}, "train")
                     tracked = (total, local_images)
-                if self.agreement.stop_requested(guard):
+                agreed = self.agreement.check(guard, self.checkpoints.due())
+                if agreed.stop:
                     self.step = step
                     bar.close()
-                    self._account(clock, images, start, warm_at, warm_images, probe_s)
+                    self._account(clock, images, start, warm_at, warm_images, aside_s)
                     return None
+                if agreed.save:  # due by time (train.checkpoint_minutes): here, mid-epoch
+                    self.step, saving = step, time.perf_counter()
+                    self.save_checkpoint(timed=True)
+                    aside_s += time.perf_counter() - saving  # (counted as checkpoint_s)
             failures.at_step(self.epoch * self.steps_per_epoch + step + 1, self.epoch + 1)
             heartbeat.beat(heartbeat.STEP, self.epoch * self.steps_per_epoch + step)
             step_loss = self.train_step(share)
@@ -272,12 +277,12 @@ class Trainer:
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
                 # (its time counts as neither warm-up nor steady)
-                probe_s = self._probe_communication(share)
+                aside_s += self._probe_communication(share)
             loss_total += step_loss
             local_images += share.count
             bar.update()
         bar.close()
-        seconds = self._account(clock, images, start, warm_at, warm_images, probe_s)
+        seconds = self._account(clock, images, start, warm_at, warm_images, aside_s)
         dist.all_reduce(loss_total)
         self._epoch_images = n - first * batch
         self._epoch_loss = float(loss_total) / self._epoch_images
@@ -287,12 +292,12 @@ class Trainer:
 
     def _account(
         self, clock: efficiency.Clock, images: int, start: efficiency.Mark,
-        warm_at: efficiency.Mark | None, warm_images: int, probe_s: float,
+        warm_at: efficiency.Mark | None, warm_images: int, aside_s: float,
     ) -> float:  # fmt: skip
-        """This epoch's share of the slot's training time, warm-up apart and the all-reduce
-        probe (after the warm-up) left out; its seconds."""
+        """This epoch's share of the slot's training time, warm-up apart, ``aside_s`` (the
+        all-reduce probe after the warm-up, checkpoints by time) left out; its seconds."""
         end = clock.mark()
-        seconds = clock.seconds(start, end) - probe_s
+        seconds = clock.seconds(start, end) - aside_s
         if warm_at is None:  # the slot's warm-up did not end in this epoch
             warm_at, warm_images = end, images
         self.meter.trained(images, seconds, warm_images, clock.seconds(start, warm_at))

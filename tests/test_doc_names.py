@@ -23,7 +23,7 @@ SUFFIXES = {".py", ".smk", ".md", ".yaml", ".yml", ".def", ".toml", ".txt", ".cf
 # ``ddppipe.X`` that names no module: image labels, MLflow tags, file names, and the old
 # module that tasks.loader.MOVED_MODULES names on purpose (to tell a task file where it went).
 NOT_CODE = {
-    "base", "cuda", "git_commit", "installed", "requirement", "requirements", "torch",
+    "base", "cuda", "git_commit", "installed", "packages", "requirement", "requirements", "torch",
     "variant",  # image labels (containers/ddppipe.def, ddppipe.apptainer.task_recipe)
     "role", "sweep",  # MLflow tags (ddppipe.training.tracking.mlflow_log)
     "def", "json", "sif",  # containers/ddppipe.def, ddppipe.json, ddppipe.sif

@@ -107,7 +107,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 HEADER = ["trial", "outcome", "train.lr", "accuracy", "best_accuracy", "best_accuracy_epoch",
           "epochs", "time_to_98pct_s", "time_to_99pct_s", "images_per_s", "unit", "units",
-          "hours_held", "hours_training", "queue_s"]  # fmt: skip
+          "hours_held", "hours_training", "queue_s", "goodput"]  # fmt: skip
 
 
 def test_trials_csv_one_row_per_trial_best_first(made: tuple[Path, str]) -> None:
@@ -116,18 +116,21 @@ def test_trials_csv_one_row_per_trial_best_first(made: tuple[Path, str]) -> None
         found = list(csv.reader(f))
     assert found[0] == HEADER
     # 0.03: 98 % and 99 % at epoch 3, 60 s after the submission (30 s queued + 3 epochs);
-    # hours: 2 CPUs x (30 s + 6 s) held, 2 x 24 s training; images/s: the epochs' median.
+    # hours: 2 CPUs x (30 s + 6 s) held, 2 x 24 s training; images/s: the epochs' median;
+    # goodput: 24 s of its 36 s trained kept steps (its one slot checkpointed them all).
     assert found[1:] == [
         ["lr=0.03", "completed", "0.03", "0.99", "0.99", "3", "3", "60.0", "60.0", "2000.0",
-         "CPU", "2", "0.02", "0.013333", "30.0"],
+         "CPU", "2", "0.02", "0.013333", "30.0", "0.6667"],
         ["lr=0.01", "completed", "0.01", "0.985", "0.985", "2", "2", "50.0", "", "1500.0",
-         "CPU", "2", "0.014444", "0.008889", "30.0"],
+         "CPU", "2", "0.014444", "0.008889", "30.0", "0.6154"],
         ["lr=0.1", "pruned at epoch 1", "0.1", "0.3", "0.3", "1", "1", "", "", "1000.0",
-         "CPU", "2", "0.008889", "0.004444", "30.0"],
+         "CPU", "2", "0.008889", "0.004444", "30.0", "0.5"],
         ["lr=0.3", f"failed: crashed (exit 1): {CAUSE}", "0.3", "", "0.2", "1", "1", "", "",
-         "1000.0", "", "", "", "", ""],
-        ["lr=1.0", f"failed: {WHY}", "1.0", "", "", "", "0", "", "", "", "", "", "", "", ""],
-        ["lr=0.001", "pending", "0.001", "", "", "", "0", "", "", "", "", "", "", "", ""],
+         "1000.0", "", "", "", "", "", ""],
+        ["lr=1.0", f"failed: {WHY}", "1.0", "", "", "", "0", "", "", "", "", "", "", "", "",
+         ""],
+        ["lr=0.001", "pending", "0.001", "", "", "", "0", "", "", "", "", "", "", "", "",
+         ""],
     ]  # fmt: skip
 
 
@@ -157,17 +160,17 @@ def test_printed_top_trials(made: tuple[Path, str]) -> None:
         "sweep lr: 6 trial(s): 2 completed, 1 pruned, 2 failed, 0 running, 1 pending "
         "(results/sweeps/lr/trials.csv)",
         "  #  trial    outcome                                   accuracy  best (epoch)  "
-        "hours held  images/s",
+        "hours held  goodput  images/s",
         "  1  lr=0.03  completed                                 99.00 %   99.00 % (3)   "
-        "0.0200 CPU  2,000",
+        "0.0200 CPU  67%      2,000",
         "  2  lr=0.01  completed                                 98.50 %   98.50 % (2)   "
-        "0.0144 CPU  1,500",
+        "0.0144 CPU  62%      1,500",
         "  3  lr=0.1   pruned at epoch 1                         30.00 %   30.00 % (1)   "
-        "0.0089 CPU  1,000",
+        "0.0089 CPU  50%      1,000",
         "  -  lr=0.3   failed: crashed (exit 1): rank 0 on c...  -         20.00 % (1)   "
-        "-           1,000",
+        "-           -        1,000",
         "  -  lr=1.0   failed: write_config: task ddppipe.ta...  -         -             "
-        "-           -",
+        "-           -        -",
         "  ... 1 more in results/sweeps/lr/trials.csv",
         "  best: lr=0.03 (accuracy 99.00 %): results/sweeps/lr/lr=0.03/export/model.pt",
         "  best per CPU-hour: lr=0.01 (accuracy 98.50 % in 0.0144 h)",

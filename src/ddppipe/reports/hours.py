@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddppipe.core import system
+from ddppipe.reports import goodput
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import request as slurm_request
 
@@ -64,7 +65,6 @@ class Slots:
     cpu_s: float = 0.0
     memory_peak_mb: float = 0.0  # the fullest node of any slot
     queue_s: float = 0.0
-    redone_steps: int = 0  # trained again after a resume: not checkpointed when a slot ended
 
     @classmethod
     def of(cls, measured: list[dict[str, Any]]) -> Slots:
@@ -76,24 +76,12 @@ class Slots:
             cpu_s=sum(e.get("cpu_s", 0.0) for e in figures),
             memory_peak_mb=max((e.get("memory_peak_mb", 0.0) for e in figures), default=0.0),
             queue_s=sum(a.get("queue_s") or 0.0 for a in measured),
-            redone_steps=sum(redone(a) for a in measured[:-1]),
         )
 
 
 def measured(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The attempts whose ranks recorded their figures."""
     return [a for a in attempts if a.get("efficiency")]
-
-
-def checkpointed(attempt: dict[str, Any]) -> int:
-    """Steps the attempt trained and checkpointed (0 where it did not record them)."""
-    start, end = attempt.get("start_step"), attempt.get("end_step")
-    return end - start if start is not None and end is not None else 0
-
-
-def redone(attempt: dict[str, Any]) -> int:
-    """Steps the attempt trained but did not checkpoint: its successor trains them again."""
-    return max(0, attempt["efficiency"].get("steps", 0) - checkpointed(attempt))
 
 
 def hours(units: int, seconds: float) -> float:
@@ -111,6 +99,7 @@ class Cost:
     held_h: float
     training_h: float
     queue_s: float
+    goodput: float | None = None  # of the node time held, the share that trained kept steps
 
     @classmethod
     def of(cls, spec: RunSpec | None, attempts: list[dict[str, Any]]) -> Cost | None:
@@ -121,5 +110,6 @@ class Cost:
         held = Allocation.of(spec, slots[-1]["job"] == "local")
         total = Slots.of(slots)
         unit, units = held.unit
-        return cls(unit, units, hours(units, total.wall_s),
-                   hours(units, total.phases["train_s"]), total.queue_s)  # fmt: skip
+        run = goodput.account(attempts)
+        return cls(unit, units, hours(units, total.wall_s), hours(units, total.phases["train_s"]),
+                   total.queue_s, run.total.share if run else None)  # fmt: skip

@@ -1,6 +1,6 @@
 """The summary's lines on the run's slots: how they ended, where their time went, throughput,
 utilisation, what they used of their allocation (and each rank of its memory), the hours they
-held, and the waste flags.
+held, their goodput (:mod:`~ddppipe.reports.goodput`) and the waste flags.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from ddppipe.reports import memory_line, utilisation, waste
+from ddppipe.reports import goodput, memory_line, utilisation, waste
 from ddppipe.reports.hours import Allocation, Slots, hours, measured
 from ddppipe.reports.wording import duration
 from ddppipe.settings.run_spec import RunSpec
@@ -57,6 +57,9 @@ def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Lin
     memory = memory_line.line(last)  # the last slot's peak per rank
     lines = [_time(total), *_speed(last, slots[-1], held), ("usage", _usage(total, last, held)),
              *([memory] if memory else []), ("allocation", _allocation(total, held))]  # fmt: skip
+    run = goodput.account(attempts)
+    if run is not None:
+        lines.append(("goodput", goodput.line(run)))
     flags = waste.flags(slots[-1], held.mem_mb, held.runtime_min, held.cpus)
     return lines + [("waste", flag) for flag in flags]
 
@@ -120,8 +123,7 @@ def _allocation(total: Slots, held: Allocation) -> str:
     training = hours(units, total.phases["train_s"])
     return (
         f"{all_hours:,.2f} {unit}-hours held ({units} {unit}s), {training:,.2f} of them "
-        f"training ({training / all_hours:.0%}); {queued}; {total.redone_steps} steps redone "
-        "after resumes"
+        f"training ({training / all_hours:.0%}); {queued}"
     )
 
 

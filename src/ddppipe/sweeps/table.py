@@ -38,7 +38,8 @@ def _round(value: float | None, digits: int) -> float | None:
 
 def rows(table: Table) -> list[dict[str, Any]]:
     """The table's rows: trial, outcome, each parameter, the metric (final, best and its
-    epoch), epochs, time to each accuracy target, images/s, hours held and training, queue."""
+    epoch), epochs, time to each accuracy target, images/s, hours held and training, queue,
+    goodput (the share of the node time held that trained kept steps)."""
     m = table.metric
     out = []
     for t in table.trials:
@@ -57,6 +58,7 @@ def rows(table: Table) -> list[dict[str, Any]]:
             "hours_held": _round(cost.held_h, 6) if cost else None,
             "hours_training": _round(cost.training_h, 6) if cost else None,
             "queue_s": _round(cost.queue_s, 1) if cost else None,
+            "goodput": _round(cost.goodput, 4) if cost else None,
         })  # fmt: skip
         out.append(row)
     return out
@@ -109,16 +111,17 @@ def _shown(table: Table, value: float | None) -> str:
 
 def top_cells(table: Table, top: int = TOP) -> list[tuple[str, ...]]:
     """The header and the ``top`` first trials' cells: rank (``-``: not ranked), trial,
-    outcome, metric, best (epoch), hours held, images/s."""
+    outcome, metric, best (epoch), hours held, goodput, images/s."""
     m = table.metric
-    cells = [("#", "trial", "outcome", m, "best (epoch)", "hours held", "images/s")]
+    cells = [("#", "trial", "outcome", m, "best (epoch)", "hours held", "goodput", "images/s")]
     for i, t in enumerate(table.trials[:top], 1):
         held = f"{t.cost.held_h:.4f} {t.cost.unit}" if t.cost else "-"
         best = f"{_shown(table, t.best)} ({t.best_epoch})" if t.best is not None else "-"
         speed = f"{t.images_per_s:,.0f}" if t.images_per_s is not None else "-"
+        good = f"{t.cost.goodput:.0%}" if t.cost and t.cost.goodput is not None else "-"
         outcome = t.outcome_text if len(t.outcome_text) <= 40 else t.outcome_text[:37] + "..."
         cells.append((str(i) if t.ranked else "-", t.name, outcome, _shown(table, t.final), best,
-                      held, speed))  # fmt: skip
+                      held, good, speed))  # fmt: skip
     return cells
 
 

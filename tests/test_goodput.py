@@ -105,6 +105,28 @@ def test_a_resume_from_an_older_checkpoint_and_a_lost_slot() -> None:
     assert run.total.redone_steps == 20
 
 
+def test_a_crashed_slot_redid_the_steps_after_its_last_checkpoint() -> None:
+    """Rank 1 crashed in step 70 (69 done) after the checkpoint at step 60, where slot 2
+    resumed: 60 steps kept and 9 redone, at the run's 2 s a step (slot 2: 80 s for 40)."""
+    attempts = [
+        {"number": 1, "job": "local", "nodes": ["a"], "start": 0.0, "end": 200.0,
+         "outcome": "crashed (exit 1)", "start_step": 0, "end_step": 60,
+         "failure": {"rank": 1, "step": 70}},
+        {"number": 2, "job": "local", "nodes": ["a"], "start": 250.0, "end": 400.0,
+         "outcome": "completed", "start_step": 60, "end_step": 100,
+         "efficiency": figures(30.0, 80.0, 40)},
+    ]  # fmt: skip
+    run = goodput.account(attempts)
+    assert run is not None
+    # slot 1: 120 s kept, 18 s redone, 200 - 138 = 62 s lost to the crash; the 50 s between
+    # local launches held nothing; slot 2: 80 s kept, idle end 150 - 80 - 30 = 40
+    assert run.slots[0][1].losses == pytest.approx({"redone": 18.0, "failure": 62.0})
+    assert run.total.held == 350.0 and run.total.kept == pytest.approx(200.0)
+    assert run.total.losses == pytest.approx({"redone": 18.0, "failure": 62.0,
+                                              "startup": 30.0, "idle_end": 40.0})  # fmt: skip
+    assert run.total.redone_steps == 9
+
+
 def test_nothing_to_account_before_a_slot_recorded_its_figures() -> None:
     running = {"number": 1, "job": "local", "nodes": ["a"], "start": 0.0, "end": None,
                "outcome": "running"}  # fmt: skip

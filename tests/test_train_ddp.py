@@ -1,5 +1,6 @@
 """Real multi-process DDP training with torchrun on tiny generated data."""
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -11,6 +12,7 @@ import torch
 import yaml
 
 from ddppipe.core import env_names
+from ddppipe.reports import goodput
 from ddppipe.runstate import preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
@@ -285,6 +287,10 @@ def test_a_crash_resumes_from_the_newest_checkpoint_by_time_mid_epoch_identicall
     # 9 steps redone (60 to 69), where the epoch's start (step 40) would have redone 29.
     figures = history[1].efficiency
     assert figures is not None
+    # goodput from the real records: the crashed slot's 9 steps redone, the rest kept
+    run = goodput.account([dataclasses.asdict(a) for a in history])
+    assert run is not None and run.total.redone_steps == 9, run
+    assert 0 < run.total.kept < run.total.held and "failure" in run.total.losses, run
     # By time: epoch 2's step 30, epoch 3's steps 10, 20, 30; at epochs' ends: 2 more.
     assert (figures["timed_checkpoints"], figures["checkpoints"]) == (4, 6)
     assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]

@@ -11,8 +11,9 @@ except the steps past the checkpoint its successor resumed from: those are train
 checkpoint writes that training waited for (``checkpoint_s``) and what no phase timed (the
 slot's idle end: after its last step, the stop, the figures' collection, the teardown). A
 slot without figures (killed, crashed, hung) kept the steps it checkpointed and its successor
-resumed from, at the run's seconds a step; the rest of it is lost to the hang (the watchdog
-ended it) or to the failure. A slot still open is left out until it ends.
+resumed from, at the run's seconds a step, and redid those between that checkpoint and the
+step a rank failed in (its failure record's); the rest of it is lost to the hang (the
+watchdog ended it) or to the failure. A slot still open is left out until it ends.
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ def _kept_steps(attempt: dict[str, Any], successor: dict[str, Any] | None,
     return kept if trained is None else min(kept, trained)
 
 
+def _failed_at(attempt: dict[str, Any]) -> int | None:
+    """The steps a slot without figures trained, where its failure record names the step a
+    rank failed in (1 for the run's first: the steps before it were done); None if not."""
+    step = (attempt.get("failure") or {}).get("step")
+    start = attempt.get("start_step")
+    return None if step is None or start is None else max(0, step - 1 - start)
+
+
 def slot(attempt: dict[str, Any], successor: dict[str, Any] | None,
          step_s: float | None) -> Account | None:  # fmt: skip
     """One slot's account; ``successor``: the slot after it (None for the last),
@@ -110,11 +119,15 @@ def slot(attempt: dict[str, Any], successor: dict[str, Any] | None,
     wall, nodes = max(0.0, end - attempt["start"]), _nodes(attempt)
     figures = attempt.get("efficiency")
     if not figures:
-        kept_s = min(wall, _kept_steps(attempt, successor, None) * (step_s or 0.0))
+        trained = _failed_at(attempt)
+        kept = _kept_steps(attempt, successor, trained)
+        redone = max(0, trained - kept) if trained is not None else 0
+        kept_s = min(wall, kept * (step_s or 0.0))
+        redone_s = min(wall - kept_s, redone * (step_s or 0.0))
         cause = "hang" if attempt.get("outcome") == "hung" else "failure"
-        losses = {cause: wall - kept_s}
+        losses = {"redone": redone_s, cause: wall - kept_s - redone_s}
         return Account(wall * nodes, kept_s * nodes,
-                       {k: v * nodes for k, v in losses.items() if v > 0})  # fmt: skip
+                       {k: v * nodes for k, v in losses.items() if v > 0}, redone)  # fmt: skip
     trained, train_s = int(figures.get("steps", 0)), float(figures.get("train_s", 0.0))
     kept = _kept_steps(attempt, successor, trained)
     redone_s = train_s * (trained - kept) / trained if trained else 0.0

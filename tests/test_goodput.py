@@ -114,16 +114,17 @@ def test_a_crashed_slot_redid_the_steps_after_its_last_checkpoint() -> None:
          "failure": {"rank": 1, "step": 70}},
         {"number": 2, "job": "local", "nodes": ["a"], "start": 250.0, "end": 400.0,
          "outcome": "completed", "start_step": 60, "end_step": 100,
-         "efficiency": figures(30.0, 80.0, 40)},
+         "efficiency": {**figures(30.0, 80.0, 40), "communication_probe_s": 5.0}},
     ]  # fmt: skip
     run = goodput.account(attempts)
     assert run is not None
     # slot 1: 120 s kept, 18 s redone, 200 - 138 = 62 s lost to the crash; the 50 s between
-    # local launches held nothing; slot 2: 80 s kept, idle end 150 - 80 - 30 = 40
+    # local launches held nothing; slot 2: 80 s kept, idle end 150 - 80 - 30 - 5 = 35
     assert run.slots[0][1].losses == pytest.approx({"redone": 18.0, "failure": 62.0})
     assert run.total.held == 350.0 and run.total.kept == pytest.approx(200.0)
     assert run.total.losses == pytest.approx({"redone": 18.0, "failure": 62.0,
-                                              "startup": 30.0, "idle_end": 40.0})  # fmt: skip
+                                              "startup": 30.0, "probe": 5.0,
+                                              "idle_end": 35.0})  # fmt: skip
     assert run.total.redone_steps == 9
 
 

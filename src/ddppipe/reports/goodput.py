@@ -8,8 +8,9 @@ the job). Of a slot with figures (``efficiency``), its ``train_s`` trained steps
 except the steps past the checkpoint its successor resumed from: those are trained again
 (``redone``, at the slot's own seconds a step). The rest of the slot is lost to its start-up
 (``startup_s``: torchrun, rendezvous, data, up to the first step), evaluation (``evaluate_s``),
-checkpoint writes that training waited for (``checkpoint_s``) and what no phase timed (the
-slot's idle end: after its last step, the stop, the figures' collection, the teardown). A
+checkpoint writes that training waited for (``checkpoint_s``), the all-reduce probe
+(``communication_probe_s``) and what no phase timed (the slot's idle end: after its last
+step, the stop, the figures' collection, the teardown). A
 slot without figures (killed, crashed, hung) kept the steps it checkpointed and its successor
 resumed from, at the run's seconds a step, and redid those between that checkpoint and the
 step a rank failed in (its failure record's); the rest of it is lost to the hang (the
@@ -33,6 +34,7 @@ LOSSES = {
     "redone": "steps redone",
     "checkpoint": "checkpoint blocking",
     "evaluation": "evaluation",
+    "probe": "all-reduce probe",
     "idle_end": "idle end of a slot",
 }
 
@@ -133,7 +135,8 @@ def slot(attempt: dict[str, Any], successor: dict[str, Any] | None,
     redone_s = train_s * (trained - kept) / trained if trained else 0.0
     timed = {"startup": figures.get("startup_s", 0.0), "redone": redone_s,
              "evaluation": figures.get("evaluate_s", 0.0),
-             "checkpoint": figures.get("checkpoint_s", 0.0)}  # fmt: skip
+             "checkpoint": figures.get("checkpoint_s", 0.0),
+             "probe": figures.get("communication_probe_s", 0.0)}  # fmt: skip
     kept_s = train_s - redone_s
     timed["idle_end"] = max(0.0, wall - kept_s - sum(timed.values()))
     if attempt.get("outcome") == "hung":  # its last progress to the watchdog's end
@@ -189,7 +192,8 @@ def line(run: Run) -> str:
     if ranked:
         key, lost = ranked[0]
         text += f"; largest loss: {LOSSES[key]} {lost / total.held:.0%}"
-        others = ", ".join(f"{LOSSES[k]} {v / total.held:.0%}" for k, v in ranked[1:])
+        shown = [(k, v / total.held) for k, v in ranked[1:] if v / total.held >= 0.005]
+        others = ", ".join(f"{LOSSES[k]} {share:.0%}" for k, share in shown)
         text += f" (then {others})" if others else ""
     if total.redone_steps:
         text += f"; {total.redone_steps} steps redone"

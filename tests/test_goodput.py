@@ -160,3 +160,24 @@ def test_the_summary_and_its_html_show_the_goodput(tmp_path: Path) -> None:
     parser = _Cells()
     parser.feed(summary_html.render(found))
     assert parser.cells[parser.cells.index("goodput") + 1] == expected
+
+
+def test_the_attempts_table_has_each_slots_goodput(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ddppipe attempts` (and its HTML page): the two slots across a time limit, 64 % and
+    80 % (worked out above), in a last column."""
+    import json
+
+    from ddppipe.cli.commands import runstate
+
+    history = tmp_path / "attempts.json"
+    history.write_text(json.dumps(TIME_LIMIT))
+    assert runstate.attempts(history, "mine", None) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[-1] == "goodput"
+    assert [row.split()[-1] for row in rows] == ["64%", "80%"]
+    assert runstate.attempts(history, "mine", tmp_path / "attempts.html") == 0
+    parser = _Cells()
+    parser.feed((tmp_path / "attempts.html").read_text())
+    assert parser.cells[-1] == "80%"

@@ -183,6 +183,12 @@ def account(attempts: list[dict[str, Any]]) -> Run | None:
     return Run(slots, total) if total.held > 0 else None
 
 
+def shares(attempts: list[dict[str, Any]]) -> dict[int, float]:
+    """Each ended slot's goodput by its number ({} where the run has no account)."""
+    run = account(attempts)
+    return {n: a.share for n, a in run.slots if a.share is not None} if run else {}
+
+
 def line(run: Run) -> str:
     """The summary's ``goodput`` line: the share, the largest loss, the others, each slot's."""
     total = run.total
@@ -193,7 +199,7 @@ def line(run: Run) -> str:
         key, lost = ranked[0]
         text += f"; largest loss: {LOSSES[key]} {lost / total.held:.0%}"
         shown = [(k, v / total.held) for k, v in ranked[1:] if v / total.held >= 0.005]
-        others = ", ".join(f"{LOSSES[k]} {share:.0%}" for k, share in shown)
+        others = ", ".join(f"{LOSSES[k]} {part:.0%}" for k, part in shown)
         text += f" (then {others})" if others else ""
     if total.redone_steps:
         text += f"; {total.redone_steps} steps redone"

@@ -168,7 +168,15 @@ def _figure(figures: dict[str, Any], key: str, spec: str) -> str:
     return format(figures[key], spec) if key in figures else "-"
 
 
-def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
+def columns(shares: dict[int, float] | None = None) -> tuple[str, ...]:
+    """The table's columns; with ``shares``, each slot's goodput last."""
+    return COLUMNS + (("goodput",) if shares is not None else ())
+
+
+def rows(history: list[Attempt], shares: dict[int, float] | None = None) -> list[tuple[str, ...]]:
+    """One row per slot; ``shares``: each slot's goodput by its number (ddppipe.reports.goodput,
+    above this package), a column of its own ("-" for a slot without one)."""
+
     def when(t: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -182,23 +190,27 @@ def rows(history: list[Attempt]) -> list[tuple[str, ...]]:
             a.resumed_from or "(start)", str(a.steps), _figure(figures, "startup_s", ".1f"),
             _figure(figures, "train_s", ".1f"), _figure(figures, "images_per_s", ",.0f"),
         ))  # fmt: skip
+        if shares is not None:
+            out[-1] += (f"{shares[a.number]:.0%}" if a.number in shares else "-",)
     return out
 
 
-def table(history: list[Attempt]) -> str:
-    """The history as a plain-text table (the launcher's log, ``ddppipe attempts``)."""
-    lines = [COLUMNS, *rows(history)]
-    widths = [max(len(row[i]) for row in lines) for i in range(len(COLUMNS))]
+def table(history: list[Attempt], shares: dict[int, float] | None = None) -> str:
+    """The history as a plain-text table (the launcher's log, ``ddppipe attempts``: with each
+    slot's goodput, ``shares``)."""
+    lines = [columns(shares), *rows(history, shares)]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                      for row in lines)  # fmt: skip
 
 
-def html_table(history: list[Attempt], run: str) -> str:
-    """A small HTML page of the history (the report's "Training" section)."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+def html_table(history: list[Attempt], run: str, shares: dict[int, float] | None = None) -> str:
+    """A small HTML page of the history (the report's "Training" section); ``shares``: as for
+    :func:`table`."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns(shares))
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-        for row in rows(history)
+        for row in rows(history, shares)
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(run)}: attempts"

@@ -211,7 +211,7 @@ def test_tensorboard_hparams_view(made: tuple[Path, str]) -> None:
     assert [v.number_value for v in lr.domain_discrete.values] == LRS
     assert [m.name.tag for m in experiment.metric_infos] == [
         "sweep/accuracy", "sweep/best_accuracy", "sweep/epochs", "sweep/images_per_s",
-        "sweep/hours_held", "sweep/hours_training"]  # fmt: skip
+        "sweep/hours_held", "sweep/hours_training", "sweep/goodput"]  # fmt: skip
     expected = {"lr=0.03": (0.03, "completed", api_pb2.STATUS_SUCCESS),
                 "lr=0.1": (0.1, "pruned", api_pb2.STATUS_SUCCESS),
                 "lr=0.3": (0.3, "failed", api_pb2.STATUS_FAILURE)}  # fmt: skip
@@ -226,6 +226,7 @@ def test_tensorboard_hparams_view(made: tuple[Path, str]) -> None:
     final = loaded.Scalars("lr=0.03", "sweep/accuracy")
     assert [(e.step, round(e.value, 6)) for e in final] == [(3, 0.99)]
     assert loaded.Scalars("lr=0.03", "sweep/hours_held")[0].value == pytest.approx(0.02)
+    assert loaded.Scalars("lr=0.03", "sweep/goodput")[0].value == pytest.approx(24 / 36)
     assert "sweep/accuracy" not in loaded.GetAccumulator("lr=0.3").Tags()["scalars"]
 
 

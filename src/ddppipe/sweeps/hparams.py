@@ -6,7 +6,8 @@ file at the sweep's root, and one session a trial in an event file at the trial'
 view names each session after its trial (``lr=0.01``) and TensorBoard's scalars list its
 training curves beside it (``lr=0.01/tensorboard``). A session holds the trial's values, its
 status (completed and pruned: success; failed: failure; running) and its final figures as
-scalars at its last epoch: the metric, its best, epochs, images/s, hours held and training.
+scalars at its last epoch: the metric, its best, epochs, images/s, hours held and training,
+goodput.
 
 Each file is rewritten only when what it holds changed (its name ends with a digest of it),
 atomically, and replaces the earlier one: the table is written after every snakemake call.
@@ -36,6 +37,7 @@ def figures(table: Table, trial: TrialResult) -> dict[str, float]:
         m: trial.final, f"best_{m}": trial.best, "epochs": float(trial.epochs),
         "images_per_s": trial.images_per_s, "hours_held": cost.held_h if cost else None,
         "hours_training": cost.training_h if cost else None,
+        "goodput": cost.goodput if cost else None,
     }  # fmt: skip
     return {f"{GROUP}/{k}": float(v) for k, v in found.items() if v is not None}
 
@@ -136,7 +138,7 @@ def _experiment(table: Table) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
                                                                    RUNNING])))  # fmt: skip
     shown = {m: f"{m} (final)", f"best_{m}": f"best {m}", "epochs": "epochs",
              "images_per_s": "images/s", "hours_held": "hours held",
-             "hours_training": "hours training"}  # fmt: skip
+             "hours_training": "hours training", "goodput": "goodput"}  # fmt: skip
     metrics = [
         summary_v2.Metric(f"{GROUP}/{tag}", display_name=name) for tag, name in shown.items()
     ]

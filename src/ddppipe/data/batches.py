@@ -1,6 +1,7 @@
-"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader (of a
-dataset read item by item, of a pack: :mod:`ddppipe.data.packed`, a batch per read, or of
-shards streamed: :mod:`ddppipe.data.shards`).
+"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader whose
+workers a rank keeps for the slot (:mod:`ddppipe.data.loader`) (of a dataset read item by
+item, of a pack: :mod:`ddppipe.data.packed`, a batch per read, or of shards streamed:
+:mod:`ddppipe.data.shards`).
 
 Every path follows :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
 batch ``perm[k*B:(k+1)*B]`` of that epoch's order (a permutation; for shards, theirs), each

@@ -55,7 +55,7 @@ class LoaderStalled(UserError):
 def batch_key(seed: int, epoch: int, step: int, rank: int) -> int:
     """The seed of a training batch's random draws in its worker (``train.deterministic``):
     the run's seed, the epoch, the step and the rank; not the worker, nor where a slot began."""
-    return ((seed * 1_000_003 + epoch) * 1_000_033 + step) * 4099 + rank
+    return (((seed * 1_000_003 + epoch) * 1_000_033 + step) * 4099 + rank) % 2**63
 
 
 def read(dataset: Any, request: Request) -> list[Any]:
@@ -223,7 +223,7 @@ class Loader:
             "workers' stacks, where they could write them, are in this log above. A worker "
             "stopped (T) was stopped by a signal; one in D waits for the filesystem (copy the "
             "data to node-local disk: launch.stage_data); one killed may have run out of "
-            "memory (fewer launch.loader_workers). The slot ends; the next continues from the "
+            "memory (fewer launch.loader_workers). The slot ends; a restart continues from the "
             "last checkpoint"
         )
 

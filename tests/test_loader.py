@@ -21,12 +21,18 @@ CPU = torch.device("cpu")
 
 
 class Items(Dataset):
-    """A map-style dataset read item by item, as an image folder is."""
+    """A map-style dataset read item by item, as an image folder is (``broken``: item 50
+    raises)."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken = broken
 
     def __len__(self) -> int:
         return 96
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.broken and i == 50:
+            raise RuntimeError("a damaged image")
         return torch.full((3,), float(i)), i
 
 
@@ -79,6 +85,13 @@ def test_a_worker_stopped_or_killed_is_named_within_the_ranks_bound(
     assert state in text, text
     assert named_after < 2.0 + loader.STACK_WAIT_S + 2, named_after
     print(f"(loader) a worker {sig.name}: named after {named_after:.1f} s: {text[:160]}")
+
+
+def test_a_datasets_own_error_in_a_worker_is_raised_as_it_is() -> None:
+    feed = batches.Feed(Items(broken=True), CPU, workers=1, wait_bound=lambda longest: 5.0)
+    with pytest.raises(RuntimeError, match="a damaged image") as raised:
+        list(feed.epoch(5, 0, 8, 0, 1, 0))
+    assert not isinstance(raised.value, loader.LoaderStalled)
 
 
 @pytest.mark.parametrize(

@@ -184,8 +184,9 @@ class Loader:
     def _iterator(self, what: str) -> Any:
         self.loader.timeout = self._bound()  # (a new iterator's; a kept one's is set below)
         try:
-            it = iter(self.loader)  # a kept iterator: the workers resume, then prefetch
-        except RuntimeError as e:
+            with _alarm(self.loader.timeout):
+                it = iter(self.loader)  # a kept iterator: the workers resume, then prefetch
+        except (RuntimeError, _Late) as e:
             raise self._stalled(self.loader._iterator, what, e) from e
         it._timeout = self.loader.timeout
         return it
@@ -195,8 +196,8 @@ class Loader:
         text = str(error)
         if isinstance(error, _Late):
             text = f"DataLoader timed out after {self.loader.timeout:.0f} seconds"
-        elif "timed out" not in text and "worker" not in text.lower():
-            return error  # an error of the dataset's own, re-raised by the loader
+        elif not text.startswith(("DataLoader timed out", "DataLoader worker (pid")):
+            return error  # (the dataset's own, raised in a worker: "Caught ... in DataLoader")
         workers = list(getattr(it, "_workers", []))
         states = [_state(proc.pid) for proc in workers]
         owed = getattr(it, "_task_info", {}).get(getattr(it, "_rcvd_idx", None), ())

@@ -5,6 +5,7 @@ bound derived from the waits the rank measured (``allowances.loader_wait_s``).""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -77,9 +78,13 @@ def test_a_worker_stopped_or_killed_is_named_within_the_ranks_bound(
             for _ in epoch2:
                 pass
     finally:
-        if sig == signal.SIGSTOP:
+        with contextlib.suppress(ProcessLookupError):  # (the rank ends its workers)
             os.kill(victim, signal.SIGCONT)
     named_after = time.monotonic() - started
+    deadline = time.monotonic() + 5  # ended (SIGKILL), or the rank's exit would wait on it
+    while loader._state(victim) not in ("Z", "X", "gone") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader._state(victim) in ("Z", "X", "gone")
     text = str(raised.value)
     assert text.startswith(f"rank 0, train epoch 2: DataLoader worker 1 (pid {victim}, "), text
     assert state in text, text

@@ -37,6 +37,7 @@ from typing import Any
 import numpy
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data._utils import signal_handling
 
 from ddppipe.core.errors import UserError
 from ddppipe.data import packed, shards
@@ -134,6 +135,8 @@ class Loader:
         self.plan = Plan()
         self.longest_wait_s: float | None = None
         self._pass = 0  # the pass under way: a second one started ends the first
+        self._watching, self._fetching = False, False
+        self._died: RuntimeError | None = None  # torch's error of a worker that died
         kwargs: dict[str, Any] = {}
         if workers:
             kwargs = {"persistent_workers": True, "prefetch_factor": prefetch,
@@ -150,7 +153,7 @@ class Loader:
         """Fork the workers now (an empty pass), not at the first pass's start."""
         if self.workers:
             self.plan.requests = []
-            for _ in self.loader:
+            for _ in self._iterator("the loader's start"):
                 pass
 
     def batches(self, requests: Sequence[Request], what: str) -> Iterator[Any]:
@@ -167,14 +170,19 @@ class Loader:
         while True:
             if self._pass != mine:
                 raise RuntimeError(f"{what}: another pass of the same loader began meanwhile")
+            if self._died is not None:  # a worker died between two fetches
+                raise self._stalled(it, what, self._died) from self._died
             started = time.perf_counter()
             try:
+                self._fetching = True
                 with _alarm(self.loader.timeout):
                     fetched = next(it)
             except StopIteration:
                 return
-            except (RuntimeError, _Late) as e:
+            except (RuntimeError, OSError, EOFError, _Late) as e:
                 raise self._stalled(it, what, e) from e
+            finally:
+                self._fetching = False
             waited = time.perf_counter() - started
             if self.longest_wait_s is None or waited > self.longest_wait_s:
                 self.longest_wait_s = waited
@@ -183,36 +191,85 @@ class Loader:
 
     def _iterator(self, what: str) -> Any:
         self.loader.timeout = self._bound()  # (a new iterator's; a kept one's is set below)
+        if self._died is not None:  # a worker died since the last pass
+            raise self._stalled(self.loader._iterator, what, self._died) from self._died
         try:
+            self._fetching = True
             with _alarm(self.loader.timeout):
                 it = iter(self.loader)  # a kept iterator: the workers resume, then prefetch
-        except (RuntimeError, _Late) as e:
+        except (RuntimeError, OSError, EOFError, _Late) as e:
             raise self._stalled(self.loader._iterator, what, e) from e
+        finally:
+            self._fetching = False
         it._timeout = self.loader.timeout
+        if not self._watching and threading.current_thread() is threading.main_thread():
+            self._watching = True
+            self._name_a_killed_worker()
         return it
+
+    def _name_a_killed_worker(self) -> None:
+        """torch's SIGCHLD handler (set by the first iterator) raises its RuntimeError where
+        the rank is when a worker dies, a training step or a failure's record included: a
+        death of one of this loader's workers is raised only inside a fetch, else at the next
+        one (:meth:`batches`), as :class:`LoaderStalled`."""
+        previous = signal.getsignal(signal.SIGCHLD)
+
+        def on_child(signum: int, frame: Any) -> None:
+            try:
+                if callable(previous):
+                    previous(signum, frame)
+            except RuntimeError as e:
+                it = self.loader._iterator
+                if it is None or not any(
+                    _state(w.pid) in ("Z", "X", "gone") for w in getattr(it, "_workers", [])
+                ):
+                    raise  # (another loader's worker)
+                self._died = e
+                if self._fetching:
+                    raise
+
+        signal.signal(signal.SIGCHLD, on_child)
 
     def _stalled(self, it: Any, what: str, error: Exception) -> Exception:
         """The error naming the worker that died or owes the next batch, and what to do."""
         text = str(error)
-        if isinstance(error, _Late):
-            text = f"DataLoader timed out after {self.loader.timeout:.0f} seconds"
-        elif not text.startswith(("DataLoader timed out", "DataLoader worker (pid")):
-            return error  # (the dataset's own, raised in a worker: "Caught ... in DataLoader")
         workers = list(getattr(it, "_workers", []))
         states = [_state(proc.pid) for proc in workers]
+        ended = {"Z", "X", "gone"}
+        if isinstance(error, OSError | EOFError):  # the worker it came from may be exiting
+            deadline = time.monotonic() + STACK_WAIT_S
+            while not ended & set(states) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                states = [_state(proc.pid) for proc in workers]
+        if isinstance(error, _Late):
+            text = f"DataLoader timed out after {self.loader.timeout:.0f} seconds"
+        elif isinstance(error, OSError | EOFError) and ended & set(states):
+            # a batch's memory asked of a worker that died meanwhile
+            text = f"{type(error).__name__}: {text}, receiving a batch of a worker that ended"
+        elif not text.startswith(("DataLoader timed out", "DataLoader worker (pid")):
+            return error  # (the dataset's own, raised in a worker: "Caught ... in DataLoader")
         owed = getattr(it, "_task_info", {}).get(getattr(it, "_rcvd_idx", None), ())
         # a worker that ended, else one stopped or waiting for I/O, else the one owing the
         # next batch (a worker stopped after sending a batch blocks its receipt: its memory
         # is handed over by the worker), else every worker
-        dead = [w for w, state in enumerate(states) if state in ("Z", "gone")]
+        dead = [w for w, state in enumerate(states) if state in ended]
         odd = [w for w, state in enumerate(states) if state in ("T", "t", "D")]
         suspects = dead or odd or ([owed[0]] if len(owed) == 1 else range(len(workers)))
         for proc, state in zip(workers, states, strict=True):
-            if state not in ("Z", "gone", "T", "t"):  # (a stopped one cannot write its stack)
+            if state not in ended | {"T", "t"}:  # (a stopped one cannot write its stack)
                 with contextlib.suppress(OSError):
                     os.kill(proc.pid, STACK_SIGNAL)  # every live worker's stack to the log
         if "timed out" in text:
             time.sleep(STACK_WAIT_S)
+        # The workers ended: the rank's exit joins its children, and a stopped one ends on
+        # SIGKILL only (torch's SIGCHLD check told first, as its own shutdown does: it would
+        # raise its own error in place of this one).
+        if getattr(it, "_worker_pids_set", False):
+            signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+        for proc in workers:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
         who = ", ".join(
             f"worker {w} (pid {workers[w].pid}, "
             f"{_ended(workers[w]) or _STATES.get(states[w], states[w])})"
@@ -263,6 +320,9 @@ _STATES = {"R": "running", "S": "sleeping", "D": "in D: waiting for I/O",
 def _ended(proc: Any) -> str | None:
     """How a worker process ended (None: it has not, or it is not known)."""
     code = proc.exitcode
+    if code is None and _state(proc.pid) in ("Z", "X"):  # exiting: its status in a moment
+        proc.join(STACK_WAIT_S)
+        code = proc.exitcode
     if code is None:
         return None
     if code < 0:

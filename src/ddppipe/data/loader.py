@@ -233,6 +233,8 @@ class Loader:
     def _stalled(self, it: Any, what: str, error: Exception) -> Exception:
         """The error naming the worker that died or owes the next batch, and what to do."""
         text = str(error)
+        if text.startswith("Caught "):  # the dataset's own, raised in a worker
+            return error
         workers = list(getattr(it, "_workers", []))
         states = [_state(proc.pid) for proc in workers]
         ended = {"Z", "X", "gone"}
@@ -261,6 +263,11 @@ class Loader:
                     os.kill(proc.pid, STACK_SIGNAL)  # every live worker's stack to the log
         if "timed out" in text:
             time.sleep(STACK_WAIT_S)
+        who = ", ".join(
+            f"worker {w} (pid {workers[w].pid}, "
+            f"{_ended(workers[w]) or _STATES.get(states[w], states[w])})"
+            for w in suspects
+        )
         # The workers ended: the rank's exit joins its children, and a stopped one ends on
         # SIGKILL only (torch's SIGCHLD check told first, as its own shutdown does: it would
         # raise its own error in place of this one).
@@ -270,11 +277,6 @@ class Loader:
         for proc in workers:
             with contextlib.suppress(OSError):
                 os.kill(proc.pid, signal.SIGKILL)
-        who = ", ".join(
-            f"worker {w} (pid {workers[w].pid}, "
-            f"{_ended(workers[w]) or _STATES.get(states[w], states[w])})"
-            for w in suspects
-        )
         return LoaderStalled(
             f"{what}: DataLoader {who or 'worker'} delivered no batch ({text}; the rank's bound "
             "on a wait for a batch follows launch.hang_timeout_s: docs/training.md). The "

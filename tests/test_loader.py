@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import signal
 import time
 
+import numpy
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -37,6 +39,16 @@ class Items(Dataset):
         return torch.full((3,), float(i)), i
 
 
+class Draws(Dataset):
+    """Items drawn in a worker: a random transform's torch, random and NumPy streams."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([torch.rand(()).item(), random.random(), numpy.random.rand()]), i
+
+
 def pids(feed: batches.Feed) -> list[int]:
     return [w.pid for w in feed.source.loader._iterator._workers]
 
@@ -55,6 +67,17 @@ def test_workers_are_forked_once_and_serve_every_epoch_and_evaluation() -> None:
     ][3:]
     evaluated = [i for r in range(2) for _, y in feed.shard(r, 2, 10) for i in y.tolist()]
     assert evaluated == list(range(96)) and pids(feed) == forked
+
+
+def test_a_deterministic_runs_draws_are_the_same_at_any_worker_count_and_on_a_resume() -> None:
+    def draws(workers: int, start: int) -> list[torch.Tensor]:
+        feed = batches.Feed(Draws(), CPU, workers=workers, seeded=True)
+        return [x for (x, _), _ in feed.epoch(0, 1, 4, 0, 1, start)]
+
+    whole = draws(1, 0)
+    assert all(torch.equal(a, b) for a, b in zip(draws(2, 0), whole, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(draws(2, 3), whole[3:], strict=True))
+    assert not torch.equal(whole[0], whole[1])
 
 
 @pytest.mark.parametrize(

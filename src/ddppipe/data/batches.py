@@ -171,7 +171,9 @@ class Feed:
         sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
         steps = range(start_step, sampler.steps)
         sizes = (sharding.global_batch(order, step, global_batch).numel() for step in steps)
-        keys = [loader.batch_key(seed, epoch, s, rank) if self.seeded else None for s in steps]
+        # (seeded in the workers only: the rank's own streams, its dropout's, stay its own)
+        seeded = self.seeded and self.workers > 0
+        keys = [loader.batch_key(seed, epoch, s, rank) if seeded else None for s in steps]
         # a shard's worker reads its share of a window at once
         share = self.dataset.window // (world_size * max(self.workers, 1)) if shards.is_sharded(
             self.dataset) else 0  # fmt: skip

@@ -106,23 +106,56 @@ def stuck_at(log: str) -> float:
 
 
 @pytest.mark.parametrize(
-    ("setting", "phase", "slowest", "expected"),
+    ("setting", "phase", "slowest", "longest", "expected", "why"),
     [
-        ("auto", "train", None, 600.0),  # before the slot's steps: start-up's length
-        ("auto", "train", 0.05, 120.0),  # fast steps: the floor
-        ("auto", "train", 30.0, 300.0),  # slow steps: 10 times the slowest
-        ("auto", "evaluate", 0.05, 600.0),
-        ("auto", "data", 0.05, 900.0),
-        ("auto", "checkpoint", 90.0, 900.0),  # a phase gets no less than a step
-        (3, "train", None, 3.0),  # a number is a step's allowance from the start
-        (3, "start-up", None, 600.0),
-        (2000, "evaluate", 0.05, 2000.0),
+        ("auto", "train", None, None, 600.0, "a step's: the bound of a slot's first steps"),
+        ("auto", "train", 0.05, None, 120.0, "a step's: 10 x the slowest step of the slot, 0.05 s"),
+        ("auto", "train", 30.0, None, 300.0, "a step's: 10 x the slowest step"),
+        ("auto", "evaluate", 0.05, None, 600.0, "evaluate's fixed bound (its first in the slot)"),
+        ("auto", "data", 0.05, None, 900.0, "data's fixed bound"),
+        ("auto", "checkpoint", 90.0, None, 900.0, "checkpoint's: a step's"),  # never less
+        (3, "train", None, None, 3.0, "a step's: launch.hang_timeout_s"),  # from the start
+        (3, "start-up", None, None, 600.0, "start-up's fixed bound"),
+        (2000, "evaluate", 0.05, None, 2000.0, "evaluate's: a step's, launch.hang_timeout_s"),
+        # after the first in the slot: what it measured, within a step's and the fixed bound
+        ("auto", "epoch-start", 0.05, None, 600.0, "epoch-start's fixed bound (its first"),
+        ("auto", "epoch-start", 0.05, 0.4, 120.0, "epoch-start's after its first in the slot"),
+        ("auto", "evaluate", 0.05, 20.0, 200.0, "evaluate's after its first in the slot: 10 x"),
+        ("auto", "evaluate", 0.05, 90.0, 600.0, "evaluate's fixed bound"),  # never looser
+        (3, "evaluate", None, 0.5, 5.0, "evaluate's after its first in the slot: 10 x"),
+        ("auto", "checkpoint", 0.05, 1.0, 600.0, "checkpoint's fixed bound"),  # not recurring
+        ("auto", "data", 0.05, 1.0, 900.0, "data's fixed bound"),  # once a slot
     ],
 )
 def test_allowance(
-    setting: float | str, phase: str, slowest: float | None, expected: float
-) -> None:
-    assert allowances.allowance(setting, phase, slowest) == expected
+    setting: float | str, phase: str, slowest: float | None, longest: float | None,
+    expected: float, why: str,
+) -> None:  # fmt: skip
+    allowed = allowances.allowance(setting, phase, slowest, longest)
+    assert allowed.seconds == expected
+    assert allowed.why.startswith(why), allowed.why
+
+
+def test_the_watchdog_allows_an_evaluation_what_the_first_took(tmp_path: Path) -> None:
+    """A rank's heartbeat measures its first evaluation (0.5 s); hang_timeout_s 3: the second
+    one is allowed 10 times that, and the hang names that allowance."""
+    cfg = default_config()
+    cfg["launch"]["hang_timeout_s"] = TIMEOUT_S
+    spec = run_spec.resolve(cfg, False)
+    dog = watchdog.Watchdog(spec, StateDir(tmp_path / "state"), 1, None)
+    dog.environment()
+    heart = heartbeat.Heart(dog.folder, 0, True, False)
+    heart.beat("evaluate")
+    time.sleep(0.5)
+    heart.beat("checkpoint")
+    heart.beat("evaluate")  # the second evaluation
+    heart._write()
+    t0 = time.monotonic()
+    assert dog._check(t0) is None and dog._check(t0 + 4.0) is None  # (the first: 600 s)
+    late, allowed = dog._check(t0 + 6.0) or ([], None)
+    assert [v.rank for v in late] == [0] and allowed is not None
+    assert 5.0 <= allowed.seconds < 5.5, allowed
+    assert allowed.why.startswith("evaluate's after its first in the slot: 10 x its longest")
 
 
 @pytest.mark.parametrize(

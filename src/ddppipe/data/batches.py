@@ -1,6 +1,7 @@
-"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader (of a
-dataset read item by item, of a pack: :mod:`ddppipe.data.packed`, a batch per read, or of
-shards streamed: :mod:`ddppipe.data.shards`).
+"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader whose
+workers a rank keeps for the slot (:mod:`ddppipe.data.loader`) (of a dataset read item by
+item, of a pack: :mod:`ddppipe.data.packed`, a batch per read, or of shards streamed:
+:mod:`ddppipe.data.shards`).
 
 Every path follows :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
 batch ``perm[k*B:(k+1)*B]`` of that epoch's order (a permutation; for shards, theirs), each
@@ -18,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torch.utils.data import Dataset, default_collate
 
-from ddppipe.data import packed, sharding, shards
+from ddppipe.data import loader, sharding, shards
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -136,29 +137,41 @@ class ShardedBatches:
 
 
 class Feed:
-    """One rank's view of a dataset: batches of an epoch (training) or its shard (evaluation)."""
+    """One rank's view of a dataset: batches of an epoch (training) or its shard (evaluation),
+    read in the rank (tensors in memory; no workers) or by its :class:`loader.Loader`'s
+    workers, kept from pass to pass. ``wait_bound``: the seconds the rank waits for a batch,
+    from the longest wait it has seen (:func:`ddppipe.training.measuring.allowances.loader_wait_s`);
+    ``seeded``: each batch's random draws seeded from the run's seed (``train.deterministic``)."""
 
     def __init__(
-        self, dataset: Any, device: torch.device, workers: int, seeded: bool = False
-    ) -> None:
+        self, dataset: Any, device: torch.device, workers: int, seeded: bool = False,
+        wait_bound: Callable[[float | None], float] | None = None,
+    ) -> None:  # fmt: skip
         self.in_memory = in_memory(dataset)
         self.dataset = dataset.to(device) if self.in_memory else dataset
-        self.device, self.workers = device, workers
-        self.seeded = seeded  # workers seeded from the run's seed (train.deterministic)
+        self.device, self.workers, self.seeded = device, workers, seeded
+        self.wait_bound = wait_bound
+        self._loader: loader.Loader | None = None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _loader(self, dataset: Any, **kwargs: Any) -> DataLoader:
-        workers = self.workers
-        if isinstance(dataset, shards.Stream):  # yields its batches collated, in step order
-            kwargs["batch_size"] = None
-        elif packed.is_packed(dataset):  # a packed dataset reads and stacks a batch at once
-            kwargs["collate_fn"] = packed.as_batch
-        return DataLoader(
-            dataset, num_workers=workers, pin_memory=self.device.type == "cuda",
-            persistent_workers=False, prefetch_factor=4 if workers else None, **kwargs,
-        )  # fmt: skip
+    @property
+    def source(self) -> loader.Loader:
+        """The dataset's loader, made at its first use (its workers forked by :meth:`start`, or
+        at its first pass)."""
+        if self._loader is None:
+            # a shard's request is a window's share: one outstanding a worker (its memory)
+            prefetch = 1 if shards.is_sharded(self.dataset) else 4
+            self._loader = loader.Loader(self.dataset, self.workers, self.device.type == "cuda",
+                                         prefetch, self.wait_bound)  # fmt: skip
+        return self._loader
+
+    def start(self) -> Feed:
+        """Fork the loader's workers now, once for the slot (nothing to start in memory)."""
+        if not self.in_memory:
+            self.source.start()
+        return self
 
     def _to_device(self, batch: Any) -> Batch:
         x, y = batch
@@ -178,13 +191,17 @@ class Feed:
             return
         order = epoch_order(self.dataset, seed, epoch)
         sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
-        seeding = _worker_seeding(seed, epoch, rank) if self.seeded and self.workers else {}
-        if shards.is_sharded(self.dataset):  # a worker's share of a window read at once
-            share = self.dataset.window // (world_size * max(self.workers, 1))
-            loader = self._loader(shards.Stream(self.dataset, list(sampler), share), **seeding)
-        else:
-            loader = self._loader(self.dataset, batch_sampler=sampler, **seeding)
-        for batch, (count, total) in zip(loader, sampler.counts(), strict=True):
+        steps = range(start_step, sampler.steps)
+        # (seeded in the workers only: the rank's own streams, its dropout's, stay its own)
+        seeded = self.seeded and self.workers > 0
+        keys = [loader.batch_key(seed, epoch, s, rank) if seeded else None for s in steps]
+        # a shard's worker reads its share of a window at once
+        share = self.dataset.window // (world_size * max(self.workers, 1)) if shards.is_sharded(
+            self.dataset) else 0  # fmt: skip
+        requests = _requests(list(zip(keys, sampler, strict=True)), share)
+        what = f"rank {rank}, train epoch {epoch + 1}"
+        batches = self.source.batches(requests, what)
+        for batch, (count, total) in zip(batches, sampler.counts(), strict=True):
             yield Share(self._to_device(batch), count, total)
 
     def shard(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
@@ -196,29 +213,21 @@ class Feed:
                 idx = torch.arange(start, min(start + batch_size, len(part)), device=self.device)
                 yield part.batch(idx)
             return
-        if shards.is_sharded(self.dataset):  # in file order, a worker's batches at once
-            parts = [list(range(i, min(i + batch_size, hi))) for i in range(lo, hi, batch_size)]
-            share = self.dataset.window // max(self.workers, 1)
-            loader = self._loader(shards.Stream(self.dataset, parts, share))
-        else:
-            loader = self._loader(Subset(self.dataset, range(lo, hi)), batch_size=batch_size)
-        for batch in loader:
+        parts = [(None, list(range(i, min(i + batch_size, hi)))) for i in range(lo, hi, batch_size)]
+        share = self.dataset.window // max(self.workers, 1) if shards.is_sharded(
+            self.dataset) else 0  # fmt: skip
+        for batch in self.source.batches(_requests(parts, share), f"rank {rank}, evaluation"):
             yield self._to_device(batch)
 
 
-def _worker_seeding(seed: int, epoch: int, rank: int) -> dict[str, Any]:
-    """A DataLoader's arguments that seed its workers the same in every run: the generator its
-    workers' torch seeds come from, and ``random``'s and NumPy's from those."""
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 4099 + rank)
-    return {"generator": generator, "worker_init_fn": _seed_worker}
-
-
-def _seed_worker(worker_id: int) -> None:
-    """(In a DataLoader worker) ``random`` and NumPy seeded from torch's seed of the worker."""
-    import random
-
-    import numpy
-
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    numpy.random.seed(seed)
+def _requests(batches: list[tuple[int | None, list[int]]], share: int) -> list[loader.Request]:
+    """Consecutive ``batches`` grouped into requests of at least ``share`` samples each (a
+    shard's worker reads a request's samples at once), or one batch a request (``share`` 0)."""
+    out: list[loader.Request] = []
+    group: loader.Request = []
+    for batch in batches:
+        group.append(batch)
+        if sum(len(b) for _, b in group) >= share:
+            out.append(group)
+            group = []
+    return [*out, group] if group else out

@@ -11,12 +11,12 @@ epoch and a run stopped mid-epoch continues at any world size and DataLoader wor
 an epoch's global order is a function of the seed and the epoch alone (:meth:`Sharded.order`:
 the shards shuffled, then the samples shuffled within windows of ``window`` consecutive
 samples of that shard order, the shuffle buffer). Step k trains ``order[k*B:(k+1)*B]``, each
-rank a contiguous slice of it. A rank's batches are read by :class:`Stream` in its DataLoader
-workers (worker ``w`` of ``n`` reads batches ``w, w+n, ...``, the order in which the
-DataLoader returns them): a worker gathers the samples of its next batches that fill its
-share of a window, reads them shard by shard in file order (one open a shard, forward seeks),
-then decodes and yields the batches. A window spans a few shards: a rank reads a few shards
-at a time, each sequentially, and never holds more than its share of a window.
+rank a contiguous slice of it. A rank's batches are read by its DataLoader workers
+(:mod:`ddppipe.data.loader`): the rank groups its consecutive batches into requests that fill
+a worker's share of a window, and the worker that takes a request reads its samples shard by
+shard in file order (one open a shard, forward seeks), then decodes them batch by batch. A
+window spans a few shards: a rank reads a few shards at a time, each sequentially, and holds
+about its share of a window (each worker one request, and the request it trains on).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import Dataset
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
@@ -242,35 +242,3 @@ class Sharded(Dataset):
 
 def is_sharded(dataset: Any) -> bool:
     return isinstance(dataset, Sharded)
-
-
-class Stream(IterableDataset):
-    """One rank's ``batches`` (lists of sample indices, in step order) of a :class:`Sharded`,
-    collated, for a DataLoader with ``batch_size=None``: worker ``w`` of ``n`` yields batches
-    ``w, w+n, ...``, reading the samples of as many of its batches at once as make up
-    ``buffer`` samples (at least one batch)."""
-
-    def __init__(self, dataset: Sharded, batches: list[list[int]], buffer: int) -> None:
-        self.dataset, self.batches, self.buffer = dataset, batches, max(1, buffer)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        mine = self.batches[worker::workers]
-        group: list[list[int]] = []
-        for batch in mine:
-            group.append(batch)
-            if sum(map(len, group)) >= self.buffer:
-                yield from self._decoded(group)
-                group = []
-        yield from self._decoded(group)
-
-    def _decoded(self, group: list[list[int]]) -> Iterator[Any]:
-        if not group:
-            return
-        samples = self.dataset.read([i for batch in group for i in batch])
-        for batch in group:
-            yield default_collate([self.dataset.decode(samples[i]) for i in batch])

@@ -2,14 +2,16 @@
 
 The launcher (on the job's first node) reads every rank's heartbeat
 (:mod:`ddppipe.training.measuring.heartbeat`) from the state folder once a second. A rank may go
-without progress for its phase's allowance (:func:`allowance`): a training step's is
-``launch.hang_timeout_s``, or with ``auto`` 10 times the slowest step seen in the slot and
+without progress for its phase's allowance (:func:`allowances.allowance`): a training step's
+is ``launch.hang_timeout_s``, or with ``auto`` 10 times the slowest step seen in the slot and
 at least 2 minutes (10 minutes until the slot's first steps: torchtitan's two timeouts,
 NVIDIA's resiliency extension's timeouts from observed step times); start-up, data,
-evaluation and checkpoints have longer ones of their own. When a rank exceeds it, the
-watchdog has every rank write its Python stack (the heartbeat's signal: ``kill`` locally,
-``scancel --signal`` of the srun step on SLURM, which reaches every node), names the ranks
-that did not progress and the frame each is in, writes it all to the state folder's
+evaluation, an epoch's start and checkpoints have longer ones of their own, an epoch's start
+and an evaluation after their first in the slot 10 times the longest the slot measured.
+When a rank exceeds it, the watchdog has every rank write its Python stack (the heartbeat's
+signal: ``kill`` locally, ``scancel --signal`` of the srun step on SLURM, which reaches every
+node and the ranks' DataLoader workers), names the ranks that did not progress, the frame
+each is in and the allowance it exceeded, writes it all to the state folder's
 ``hangs/attempt-N.txt`` and the log, and kills the ranks. The life cycle records the outcome
 ``hung`` (ddppipe.launching.lifecycle): on SLURM the job continues from the last checkpoint in
 a new slot (ddppipe.slurm.continuation caps slots that hung without progress).
@@ -137,6 +139,7 @@ class Hang:
     phase: str
     idle_s: float
     allowance_s: float
+    allowance: str  # which allowance it was, in words (allowances.Allowance.why)
     stacks: str  # the report's path
 
     @property
@@ -146,10 +149,9 @@ class Hang:
             f"rank {r} ({self.hosts.get(r, '?')}) in {self.places.get(r, 'an unknown frame')}"
             for r in self.ranks
         )
-        which = "launch.hang_timeout_s" if self.phase == heartbeat.STEP else f"{self.phase}'s"
         return (
             f"{named}: no progress in {self.phase} for {self.idle_s:.0f} s (allowed "
-            f"{self.allowance_s:.0f} s, {which}); every rank's stack: {self.stacks}"
+            f"{self.allowance_s:.0f} s, {self.allowance}); every rank's stack: {self.stacks}"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -232,43 +234,47 @@ class Watchdog:
             if self.armed_at is None and beat.watched:
                 self.armed_at = now
 
-    def _check(self, now: float) -> tuple[list[RankView], float] | None:
+    def _check(self, now: float) -> tuple[list[RankView], allowances.Allowance] | None:
         """Read the heartbeats; the ranks past their allowance (and it) if any."""
         self._read(now)
         if not self.watched:
             return None
-        late, allowed = [], 0.0
+        late: list[RankView] = []
+        allowed: allowances.Allowance | None = None
         for view in self.views.values():
             if view.phase == heartbeat.DONE:
                 continue
-            slowest = view.beat.slowest_step_s if view.beat else None
-            limit = allowances.allowance(self.setting, view.phase, slowest)
+            beat = view.beat
+            longest = (beat.longest_s or {}).get(view.phase) if beat else None
+            limit = allowances.allowance(
+                self.setting, view.phase, beat.slowest_step_s if beat else None, longest
+            )
             since = max(view.changed_at, self.armed_at or view.changed_at)
-            if now - since > limit:
+            if now - since > limit.seconds:
                 late.append(view)
-                allowed = max(allowed, limit)
-        return (late, allowed) if late else None
+                allowed = limit if allowed is None or limit.seconds > allowed.seconds else allowed
+        return (late, allowed) if late and allowed is not None else None
 
     # -- a hang ------------------------------------------------------------------------------
 
-    def _handle(self, late: list[RankView], allowed: float) -> None:
+    def _handle(self, late: list[RankView], allowed: allowances.Allowance) -> None:
         now = time.monotonic()
         log.error(
             "hang watchdog: no progress from %s (allowed %.0f s): recording every rank's stack",
-            ", ".join(v.describe(now) for v in late), allowed,
+            ", ".join(v.describe(now) for v in late), allowed.seconds,
         )  # fmt: skip
         beats = [v.beat for v in self.views.values() if v.beat is not None]
         self._dump(beats)
         culprits = self._culprits(late)
         self.report.parent.mkdir(parents=True, exist_ok=True)
-        text = self._report(now, allowed)
+        text = self._report(now, allowed.seconds)
         self.report.write_text(text)
         self.hang = Hang(
             ranks=[v.rank for v in culprits],
             places={v.rank: str(f) for v in culprits if (f := where(v.frames, self.user_file))},
             hosts={v.rank: v.beat.host for v in culprits if v.beat},
             phase=late[0].phase, idle_s=now - min(v.changed_at for v in late),
-            allowance_s=allowed, stacks=str(self.report),
+            allowance_s=allowed.seconds, allowance=allowed.why, stacks=str(self.report),
         )  # fmt: skip
         log.error("hang watchdog: the slot hung: %s\n%s", self.hang.detail, text)
         self._end(beats)

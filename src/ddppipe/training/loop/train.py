@@ -11,6 +11,7 @@ model (DDP, FSDP or HSDP: ``launch.strategy``) is its strategy's
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -123,11 +124,14 @@ class Trainer:
             # (kept by the warm server that forked this rank, when it loaded the same data)
             train_set, test_set = kept_datasets.datasets(self.task, self.data_dir, args)
             cpus, threads = system.available_cpus(), torch.get_num_threads()
+            bound = functools.partial(allowances.loader_wait_s, spec.launch.hang_timeout_s)
+            # Each loader's workers forked now, kept for the slot: before the model, the
+            # trackers and any checkpoint's thread (ddppipe.data.loader)
             self.train_data, self.test_data = (batches.Feed(
                 part, ctx.device, batches.loader_workers(
                     spec.launch.loader_workers, part, cpus, ctx.local_world_size, threads),
-                seeded=self.recipe.deterministic,
-            ) for part in (train_set, test_set))  # fmt: skip
+                seeded=self.recipe.deterministic, wait_bound=bound,
+            ).start() for part in (train_set, test_set))  # fmt: skip
         if len(self.test_data) < ctx.world_size:
             raise tasks.TaskError(
                 f"task {spec.task}: {len(self.test_data)} test samples for {ctx.world_size} "
@@ -246,9 +250,9 @@ class Trainer:
         start, first, aside_s = clock.mark(), self.step, 0.0  # (aside: not training)
         images = local_images = 0  # global and this rank's, this epoch in this slot
         tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
-        warm_at, warm_images = (start, 0) if self.meter.steps >= efficiency.WARMUP_STEPS else (
-            None, 0
-        )  # fmt: skip
+        warm = self.meter.steps >= efficiency.WARMUP_STEPS
+        warm_at, warm_images = (start if warm else None), 0
+        heartbeat.beat(heartbeat.EPOCH_START)  # (until its first batch: its own allowance)
         self.meter.training_started()
         for step, share in enumerate(self.meter.fed(batches), start=first):
             if step % SIGNAL_CHECK_EVERY == 0 and step > first:
@@ -401,13 +405,9 @@ class Trainer:
         """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
         heartbeat.beat("checkpoint")
         snapshot = self.checkpoints.snapshot(self._position())
-
-        evaluation = {
-            **self._final_eval.summary(),  # type: ignore[union-attr]
-            "precision": str(self.dtype).removeprefix("torch."),
-            "epochs": self.epoch,
-            "config_hash": self.config_hash,
-        }
+        evaluation = {**self._final_eval.summary(),  # type: ignore[union-attr]
+                      "precision": str(self.dtype).removeprefix("torch."), "epochs": self.epoch,
+                      "config_hash": self.config_hash}  # fmt: skip
         if self.pruned_at is not None:
             evaluation[pruning.PRUNED_AT] = self.pruned_at
 

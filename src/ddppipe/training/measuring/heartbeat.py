@@ -36,8 +36,9 @@ from ddppipe.runstate.state import StateDir
 DUMP_SIGNAL = signal.SIGWINCH
 DUMP_REQUEST = "dump-requested"  # the launcher's request for the NCCL flight recorder
 STEP = "train"  # the phase of training steps (a script: between its job API calls)
+EPOCH_START = "epoch-start"  # an epoch's start: until its loader's first batch
 DONE = "done"  # the rank's process ends: never late
-PHASES = ("start-up", "data", STEP, "evaluate", "checkpoint", DONE)
+PHASES = ("start-up", "data", EPOCH_START, STEP, "evaluate", "checkpoint", DONE)
 WRITE_EVERY_S = 1.0
 RECORD_BYTES = 512  # records are padded to this, so a shorter one overwrites a longer one
 
@@ -64,6 +65,8 @@ class Beat:
     slowest_step_s: float | None  # the slowest step of the slot after each phase's first
     watched: bool  # False until a script's first job.should_stop()/job.log() call
     slurm_step: str | None  # "JOB.STEP" of an srun step, None locally
+    # each phase the rank left: the longest it went without progress in it (this slot)
+    longest_s: dict[str, float] | None = None
 
     @classmethod
     def read(cls, path: Path) -> Beat | None:
@@ -83,6 +86,7 @@ class Heart:
         self.folder, self.rank, self.watched = Path(folder), rank, watched
         self.phase, self.step, self.count = "start-up", None, 0
         self.at, self.in_phase, self.slowest = time.monotonic(), 0, None
+        self.longest: dict[str, float] = {}
         self._written = -1
         job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
         self._identity = {
@@ -104,13 +108,17 @@ class Heart:
                 if self.slowest is None or interval > self.slowest:
                     self.slowest = interval
         else:
+            gap = now - self.at  # in the phase it leaves (beaten once in a recurring phase)
+            if gap > self.longest.get(self.phase, 0.0):
+                self.longest[self.phase] = round(gap, 3)
             self.phase, self.in_phase = phase, 0
         self.step, self.at, self.watched = step, now, True
         self.count += 1
 
     def _record(self) -> bytes:
         record = {**self._identity, "phase": self.phase, "step": self.step, "count": self.count,
-                  "slowest_step_s": self.slowest, "watched": self.watched}  # fmt: skip
+                  "slowest_step_s": self.slowest, "watched": self.watched,
+                  "longest_s": dict(self.longest)}  # fmt: skip
         return json.dumps(record).encode().ljust(RECORD_BYTES)
 
     def _write(self) -> None:

@@ -43,6 +43,7 @@ LINKED = (
     "pyproject.toml",
     "Makefile",
     "constraints.txt",
+    "tests",  # make test-gpu's runner (tests/gpu_suite.py)
 )
 # Markers of a command that cannot run for real here, or that is long: run with -n.
 DRY = ("--profile", "container=", "/path/to/", "example.org", "results/images", "make run")

@@ -30,7 +30,8 @@ from tests import gpu_plan
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 480.0  # 8 minutes on one GPU (issue #54)
 GRACE_S = 60.0  # the test under way when the budget ends may finish within this
-NO_GPU = 2
+NO_GPU = 2  # the exit status without a CUDA GPU, after its one line:
+NO_GPU_LINE = "make test-gpu: no CUDA GPU here (torch sees none): nothing run"
 
 
 def cuda_gpus() -> int:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     gpus = cuda_gpus()
     if not gpus:
-        print("make test-gpu: no CUDA GPU here (torch sees none): nothing run", file=sys.stderr)
+        print(NO_GPU_LINE, file=sys.stderr)
         return NO_GPU
     return run(args.budget, args.out.resolve(), extra)
 

@@ -58,12 +58,12 @@ def test_workers_are_forked_once_and_serve_every_epoch_and_evaluation() -> None:
     forked = pids(feed)
     alone = batches.Feed(Items(), CPU, workers=0)
     for epoch in range(3):
-        got = [y.tolist() for (_, y), _ in feed.epoch(5, epoch, 8, 1, 2, 0)]
-        assert got == [y.tolist() for (_, y), _ in alone.epoch(5, epoch, 8, 1, 2, 0)]
+        got = [y.tolist() for (_, y), *_ in feed.epoch(5, epoch, 8, 1, 2, 0)]
+        assert got == [y.tolist() for (_, y), *_ in alone.epoch(5, epoch, 8, 1, 2, 0)]
         assert pids(feed) == forked
     # a run resumed at step 3 reads the uninterrupted run's batches from there on
-    assert [y.tolist() for (_, y), _ in feed.epoch(5, 1, 8, 1, 2, 3)] == [
-        y.tolist() for (_, y), _ in alone.epoch(5, 1, 8, 1, 2, 0)
+    assert [y.tolist() for (_, y), *_ in feed.epoch(5, 1, 8, 1, 2, 3)] == [
+        y.tolist() for (_, y), *_ in alone.epoch(5, 1, 8, 1, 2, 0)
     ][3:]
     evaluated = [i for r in range(2) for _, y in feed.shard(r, 2, 10) for i in y.tolist()]
     assert evaluated == list(range(96)) and pids(feed) == forked
@@ -72,7 +72,7 @@ def test_workers_are_forked_once_and_serve_every_epoch_and_evaluation() -> None:
 def test_a_deterministic_runs_draws_are_the_same_at_any_worker_count_and_on_a_resume() -> None:
     def draws(workers: int, start: int) -> list[torch.Tensor]:
         feed = batches.Feed(Draws(), CPU, workers=workers, seeded=True)
-        return [x for (x, _), _ in feed.epoch(0, 1, 4, 0, 1, start)]
+        return [x for (x, _), *_ in feed.epoch(0, 1, 4, 0, 1, start)]
 
     whole = draws(1, 0)
     assert all(torch.equal(a, b) for a, b in zip(draws(2, 0), whole, strict=True))

@@ -60,6 +60,12 @@ def test_the_same_content_gives_the_same_image_and_a_failed_write_leaves_nothing
     second = squashfs.write(root, tmp_path / "b", "root")
     assert second != first and os.listdir(tmp_path / "b") == [second]  # the old one removed
 
+    (root / "red" / "link.png").symlink_to("000.png")  # kept a link in the image: refused
+    with pytest.raises(squashfs.SquashfsError, match=r"symbolic links \(red/link\.png -> 000"):
+        squashfs.write(root, tmp_path / "b", "root")
+    assert os.listdir(tmp_path / "b") == [second]
+    (root / "red" / "link.png").unlink()
+
     monkeypatch.setattr(squashfs, "MKSQUASHFS_ARGS", ("-no-such-option",))
     with pytest.raises(squashfs.SquashfsError, match=r"mksquashfs .* failed"):
         squashfs.write(root, tmp_path / "b", "root")
@@ -67,6 +73,19 @@ def test_the_same_content_gives_the_same_image_and_a_failed_write_leaves_nothing
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(squashfs.SquashfsError, match="install squashfs-tools"):
         squashfs.write(root, tmp_path / "b", "root")
+
+
+def test_squashfs_tools_older_than_4_4_are_named_with_the_fix() -> None:
+    """RHEL 8's mksquashfs 4.3 has no -mkfs-time/-all-time: named before it runs; this
+    machine's is accepted."""
+    old = squashfs.version_problem("mksquashfs version 4.3-git (2014/06/09)\ncopyright (C) 2014")
+    assert old is not None
+    assert old.startswith("data.pack: squashfs needs squashfs-tools 4.4 or newer")
+    assert "this mksquashfs is 4.3: install a newer squashfs-tools" in old
+    assert squashfs.version_problem("mksquashfs version 4.4 (2019/08/29)") is None
+    here = subprocess.run(["mksquashfs", "-version"], capture_output=True, text=True, check=False)
+    assert re.match(r"mksquashfs version \d+\.\d+", here.stdout)
+    assert squashfs.version_problem(here.stdout) is None
 
 
 def test_a_mount_ends_with_its_process_and_one_left_by_a_killed_one_is_removed(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -53,6 +54,7 @@ KEY = "squashfs"  # the data manifest's record of the image
 MKSQUASHFS_ARGS = ("-noappend", "-all-root", "-mkfs-time", "0", "-all-time", "0",
                    "-no-xattrs", "-no-progress", "-quiet")  # fmt: skip
 MKSQUASHFS, UNSQUASHFS, SQUASHFUSE = "mksquashfs", "unsquashfs", "squashfuse"
+MKSQUASHFS_MIN = (4, 4)  # -mkfs-time and -all-time (RHEL 8 ships 4.3)
 # In this user's private folder: sqfs-<digest>.<pid> a process's mount, sqfs-<digest> the
 # image unpacked.
 NAME_PREFIX = "sqfs-"
@@ -72,6 +74,33 @@ def _tool(name: str, purpose: str) -> str:
             "data.pack: none"
         )
     return found
+
+
+def version_problem(printed: str) -> str | None:
+    """Why the mksquashfs that printed ``printed`` (its ``-version``) cannot write the image,
+    or None."""
+    found = re.search(r"mksquashfs version (\d+)\.(\d+)", printed)
+    if found is None:
+        return None  # (an unknown build: its own error, if any, comes when it runs)
+    version = (int(found.group(1)), int(found.group(2)))
+    if version >= MKSQUASHFS_MIN:
+        return None
+    return (
+        f"data.pack: squashfs needs squashfs-tools {'.'.join(map(str, MKSQUASHFS_MIN))} or "
+        f"newer (its -mkfs-time and -all-time make the image the same bytes every time), and "
+        f"this mksquashfs is {version[0]}.{version[1]}: install a newer squashfs-tools (or put "
+        "one first on PATH), or set data.pack: none"
+    )
+
+
+def _links(folder: Path, most: int = 3) -> list[Path]:
+    """Up to ``most`` symbolic links under ``folder`` (files or folders)."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        found += [Path(root, n) for n in dirs + files if Path(root, n).is_symlink()]
+        if len(found) >= most:
+            break
+    return found[:most]
 
 
 def _io(pid: int) -> str | None:
@@ -115,6 +144,18 @@ def write(folder: Path, data_dir: Path, stem: str) -> str:
     folder, data_dir = Path(folder), Path(data_dir)
     if not folder.is_dir():
         raise SquashfsError(f"data.pack: squashfs: no folder {folder.absolute()} to pack")
+    printed = subprocess.run([tool, "-version"], capture_output=True, text=True, check=False)
+    problem = version_problem(printed.stdout + printed.stderr)
+    if problem:
+        raise SquashfsError(problem)
+    links = _links(folder)
+    if links:  # mksquashfs stores a link as a link: read outside the image, or broken in it
+        named = ", ".join(f"{p.relative_to(folder)} -> {os.readlink(p)}" for p in links)
+        raise SquashfsError(
+            f"data.pack: squashfs: {folder} holds symbolic links ({named}): the image would "
+            "keep them as links, which point outside it (read past its digest) or nowhere. "
+            "Replace them with the files they point to (cp -rL), or set data.pack: none"
+        )
     # A name the data manifest leaves out (ddppipe.core.atomic's temporary files).
     fd, name = tempfile.mkstemp(prefix=f".{stem}{SUFFIX}.", suffix=".tmp", dir=data_dir)
     os.close(fd)

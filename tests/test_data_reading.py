@@ -458,7 +458,9 @@ def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> 
         r"batch after (\d+\.\d\d) s, then (\d+) samples/s \((\d+\.\d) ms a batch\): a "
         r"training step shorter than that waits for its data\n", line)  # fmt: skip
     assert found, line
-    assert float(found[1]) >= 0.2 and int(found[2]) <= 20 and float(found[3]) >= 200
+    # 4 items of 50 ms a batch: 200 ms, read between two deliveries a little under at times
+    # (199.2 ms seen on a loaded machine); 5 % below it is still the slow loader
+    assert float(found[1]) >= 0.19 and int(found[2]) <= 21 and float(found[3]) >= 190
 
 
 # -- node-local folders another user shares (ddppipe.core.private, ddppipe.core.nodelock) ----

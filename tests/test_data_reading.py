@@ -458,9 +458,11 @@ def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> 
         r"batch after (\d+\.\d\d) s, then (\d+) samples/s \((\d+\.\d) ms a batch\): a "
         r"training step shorter than that waits for its data\n", line)  # fmt: skip
     assert found, line
-    # 4 items of 50 ms a batch: 200 ms, read between two deliveries a little under at times
-    # (199.2 ms seen on a loaded machine); 5 % below it is still the slow loader
-    assert float(found[1]) >= 0.19 and int(found[2]) <= 21 and float(found[3]) >= 190
+    first, per_batch = float(found[1]), float(found[3]) / 1000
+    # one worker, 4 items of 50 ms a batch: the 5th batch comes 1 s after the start at the
+    # earliest; the rate is read from the 1st batch on, so a 1st batch received late makes it
+    # a little faster than 200 ms a batch (199.2 and 199.8 ms seen on a loaded machine)
+    assert first + 4 * per_batch >= 0.99 and per_batch >= 0.15, line
 
 
 # -- node-local folders another user shares (ddppipe.core.private, ddppipe.core.nodelock) ----

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from ddppipe.core import atomic
+
 BUDGET_ENV = "DDPPIPE_GPU_BUDGET_S"  # the runner's budget in seconds (the plugin plans only then)
 REPORT_ENV = "DDPPIPE_GPU_REPORT"  # where the JSON report goes
 NOT_REACHED = "not reached"  # the start of a budget skip's reason
@@ -130,9 +132,7 @@ class Report:
 
     def write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        draft = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        draft.write_text(json.dumps(self.as_dict(), indent=1) + "\n")
-        os.replace(draft, self.path)
+        atomic.write_text(self.path, json.dumps(self.as_dict(), indent=1) + "\n")
 
 
 def machine() -> dict[str, Any]:

@@ -25,6 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ddppipe.core import atomic
 from tests import gpu_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,9 +90,7 @@ def summarize(report: Path, code: int) -> None:
         for part in data["parts"]:
             if part["outcome"] == "pending":
                 part["outcome"], part["reason"] = gpu_plan.NOT_REACHED, "stopped at the budget"
-        draft = report.with_name(".report.json.final")
-        draft.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(draft, report)
+        atomic.write_text(report, json.dumps(data, indent=1) + "\n")
     counts = {}
     for part in data["parts"]:
         counts[part["outcome"]] = counts.get(part["outcome"], 0) + 1

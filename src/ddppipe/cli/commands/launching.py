@@ -24,7 +24,6 @@ def resolve_config(
 
     from ddppipe.cli.commands.settings import json_config
     from ddppipe.launching import resolve
-    from ddppipe.parallel import devices
     from ddppipe.settings import config
 
     if json_text is not None:
@@ -32,9 +31,8 @@ def resolve_config(
     else:
         with open(config_path) as f:
             cfg = config.validate(yaml.safe_load(f))
-    # by hand: decided here, where the run is submitted; the workflow passes its decision
-    gpus_used = devices.trains_on_gpus(cfg, slurm=False) if gpus is None else gpus == "yes"
-    resolve.write_resolved(cfg, out, gpus_used)
+    # by hand: decided here (write_resolved), where the run is submitted; or as asked
+    resolve.write_resolved(cfg, out, None if gpus is None else gpus == "yes")
     return 0
 
 

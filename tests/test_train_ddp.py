@@ -13,7 +13,7 @@ import yaml
 
 from ddppipe.core import env_names
 from ddppipe.reports import goodput
-from ddppipe.runstate import preemption
+from ddppipe.runstate import preemption, startup
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
@@ -107,6 +107,18 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]
     assert 0 < figures["warmup_s"] < figures["train_s"]  # the first 10 of the 16 steps
     assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
+    # Its start-up in parts (ddppipe.runstate.startup): a local slot from its launcher's
+    # start, its ranks started cold (each imports torch), no preflight, no checkpoint yet
+    parts = startup.of_attempt(attempt)
+    assert list(parts) == ["launcher", "launch", "interpreter", "imports", "process group",
+                           "data", "model", "checkpoint load", "first step"]  # fmt: skip
+    assert all(seconds >= 0 for seconds in parts.values())
+    assert parts["imports"] > parts["process group"]  # torch's import, cold
+    assert figures["startup_s"] == pytest.approx(sum(parts.values()) - parts["first step"])
+    assert attempt["marks"]["rank_first_step"] == pytest.approx(
+        attempt["start"] + sum(parts.values())
+    )
+    assert "startup_marks" not in figures  # (taken into the record's marks)
     assert figures["images_per_s"] == pytest.approx(2 * figures["images_per_s_per_process"])
     assert figures["achieved_gflops"] == pytest.approx(71_565_312 * figures["images_per_s"] / 1e9)
     assert figures["cpu_s"] > 0 and figures["memory_peak_mb"] > 100  # torch alone is more

@@ -11,6 +11,7 @@ import sys
 from ddppipe import __version__
 from ddppipe.cli.subcommands import COMMANDS, Arg, Command, OneOf
 from ddppipe.core import env_names
+from ddppipe.core import process_times as _entered  # noqa: F401 (the command began)
 from ddppipe.core.errors import UserError
 from ddppipe.launching import warm_client
 

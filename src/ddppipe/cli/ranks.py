@@ -20,10 +20,12 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
 
     heartbeat.start()  # from now on the launcher's hang watchdog sees this rank's progress
     try:
+        from ddppipe.core import process_times
         from ddppipe.runstate.state import StateDir
         from ddppipe.settings import run_spec
         from ddppipe.training.loop import files, train
 
+        process_times.mark("imported")  # (torch and the training's modules)
         paths = files.Paths(data, StateDir(state), checkpoint, metrics)
         train.train(run_spec.load(config_path), paths, guard)
     except preemption.Preempted as e:

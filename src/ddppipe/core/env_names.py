@@ -7,7 +7,8 @@ that no record reaches first:
 - :data:`WARM_SOCKET`, :data:`WARM_SERVER`: the warm server (ddppipe.launching.warm) of a
   Snakemake call or a packed allocation's node, for every command started there;
 - :data:`WARM_CHILD`: set in a command the warm server forked (it runs, no delegating);
-- :data:`UNDER_AGENT`: set by ``ddppipe agent`` for the workers torchrun starts;
+- :data:`UNDER_AGENT`, :data:`AGENT_MARKS`: set by ``ddppipe agent`` for the workers torchrun
+  starts (the second: its start-up's clock readings);
 - :data:`PACKED_SLOT`, :data:`ALLOCATION_END`, :data:`PLACEMENT`: set by a packed
   allocation's node worker (ddppipe.packing.worker) for a trial's launcher.
 """
@@ -21,4 +22,5 @@ WARM_CHILD = "DDPPIPE_WARM_CHILD"  # a command the server forked: it runs, no de
 UNDER_AGENT = "DDPPIPE_UNDER_AGENT"  # workers that stop on a signal exit 0 (launch.run_agent)
 PACKED_SLOT = "DDPPIPE_PACKED_SLOT"  # a packed trial's "<allocation> <node>/<k>"
 ALLOCATION_END = "DDPPIPE_ALLOCATION_END"  # a packed trial's "<warning> <end>", Unix times
+AGENT_MARKS = "DDPPIPE_AGENT_MARKS"  # a node's agent's start-up marks, JSON (core.process_times)
 PLACEMENT = "DDPPIPE_PLACEMENT"  # a packed multi-node trial's nodes (ddppipe.slurm.placement)

@@ -10,6 +10,7 @@ across nodes); outside one the launcher starts the processes itself
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from types import FrameType
 
 from ddppipe.apptainer import running
 from ddppipe.apptainer import tool as apptainer_tool
-from ddppipe.core import env_names, memory, slot, system
+from ddppipe.core import env_names, memory, process_times, slot, system
 from ddppipe.data import manifest, squashfs
 from ddppipe.launching import watchdog, workers
 from ddppipe.runstate import failures, finished_nodes, preemption
@@ -347,6 +348,8 @@ def run_agent(torchrun_argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    process_times.mark("imported")  # the workers' start-up counts from the agent's
+    os.environ[env_names.AGENT_MARKS] = json.dumps(process_times.own("agent_"))
     signal.signal(preemption.stop_signal(), signal.SIG_IGN)
     placement = Placement.from_env(os.environ)
     if placement is not None:  # a packed trial: this node's slot of the allocation

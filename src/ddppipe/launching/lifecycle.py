@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import atomic, env_names, slot
+from ddppipe.core import atomic, env_names, process_times, slot
 from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.runstate import attempts, failures, origin, preemption, state_lock
 from ddppipe.runstate.state import StateDir
@@ -105,24 +105,27 @@ def _slot(
     publish: Callable[[], None] | None, data: Path | None = None,
 ) -> int:  # fmt: skip
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
-    mem_mb = None  # what a node of the job asked for (SLURM)
+    mem_mb, job_start = None, None  # what a node of the job asked for, its start (SLURM)
+    marks = {"launcher_process": process_times.started() or time.time()}  # (runstate.startup)
     refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
     if plan.own_job:
         peak_file = state.peak
         peak_file.unlink(missing_ok=True)
+        marks["launcher_preflight_start"] = time.time()
         try:
             checks = preflight.run(spec, plan, peak_file, state)
         except preflight.PreflightError as e:
             _exclude_bad_nodes(spec, plan, state, e)
             raise
+        marks["launcher_preflight_end"] = time.time()
         log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
         peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
-        mem_mb = memory_request.requested_mb(job)
+        mem_mb, job_start = memory_request.requested_mb(job), continuation.started(job)
         left = continuation.seconds_left(job)
         if left is not None:  # None: no time limit
             end = time.time() + left
@@ -134,12 +137,13 @@ def _slot(
         warn_in, end = preemption.allocation_warning()
     history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
                              packed, _lost_as(state, plan.job, restarts), mem_mb,
-                             origin.taken(data))  # fmt: skip
+                             origin.taken(data), marks, job_start)  # fmt: skip
     _check_origin(state, history)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
     opened = slot_record(spec, state, history[-1], warn_in, end)
     watch = watchdog.Watchdog(spec, state, len(history), plan.job)
+    attempts.mark(state, "launcher_ranks_launched")
     code, note = launch.supervise(plan, plan.env, opened, warn_in, watch)
     unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
     if unwatched:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ddppipe.core import process_times
 from ddppipe.parallel import cpu_binding, devices, environments
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def setup(use: devices.Use, timeout_s: float = 600) -> Context:
     if cuda and env.world_size > 1:
         check_distinct_gpus(device)
     log.info("%s, backend %s, device %s", env.describe(), chosen, device)
+    process_times.mark("process_group")  # (a start-up mark: ddppipe.runstate.startup)
     return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name, local)
 
 

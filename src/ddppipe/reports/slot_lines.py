@@ -12,6 +12,7 @@ from typing import Any
 from ddppipe.reports import goodput, memory_line, utilisation, waste
 from ddppipe.reports.hours import Allocation, Slots, hours, measured
 from ddppipe.reports.wording import duration
+from ddppipe.runstate import startup
 from ddppipe.settings.run_spec import RunSpec
 
 Line = tuple[str, str]
@@ -55,7 +56,8 @@ def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Lin
     total = Slots.of(slots)
     last = slots[-1]["efficiency"]
     memory = memory_line.line(last)  # the last slot's peak per rank
-    lines = [_time(total), *_speed(last, slots[-1], held), ("usage", _usage(total, last, held)),
+    lines = [_time(total), *start_up(attempts), *_speed(last, slots[-1], held),
+             ("usage", _usage(total, last, held)),
              *([memory] if memory else []), ("allocation", _allocation(total, held))]  # fmt: skip
     run = goodput.account(attempts)
     if run is not None:
@@ -70,6 +72,21 @@ def _time(total: Slots) -> Line:
         ("checkpoints", "checkpoint_s"),
     ))  # fmt: skip
     return "time", f"{duration(total.wall_s)} in {total.count} slot(s): {parts}"
+
+
+def start_up(attempts: list[dict[str, Any]]) -> list[Line]:
+    """The last slot's start-up in parts (:mod:`ddppipe.runstate.startup`), where measured:
+    when its first step was done after the slot started, and the part each process took."""
+    for attempt in reversed(attempts):
+        found = startup.of_attempt(attempt)
+        if not found:
+            continue
+        since = "its job" if startup.from_job(found) else "its launcher"
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in found.items())
+        slot = f" (slot {attempt['number']})" if len(attempts) > 1 else ""
+        return [("start-up", f"first step done {sum(found.values()):.1f} s after {since} "
+                             f"started{slot}: {parts}")]  # fmt: skip
+    return []
 
 
 def _speed(last: dict[str, Any], attempt: dict[str, Any], held: Allocation) -> list[Line]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
+from ddppipe.runstate import startup
 from ddppipe.runstate.state import StateDir
 
 LOST = "lost (the launcher was killed: node failure, out of memory or SIGKILL)"
@@ -29,7 +30,7 @@ class Attempt:
     job: str  # SLURM job id, or "local"
     restarts: int  # SLURM's requeue count of the job when this slot started
     nodes: list[str]
-    start: float  # Unix time
+    start: float  # Unix time the slot started: its job's start, else its launcher's (startup)
     end: float | None = None
     outcome: str = "running"  # completed | time limit | preempted | node failure | ...
     exit_status: int | None = None
@@ -59,6 +60,10 @@ class Attempt:
     # what it started from: git commit and dirty state, the data's manifest digest
     # (ddppipe.runstate.origin; the provenance takes the one of the slot training started in)
     origin: dict[str, Any] | None = None
+    # its start-up: the clock readings its processes left (ddppipe.core.process_times), and
+    # the parts derived from them once it ended (ddppipe.runstate.startup; name: seconds)
+    marks: dict[str, float] | None = None
+    startup: dict[str, float] | None = None
 
     @property
     def steps(self) -> int:
@@ -93,11 +98,15 @@ def begin(
     lost: str = LOST,
     mem_mb: int | None = None,
     origin: dict[str, Any] | None = None,
+    marks: dict[str, float] | None = None,
+    job_start: float | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as ``lost``
     (what SLURM says of it, where it can: ddppipe.launching.lifecycle). ``mem_mb``: what a
     node of the slot's job asked for (SLURM), which its measured peak is judged against;
-    ``origin``: what it starts from (:mod:`ddppipe.runstate.origin`).
+    ``origin``: what it starts from (:mod:`ddppipe.runstate.origin`); ``marks``: the
+    launcher's start-up marks so far (:mod:`ddppipe.runstate.startup`); ``job_start``: its own
+    SLURM job's start, the slot's start unless an earlier slot of the run had the same job.
 
     ``packed``: a packed trial's ``"<allocation> <node>/<k>"``
     (:data:`ddppipe.core.env_names.PACKED_SLOT`)."""
@@ -108,11 +117,25 @@ def begin(
     state.progress.unlink(missing_ok=True)
     number = len(history) + 1
     allocation, _, slot = (packed or "").partition(" ")
-    history.append(Attempt(number, job or allocation or "local", restarts, nodes, time.time(),
-                           queue_s=queue_s, submitted=submitted, peak=peak,
-                           slot=slot or None, mem_mb=mem_mb, origin=origin))  # fmt: skip
+    name = job or allocation or "local"
+    marks = dict(marks or {})
+    if history and (history[-1].job, history[-1].restarts) == (name, restarts):
+        job_start = None  # a later slot of the same job: from its own launcher's start
+    start = startup.slot_start(time.time(), marks.get(startup.LAUNCHER_PROCESS), job_start)
+    if job_start is None:  # the slot started with its launcher
+        marks.pop(startup.LAUNCHER_PROCESS, None)
+    history.append(Attempt(number, name, restarts, nodes, start, queue_s=queue_s,
+                           submitted=submitted, peak=peak, slot=slot or None, mem_mb=mem_mb,
+                           origin=origin, marks=marks or None))  # fmt: skip
     save(state, history)
     return history
+
+
+def mark(state: StateDir, key: str) -> None:
+    """Note the start-up mark ``key`` (:mod:`ddppipe.runstate.startup`) now in the open record."""
+    history = load(state)
+    history[-1].marks = {**(history[-1].marks or {}), key: time.time()}
+    save(state, history)
 
 
 def read_progress(state: StateDir) -> dict[str, Any]:
@@ -146,8 +169,21 @@ def finish(
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])
+    _start_up(attempt)
     save(state, history)
     return history
+
+
+def _start_up(attempt: Attempt) -> None:
+    """The slot's start-up in parts, from its launcher's marks and its ranks' (their figures'
+    ``startup_marks``); its figures' ``startup_s`` the parts' (:mod:`ddppipe.runstate.startup`)."""
+    figures = attempt.efficiency
+    if not figures or not figures.get("startup_marks"):
+        return
+    attempt.marks = {**(attempt.marks or {}), **figures.pop("startup_marks")}
+    attempt.startup = startup.parts(attempt.start, attempt.marks, figures.get("checks_s"))
+    if startup.FIRST_STEP in attempt.startup:
+        figures["startup_s"] = startup.before_first_step(attempt.startup)
 
 
 def measured_checkpoint_seconds(state: StateDir) -> float | None:

@@ -58,6 +58,11 @@ def submitted(job: dict[str, str]) -> float | None:
     return scontrol.timestamp(job.get("SubmitTime", ""))
 
 
+def started(job: dict[str, str]) -> float | None:
+    """Unix time the job (this slot of it: a requeued job's latest) started; None if unknown."""
+    return scontrol.timestamp(job.get("StartTime", ""))
+
+
 def queue_seconds(job: dict[str, str]) -> float:
     """How long this slot of the job waited: from its (re)submission or eligibility to start.
 

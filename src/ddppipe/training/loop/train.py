@@ -25,7 +25,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ddppipe import tasks
-from ddppipe.core import heap, system
+from ddppipe.core import heap, process_times, system
 from ddppipe.data import batches, sharding, staging
 from ddppipe.parallel import devices, distributed, precision
 from ddppipe.runstate import attempts, failures, origin, preemption
@@ -67,6 +67,7 @@ class Trainer:
         args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
         cuda = self._check_device()
         self._load_data(args)
+        process_times.mark("data")
         heartbeat.beat("start-up")
         self._build_model(args, cuda)
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
@@ -90,6 +91,7 @@ class Trainer:
         self.prunes = trial is not None
         self.pruner = pruning.of_trial(trial) if trial is not None and ctx.is_main else None
         self.pruned_at: int | None = None  # the epoch whose end pruned the run
+        process_times.mark("model")
 
     # -- start-up ------------------------------------------------------------------------
     def _stage_data(self, args: dict[str, Any], held: contextlib.ExitStack) -> dict[str, Any]:
@@ -277,7 +279,7 @@ class Trainer:
             step_loss = self.train_step(share)
             self.agreement.note(self.epoch * self.steps_per_epoch + step, step_loss)
             images += share.total
-            self.meter.steps += 1
+            self.meter.stepped()
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
                 # (its time counts as neither warm-up nor steady)
@@ -326,6 +328,7 @@ class Trainer:
         loads data, joins the group or resumes stops it at its first step check.
         """
         self.resume()
+        process_times.mark("resumed")
         try:
             self._train_epochs(guard)
         except failures.NonFiniteLoss:

@@ -14,6 +14,7 @@ utilisation of the peak) is the reports' part: :mod:`ddppipe.reports.waste`,
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -21,7 +22,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from ddppipe.core import slot
+from ddppipe.core import env_names, process_times, slot
+from ddppipe.runstate import startup
 
 if TYPE_CHECKING:
     import torch
@@ -134,6 +136,16 @@ class SlotMeter:
             if self.gpu_sampler is not None:
                 self.gpu_sampler.start()
 
+    def stepped(self) -> None:
+        """A step done; the first one's end is a start-up mark (on a GPU, once it ran)."""
+        self.steps += 1
+        if self.steps == 1:
+            if self.device is not None and self.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(self.device)
+            process_times.mark("first_step")
+
     def trained(self, images: int, seconds: float, warmup_images: int,
                 warmup_seconds: float) -> None:  # fmt: skip
         """An epoch's share of this slot: all its images, and how many came after warm-up."""
@@ -159,7 +171,8 @@ class SlotMeter:
 
         device = self.device if self.device is not None else torch.device("cpu")
         own = rank_memory.measure(device, self.model, self.optimizer)
-        mine = (socket.gethostname(), private, max(files for _, files in processes), gpu, own)
+        mine = (socket.gethostname(), private, max(files for _, files in processes), gpu, own,
+                start_marks())  # fmt: skip
         ranks: list[Any] = [mine] * world_size
         if dist.is_initialized():
             from ddppipe.parallel import distributed
@@ -179,6 +192,8 @@ class SlotMeter:
             "cpu_s": float(cpu.cpu()),
             "memory_peak_mb": max(per_node.values()),  # the fullest node (node_memory)
             "memory": rank_memory.fullest([r[4] for r in ranks]),  # the fullest rank's
+            # each start-up mark's latest rank (ddppipe.runstate.startup derives the parts)
+            "startup_marks": startup.latest(r[5] for r in ranks),
         }
         if self.steady_seconds > 0:
             figures["images_per_s"] = self.steady_images / self.steady_seconds
@@ -203,6 +218,12 @@ class SlotMeter:
             figures["gpu_utilisation"] = sum(g["gpu_utilisation"] for g in sampled) / len(sampled)
             figures["gpu_memory_peak_mb"] = max(g["gpu_memory_peak_mb"] for g in sampled)
         return figures
+
+
+def start_marks() -> dict[str, float]:
+    """This rank's start-up marks, with its node's agent's (:mod:`ddppipe.runstate.startup`)."""
+    agent = os.environ.get(env_names.AGENT_MARKS)
+    return {**(json.loads(agent) if agent else {}), **process_times.own("rank_")}
 
 
 def process_memory(pid: str) -> tuple[float, float]:

@@ -9,13 +9,16 @@ value of the plugin's `slurm-init-seconds-before-status-checks` asked for, and p
 - the DAG's wall time, the training attempt's wall time (the launcher's slot, attempts.json),
   its queue wait, and the difference: the overhead;
 - the train job as SLURM saw it (submit, start, end: scontrol) and as Snakemake saw it (its
-  log's time stamps), so how late the plugin's polling noticed the job's end.
+  log's time stamps), so how late the plugin's polling noticed the job's end;
+- the slot's start-up in parts: from the job's start to its first step done
+  (ddppipe.runstate.startup: job to launcher, launcher, preflight, agents, ranks).
 
 Needs root and the Slurm packages (`bash .ci/install_slurm.sh`), and no other test cluster
 running on the machine; takes about 2 minutes a value.
 
     python bench/slurm_overhead.py                          # as root; the profile's setting
     python bench/slurm_overhead.py --init-seconds 2 10 40   # compare values
+    python bench/slurm_overhead.py --tiny                   # the tests' tiny data set
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 
+from ddppipe.runstate import startup  # noqa: E402
 from tests.slurm_cluster import CTLD_PORT, SlurmCluster, port_listening  # noqa: E402
 from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
 from tests.workflow_helpers import stamps  # noqa: E402
@@ -61,6 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="values of slurm-init-seconds-before-status-checks to try "
                          "(default: the profile's)")  # fmt: skip
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
+    ap.add_argument("--tiny", action="store_true", help="tiny generated data (tests/tiny.py)")
     return ap.parse_args(argv)
 
 
@@ -69,13 +74,19 @@ def profile_init_seconds() -> int:
     return int(profile["slurm-init-seconds-before-status-checks"])
 
 
-def config_for(args: argparse.Namespace) -> dict[str, Any]:
-    """The default config on MNIST, 2 nodes x 2 processes of 1 core (the test cluster's)."""
+def config_for(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The default config on MNIST (``--tiny``: the tests' tiny data, made below ``root``),
+    2 nodes x 2 processes of 1 core (the test cluster's)."""
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["run"] = RUN
     cfg["train"].update(epochs=args.epochs)
-    cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
-                        "sha256": sha256sums(args.mirror)}  # fmt: skip
+    if args.tiny:
+        from tests.tiny import make_tiny, tiny_config
+
+        cfg = {**tiny_config(make_tiny(root / "tiny"), epochs=args.epochs), "run": RUN}
+    else:
+        cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
+                            "sha256": sha256sums(args.mirror)}  # fmt: skip
     cfg["launch"].update(nnodes=2, nproc_per_node=2, cpus_per_proc=1, max_restarts=0)
     cfg["slurm"].update(mem_mb=1500, runtime=10, partition=TRAIN_PARTITION)
     return cfg
@@ -90,7 +101,7 @@ def slurm_times(cluster: SlurmCluster, job: str) -> dict[str, float]:
             for key in ("SubmitTime", "StartTime", "EndTime")}  # fmt: skip
 
 
-def run_dag(cluster: SlurmCluster, work: Path, cfg: dict[str, Any], init: int) -> dict[str, float]:
+def run_dag(cluster: SlurmCluster, work: Path, cfg: dict[str, Any], init: int) -> dict[str, Any]:
     """One DAG in ``work``; its figures."""
     work.mkdir(parents=True)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -121,13 +132,14 @@ def run_dag(cluster: SlurmCluster, work: Path, cfg: dict[str, Any], init: int) -
         "job_slurm": slurm["EndTime"] - slurm["SubmitTime"],
         "noticed_after": seen_end - slurm["EndTime"],
         "before_submit": slurm["SubmitTime"] - began,
+        "startup": startup.of_attempt(attempt) or {},
     }
 
 
-def report(init: int, f: dict[str, float]) -> None:
+def report(init: int, f: dict[str, Any]) -> None:
     print(f"  slurm-init-seconds-before-status-checks: {init}")
     print(f"    DAG wall                                   {f['wall']:6.1f} s")
-    print(f"    training attempt (the launcher's slot)     {f['attempt']:6.1f} s")
+    print(f"    training attempt (from the job's start)    {f['attempt']:6.1f} s")
     print(f"    its queue wait (scontrol)                  {f['queue']:6.1f} s")
     print(f"    DAG - attempt                              {f['wall'] - f['attempt']:6.1f} s")
     print(f"    snakemake start to the train job's submit  {f['before_submit']:6.0f} s")
@@ -137,9 +149,14 @@ def report(init: int, f: dict[str, float]) -> None:
     inside = f["job_slurm"] - f["queue"] - f["attempt"]
     after = f["wall"] - f["before_submit"] - f["job_seen"]
     print(f"    in the job, outside the attempt            {inside:6.0f} s  "
-          "(Snakemake in the job, launcher, preflight)")  # fmt: skip
+          "(the launcher's end, the job's)")  # fmt: skip
     print(f"    after the train job                        {after:6.0f} s  "
           "(local rules: evaluate, plots, export; the summary)")  # fmt: skip
+    parts = f["startup"]
+    if parts:
+        print(f"    first step done after the job's start      {sum(parts.values()):6.1f} s:")
+        for name, seconds in parts.items():
+            print(f"      {name:<20} {seconds:6.2f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
         return 2
     inits = args.init_seconds or [profile_init_seconds()]
-    cfg = config_for(args)
     with tempfile.TemporaryDirectory(prefix="ddppipe-slurm-overhead-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
+        cfg = config_for(args, root)
         cluster = SlurmCluster(root / "cluster", nodes=NODES, partitions=PARTITIONS,
                                settings={"SchedulerParameters": None})  # fmt: skip
         with cluster:
@@ -163,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             sched_text = sched[1].strip() if sched else "?"
             print(f"ddppipe SLURM DAG overhead, {time.strftime('%Y-%m-%d %H:%M')}, "
                   f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
-                  f"{args.epochs} epoch(s) of MNIST on {len(NODES)} nodes x 2 processes; "
+                  f"{args.epochs} epoch(s) of {'tiny data' if args.tiny else 'MNIST'} on "
+                  f"{len(NODES)} nodes x 2 processes; "
                   f"SchedulerParameters {sched_text} (Slurm's defaults)")  # fmt: skip
             for i, init in enumerate(inits):
                 report(init, run_dag(cluster, root / f"dag-{i}-init{init}", cfg, init))

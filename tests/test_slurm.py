@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from ddppipe.runstate import startup
 from ddppipe.settings.layout import RunLayout
 from ddppipe.slurm import scontrol
 from tests import cgroups
@@ -183,12 +184,24 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     decided = attempt["precision"]
     assert (decided["configured"], decided["trained"]) == ("auto", precision)
     assert training["precision"] == attempt["precision"] and attempt["mem_mb"] == 2900
+    # The slot's start in parts from its job's start (ddppipe.runstate.startup): the launcher
+    # and its preflight world, each node's agent (no container) and its ranks
+    parts = startup.of_attempt(attempt)
+    print("(a) start-up:", {name: round(seconds, 2) for name, seconds in parts.items()})
+    assert list(parts) == ["job to launcher", "launcher", "preflight", "launch", "interpreter",
+                           "imports", "rendezvous", "process group", "data", "model",
+                           "checkpoint load", "first step"], parts  # fmt: skip
+    assert parts["preflight"] > 1 and parts["imports"] > 1  # a world of its own; torch, twice
+    assert attempt["efficiency"]["startup_s"] == pytest.approx(sum(parts.values())
+                                                               - parts["first step"])  # fmt: skip
     summary = result.stderr[result.stderr.rindex("run mnist2n: task ddppipe.tasks.mnist") :]
     print("(a) summary:", summary)
     assert re.search(
         rf"utilisation +\d+% of the peak \([\d,]+ GFLOP/s {precision} GEMM peak, measured", summary
     )
     assert re.search(r"communication +\d+% of a step waits for the all-reduce", summary)
+    assert re.search(r"start-up +first step done [\d.]+ s after its job started: job to "
+                     r"launcher [\d.]+ s, launcher", summary), summary  # fmt: skip
     peak = re.search(r"memory peak ([\d,]+) MB a node of 2,900 MB", summary)
     assert peak and int(peak[1].replace(",", "")) < 0.9 * 2900, summary  # no memory flag
     assert "waste          memory" not in summary, summary

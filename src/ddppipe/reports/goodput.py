@@ -2,12 +2,14 @@
 rest went; derived from the attempt history alone (``attempts.json``,
 :class:`ddppipe.runstate.attempts.Attempt`), for the summary, its HTML and a sweep's table.
 
-A slot holds its nodes from its start to its end (node-seconds: wall time x nodes); slots of
+A slot holds its nodes from its start (its job's start, for the first slot of a SLURM job of its
+own: :mod:`ddppipe.runstate.startup`) to its end (node-seconds: wall time x nodes); slots of
 one SLURM job also hold them between one slot's end and the next one's start (a restart inside
 the job). Of a slot with figures (``efficiency``), its ``train_s`` trained steps that are kept,
 except the steps past the checkpoint its successor resumed from: those are trained again
 (``redone``, at the slot's own seconds a step). The rest of the slot is lost to its start-up
-(``startup_s``: torchrun, rendezvous, data, up to the first step), evaluation (``evaluate_s``),
+(``startup_s``: :mod:`ddppipe.runstate.startup`'s parts before the first step), evaluation
+(``evaluate_s``),
 checkpoint writes that training waited for (``checkpoint_s``), the all-reduce probe
 (``communication_probe_s``) and what no phase timed (the slot's idle end: after its last
 step, the stop, the figures' collection, the teardown). A

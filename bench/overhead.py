@@ -4,8 +4,12 @@ Runs the default DAG (`snakemake --cores all`, as `make run` does) in a scratch 
 MNIST served from a local mirror, 1 epoch unless told otherwise, then prints:
 
 - the DAG's wall time, and inside it the training and per-epoch evaluation time that rank 0
-  measured (the slot's attempt record), the slot's start-up, and what is left: the overhead;
-- each rule's own wall time (Snakemake's `benchmark:` files, where the rule has one).
+  measured (the slot's attempt record), and what is left: the overhead, in parts: before the
+  slot (Snakemake's start, the rules before training), the slot's start-up to its first step
+  done (its parts: ddppipe.runstate.startup), the slot's end after its last evaluation, the
+  rest of the slot around rank 0's timers, and after the slot (the rules after training);
+- each rule's own wall time (Snakemake's `benchmark:` files, where the rule has one), and when
+  the warm server (ddppipe.launching.warm) was ready.
 
     python bench/overhead.py                                  # ../shared/data/mnist, 1 epoch
     python bench/overhead.py --mirror /path/to/mnist --epochs 3
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -82,31 +87,63 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_for(args, work)
         (work / "config.yaml").write_text(yaml.safe_dump(cfg))
         bindir = str(Path(sys.executable).parent)
-        started = time.monotonic()
+        began, started = time.time(), time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
              "--configfile", str(work / "config.yaml"), "--cores", "all"],
             cwd=work, capture_output=True, text=True, check=False,
             env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
         )  # fmt: skip
-        wall = time.monotonic() - started
+        wall, ended = time.monotonic() - started, time.time()
         if result.returncode != 0:
             print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
             return 1
-        (attempt,) = json.loads((work / "results/overhead/train/attempts.json").read_text())
-        figures = attempt["efficiency"]
-        training = figures["train_s"] + figures.get("evaluate_s", 0.0)
         data = "tiny data" if args.quick else "MNIST"
-        print(f"ddppipe DAG overhead, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
-              f"{cfg['train']['epochs']} epoch(s), {data}")  # fmt: skip
-        print(f"  DAG wall (snakemake --cores all)       {wall:7.1f} s")
-        print(f"  training + per-epoch evaluation        {training:7.1f} s  (rank 0's timers)")
-        print(f"  of the slot: start-up to first step    {figures['startup_s']:7.1f} s")
-        print(f"  outside training and evaluation        {wall - training:7.1f} s")
-        print("  rules (their own wall time):")
-        for rule, seconds in rule_seconds(work).items():
-            print(f"    {rule:<22} {seconds:7.1f} s")
+        print(f"ddppipe DAG overhead, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "
+              f"load {os.getloadavg()[0]:.2f}, {cfg['train']['epochs']} epoch(s), "
+              f"{data}")  # fmt: skip
+        report(work, wall, began, ended)
     return 0
+
+
+def report(work: Path, wall: float, began: float, ended: float) -> None:
+    """The DAG's time outside training, in parts (the module's docstring)."""
+    from ddppipe.runstate import startup
+
+    (attempt,) = json.loads((work / "results/overhead/train/attempts.json").read_text())
+    figures = attempt["efficiency"]
+    training = figures["train_s"] + figures.get("evaluate_s", 0.0)
+    parts = startup.of_attempt(attempt) or {"start-up to the first step": figures["startup_s"]}
+    last_eval = json.loads((work / "results/overhead/train/metrics.jsonl").read_text()
+                           .splitlines()[-1])["time"]  # fmt: skip
+    before, start_up = attempt["start"] - began, sum(parts.values())
+    slot_end, after = attempt["end"] - last_eval, ended - attempt["end"]
+    first_step = parts.get(startup.FIRST_STEP, 0.0)  # (its training counted in train_s too)
+    rest = wall - training - before - (start_up - first_step) - slot_end - after
+    print(f"  DAG wall (snakemake --cores all)       {wall:7.1f} s")
+    print(f"  training + per-epoch evaluation        {training:7.1f} s  (rank 0's timers)")
+    print(f"  outside training and evaluation        {wall - training:7.1f} s:")
+    print(f"    before the slot                      {before:7.1f} s  (Snakemake's start, "
+          "the rules before training)")  # fmt: skip
+    print(f"    the slot's start to its first step   {start_up:7.1f} s:")
+    for name, seconds in parts.items():
+        print(f"      {name:<20} {seconds:7.2f} s")
+    print(f"    the slot's end after its last eval   {slot_end:7.1f} s  (final checkpoint, "
+          "outputs, exit)")  # fmt: skip
+    print(f"    the rest of the slot                 {rest:7.1f} s  (between rank 0's timers, "
+          "less its first step)")  # fmt: skip
+    print(f"    after the slot                       {after:7.1f} s  (the rules after "
+          "training, the summary)")  # fmt: skip
+    print("  rules (their own wall time):")
+    for rule, seconds in rule_seconds(work).items():
+        print(f"    {rule:<22} {seconds:7.1f} s")
+    server = work / "logs" / "warm-server.log"
+    ready = (
+        re.search(r"warm ranks ready in ([\d.]+) s", server.read_text())
+        if server.exists()
+        else None
+    )
+    print(f"  warm server ready {ready[1]} s after its start" if ready else "  no warm server")
 
 
 if __name__ == "__main__":

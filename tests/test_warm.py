@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from ddppipe.cli import main
 from ddppipe.core import env_names
 from ddppipe.launching import warm, warm_client, workers
 
@@ -176,6 +177,19 @@ def test_a_command_that_is_no_rank_entry_point_starts_cold(server: dict) -> None
     assert not warm_client.usable([sys.executable, "-m", "probe"], server)  # not a rank's module
     assert warm_client.usable(probe_command(server), server)
     assert warm_client.usable([sys.executable, "-m", "ddppipe", "summary", "x"], server)
+
+
+def test_a_light_command_never_waits_for_a_starting_server(tmp_path: Path) -> None:
+    """A server still importing (alive, not listening yet): a command that imports no torch
+    runs here at once (cli.main.LIGHT); one that does waits for it (up to READY_TIMEOUT_S)."""
+    starting = {env_names.WARM_SOCKET: str(tmp_path / "not-yet.sock"),
+                env_names.WARM_SERVER: str(os.getpid())}  # fmt: skip
+    command = [sys.executable, "-m", "ddppipe", "summary", "x"]
+    began = time.monotonic()
+    assert not warm_client.usable(command, starting, wait=False)
+    assert time.monotonic() - began < 0.5
+    assert {"summary", "export", "data-settings", "prepare"} <= main.LIGHT
+    assert not {"resolve-config", "plot-evaluation", "plot-training"} & main.LIGHT
 
 
 def test_a_subcommand_runs_forked_and_keeps_its_exit_status(

@@ -75,6 +75,12 @@ COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "
                   "preflight-node", "preflight-allreduce", "build-image", "build-task-image",
                   "selfcheck", "reproduce"})  # fmt: skip
 
+# Subcommands that import neither torch nor matplotlib (a task's prepare: what its file does):
+# forked by a warm server that already listens, else run here at once, never waiting for one
+# that is still importing (the rules before training run while it starts).
+LIGHT = frozenset({"data-settings", "prepare", "attempts", "summary", "export", "sweep-trials",
+                   "sweep-table"})  # fmt: skip
+
 
 # The commands of the rules that run beside a training, holding no core of their own (`threads:
 # 0`: plots, the attempt page, export, the summary): at a lower CPU priority, so the training
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] and argv[0] in BESIDE_TRAINING:
         os.nice(BESIDE_NICE)  # (a warm server's fork takes its caller's priority)
     if argv and argv[0] not in COLD and os.environ.get(env_names.WARM_SOCKET):
-        code = warm_client.delegate(argv)
+        code = warm_client.delegate(argv, wait=argv[0] not in LIGHT)
         if code is not None:
             return code
     if argv[:1] == ["agent"]:  # torchrun's own options follow; argparse would take them

@@ -26,15 +26,16 @@ READY_TIMEOUT_S = 120.0
 _POLL_S = 0.05  # between looks for a starting server's socket
 
 
-def usable(command: list[str], env: Mapping[str, str]) -> bool:
+def usable(command: list[str], env: Mapping[str, str], wait: bool = True) -> bool:
     """Whether ``command`` may be forked by the server ``env`` names: ``python -m MODULE ...``
-    of this interpreter, and a server listening on this machine (waited for while it starts)."""
+    of this interpreter, and a server listening on this machine (``wait``: waited for while
+    it starts)."""
     path = env.get(env_names.WARM_SOCKET)
     if not path or len(command) < 3 or command[0] != sys.executable or command[1] != "-m":
         return False
     if command[2] not in SERVED:
         return False
-    return _listening(Path(path), env.get(env_names.WARM_SERVER))
+    return _listening(Path(path), env.get(env_names.WARM_SERVER) if wait else None)
 
 
 def _listening(path: Path, server: str | None) -> bool:
@@ -115,13 +116,14 @@ class Rank:
         self.send_signal(signal.SIGKILL)
 
 
-def delegate(argv: list[str]) -> int | None:
+def delegate(argv: list[str], wait: bool = True) -> int | None:
     """Run ``ddppipe ARGV`` in a process forked by this machine's server (its imports done):
-    its exit status, passing signals on; None when no server serves it (run it here)."""
+    its exit status, passing signals on; None when no server serves it (run it here), or
+    (``wait`` False) none listens yet."""
     if os.environ.get(env_names.WARM_CHILD):
         return None
     command = [sys.executable, "-m", "ddppipe", *argv]
-    child = spawn(command, {**os.environ, env_names.WARM_CHILD: "1"})
+    child = spawn(command, {**os.environ, env_names.WARM_CHILD: "1"}, wait)
     if child is None:
         return None
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -134,9 +136,10 @@ def delegate(argv: list[str]) -> int | None:
     return code if code >= 0 else 128 - code
 
 
-def spawn(command: list[str], env: dict[str, str]) -> Rank | None:
-    """A rank forked by the server when it can serve ``command``; None to start it cold."""
-    if not usable(command, env):
+def spawn(command: list[str], env: dict[str, str], wait: bool = True) -> Rank | None:
+    """A rank forked by the server when it can serve ``command`` (``wait``: waiting while it
+    starts); None to start it cold."""
+    if not usable(command, env, wait):
         return None
     try:
         return Rank(command, env)

@@ -24,7 +24,7 @@ def start(p: Pipeline) -> None:
     """Before the first job: on SLURM, the cluster's settings that would hang the workflow
     or lose work refused (or warned of: ddppipe.slurm.cluster_policy); Snakemake changed
     (ddppipe.pipeline.snakemake_changes, its version checked); warm ranks for a local call
-    that trains several runs."""
+    that trains."""
     try:
         if p.on_slurm():
             settings = p.workflow.executor_settings
@@ -64,13 +64,15 @@ def end(p: Pipeline) -> None:
 
 
 def _start_warm_ranks(p: Pipeline) -> None:
-    """A local call of a config with a sweep or a scaling study: one server imports torch
-    once and forks every trial's ranks (ddppipe.launching.warm), instead of each rank
-    importing it. Not on SLURM (the ranks run on the job's nodes), nor in a container
-    (another Python), nor in a job's own snakemake, nor for one training."""
+    """A local call that trains: one server imports torch once, while Snakemake starts the
+    first jobs, and forks every rank of every run (ddppipe.launching.warm) and every ddppipe
+    command of the rules that would import torch (the config's model check, evaluation, plots,
+    export), instead of each importing it. Not on SLURM (the ranks run on the job's nodes), nor
+    in a container (another Python), nor in a job's own snakemake, nor for a call that trains
+    nothing (its rules import no torch)."""
     if p.on_slurm() or apptainer.enabled(p.runs.spec(p.run).container):
         return
-    if os.environ.get("SLURM_JOB_ID") or not _trains_several(p):
+    if os.environ.get("SLURM_JOB_ID") or not _trains(p):
         return
     socket = warm.local_socket()
     server = warm.start(socket, layout.LOGS / "warm-server.log", p.warm_datasets())
@@ -79,7 +81,7 @@ def _start_warm_ranks(p: Pipeline) -> None:
     os.environ[env_names.WARM_SERVER] = str(server.pid)
 
 
-def _trains_several(p: Pipeline) -> bool:
-    """Whether this call trains more than one run (or suggests trials still to train)."""
-    todo = [j.rule.name for j in p.workflow.dag.needrun_jobs()]
-    return todo.count("train") + todo.count("train_packed") > 1 or "sweep_round" in todo
+def _trains(p: Pipeline) -> bool:
+    """Whether this call trains a run (or suggests trials still to train)."""
+    todo = {j.rule.name for j in p.workflow.dag.needrun_jobs()}
+    return bool(todo & {"train", "train_packed", "sweep_round"})

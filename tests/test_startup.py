@@ -131,6 +131,12 @@ def test_the_summary_line_names_the_parts_in_order() -> None:
         "checkpoint load 0.5 s, first step 1.0 s"
     )
     assert slot_lines.start_up([{"number": 1}]) == []  # a record of before: no line
+    resumed_at_the_end = {"number": 1, "startup": {"launcher": 0.5, "checkpoint load": 1.0}}
+    ((_, text),) = slot_lines.start_up([resumed_at_the_end])
+    assert text == (
+        "ready, no step trained, 1.5 s after its launcher started: launcher 0.5 s, "
+        "checkpoint load 1.0 s"
+    )
 
 
 def test_a_processes_start_and_its_containers_from_proc(tmp_path: Path) -> None:

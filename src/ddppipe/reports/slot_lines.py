@@ -84,7 +84,8 @@ def start_up(attempts: list[dict[str, Any]]) -> list[Line]:
         since = "its job" if startup.from_job(found) else "its launcher"
         parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in found.items())
         slot = f" (slot {attempt['number']})" if len(attempts) > 1 else ""
-        return [("start-up", f"first step done {sum(found.values()):.1f} s after {since} "
+        what = "first step done" if startup.FIRST_STEP in found else "ready, no step trained,"
+        return [("start-up", f"{what} {sum(found.values()):.1f} s after {since} "
                              f"started{slot}: {parts}")]  # fmt: skip
     return []
 

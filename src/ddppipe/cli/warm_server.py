@@ -4,8 +4,12 @@ imports before its first step, named here, where every layer may be imported."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 from ddppipe.launching import warm
 
@@ -26,7 +30,12 @@ def preload() -> tuple[ModuleType, ...]:
             plots)  # fmt: skip
 
 
-def warm_server(socket: Path, data_json: str) -> int:
-    """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM."""
+def warm_server(socket: Path, data_json: str) -> NoReturn:
+    """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM; then exit at once,
+    without the interpreter's finalization (with torch's modules loaded, seconds that the end
+    of every Snakemake call waited for), its socket removed and its ranks ended already."""
     warm.serve(socket, preload, data=json.loads(data_json))
-    return 0
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -32,8 +32,10 @@ GROUPS_ENV = "DDPPIPE_TEST_GROUPS"  # the file of each test's group (pytest-xdis
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test on the SLURM test cluster or with Apptainer is slow too: `-m "not slow"` (the
-    quick loop of docs/tests.md) leaves it out.
+    """A test on the SLURM test cluster, with Apptainer or on the shared build of the local DAG
+    is slow too: `make test-quick` (`-m "not slow"`, the inner loop of docs/tests.md) leaves it
+    out, as it leaves out every test marked slow by hand (a Snakemake DAG of its own, more
+    than one training run: over 2 fresh interpreters importing torch).
 
     Under pytest-xdist (``make test``: ``-n 2``) each test is in a group that one worker runs
     whole, in order (:func:`pytest_xdist_make_scheduler`): the SLURM test cluster's tests (one
@@ -45,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         marked = any(item.get_closest_marker(name) for name in ("slurm", "apptainer"))
-        if marked or "slurm_slot" in fixtures:
+        if marked or fixtures & {"slurm_slot", "shared_build"}:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slurm") or "slurm_slot" in fixtures:
             groups[item.nodeid] = "cluster"
@@ -151,3 +153,11 @@ def run_cli(
     if check and result.returncode != 0:
         raise AssertionError(f"ddppipe {args} failed ({result.returncode}):\n{result.stderr}")
     return result
+
+
+def prepare_in_process(settings: Path, dest: Path) -> None:
+    """``ddppipe prepare --settings=SETTINGS --dest=DEST`` in this process: the command's own
+    function, without a fresh interpreter importing torch (~3 CPU-seconds)."""
+    from ddppipe.cli.commands import tasks as data_command
+
+    assert data_command.prepare(settings, dest) == 0

@@ -95,6 +95,7 @@ def readme_command() -> list[str]:
     return shlex.split(line)[1:]
 
 
+@pytest.mark.slow  # the finished run (2 worlds), then its reproduction
 def test_a_finished_run_reproduces_identical(finished: Path) -> None:
     """The README's command on the default recipe on CPUs: the same bytes, `identical`."""
     args = readme_command()
@@ -113,6 +114,7 @@ def test_a_finished_run_reproduces_identical(finished: Path) -> None:
     assert json.loads((again / "export" / "provenance.json").read_text())["epochs"] == 2
 
 
+@pytest.mark.slow  # the finished run (2 worlds)
 def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path: Path) -> None:
     workdir = copied(finished, tmp_path / "changed")
     labels = workdir / "resources" / "mnist" / "train-labels-idx1-ubyte"
@@ -127,6 +129,7 @@ def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path
     assert not (workdir / "results" / "mnist-reproduced-1").exists()
 
 
+@pytest.mark.slow  # a reproduction beside the finished run
 def test_another_learning_rate_in_the_record_differs_from_epoch_1(
     finished: Path, tmp_path: Path
 ) -> None:
@@ -155,6 +158,7 @@ def test_another_learning_rate_in_the_record_differs_from_epoch_1(
     assert found[3] == "a changed config value: train.lr 0.006 vs 0.02 (config.yaml vs record)"
 
 
+@pytest.mark.slow  # the finished run, continued, reproduced
 def test_a_run_continued_at_another_world_size(finished: Path, tmp_path: Path) -> None:
     """Epoch 1 on 2 ranks (its checkpoint and slot from the finished run), epoch 2 on 1:
     reproduced in one go on 2 ranks, epoch 1 agrees, epoch 2 differs, the cause named."""

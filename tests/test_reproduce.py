@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from ddppipe.apptainer import identity
+from ddppipe.cli.commands import training as training_command
 from ddppipe.data import batches
 from ddppipe.launching import resolve
 from ddppipe.reproduce import causes, checks, command, compare, plan, source, verdict
@@ -43,7 +44,8 @@ def train_and_export(
 ) -> Path:
     """`ddppipe launch` then `ddppipe export` of results/<run> (its config.yaml written from
     ``cfg`` unless None: already there, resolved for GPUs with ``gpus``), as the train and
-    export rules run them."""
+    export rules run them (the export's command function in this process: no torch to import
+    again)."""
     root, data = workdir / "results" / run, workdir / "resources" / "mnist"
     if cfg is not None:
         root.mkdir(parents=True, exist_ok=True)
@@ -55,10 +57,13 @@ def train_and_export(
             f"--state={root / 'state'}", f"--checkpoint={files['final.pt']}",
             f"--metrics={files['metrics.jsonl']}", f"--attempts={files['attempts.json']}",
             f"--log={workdir / 'logs' / run / 'train.log'}", cwd=workdir)  # fmt: skip
-    run_cli("export", f"--result={files['model.pt']}", f"--record={files['final.json']}",
-            f"--config={root / 'config.yaml'}", f"--data={data}",
-            f"--out={root / 'export/model.pt'}", f"--provenance={root / 'export/provenance.json'}",
-            f"--attempts={files['attempts.json']}", cwd=workdir)  # fmt: skip
+    with contextlib.chdir(workdir):  # `ddppipe export ...`'s function, in this process
+        exported = training_command.export(
+            files["model.pt"], files["final.json"], root / "config.yaml", data,
+            root / "export/model.pt", root / "export/provenance.json", None,
+            files["attempts.json"],
+        )  # fmt: skip
+    assert exported == 0
     return root
 
 

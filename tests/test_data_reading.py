@@ -428,7 +428,7 @@ def model(args):
 
 
 def test_a_training_whose_loader_is_slow_is_named_data_bound(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Each item takes 50 ms and the one rank has one DataLoader worker: a step of 4 items
     waits about 200 ms for them against a few milliseconds of compute (40 steps). One rank,
@@ -455,10 +455,11 @@ def test_a_training_whose_loader_is_slow_is_named_data_bound(
     assert flag.startswith(f"data: the steps waited {share:.0%} of the training")
     assert flag.endswith("`ddppipe time-loader` times the loader alone")
     # the loader alone, as the flag says (`ddppipe time-loader --steps=5`'s function, in this
-    # process): one worker reads an item in 50 ms or more
-    capsys.readouterr()
+    # process, its output captured at the file descriptors: the loader's workers register
+    # their stack dumps on stderr's): one worker reads an item in 50 ms or more
+    capfd.readouterr()
     assert training_command.time_loader(run / "config.yaml", tmp_path / "data", 5, None, 0) == 0
-    line = capsys.readouterr().out
+    line = capfd.readouterr().out
     found = re.fullmatch(
         r"loader of rank 0 of 1 \(1 DataLoader worker\(s\)\): 5 batches, 20 samples; first "
         r"batch after (\d+\.\d\d) s, then (\d+) samples/s \((\d+\.\d) ms a batch\): a "

@@ -184,6 +184,7 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     assert again["test_count"] == 9 and again["test_accuracy"] == epochs[-1]["test_accuracy"]
 
 
+@pytest.mark.apptainer  # apptainer exec of a sandbox: slow (tests/conftest.py)
 def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> None:
     """container.mode apptainer: the launcher binds the image over task_args.root
     (``--bind IMAGE:ROOT:image-src=/``), where the ranks read it as the folder itself. The

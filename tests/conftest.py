@@ -65,16 +65,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         os.replace(draft, path)
 
 
+GROUPS_FILE = pytest.StashKey[Path]()  # the groups file this session made (and removes)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         handle, path = tempfile.mkstemp(prefix="ddppipe-test-groups-", suffix=".json")
         os.close(handle)
         os.environ[GROUPS_ENV] = path  # (the workers inherit it)
+        config.stash[GROUPS_FILE] = Path(path)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):
-        Path(os.environ.pop(GROUPS_ENV)).unlink(missing_ok=True)
+    """Remove this session's groups file; not one a session it runs in made (the shared
+    build's `make test-quick TESTS=...` inherits the variable)."""
+    if GROUPS_FILE in config.stash:
+        config.stash[GROUPS_FILE].unlink(missing_ok=True)
+        os.environ.pop(GROUPS_ENV, None)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -117,7 +117,7 @@ class Checkpoints:
         """Wait for the checkpoint in flight; its path (rank 0)."""
         written = self.store.wait()
         self._written(written)
-        return written[0] if written else None
+        return written.path if written else None
 
     def _written(self, written: sharded_checkpoint.Written | None) -> None:
         if written is not None:  # (rank 0)

@@ -6,7 +6,8 @@ rank's ``*.distcp``: weights and optimizer state, sharded or not), ``state.pt`` 
 tensor of the model or optimizer: epoch, step, scheduler, every rank's RNG, history, meta,
 config hash) and the marker ``COMMITTED``. It is written as ``ckpt-….saving/``; when rank 0's
 save has completed (DCP's metadata is written after every rank reported its part written),
-rank 0 writes the marker and renames the folder into place. So a process killed during a save
+rank 0 writes ``state.pt`` (serialized when the save began), the marker, and renames the
+folder into place. So a process killed during a save
 leaves a ``.saving`` folder, never a checkpoint that is picked; the next save or resume removes
 it. Being written in parts, a checkpoint loads at any world size and either strategy.
 
@@ -96,6 +97,7 @@ class _Pending:
     started: float
     future: Any  # concurrent.futures.Future of dcp.async_save's write
     copied: tuple[float, float] | None  # the copy's start and end; None: the copier's times
+    state: bytes  # rank 0's non-tensor state, serialized at the save (written by the commit)
     committer: threading.Thread | None = None  # rank 0's
     outcome: dict[str, Any] = field(default_factory=dict)  # rank 0's: Written, or error
 
@@ -168,9 +170,10 @@ class Store:
         def prepare() -> None:
             self._remove_leftovers()
             saving.mkdir(parents=True)
-            checkpoint.save({**state, "format": FORMAT}, saving / STATE)  # disk full named
 
         checkpoint.rank0_writes(prepare)  # every rank waits for the folder (and its outcome)
+        main = dist.get_rank() == 0  # (its state is complete; written with the commit)
+        serialized = checkpoint.serialized({**state, "format": FORMAT}) if main else b""
         import torch.distributed.checkpoint as dcp
 
         copying = time.perf_counter()
@@ -178,8 +181,8 @@ class Store:
                                async_stager=self.copier or self._stager())  # fmt: skip
         copied = None if self.copier else (copying, time.perf_counter())  # (DCP's: here)
         future = getattr(saved, "upload_completion", saved)  # (an AsyncSaveResponse: copier)
-        pending = _Pending(name, started, future, copied)
-        if dist.get_rank() == 0:
+        pending = _Pending(name, started, future, copied, serialized)
+        if main:
             pending.committer = threading.Thread(
                 target=self._commit, args=(pending,), name="checkpoint-commit", daemon=True
             )
@@ -201,10 +204,12 @@ class Store:
         return self._staging
 
     def _commit(self, pending: _Pending) -> None:
-        """(Rank 0, in a thread) Once the save completed: the marker, the rename, the pruning."""
+        """(Rank 0, in a thread) Once every rank's part is written: the non-tensor state, the
+        marker, the rename, the pruning."""
         try:
             pending.future.result()
             saving, final = self.folder / (pending.name + SAVING), self.folder / pending.name
+            checkpoint.save(pending.state, saving / STATE)  # (disk full named)
             atomic.write_text(saving / COMMITTED, f"{time.time():.3f}\n")
             if (final / COMMITTED).is_file():  # the same step saved again (a resumed run
                 shutil.rmtree(saving)  # stopped at once): the same state, keep the first

@@ -71,6 +71,7 @@ class Checkpoints:
         self.meta = provenance.meta(spec, ctx, hosts, self.precision)  # what checkpoints record
         self._saving_step = 0  # the global step of the checkpoint in flight
         self._longest_s = 0.0  # the longest save of this slot, start to commit
+        self._metrics_written = -1  # the epochs of history rank 0 last wrote to the metrics
         self.clock = save_clock.SaveClock(spec.train.checkpoint_minutes)  # (rank 0's counts)
 
     def due(self) -> bool:
@@ -95,8 +96,9 @@ class Checkpoints:
     def save(self, at: Position, wait: bool = False, timed: bool = False) -> Path | None:
         """Every rank starts writing its part of a sharded checkpoint, in the background
         (``wait``: and waits until it is committed: before a stop or the end; ``timed``: due by
-        time); rank 0 writes the live metrics. Every rank raises CheckpointError if any could
-        not write. What it blocked the training thread is counted (:attr:`costs`)."""
+        time); rank 0 writes the live metrics (if the history grew). Every rank raises
+        CheckpointError if any could not write. What it blocked the training thread is counted
+        (:attr:`costs`)."""
         started, queued = time.perf_counter(), self.store.in_flight()
         self._written(self.store.wait())  # the previous one first: one in flight at a time
         if queued:
@@ -107,8 +109,9 @@ class Checkpoints:
         name = self.store.save(state, self.strategy.tensors(self.parts))
         self.clock.restart()  # the next by time counts from this one's start
         self._saving_step = at.epoch * self.steps_per_epoch + at.step
-        if self.ctx.is_main:
+        if self.ctx.is_main and len(at.history) != self._metrics_written:  # (not mid-epoch)
             jsonl.write(self.state.metrics, at.history)
+            self._metrics_written = len(at.history)
         path = self.wait() if wait else None
         self.costs.started(time.perf_counter() - started, timed)
         return path or self.store.folder / name

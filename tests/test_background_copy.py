@@ -28,17 +28,18 @@ def one_rank() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
+def model_and_optimizer(device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer]:
     """A model with BatchNorm (buffers its forward changes) and Adam, one step trained."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     train_step(model, optimizer)
     return model, optimizer
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    x = torch.randn(32, 8)
+    x = torch.randn(32, 8, device=next(model.parameters()).device)
     model(x).pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -101,12 +102,19 @@ def test_a_checkpoint_holds_the_weights_of_its_step_while_training_goes_on(
 ) -> None:
     """The save returns before its copy; the next step's forward and backward run meanwhile
     (BatchNorm's running statistics change), its optimizer step waits for the copy: the
-    checkpoint holds, bitwise, the model's and Adam's tensors at the save."""
-    model, optimizer = model_and_optimizer()
+    checkpoint holds, bitwise, the model's and Adam's tensors at the save. (On a GPU:
+    tests/test_gpu_paths.py.)"""
+    holds_its_step("cpu", tmp_path, monkeypatch)
+
+
+def holds_its_step(device: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint of a model on ``device`` saved while its next step runs holds, bitwise,
+    the tensors at the save (in a process group, its copy held back ``SLOW_S``)."""
+    model, optimizer = model_and_optimizer(device)
     waits: list[float] = []
-    copier = background_copy.BackgroundCopy(optimizer, torch.device("cpu"), waits.append)
+    copier = background_copy.BackgroundCopy(optimizer, torch.device(device), waits.append)
     slowed(copier, monkeypatch)
-    store = sharded_checkpoint.Store(tmp_path, group=dist.new_group(backend="gloo"),
+    store = sharded_checkpoint.Store(folder, group=dist.new_group(backend="gloo"),
                                      copier=copier)  # fmt: skip
     expected = cloned(sharded_checkpoint.tensors_of(model, optimizer))
     started = time.perf_counter()

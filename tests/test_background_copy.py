@@ -4,6 +4,7 @@ the sharded store in one process (a gloo group of one), and what each save costs
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ddppipe.reports import slot_lines
 from ddppipe.training.checkpoints import background_copy, sharded_checkpoint
 from ddppipe.training.measuring import save_costs
 
-SLOW_S = 0.4  # the worker's copy held back this long
+SLOW_S = 0.2  # the worker's copy takes at least this long once the step is reached
 
 
 @pytest.fixture
@@ -85,44 +88,52 @@ def state(epoch: int = 1, step: int = 0) -> dict[str, Any]:
             "history": [], "meta": {}}  # fmt: skip
 
 
-def slowed(copier: background_copy.BackgroundCopy, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hold the worker's copy back ``SLOW_S`` (a large model's copy)."""
-    take = copier._take
+@contextmanager
+def held_until_a_step(copier: background_copy.BackgroundCopy) -> Iterator[None]:
+    """The worker's copy held back until an optimizer step begins, then ``SLOW_S`` more (a
+    large model's copy, a slow machine): whatever the machine's load, the step finds it in
+    flight (torch runs its global step pre-hooks before the optimizer's own)."""
+    reached, take = threading.Event(), copier._take
 
     def slow(*args: Any) -> Any:
+        reached.wait(60)
         time.sleep(SLOW_S)
         return take(*args)
 
-    monkeypatch.setattr(copier, "_take", slow)
+    copier._take = slow  # type: ignore[method-assign]
+    hook = register_optimizer_step_pre_hook(lambda *args: reached.set())
+    try:
+        yield
+    finally:
+        hook.remove()
+        reached.set()
 
 
 @pytest.mark.usefixtures("one_rank")
 def test_a_checkpoint_holds_the_weights_of_its_step_while_training_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """The save returns before its copy; the next step's forward and backward run meanwhile
     (BatchNorm's running statistics change), its optimizer step waits for the copy: the
     checkpoint holds, bitwise, the model's and Adam's tensors at the save. (On a GPU:
     tests/test_gpu_paths.py.)"""
-    holds_its_step("cpu", tmp_path, monkeypatch)
+    holds_its_step("cpu", tmp_path)
 
 
-def holds_its_step(device: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def holds_its_step(device: str, folder: Path) -> None:
     """The checkpoint of a model on ``device`` saved while its next step runs holds, bitwise,
-    the tensors at the save (in a process group, its copy held back ``SLOW_S``)."""
+    the tensors at the save (in a process group, its copy held back until the step)."""
     model, optimizer = model_and_optimizer(device)
     waits: list[float] = []
     copier = background_copy.BackgroundCopy(optimizer, torch.device(device), waits.append)
-    slowed(copier, monkeypatch)
     store = sharded_checkpoint.Store(folder, group=dist.new_group(backend="gloo"),
                                      copier=copier)  # fmt: skip
     expected = cloned(sharded_checkpoint.tensors_of(model, optimizer))
-    started = time.perf_counter()
-    store.save(state(), sharded_checkpoint.tensors_of(model, optimizer))
-    assert time.perf_counter() - started < SLOW_S  # the training thread did not copy
-    assert store.in_flight()
-    train_step(model, optimizer)  # forward, backward, then the step: it waits for the copy
-    assert len(waits) == 1 and waits[0] > 0
+    with held_until_a_step(copier):
+        store.save(state(), sharded_checkpoint.tensors_of(model, optimizer))
+        assert store.in_flight()  # returned before the copy
+        train_step(model, optimizer)  # forward, backward, then the step: it waits for the copy
+        assert len(waits) == 1 and waits[0] >= SLOW_S * 0.9
     written = store.wait()
     assert written is not None and written.copy_s >= SLOW_S and written.write_s > 0
     assert written.seconds >= written.copy_s + written.write_s
@@ -180,3 +191,24 @@ def test_what_saves_cost_is_counted_save_by_save() -> None:
         "checkpoint_copy_s": 1.25, "checkpoint_copy_max_s": 0.75,
         "checkpoint_write_s": 5.0, "checkpoint_write_max_s": 3.0,
     }  # fmt: skip
+
+
+def test_the_summary_says_what_the_last_slots_saves_cost() -> None:
+    """The figures SaveCosts gives, as the summary's checkpoints line (reports.slot_lines)."""
+    costs = save_costs.SaveCosts()
+    for blocked_s, gated_s in ((0.03, 0.01), (0.02, 0.0), (0.05, 0.02)):
+        costs.started(blocked_s, timed=True)
+        costs.gated(gated_s)
+        costs.committed(copy_s=0.012, write_s=0.4)
+    costs.waited_for_previous(0.25)  # a fourth, at the epoch's end, behind the third's write
+    costs.started(0.27, timed=False)
+    costs.committed(copy_s=0.012, write_s=2.8)
+    figures = {"startup_s": 5.0, "train_s": 50.0, "cpu_s": 50.0, **costs.figures()}
+    attempt = {"job": "local", "nodes": ["n0"], "start": 0.0, "end": 60.0, "world_size": 1,
+               "outcome": "completed", "efficiency": figures}  # fmt: skip
+    lines = dict(slot_lines.efficiency(None, [attempt]))
+    assert lines["checkpoints"] == (
+        "4 in the last slot (3 by time): training blocked 100 ms a save (at most 270 ms), 1 of "
+        "them waited 250 ms for the previous one's write; a save's copy 12 ms, its write 1.0 s "
+        "(in the background)"
+    )

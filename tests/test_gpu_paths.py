@@ -411,10 +411,10 @@ def test_cuda_out_of_memory_is_named_with_its_figures_and_the_fix(
 @pytest.mark.gpu(seconds=10)
 @pytest.mark.usefixtures("one_rank")
 def test_a_ddp_checkpoints_copy_on_its_own_cuda_stream_holds_the_weights_of_its_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """The CPU test's case (tests/test_background_copy.py) on the GPU: the buffers copied at
     once on the training's stream, the parameters and Adam's state by the worker on its own
     stream into pinned memory after the training's event, while the next forward and backward
     run; the step waits: the checkpoint holds, bitwise, the tensors at the save."""
-    holds_its_step("cuda", tmp_path, monkeypatch)
+    holds_its_step("cuda", tmp_path)

@@ -37,6 +37,7 @@ def model_and_optimizer(device: str = "cpu") -> tuple[nn.Module, torch.optim.Opt
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    torch.optim.lr_scheduler.StepLR(optimizer, 1)  # (it wraps the step, as the training's)
     train_step(model, optimizer)
     return model, optimizer
 

@@ -14,9 +14,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ddppipe.parallel import distributed, precision
 from ddppipe.reports import slot_lines
-from ddppipe.training.checkpoints import background_copy, sharded_checkpoint
+from ddppipe.runstate.state import StateDir
+from ddppipe.settings import run_spec
+from ddppipe.training.checkpoints import background_copy, checkpoint, sharded_checkpoint
+from ddppipe.training.loop import run_checkpoints, strategy
 from ddppipe.training.measuring import save_costs
+from tests.tiny import default_config
 
 SLOW_S = 0.2  # the worker's copy takes at least this long once the step is reached
 
@@ -146,6 +151,39 @@ def holds_its_step(device: str, folder: Path) -> None:
     store.load(written.path, loaded)
     assert_bitwise(loaded, expected)
     copier.shut()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_trainings_ddp_checkpoints_count_the_next_steps_wait_for_the_copy(
+    tmp_path: Path,
+) -> None:
+    """The training's own checkpoints (run_checkpoints) of a ddp run: a save by time returns
+    with its copy in flight, and the next step's wait for it counts as that save's blocking
+    (the slot's checkpoint_s, checkpoint_max_s), its copy and write as theirs."""
+    spec = run_spec.resolve(default_config(), gpus=False)  # launch.strategy: ddp
+    model, optimizer = model_and_optimizer()
+    parts = checkpoint.Trainable(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    costs = save_costs.SaveCosts()
+    cpu = torch.device("cpu")
+    saves = run_checkpoints.Checkpoints(
+        spec, StateDir(tmp_path), distributed.Context(0, 0, 1, cpu, "gloo", "test", 1),
+        strategy.of(spec.launch), parts, config_hash="abc", steps_per_epoch=10,
+        record=lambda **_: None, precision=precision.Decision("fp32", "fp32"), costs=costs,
+    )  # fmt: skip
+    assert saves.store.copier is not None
+    with held_until_a_step(saves.store.copier):
+        saves.save(run_checkpoints.Position(0, 3, []), timed=True)
+        assert saves.store.in_flight()
+        starting_s = costs.blocked_s
+        train_step(model, optimizer)
+    path = saves.wait()
+    assert path is not None and path.name == "ckpt-e0000-s000003"
+    figures = costs.figures()
+    assert (figures["checkpoints"], figures["timed_checkpoints"]) == (1, 1)
+    assert figures["checkpoint_s"] - starting_s >= SLOW_S * 0.9  # the step's wait
+    assert figures["checkpoint_max_s"] == figures["checkpoint_s"]
+    assert figures["checkpoint_copy_s"] >= SLOW_S and figures["checkpoint_write_s"] > 0
+    saves.store.copier.shut()
 
 
 @pytest.mark.usefixtures("one_rank")

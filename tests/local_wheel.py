@@ -31,3 +31,21 @@ def write_wheel(folder: Path, name: str, version: str, module: str) -> Path:
         for path, data in files.items():
             z.writestr(path, data)
     return wheel
+
+
+# blobfmt: the package of tests/data/blobsdep.py (a user's task), found on no index.
+BLOBFMT = """\
+def intcomma(n: int) -> str:
+    return f"{n:,}"
+
+
+def naturalsize(size: int) -> str:
+    return f"{size / 1000:.1f} kB"
+"""
+
+
+def blobfmt_wheels(folder: Path, *versions: str) -> Path:
+    """``folder`` holding a blobfmt wheel of each of ``versions`` (pip's ``--find-links``)."""
+    for version in versions:
+        write_wheel(folder, "blobfmt", version, BLOBFMT)
+    return folder

@@ -25,11 +25,12 @@ from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.requirements import pinned
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
 
-# The host's pip settings that reach the image's pip (a mirror, a local folder of wheels, a
-# proxy); nothing else of the host's environment or pip configuration files does.
+# The host's pip settings that reach the image's pip (a mirror, a local folder of wheels, its
+# cache, a proxy); nothing else of the host's environment or pip configuration files does.
 PASSED = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX",
-          "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-          "http_proxy", "https_proxy", "no_proxy")  # fmt: skip
+          "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT", "PIP_CACHE_DIR", "PIP_NO_CACHE_DIR",
+          "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+          "no_proxy")  # fmt: skip
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 CONFLICT = 3  # the script's exit status when the requirements conflict with the image
 

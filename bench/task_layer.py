@@ -5,7 +5,7 @@ SquashFS layer (rule build_task_layer), then the first process starts in the ima
 layer bound over it and imports the package and torch (what every rank does first).
 Before (``--before``): the derived image ddppipe built until issue 53, ``apptainer build`` of
 the base image plus the package (``Bootstrap: localimage``, pip in ``%post`` with the image's
-packages as constraints: the recipe below, as ``ddppipe.apptainer.task_recipe`` wrote it),
+packages as constraints: the recipe below, as ddppipe wrote it until then),
 then the same first process in it.
 
     python bench/task_layer.py --image results/images/ddppipe.sif [--package humanize==4.17.0]

@@ -227,6 +227,37 @@ def test_requirements_pinned_and_named_by_hash() -> None:
         requirements.requirements(replace(spec.container, requirements=("tabulate>=0.9",)))
 
 
+def test_layer_pip_settings_and_what_it_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image's pip gets the host's index, wheel folder and proxy settings and CA bundle,
+    nothing else of the host's (no pip configuration file, no PYTHONPATH); what a layer
+    installed is read from its folder by lower-case name, as the provenance names packages."""
+    for key in list(os.environ):
+        if key in layer.PASSED or key == "PIP_CERT":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    monkeypatch.setenv("https_proxy", "http://proxy:3128")
+    monkeypatch.setenv("PYTHONPATH", "/home/me/src")
+    monkeypatch.setenv("PIP_REQUIRE_VIRTUALENV", "1")
+    (tmp_path / "ca.crt").write_text("a CA bundle")
+    env = layer._environment(tmp_path)
+    assert env[::2] == ["--env"] * (len(env) // 2)
+    assert sorted(env[1::2]) == sorted([
+        "PIP_CONFIG_FILE=/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK=1",
+        "PIP_ROOT_USER_ACTION=ignore", "PYTHONNOUSERSITE=1", "SOURCE_DATE_EPOCH=0",
+        f"PIP_CERT={tmp_path / 'ca.crt'}", "PIP_INDEX_URL=https://mirror.example/simple",
+        "https_proxy=http://proxy:3128",
+    ])  # fmt: skip
+    site = tmp_path / "site"
+    for name, version in (("Foo_Bar", "1.0.post1"), ("blobfmt", "1.0")):
+        meta = site / f"{name}-{version}.dist-info" / "METADATA"
+        meta.parent.mkdir(parents=True)
+        meta.write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: x\n")
+    (site / "foo_bar").mkdir()
+    assert layer.installed(site) == ["blobfmt==1.0", "foo_bar==1.0.post1"]
+
+
 def test_failed_build_leaves_no_image(tmp_path: Path) -> None:
     require_apptainer()
     recipe = tmp_path / "broken.def"

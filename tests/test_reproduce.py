@@ -403,12 +403,33 @@ def test_a_container_runs_packages_are_compared_with_its_images(tmp_path: Path) 
         "recorded -> installed: "
     )  # the same record against this venv: a false difference the image check avoids
     rebuilt = checks.Finding("image", "differs", "rebuilt since")
-    now = {identity.PACKAGES: "torch==2.9.1 numpy==2.3.0 not-on-this-host==1.0",
-           identity.ADDED: "numpy==2.3.1"}  # a task image's layer over its base  # fmt: skip
+    now = {identity.PACKAGES: "torch==2.9.1 numpy==2.3.0 not-on-this-host==1.0"}
     found = checks.image_packages(recorded, container, rebuilt, now)
+    assert (found.status, found.text) == ("ok", f"3 distributions as recorded (the image "
+                                                f"{image}'s)")  # fmt: skip
+    # a task's layer (container.requirements) over the image: what it installs over its labels
+    task_layer = tmp_path / "ddppipe-0123456789ab.layer.sqfs"
+    task_layer.write_bytes(b"a layer")
+    with_layer = {**container, "layer": {"path": str(task_layer), "requirements": ["a==1"],
+                                         "sha256": identity.sha256(task_layer),
+                                         "installed": ["numpy==2.3.0"]}}  # fmt: skip
+    assert checks.image(with_layer) == checks.Finding("image", "ok", (
+        f"{image}: SHA-256 {identity.sha256(image)[:12]} as recorded, its task layer "
+        f"{task_layer}: SHA-256 {identity.sha256(task_layer)[:12]} as recorded"))  # fmt: skip
+    found = checks.image_packages(recorded, with_layer, rebuilt, now, ["numpy==2.3.1"])
     assert (found.status, found.text) == (
         "differs",
-        f"recorded -> the image {image}'s: numpy 2.3.0 -> 2.3.1",
+        f"recorded -> the image {image}'s with its task layer: numpy 2.3.0 -> 2.3.1",
+    )
+    task_layer.write_bytes(b"another layer")
+    assert checks.image(with_layer).text == (
+        f"its task layer {task_layer}: SHA-256 {identity.sha256(task_layer)[:12]}, the run's "
+        f"{with_layer['layer']['sha256'][:12]} (rebuilt since)"
+    )
+    task_layer.unlink()
+    assert checks.image(with_layer).text == (
+        f"its task layer {task_layer} (SHA-256 {with_layer['layer']['sha256'][:12]}) is not "
+        "here: rule build_task_layer builds it again from container.requirements a==1, or copy it"
     )
     older = {**container, "labels": {}}  # built before the packages were a label
     assert checks.image_packages(recorded, older, same, None).status == "ok"

@@ -9,7 +9,7 @@ MIRROR ?=
 SNAKEMAKE_ARGS ?=
 MIRROR_ARG := $(if $(MIRROR),--config 'task_args={mirrors: [$(MIRROR)]}',)
 
-.PHONY: run test test-gpu env system-deps lint clean
+.PHONY: run test test-quick test-gpu env system-deps lint clean
 
 # constraints.txt pins torch to the version the training image ships (containers/ddppipe.def).
 $(BIN)/ddppipe: pyproject.toml constraints.txt
@@ -34,6 +34,14 @@ system-deps:
 test: env system-deps lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 -m "not solo"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -m solo
+
+# The inner loop while editing (docs/tests.md): the tests without the `slow` marker (no SLURM,
+# Apptainer, Snakemake DAG or multi-process training run: tests/conftest.py marks them), on the
+# two workers, in at most 5 minutes on CI's 2 cores. TESTS narrows it to files (and pytest's
+# options), run in one process: e.g. TESTS=tests/test_config.py or TESTS='tests/test_idx.py -k bad'.
+TESTS ?=
+test-quick: env
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(if $(TESTS),0,2) -m "not slow" $(TESTS)
 
 # The GPU suite (docs/tests.md): every GPU test in one session planned to 8 minutes on one GPU,
 # its report in results/gpu-suite/; without a CUDA GPU one line and exit 2, nothing run.

@@ -32,8 +32,10 @@ GROUPS_ENV = "DDPPIPE_TEST_GROUPS"  # the file of each test's group (pytest-xdis
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test on the SLURM test cluster or with Apptainer is slow too: `-m "not slow"` (the
-    quick loop of docs/tests.md) leaves it out.
+    """A test on the SLURM test cluster, with Apptainer or on the shared build of the local DAG
+    is slow too: `make test-quick` (`-m "not slow"`, the inner loop of docs/tests.md) leaves it
+    out, as it leaves out every test marked slow by hand (a Snakemake DAG of its own, more
+    than one training run: over 2 fresh interpreters importing torch).
 
     Under pytest-xdist (``make test``: ``-n 2``) each test is in a group that one worker runs
     whole, in order (:func:`pytest_xdist_make_scheduler`): the SLURM test cluster's tests (one
@@ -45,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         marked = any(item.get_closest_marker(name) for name in ("slurm", "apptainer"))
-        if marked or "slurm_slot" in fixtures:
+        if marked or fixtures & {"slurm_slot", "shared_build"}:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slurm") or "slurm_slot" in fixtures:
             groups[item.nodeid] = "cluster"
@@ -63,16 +65,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         os.replace(draft, path)
 
 
+GROUPS_FILE = pytest.StashKey[Path]()  # the groups file this session made (and removes)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         handle, path = tempfile.mkstemp(prefix="ddppipe-test-groups-", suffix=".json")
         os.close(handle)
         os.environ[GROUPS_ENV] = path  # (the workers inherit it)
+        config.stash[GROUPS_FILE] = Path(path)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):
-        Path(os.environ.pop(GROUPS_ENV)).unlink(missing_ok=True)
+    """Remove this session's groups file; not one a session it runs in made (the shared
+    build's `make test-quick TESTS=...` inherits the variable)."""
+    if GROUPS_FILE in config.stash:
+        config.stash[GROUPS_FILE].unlink(missing_ok=True)
+        os.environ.pop(GROUPS_ENV, None)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -151,3 +160,11 @@ def run_cli(
     if check and result.returncode != 0:
         raise AssertionError(f"ddppipe {args} failed ({result.returncode}):\n{result.stderr}")
     return result
+
+
+def prepare_in_process(settings: Path, dest: Path) -> None:
+    """``ddppipe prepare --settings=SETTINGS --dest=DEST`` in this process: the command's own
+    function, without a fresh interpreter importing torch (~3 CPU-seconds)."""
+    from ddppipe.cli.commands import tasks as data_command
+
+    assert data_command.prepare(settings, dest) == 0

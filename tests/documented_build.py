@@ -60,11 +60,16 @@ def commands_in(text: str) -> list[str]:
     return commands
 
 
+# What runs the tests (this one among them): `make test-quick` is checked by its dry run
+# (tests/test_readme.py) and runs for real narrowed to a file (docs/tests.md's TESTS=).
+RUN_THE_TESTS = ("make test", "make test-quick")
+
+
 def documented_commands() -> list[str]:
-    """The commands of the README and of every docs/*.md, in order, each once; `make test`
-    is what runs the tests."""
+    """The commands of the README and of every docs/*.md, in order, each once, but those that
+    run the whole suite (:data:`RUN_THE_TESTS`)."""
     every = [c for text in PAGES.values() for c in commands_in(text)]
-    return [c for c in dict.fromkeys(every) if c != "make test"]
+    return [c for c in dict.fromkeys(every) if c not in RUN_THE_TESTS]
 
 
 def as_run_here(command: str) -> str:

@@ -15,23 +15,23 @@ import yaml
 from tests.conftest import run_cli
 from tests.tiny import REPO, default_config
 
-BLOBSDEP = REPO / "tests" / "data" / "blobsdep.py"  # a user's task file: it imports humanize
+BLOBSDEP = REPO / "tests" / "data" / "blobsdep.py"  # a user's task file: it imports blobfmt
 
 
 def fixes(step: str, task: Path) -> str:
     return (
-        f"{step}: task mytasks/blobsdep.py ({task}) imports humanize, which is not installed in "
+        f"{step}: task mytasks/blobsdep.py ({task}) imports blobfmt, which is not installed in "
         f"this machine's Python environment ({sys.prefix}). Either run it in an image with it, "
-        "container: {mode: apptainer, requirements: [humanize==VERSION]} (`pip index versions "
-        "humanize` lists the versions; a module's pip package may have another name), or "
-        f"install it where this step runs: {sys.executable} -m pip install humanize"
+        "container: {mode: apptainer, requirements: [blobfmt==VERSION]} (`pip index versions "
+        "blobfmt` lists the versions; a module's pip package may have another name), or "
+        f"install it where this step runs: {sys.executable} -m pip install blobfmt"
     )
 
 
 def test_a_package_in_neither_place_is_named_with_the_step_and_both_fixes(tmp_path: Path) -> None:
     """write_config's check and prepare_data's prepare(), whether the task imports the package
     at its top or inside a function."""
-    assert importlib.util.find_spec("humanize") is None, "humanize must be absent from the host"
+    assert importlib.util.find_spec("blobfmt") is None, "blobfmt must be absent from the host"
     task = tmp_path / "mytasks" / "blobsdep.py"
     task.parent.mkdir()
     shutil.copy2(BLOBSDEP, task)
@@ -44,8 +44,8 @@ def test_a_package_in_neither_place_is_named_with_the_step_and_both_fixes(tmp_pa
     step = "write_config (ddppipe resolve-config)"
     assert f"ddppipe resolve-config: error: {fixes(step, task)}\n" in result.stderr
     # imported inside prepare(): the same error from the data rule's command
-    text = task.read_text().replace("import humanize\n", "")
-    task.write_text(text.replace('    """Points', '    import humanize\n\n    """Points'))
+    text = task.read_text().replace("import blobfmt\n", "")
+    task.write_text(text.replace('    """Points', '    import blobfmt\n\n    """Points'))
     settings = tmp_path / "blobsdep.yaml"
     settings.write_text(yaml.safe_dump({"task": "mytasks/blobsdep.py", "task_args": {}}))
     result = run_cli("prepare", "--settings", str(settings), "--dest", "data", cwd=tmp_path,

@@ -30,12 +30,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from ddppipe import tasks
+from ddppipe.cli.commands import training as training_command
 from ddppipe.core import nodelock, private
 from ddppipe.data import batches, file_digests, manifest, packed, staging
 from ddppipe.launching import resolve
 from ddppipe.reports import waste
 from ddppipe.tasks import imagefolder
-from tests.conftest import run_cli
+from tests.conftest import prepare_in_process, run_cli
 from tests.test_tasks_builtin import write_images
 from tests.tiny import default_config
 
@@ -256,6 +257,7 @@ def test_a_pack_of_other_settings_is_refused(tmp_path: Path) -> None:
         imagefolder.datasets(tmp_path / "data", args)
 
 
+@pytest.mark.slow  # 2 worlds of 2 ranks
 def test_two_ranks_train_on_a_pack_staged_once_a_node(tmp_path: Path) -> None:
     """`ddppipe prepare` packs; the images are then removed (their class folders stay): two
     ranks train and evaluate on the pack alone, staged to a node-local folder by one of them;
@@ -273,7 +275,7 @@ def test_two_ranks_train_on_a_pack_staged_once_a_node(tmp_path: Path) -> None:
     settings = tmp_path / "data.yaml"
     settings.write_text(json.dumps({"task": cfg["task"], "task_args": cfg["task_args"]}))
     data = tmp_path / "data"
-    run_cli("prepare", f"--settings={settings}", f"--dest={data}")
+    prepare_in_process(settings, data)
     for image in root.glob("*/*.png"):
         image.unlink()
     node = {"STAGE_HERE": str(tmp_path / "node-local")}
@@ -425,7 +427,9 @@ def model(args):
 """
 
 
-def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> None:
+def test_a_training_whose_loader_is_slow_is_named_data_bound(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Each item takes 50 ms and the one rank has one DataLoader worker: a step of 4 items
     waits about 200 ms for them against a few milliseconds of compute (40 steps). One rank,
     not two: on a loaded 2-core machine two ranks' all-reduce could take as long as the read
@@ -450,9 +454,12 @@ def test_a_training_whose_loader_is_slow_is_named_data_bound(tmp_path: Path) -> 
     (flag,) = [f for f in waste.flags(slot, None, None, 2) if f.startswith("data:")]
     assert flag.startswith(f"data: the steps waited {share:.0%} of the training")
     assert flag.endswith("`ddppipe time-loader` times the loader alone")
-    # the loader alone, as the flag says: one worker reads an item in 50 ms or more
-    line = run_cli("time-loader", f"--config={run / 'config.yaml'}",
-                   f"--data={tmp_path / 'data'}", "--steps=5").stdout  # fmt: skip
+    # the loader alone, as the flag says (`ddppipe time-loader --steps=5`'s function, in this
+    # process, its output captured at the file descriptors: the loader's workers register
+    # their stack dumps on stderr's): one worker reads an item in 50 ms or more
+    capfd.readouterr()
+    assert training_command.time_loader(run / "config.yaml", tmp_path / "data", 5, None, 0) == 0
+    line = capfd.readouterr().out
     found = re.fullmatch(
         r"loader of rank 0 of 1 \(1 DataLoader worker\(s\)\): 5 batches, 20 samples; first "
         r"batch after (\d+\.\d\d) s, then (\d+) samples/s \((\d+\.\d) ms a batch\): a "

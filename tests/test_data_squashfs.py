@@ -21,7 +21,7 @@ import pytest
 
 from ddppipe.data import manifest, squashfs, staging
 from ddppipe.launching import resolve
-from tests.conftest import run_cli
+from tests.conftest import prepare_in_process, run_cli
 from tests.test_data_reading import AS_NOBODY, held_by_nobody, needs_root, plant, shared_folder
 from tests.test_tasks_builtin import write_images
 from tests.tiny import default_config
@@ -134,6 +134,7 @@ def test_without_fuse_the_image_is_unpacked_once_a_node(
     assert os.listdir(tmp_path / "another-node" / MINE) == [f".sqfs-{image.digest}.lock"]
 
 
+@pytest.mark.slow  # a world of 2 ranks, then an evaluation
 def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     tmp_path: Path,
 ) -> None:
@@ -154,7 +155,7 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     settings = tmp_path / "data.yaml"
     settings.write_text(json.dumps({k: cfg[k] for k in ("task", "task_args", "data")}))
     data = tmp_path / "data"
-    run_cli("prepare", f"--settings={settings}", f"--dest={data}")
+    prepare_in_process(settings, data)
     found = json.loads((data / "manifest.json").read_text())
     image = found["squashfs"]["image"]
     assert IMAGE_NAME.fullmatch(image) and found["squashfs"]["arg"] == "root"
@@ -183,6 +184,7 @@ def test_two_ranks_train_on_a_squashfs_image_staged_once_with_the_images_gone(
     assert again["test_count"] == 9 and again["test_accuracy"] == epochs[-1]["test_accuracy"]
 
 
+@pytest.mark.apptainer  # apptainer exec of a sandbox: slow (tests/conftest.py)
 def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> None:
     """container.mode apptainer: the launcher binds the image over task_args.root
     (``--bind IMAGE:ROOT:image-src=/``), where the ranks read it as the folder itself. The
@@ -207,7 +209,7 @@ def test_in_a_container_the_image_is_bound_over_the_folder(tmp_path: Path) -> No
     settings = tmp_path / "data.yaml"
     settings.write_text(json.dumps({k: cfg[k] for k in ("task", "task_args", "data")}))
     data = tmp_path / "data"
-    run_cli("prepare", f"--settings={settings}", f"--dest={data}")
+    prepare_in_process(settings, data)
     run = tmp_path / "run"
     resolve.write_resolved(cfg, run / "config.yaml", gpus=False)
     for image in root.glob("*/*.png"):  # the class folders stay, empty: the bind's target

@@ -24,7 +24,7 @@ SUFFIXES = {".py", ".smk", ".md", ".yaml", ".yml", ".def", ".toml", ".txt", ".cf
 # module that tasks.loader.MOVED_MODULES names on purpose (to tell a task file where it went).
 NOT_CODE = {
     "base", "cuda", "git_commit", "installed", "packages", "requirement", "requirements", "torch",
-    "variant",  # image labels (containers/ddppipe.def, ddppipe.apptainer.task_recipe)
+    "variant",  # image labels (containers/ddppipe.def)
     "role", "sweep",  # MLflow tags (ddppipe.training.tracking.mlflow_log)
     "def", "json", "sif",  # containers/ddppipe.def, ddppipe.json, ddppipe.sif
     "model",  # the pre-0.3 module, named in ddppipe.tasks.loader.MOVED_MODULES

@@ -143,6 +143,7 @@ def test_a_crash_on_rank_1_is_named(
           "the slot's end; it printed:", *printed, sep="\n")  # fmt: skip
 
 
+@pytest.mark.slow  # through the DAG
 def test_a_nan_loss_stops_the_run_at_its_step(tmp_path: Path, tiny: TinyData) -> None:
     """Rank 1's loss is NaN from the run's step 10 (epoch 2): every rank stops there, the run
     fails naming the step, exports nothing, keeps epoch 1's checkpoint and writes none after

@@ -79,6 +79,7 @@ def straight(lm_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     return runs
 
 
+@pytest.mark.slow  # the two straight runs (2 worlds)
 def test_both_strategies_write_sharded_checkpoints_and_full_weights(
     straight: dict[str, Path], lm_data: Path
 ) -> None:
@@ -112,8 +113,28 @@ def test_both_strategies_write_sharded_checkpoints_and_full_weights(
     assert again["test_count"] == reported["test_count"] == 125
 
 
-@pytest.mark.parametrize(("strategy", "world"), [("ddp", 1), ("ddp", 3), ("fsdp", 1),
-                                                 ("fsdp", 3)])  # fmt: skip
+def leave_a_partial_save_and_an_uncommitted_checkpoint(folder: Path, name: str) -> list[Path]:
+    """What a kill -9 during a later save than ``name``'s leaves in ``folder`` (a .saving
+    folder), and a newer checkpoint folder without its commit marker: neither is resumed
+    from. Their paths (the .saving one removed by the resume, the other moved to damaged/)."""
+    epoch = name.split("-")[1]
+    saving, uncommitted = folder / f"ckpt-{epoch}-s000012.saving", folder / f"ckpt-{epoch}-s000016"
+    saving.mkdir()
+    (saving / "__0_0.distcp").write_bytes(b"partial")
+    shutil.copytree(folder / name, uncommitted)
+    (uncommitted / sharded_checkpoint.COMMITTED).unlink()
+    return [saving, uncommitted]
+
+
+def assert_left_alone(leftovers: list[Path]) -> None:
+    saving, uncommitted = leftovers
+    assert not saving.exists()
+    assert (uncommitted.parent / "damaged" / uncommitted.name).is_dir()
+
+
+# (fsdp resumed at 1 process: the mid-epoch stop below)
+@pytest.mark.slow  # the straight runs, then a world
+@pytest.mark.parametrize(("strategy", "world"), [("ddp", 1), ("ddp", 3), ("fsdp", 3)])
 def test_a_run_stopped_at_2_processes_continues_at_1_or_3(
     straight: dict[str, Path], lm_data: Path, tmp_path: Path, strategy: str, world: int
 ) -> None:
@@ -126,18 +147,11 @@ def test_a_run_stopped_at_2_processes_continues_at_1_or_3(
     it by 1e-2."""
     folder = tmp_path / "state" / "checkpoints"
     shutil.copytree(straight[strategy] / "state" / "checkpoints" / E1, folder / E1)
-    # what a kill -9 during a later save leaves (a .saving folder), and a newer checkpoint
-    # folder without its commit marker: neither is resumed from
-    (folder / "ckpt-e0001-s000012.saving").mkdir()
-    (folder / "ckpt-e0001-s000012.saving" / "__0_0.distcp").write_bytes(b"partial")
-    uncommitted = folder / "ckpt-e0001-s000020"
-    shutil.copytree(folder / E1, uncommitted)
-    (uncommitted / sharded_checkpoint.COMMITTED).unlink()
+    leftovers = leave_a_partial_save_and_an_uncommitted_checkpoint(folder, E1)
 
     stderr = launch(lm_config(strategy, world), lm_data, tmp_path)
     assert f"resuming from {folder / E1}" in stderr, stderr
-    assert not (folder / "ckpt-e0001-s000012.saving").exists()
-    assert (folder / "damaged" / "ckpt-e0001-s000020").is_dir()
+    assert_left_alone(leftovers)
     (attempt,) = json.loads((tmp_path / "state" / "attempts.json").read_text())
     assert attempt["resumed_from"] == E1 and attempt["start_step"] == STEPS_PER_EPOCH
     assert (attempt["world_size"], attempt["strategy"]) == (world, strategy)
@@ -149,6 +163,7 @@ def test_a_run_stopped_at_2_processes_continues_at_1_or_3(
     assert resumed[1]["test_loss"] == pytest.approx(reference[1]["test_loss"], rel=1e-5)
 
 
+@pytest.mark.slow  # the straight runs, then a world
 def test_a_whole_model_checkpoint_of_a_run_started_before_is_resumed_from(
     straight: dict[str, Path], lm_data: Path, tmp_path: Path
 ) -> None:
@@ -180,6 +195,7 @@ def model(args):
 '''
 
 
+@pytest.mark.slow  # the straight runs, then 2 worlds
 def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
     straight: dict[str, Path], lm_data: Path, tmp_path: Path
 ) -> None:
@@ -192,7 +208,8 @@ def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
 
     The stopped slot trains with launch.strategy hsdp (one node: fsdp's mesh) and activation
     checkpointing, the resumed one with fsdp and without, and a checkpoint by time at each of
-    its agreements (train.checkpoint_minutes shorter than a step): none changes a number."""
+    its agreements (train.checkpoint_minutes shorter than a step): none changes a number. A
+    partial save and an uncommitted checkpoint newer than the stop's are left alone."""
     task = tmp_path / "stopping.py"
     task.write_text(STOPPING_TASK)
     stopped = lm_config("hsdp", 2)
@@ -209,8 +226,12 @@ def test_a_run_stopped_mid_epoch_at_2_processes_continues_at_1(
     resumed = lm_config("fsdp", 1)
     resumed.update(task=str(task))
     resumed["train"]["checkpoint_minutes"] = 1e-6
+    leftovers = leave_a_partial_save_and_an_uncommitted_checkpoint(
+        tmp_path / "state" / "checkpoints", mid_epoch
+    )
     stderr = launch(resumed, lm_data, tmp_path)
     assert f"resuming from {tmp_path / 'state' / 'checkpoints' / mid_epoch}" in stderr, stderr
+    assert_left_alone(leftovers)
     second = json.loads((tmp_path / "state" / "attempts.json").read_text())[1]
     assert (second["resumed_from"], second["start_step"]) == (mid_epoch, 10)
     assert (second["world_size"], second["strategy"]) == (1, "fsdp")

@@ -1,7 +1,8 @@
 """What a GPU changes, beyond DDP (tests/test_gpu.py): FSDP2 and HSDP in bf16 on CUDA, their
 DCP checkpoints resumed on CPUs at another world size, warm ranks forked onto a GPU, a packed
 slot's own GPU, the job API over NCCL, the collectives' timeout, deterministic CUDA runs that
-`ddppipe reproduce` calls identical, and CUDA out of memory named.
+`ddppipe reproduce` calls identical, CUDA out of memory named, and a DDP checkpoint's copy
+taken on a stream of its own while the next step runs.
 
 Each test's ``seconds`` is its expected time on one H100-class GPU (`make test-gpu`'s plan,
 tests/gpu_plan.py); without a GPU each skips, named.
@@ -28,6 +29,7 @@ from ddppipe.packing import worker
 from ddppipe.settings import config
 from ddppipe.training.measuring import allowances
 from tests.conftest import run_cli
+from tests.test_background_copy import holds_its_step, one_rank  # noqa: F401 (a fixture)
 from tests.test_fsdp import ARGS as LM_ARGS
 from tests.test_fsdp import lm_data  # noqa: F401 (a fixture)
 from tests.test_reproduce import train_and_export
@@ -404,3 +406,15 @@ def test_cuda_out_of_memory_is_named_with_its_figures_and_the_fix(
     assert "launch.strategy: fsdp" in detail and "train.batch_size" in detail
     total = attempt["failure"]["memory"]["total"]
     assert abs(total - torch.cuda.get_device_properties(0).total_memory) < 2 * GIB
+
+
+@pytest.mark.gpu(seconds=10)
+@pytest.mark.usefixtures("one_rank")
+def test_a_ddp_checkpoints_copy_on_its_own_cuda_stream_holds_the_weights_of_its_step(
+    tmp_path: Path,
+) -> None:
+    """The CPU test's case (tests/test_background_copy.py) on the GPU: the buffers copied at
+    once on the training's stream, the parameters and Adam's state by the worker on its own
+    stream into pinned memory after the training's event, while the next forward and backward
+    run; the step waits: the checkpoint holds, bitwise, the tensors at the save."""
+    holds_its_step("cuda", tmp_path)

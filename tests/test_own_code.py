@@ -102,6 +102,7 @@ def test_changed_task_file_reruns_only_that_runs_training(task_run: tuple[Path, 
     }, counts  # fmt: skip
 
 
+@pytest.mark.slow  # the DAG, to its refusal
 def test_broken_task_fails_before_training_naming_file_and_function(tmp_path: Path) -> None:
     (tmp_path / "tasks").mkdir()
     broken = tmp_path / "tasks" / "broken.py"

@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from ddppipe.apptainer import identity
+from ddppipe.cli.commands import training as training_command
 from ddppipe.data import batches
 from ddppipe.launching import resolve
 from ddppipe.reproduce import causes, checks, command, compare, plan, source, verdict
@@ -43,7 +44,8 @@ def train_and_export(
 ) -> Path:
     """`ddppipe launch` then `ddppipe export` of results/<run> (its config.yaml written from
     ``cfg`` unless None: already there, resolved for GPUs with ``gpus``), as the train and
-    export rules run them."""
+    export rules run them (the export's command function in this process: no torch to import
+    again)."""
     root, data = workdir / "results" / run, workdir / "resources" / "mnist"
     if cfg is not None:
         root.mkdir(parents=True, exist_ok=True)
@@ -55,10 +57,13 @@ def train_and_export(
             f"--state={root / 'state'}", f"--checkpoint={files['final.pt']}",
             f"--metrics={files['metrics.jsonl']}", f"--attempts={files['attempts.json']}",
             f"--log={workdir / 'logs' / run / 'train.log'}", cwd=workdir)  # fmt: skip
-    run_cli("export", f"--result={files['model.pt']}", f"--record={files['final.json']}",
-            f"--config={root / 'config.yaml'}", f"--data={data}",
-            f"--out={root / 'export/model.pt'}", f"--provenance={root / 'export/provenance.json'}",
-            f"--attempts={files['attempts.json']}", cwd=workdir)  # fmt: skip
+    with contextlib.chdir(workdir):  # `ddppipe export ...`'s function, in this process
+        exported = training_command.export(
+            files["model.pt"], files["final.json"], root / "config.yaml", data,
+            root / "export/model.pt", root / "export/provenance.json", None,
+            files["attempts.json"],
+        )  # fmt: skip
+    assert exported == 0
     return root
 
 
@@ -95,6 +100,7 @@ def readme_command() -> list[str]:
     return shlex.split(line)[1:]
 
 
+@pytest.mark.slow  # the finished run (2 worlds), then its reproduction
 def test_a_finished_run_reproduces_identical(finished: Path) -> None:
     """The README's command on the default recipe on CPUs: the same bytes, `identical`."""
     args = readme_command()
@@ -113,6 +119,7 @@ def test_a_finished_run_reproduces_identical(finished: Path) -> None:
     assert json.loads((again / "export" / "provenance.json").read_text())["epochs"] == 2
 
 
+@pytest.mark.slow  # the finished run (2 worlds)
 def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path: Path) -> None:
     workdir = copied(finished, tmp_path / "changed")
     labels = workdir / "resources" / "mnist" / "train-labels-idx1-ubyte"
@@ -127,6 +134,7 @@ def test_a_changed_data_file_is_refused_before_training(finished: Path, tmp_path
     assert not (workdir / "results" / "mnist-reproduced-1").exists()
 
 
+@pytest.mark.slow  # a reproduction beside the finished run
 def test_another_learning_rate_in_the_record_differs_from_epoch_1(
     finished: Path, tmp_path: Path
 ) -> None:
@@ -155,6 +163,7 @@ def test_another_learning_rate_in_the_record_differs_from_epoch_1(
     assert found[3] == "a changed config value: train.lr 0.006 vs 0.02 (config.yaml vs record)"
 
 
+@pytest.mark.slow  # the finished run, continued, reproduced
 def test_a_run_continued_at_another_world_size(finished: Path, tmp_path: Path) -> None:
     """Epoch 1 on 2 ranks (its checkpoint and slot from the finished run), epoch 2 on 1:
     reproduced in one go on 2 ranks, epoch 1 agrees, epoch 2 differs, the cause named."""
@@ -394,12 +403,33 @@ def test_a_container_runs_packages_are_compared_with_its_images(tmp_path: Path) 
         "recorded -> installed: "
     )  # the same record against this venv: a false difference the image check avoids
     rebuilt = checks.Finding("image", "differs", "rebuilt since")
-    now = {identity.PACKAGES: "torch==2.9.1 numpy==2.3.0 not-on-this-host==1.0",
-           identity.ADDED: "numpy==2.3.1"}  # a task image's layer over its base  # fmt: skip
+    now = {identity.PACKAGES: "torch==2.9.1 numpy==2.3.0 not-on-this-host==1.0"}
     found = checks.image_packages(recorded, container, rebuilt, now)
+    assert (found.status, found.text) == ("ok", f"3 distributions as recorded (the image "
+                                                f"{image}'s)")  # fmt: skip
+    # a task's layer (container.requirements) over the image: what it installs over its labels
+    task_layer = tmp_path / "ddppipe-0123456789ab.layer.sqfs"
+    task_layer.write_bytes(b"a layer")
+    with_layer = {**container, "layer": {"path": str(task_layer), "requirements": ["a==1"],
+                                         "sha256": identity.sha256(task_layer),
+                                         "installed": ["numpy==2.3.0"]}}  # fmt: skip
+    assert checks.image(with_layer) == checks.Finding("image", "ok", (
+        f"{image}: SHA-256 {identity.sha256(image)[:12]} as recorded, its task layer "
+        f"{task_layer}: SHA-256 {identity.sha256(task_layer)[:12]} as recorded"))  # fmt: skip
+    found = checks.image_packages(recorded, with_layer, rebuilt, now, ["numpy==2.3.1"])
     assert (found.status, found.text) == (
         "differs",
-        f"recorded -> the image {image}'s: numpy 2.3.0 -> 2.3.1",
+        f"recorded -> the image {image}'s with its task layer: numpy 2.3.0 -> 2.3.1",
+    )
+    task_layer.write_bytes(b"another layer")
+    assert checks.image(with_layer).text == (
+        f"its task layer {task_layer}: SHA-256 {identity.sha256(task_layer)[:12]}, the run's "
+        f"{with_layer['layer']['sha256'][:12]} (rebuilt since)"
+    )
+    task_layer.unlink()
+    assert checks.image(with_layer).text == (
+        f"its task layer {task_layer} (SHA-256 {with_layer['layer']['sha256'][:12]}) is not "
+        "here: rule build_task_layer builds it again from container.requirements a==1, or copy it"
     )
     older = {**container, "labels": {}}  # built before the packages were a label
     assert checks.image_packages(recorded, older, same, None).status == "ok"

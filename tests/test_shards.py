@@ -15,7 +15,7 @@ import torch
 
 from ddppipe.data import batches, sharding, shards
 from ddppipe.launching import resolve
-from tests.conftest import run_cli
+from tests.conftest import prepare_in_process, run_cli
 from tests.test_tasks_builtin import write_images
 from tests.tiny import REPO, default_config
 
@@ -165,6 +165,7 @@ def model(args):
 """
 
 
+@pytest.mark.slow  # 3 worlds
 def test_a_task_streaming_shards_stopped_at_1_rank_of_4_workers_continues_at_2_ranks(
     tmp_path: Path,
 ) -> None:
@@ -185,7 +186,7 @@ def test_a_task_streaming_shards_stopped_at_1_rank_of_4_workers_continues_at_2_r
     settings = tmp_path / "data.yaml"
     settings.write_text(json.dumps({"task": cfg["task"], "task_args": cfg["task_args"]}))
     data = tmp_path / "data"
-    run_cli("prepare", f"--settings={settings}", f"--dest={data}")
+    prepare_in_process(settings, data)
     assert len(list(data.glob("train-*.tar"))) >= 10  # 129 images of ~0.5 KB, 10 KB shards
 
     def train(run: Path, nproc: int, workers: int, **env: str) -> str:

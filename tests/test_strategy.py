@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddppipe.settings import run_spec
-from ddppipe.training.checkpoints import checkpoint
+from ddppipe.training.checkpoints import background_copy, checkpoint
 from ddppipe.training.loop import evaluate, strategy
 from tests.tiny import default_config
 
@@ -32,6 +32,23 @@ def parts() -> checkpoint.Trainable:
 def test_ddp_replicates_and_fsdp_and_hsdp_shard() -> None:
     assert isinstance(of("ddp"), strategy.Replicated)
     assert all(isinstance(of(name), strategy.Sharded) for name in ("fsdp", "hsdp"))
+
+
+class NotTorch:
+    """A task's optimizer that is not a torch one (no step hook to make wait)."""
+
+    def step(self) -> None: ...
+
+
+def test_ddp_copies_a_checkpoint_off_the_training_thread_where_its_optimizer_can_wait() -> None:
+    """(The copy itself: test_background_copy.py) FSDP's shards are DCP's to copy."""
+    trainable, waited = parts(), lambda seconds: None
+    copier = of("ddp").copier(trainable, CPU, waited)
+    assert isinstance(copier, background_copy.BackgroundCopy)
+    copier.shut()
+    other = checkpoint.Trainable(trainable.model, NotTorch(), trainable.scheduler)
+    assert of("ddp").copier(other, CPU, waited) is None
+    assert of("fsdp").copier(trainable, CPU, waited) is None
 
 
 def test_each_strategy_builds_the_optimizer_its_parameters_take() -> None:

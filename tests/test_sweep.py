@@ -100,6 +100,7 @@ def grid(workdir: Path) -> dict[str, subprocess.CompletedProcess]:
     return {"first": first, "again": again}
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_grid_trials_are_named_after_their_values(grid: dict, workdir: Path) -> None:
     assert trial_folders(workdir, "grid") == {
         "activation=nope+hidden=4", "activation=relu+hidden=4",
@@ -109,6 +110,7 @@ def test_grid_trials_are_named_after_their_values(grid: dict, workdir: Path) -> 
     assert "hidden: 8" in config and "activation: relu" in config
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_failing_trial_fails_and_the_others_complete(grid: dict, workdir: Path) -> None:
     first = grid["first"]
     assert first.returncode != 0
@@ -125,6 +127,7 @@ def test_a_failing_trial_fails_and_the_others_complete(grid: dict, workdir: Path
     assert "kept by the warm server (not loaded again)" in trained
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_rerun_that_adds_a_value_trains_only_its_trials_and_the_failed(grid: dict) -> None:
     # activation=relu+hidden=4 completed: it is not trained again; the failed one is retried.
     assert jobs(grid["again"], "train") == [
@@ -134,6 +137,7 @@ def test_a_rerun_that_adds_a_value_trains_only_its_trials_and_the_failed(grid: d
     ]
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_each_trial_is_a_run_that_names_its_sweep(grid: dict, workdir: Path) -> None:
     """A trial's provenance names its sweep and values; the table, written at the end of the
     failed call, says why the failed trial failed; the rules that hold no core (threads: 0)
@@ -171,6 +175,7 @@ def ordered(workdir: Path) -> subprocess.CompletedProcess:
     return sweep(workdir, sweep_config(**ORDERED), "--until", "train")
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_grid_trains_its_trials_in_their_order(
     ordered: subprocess.CompletedProcess, workdir: Path
 ) -> None:
@@ -200,6 +205,7 @@ def random_sweep(workdir: Path) -> subprocess.CompletedProcess:
     return sweep(workdir, sweep_config(**RANDOM))
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_random_sweep_draws_the_same_trials_again(
     random_sweep: subprocess.CompletedProcess, workdir: Path, tmp_path: Path
 ) -> None:
@@ -233,6 +239,7 @@ def attempt(workdir: Path, name: str, sweep: str = "tpe") -> dict[str, Any]:
     return found
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_tpe_sweep_suggests_a_trial_when_a_slot_frees(tpe_sweep: dict, workdir: Path) -> None:
     """Round 1 takes the slot that frees first: the quick second trial's, while the slow first
     trial still trains (not the first trial's slot, fixed in advance)."""
@@ -265,6 +272,7 @@ def test_a_tpe_sweep_suggests_a_trial_when_a_slot_frees(tpe_sweep: dict, workdir
     assert trials[2].state == TrialState.RUNNING  # the last round: no round after it asks
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_finished_tpe_sweep_reruns_nothing(tpe_sweep: dict) -> None:
     again = tpe_sweep["again"]
     assert again.returncode == 0, again.stderr
@@ -297,6 +305,7 @@ def test_bad_input_is_refused_at_dry_run(change: dict, message: str, tmp_path: P
     assert "rule train" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow  # sweeps through the DAG
 def test_a_second_sweep_of_one_name_is_refused(grid: dict, workdir: Path) -> None:
     cfg = sweep_config(name="grid", parameters={"train.lr": [0.1]})
     result = snakemake(workdir, cfg, "-n", "sweep", check=False)

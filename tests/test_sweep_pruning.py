@@ -108,6 +108,7 @@ def study_trials(workdir: Path) -> dict[str, Any]:
     return {t.user_attrs["ddppipe_trial"]: t for t in study.trials}
 
 
+@pytest.mark.slow  # the swept trials (2 worlds)
 def test_a_trial_far_below_the_finished_one_is_pruned_at_epoch_1(swept: Path) -> None:
     history, evaluation = trial_files(swept, BAD)
     assert [r["epoch"] for r in history] == [1]
@@ -129,6 +130,7 @@ def test_a_trial_far_below_the_finished_one_is_pruned_at_epoch_1(swept: Path) ->
     assert trials[BAD].user_attrs["values"] == {"train.lr": 1e-05}
 
 
+@pytest.mark.slow  # the swept trials (2 worlds)
 def test_a_trial_above_the_median_trains_every_epoch(swept: Path) -> None:
     history, evaluation = trial_files(swept, FAST)
     assert [r["epoch"] for r in history] == list(range(1, EPOCHS + 1))
@@ -181,6 +183,7 @@ def test_a_resumed_trial_continues_its_optuna_trial(tmp_path: Path) -> None:
     assert (found._min_resource, found._reduction_factor) == (2, 2)
 
 
+@pytest.mark.slow  # the swept trials, then a reproduction
 def test_a_pruned_trial_reproduces_to_its_pruning_epoch(swept: Path) -> None:
     """`ddppipe reproduce` of the pruned trial trains its 2-epoch schedule to epoch 1, where it
     was pruned, stops there and compares: identical; the sweep's study is not asked or told."""

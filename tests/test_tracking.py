@@ -86,6 +86,7 @@ def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow  # 3 slots: 3 worlds
 def test_three_slots_give_one_history_without_stale_points(tmp_path: Path) -> None:
     run_slot(tmp_path, 1, 0, 29, "kill")  # checkpoint at 20, killed at 29
     run_slot(tmp_path, 2, 20, 49, "kill")  # resumes at 20, checkpoint at 40, killed at 49

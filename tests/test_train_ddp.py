@@ -105,6 +105,9 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     # One at each epoch's end, none by time (train.checkpoint_minutes off)
     assert (figures["checkpoints"], figures["timed_checkpoints"]) == (2, 0)
     assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]
+    # What the saves cost besides: their copies (DDP: off the training thread) and writes
+    assert 0 < figures["checkpoint_copy_max_s"] <= figures["checkpoint_copy_s"]
+    assert 0 < figures["checkpoint_write_max_s"] <= figures["checkpoint_write_s"]
     assert 0 < figures["warmup_s"] < figures["train_s"]  # the first 10 of the 16 steps
     assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
     # Its start-up in parts (ddppipe.runstate.startup): a local slot from its launcher's
@@ -271,7 +274,8 @@ def test_a_crash_resumes_from_the_newest_checkpoint_by_time_mid_epoch_identicall
     """train.checkpoint_minutes shorter than the ranks' 10 steps between agreements (0.24 s,
     steps paced to 0.05 s): a checkpoint at every agreement. Rank 1 crashes in epoch 2; the
     relaunch resumes at its newest checkpoint, mid-epoch, and ends with the weights of an
-    uninterrupted run without checkpoints by time."""
+    uninterrupted run without checkpoints by time: each checkpoint's copy was taken while the
+    next step's forward and backward ran (DDP), and holds the weights of its step."""
     from ddppipe.runstate import attempts
 
     task = tmp_path / "tasks" / "paced.py"
@@ -306,6 +310,8 @@ def test_a_crash_resumes_from_the_newest_checkpoint_by_time_mid_epoch_identicall
     # By time: epoch 2's step 30, epoch 3's steps 10, 20, 30; at epochs' ends: 2 more.
     assert (figures["timed_checkpoints"], figures["checkpoints"]) == (4, 6)
     assert 0 < figures["checkpoint_max_s"] <= figures["checkpoint_s"]
+    assert 0 < figures["checkpoint_copy_max_s"] <= figures["checkpoint_copy_s"]
+    assert 0 <= figures["checkpoint_queued_s"] <= figures["checkpoint_s"]
     stored = sharded_checkpoint.Store(tmp_path / "run/state/checkpoints").paths()
     assert [p.name for p in stored] == ["ckpt-e0002-s000030", "ckpt-e0003-s000000"]
     assert_identical(weights(tmp_path / "run/final.pt"), weights(reference640 / "final.pt"))

@@ -1,8 +1,9 @@
-"""blobsdep: four Gaussian blobs in the plane, a task whose module imports humanize.
+"""blobsdep: four Gaussian blobs in the plane, a task whose module imports blobfmt.
 
-humanize is installed neither in the test environment nor in ddppipe's image: the run lists
-it in ``container.requirements``, so every step that imports this file runs in the image
-derived with it (tests/test_container.py).
+blobfmt (a wheel the tests write: tests/local_wheel.py) is installed neither in the test
+environment nor in ddppipe's image: the run lists it in ``container.requirements``, so every
+step that imports this file runs in the image with the task's layer over it
+(tests/test_container.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import humanize
+import blobfmt
 import torch
 from torch import nn
 
@@ -39,8 +40,8 @@ def prepare(data_dir: Path, args: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"points": points, "labels": labels}, tmp)
     os.replace(tmp, path)
-    size = humanize.naturalsize(path.stat().st_size)
-    print(f"blobsdep: {humanize.intcomma(args['samples'])} points, {size}", file=sys.stderr)
+    size = blobfmt.naturalsize(path.stat().st_size)
+    print(f"blobsdep: {blobfmt.intcomma(args['samples'])} points, {size}", file=sys.stderr)
 
 
 def datasets(data_dir: Path, args: dict[str, Any]) -> tuple[Tensors, Tensors]:

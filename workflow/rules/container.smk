@@ -24,27 +24,28 @@ rule build_image:
 
 if P.task_requirements:
 
-    rule build_task_image:
-        """The image plus the task's pinned pip packages (container.requirements), atomically,
-        with its recipe and info JSON (SHA-256, labels, requirements, base image).
+    rule build_task_layer:
+        """The task's pinned pip packages (container.requirements) installed over the image
+        into a small SquashFS layer, atomically, with its info JSON (SHA-256, requirements,
+        what it installed, the base image's SHA-256).
 
-        Named by a hash of the list: a changed list is a new image; a rebuilt base image
-        rebuilds it. Train and evaluate then run in it (IMAGE.run_image()).
+        Named by a hash of the list: a changed list is a new layer (the image is not rebuilt);
+        a rebuilt image re-layers it. Train and evaluate bind it over the image
+        (IMAGE.task_layer()).
         """
         input:
             image=config["container"]["image"],
             info=IMAGE.info(config["container"]["image"]),
         output:
-            image=IMAGE.run_image(),
-            info=IMAGE.info(IMAGE.run_image()),
-            recipe=IMAGE.task_image_recipe(),
+            layer=IMAGE.task_layer(),
+            info=IMAGE.info(IMAGE.task_layer()),
         log:
-            "logs/build_task_image.log",
+            "logs/build_task_layer.log",
         benchmark:
-            "benchmarks/build_task_image.tsv"
+            "benchmarks/build_task_layer.tsv"
         localrule: True
         params:
             requirements=shlex.join(P.task_requirements),
         shell:
-            "ddppipe build-task-image --base {input.image} --image {output.image}"
+            "ddppipe build-task-layer --base {input.image} --layer {output.layer}"
             " --info {output.info} --log {log} {params.requirements}"

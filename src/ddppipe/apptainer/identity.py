@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
@@ -32,20 +33,20 @@ def labels(image: str | Path) -> dict[str, str]:
 
 
 PACKAGES = "ddppipe.packages"  # every distribution in the image's venv: `name==version ...`
-ADDED = "ddppipe.requirements.installed"  # a task image's layer: what it added or changed
+LAYER = "layer"  # a container record's task layer (container.requirements), beside the image's
 
 
-def packages(labels: dict[str, str]) -> dict[str, str] | None:
+def packages(labels: dict[str, str], added: Sequence[str] = ()) -> dict[str, str] | None:
     """The distributions an image's labels record, by lower-case name (as
-    :func:`ddppipe.parallel.software.packages` names them), a task image's layer over its
-    base's; None: an image built before ddppipe recorded them."""
+    :func:`ddppipe.parallel.software.packages` names them), with ``added`` (a task's layer's
+    ``installed``: ``name==version``) over them; None: an image built before ddppipe recorded
+    them."""
     if PACKAGES not in labels:
         return None
     found: dict[str, str] = {}
-    for label in (PACKAGES, ADDED):
-        for pin in (labels.get(label) or "").split():
-            name, _, version = pin.partition("==")
-            found[name.lower()] = version
+    for pin in [*(labels.get(PACKAGES) or "").split(), *added]:
+        name, _, version = pin.partition("==")
+        found[name.lower()] = version
     return dict(sorted(found.items()))
 
 
@@ -59,3 +60,19 @@ def image_info(image: str | Path, recipe: str | Path, path: str | Path | None = 
         "recipe_sha256": sha256(recipe),
         "labels": labels(image),
     }
+
+
+def container_record(image: dict, layer: dict | None) -> dict:
+    """What the provenance records of the container a run trained in: the image's info, with
+    its task layer's (``layer``: rule build_task_layer's info) under :data:`LAYER`.
+    ContainerError when the layer was built over another image than this one."""
+    if layer is None:
+        return image
+    if layer["base"]["sha256"] != image["sha256"]:
+        raise ContainerError(
+            f"the task layer {layer['path']} was built over an image with SHA-256 "
+            f"{layer['base']['sha256'][:12]}, not {image['path']} ({image['sha256'][:12]}): "
+            "the image was rebuilt since; run the workflow again (rule build_task_layer "
+            "builds the layer over it)"
+        )
+    return {**image, LAYER: layer}

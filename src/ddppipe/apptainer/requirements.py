@@ -1,4 +1,4 @@
-"""``container.requirements``: the task's pinned packages, and the derived image they name."""
+"""``container.requirements``: the task's pinned packages, and the layer they name."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 from ddppipe.apptainer.tool import ContainerError
 from ddppipe.core import hashing
 from ddppipe.settings.run_spec import Container
+
+LAYER_SUFFIX = ".layer.sqfs"
 
 
 @functools.cache
@@ -37,24 +39,20 @@ def pinned(requirements: Sequence[str]) -> list[str]:
             name = re.split(r"[\s\[<>=!~;@(]", r.strip(), maxsplit=1)[0] or r
             hints.append(f"  {r!r}: write {name}==VERSION (`pip index versions {name}` lists them)")
         raise ContainerError(
-            "container.requirements must be pinned as name==version: the task image is rebuilt "
-            "only when the list changes, so an unpinned requirement would stay at whatever "
+            "container.requirements must be pinned as name==version: the task's layer is "
+            "rebuilt only when the list changes, so an unpinned requirement would stay at whatever "
             "version the first build got.\n" + "\n".join(hints)
         )
     return sorted(set(given))
 
 
 def requirements_hash(reqs: list[str]) -> str:
-    """12 hex digits naming a derived image: SHA-256 of the sorted requirements."""
+    """12 hex digits naming a task's layer: SHA-256 of the sorted requirements."""
     return hashing.sha256("\n".join(sorted(set(reqs))).encode())[:12]
 
 
-def derived_image(base: str | Path, reqs: list[str]) -> Path:
-    """The image ``base`` plus ``reqs``, next to it: ``ddppipe.sif`` -> ``ddppipe-<hash>.sif``."""
+def layer_path(base: str | Path, reqs: list[str]) -> Path:
+    """The layer of ``reqs`` over the image ``base``, beside it: ``ddppipe.sif`` ->
+    ``ddppipe-<hash>.layer.sqfs`` (its info: ``ddppipe-<hash>.layer.json``)."""
     base = Path(base)
-    return base.with_name(f"{base.stem}-{requirements_hash(reqs)}{base.suffix}")
-
-
-def recipe_path(image: str | Path) -> Path:
-    """The recipe written next to a derived image: ``X.sif`` -> ``X.def``."""
-    return Path(image).with_suffix(".def")
+    return base.with_name(f"{base.stem}-{requirements_hash(reqs)}{LAYER_SUFFIX}")

@@ -72,7 +72,7 @@ def _call(command: Command, args: argparse.Namespace) -> int:
 # machine (ddppipe.launching.warm): its imports (torch, matplotlib) are done.
 COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "preflight",
                   "pack-trial", "pack-worker",
-                  "preflight-node", "preflight-allreduce", "build-image", "build-task-image",
+                  "preflight-node", "preflight-allreduce", "build-image", "build-task-layer",
                   "selfcheck", "reproduce"})  # fmt: skip
 
 # Subcommands that import neither torch nor matplotlib (a task's prepare: what its file does):

@@ -272,6 +272,7 @@ COMMANDS: tuple[Command, ...] = (
         arg("--out", type=Path, required=True, help="weights (task) or folder (script)"),
         arg("--provenance", type=Path, required=True),
         arg("--image-info", type=Path, help="JSON describing the container image used"),
+        arg("--layer-info", type=Path, help="JSON describing its task layer (requirements)"),
         arg("--attempts", type=Path, help="the run's attempt history (attempts.json)"),
     ),
     command(
@@ -305,13 +306,13 @@ COMMANDS: tuple[Command, ...] = (
         ),
     ),
     command(
-        "build-task-image",
-        "build the base image plus pinned pip packages, and its info",
-        "ddppipe.cli.commands.apptainer:build_task_image",
-        arg("--base", type=Path, required=True, help="the ddppipe image to start from"),
-        arg("--image", type=Path, required=True, help=".sif to write (recipe: .def)"),
-        arg("--info", type=Path, required=True, help="image-info JSON (sha256, labels)"),
-        arg("--log", type=Path, required=True, help="apptainer build output"),
+        "build-task-layer",
+        "install pinned pip packages over the image into a SquashFS layer, and its info",
+        "ddppipe.cli.commands.apptainer:build_task_layer",
+        arg("--base", type=Path, required=True, help="the ddppipe image to install over"),
+        arg("--layer", type=Path, required=True, help=".layer.sqfs to write"),
+        arg("--info", type=Path, required=True, help="layer-info JSON (sha256, installed)"),
+        arg("--log", type=Path, required=True, help="pip's and mksquashfs's output"),
         arg("requirements", nargs="+", help="pinned pip requirements (name==version)"),
     ),
     command(

@@ -57,29 +57,35 @@ class Images:
 
     def requirements(self) -> list[str]:
         """container.requirements (sorted); an unpinned one is a config error. Non-empty:
-        rule build_task_image derives an image with them from container.image."""
+        rule build_task_layer installs them over container.image into a SquashFS layer."""
         try:
             return requirements.requirements(self.spec.container)
         except apptainer.ContainerError as e:
             raise WorkflowError(str(e)) from None
 
     def run_image(self) -> str:
-        """The image train and evaluate run in: container.image, or with
-        container.requirements the one derived from it (rule build_task_image)."""
+        """The image train and evaluate run in: container.image."""
         return str(running.run_image(self.spec.container))
 
+    def task_layer(self) -> str | None:
+        """The task's layer (container.requirements) bound over the image; None without
+        requirements."""
+        layer = running.task_layer(self.spec.container)
+        return None if layer is None else str(layer)
+
     def info(self, image: str) -> str:
-        """The info JSON beside ``image``."""
+        """The info JSON beside ``image`` (or a layer)."""
         return str(identity.info_path(image))
 
-    def task_image_recipe(self) -> str:
-        return str(requirements.recipe_path(self.run_image()))
-
     def as_input(self) -> list[str]:
-        """The image (and its info) as inputs of the rules that run in it (train, and with
-        :meth:`task_exec` prepare_data and write_config): built first; none when mode is
-        none."""
-        return [self.run_image(), self.info(self.run_image())] if self.enabled else []
+        """The image and its task layer (and their info) as inputs of the rules that run in
+        them (train, and with :meth:`task_exec` prepare_data and write_config): built first;
+        none when mode is none."""
+        if not self.enabled:
+            return []
+        layer = self.task_layer()
+        files = [self.run_image(), *([layer] if layer else [])]
+        return [f for path in files for f in (path, self.info(path))]
 
     def task_input(self) -> list[str]:
         """:meth:`as_input` of a rule that imports the task: none in a script run."""
@@ -92,13 +98,19 @@ class Images:
     def task_exec(self) -> str:
         """Shell prefix of a rule that imports the task (its prepare(), the check of task_args
         and model()): with container.mode apptainer, `apptainer exec ... IMAGE ` of the image
-        the run trains in, so the host needs none of the task's packages; '' without a
-        container, and in a script run (write_config only hashes a script). Part of the
-        rule's text, so a run without a container keeps its commands, and re-runs nothing."""
+        (and task layer) the run trains in, so the host needs none of the task's packages; ''
+        without a container, and in a script run (write_config only hashes a script). Part
+        of the rule's text, so a run without a container keeps its commands, and re-runs
+        nothing."""
         if self.script:
             return ""
         return self.exec_prefix().replace("{", "{{").replace("}", "}}")
 
     def info_arg(self) -> str:
-        """`ddppipe export`'s option recording the image training ran in in the provenance."""
-        return f"--image-info {self.info(self.run_image())}" if self.enabled else ""
+        """`ddppipe export`'s options recording the image (and task layer) training ran in
+        in the provenance."""
+        if not self.enabled:
+            return ""
+        layer = self.task_layer()
+        found = f" --layer-info {self.info(layer)}" if layer else ""
+        return f"--image-info {self.info(self.run_image())}{found}"

@@ -78,7 +78,7 @@ class Pipeline:
             logger.info(self.sweep.rounds_note())
         # A GPU run (container.mode apptainer) needs an image with CUDA: a config error,
         # before any job (each trial's too, at its write_config). Judged on the base image
-        # and its recipe: a derived image keeps their torch and CUDA.
+        # and its recipe: a task's layer keeps their torch and CUDA.
         self.run_gpus(self.run)
 
     # -- where the call runs, and each run's device ---------------------------------------

@@ -1,6 +1,7 @@
 """The summary's lines on the run's slots: how they ended, where their time went, throughput,
-utilisation, what they used of their allocation (and each rank of its memory), the hours they
-held, their goodput (:mod:`~ddppipe.reports.goodput`) and the waste flags.
+utilisation, what they used of their allocation (and each rank of its memory), what the last
+slot's checkpoints cost, the hours they held, their goodput (:mod:`~ddppipe.reports.goodput`)
+and the waste flags.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Lin
     last = slots[-1]["efficiency"]
     memory = memory_line.line(last)  # the last slot's peak per rank
     lines = [_time(total), *start_up(attempts), *_speed(last, slots[-1], held),
-             ("usage", _usage(total, last, held)),
-             *([memory] if memory else []), ("allocation", _allocation(total, held))]  # fmt: skip
+             ("usage", _usage(total, last, held)), *([memory] if memory else []),
+             *_checkpoints(last), ("allocation", _allocation(total, held))]  # fmt: skip
     run = goodput.account(attempts)
     if run is not None:
         lines.append(("goodput", goodput.line(run)))
@@ -88,6 +89,28 @@ def start_up(attempts: list[dict[str, Any]]) -> list[Line]:
         return [("start-up", f"{what} {sum(found.values()):.1f} s after {since} "
                              f"started{slot}: {parts}")]  # fmt: skip
     return []
+
+
+def _checkpoints(last: dict[str, Any]) -> list[Line]:
+    """What the last slot's checkpoints cost a save (:mod:`ddppipe.training.measuring.save_costs`;
+    none for a slot recorded before it counted their copies)."""
+    saves = last.get("checkpoints", 0)
+    if not saves or "checkpoint_copy_s" not in last:
+        return []
+    text = (f"{saves} in the last slot ({last['timed_checkpoints']} by time): training blocked "
+            f"{_short(last['checkpoint_s'] / saves)} a save (at most "
+            f"{_short(last['checkpoint_max_s'])})")  # fmt: skip
+    if last["checkpoint_queued"]:
+        text += (f", {last['checkpoint_queued']} of them waited "
+                 f"{_short(last['checkpoint_queued_s'])} for the previous one's write")  # fmt: skip
+    text += (f"; a save's copy {_short(last['checkpoint_copy_s'] / saves)}, its write "
+             f"{_short(last['checkpoint_write_s'] / saves)} (in the background)")  # fmt: skip
+    return [("checkpoints", text)]
+
+
+def _short(seconds: float) -> str:
+    """Milliseconds below a second, else :func:`duration`."""
+    return f"{seconds * 1e3:,.0f} ms" if seconds < 1 else duration(seconds)
 
 
 def _speed(last: dict[str, Any], attempt: dict[str, Any], held: Allocation) -> list[Line]:

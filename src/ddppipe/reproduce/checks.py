@@ -108,20 +108,24 @@ def packages(
 
 def image_packages(
     recorded: dict[str, str] | None, container: dict[str, Any], found: Finding,
-    labels: dict[str, str] | None,
+    labels: dict[str, str] | None, added: list[str] | None = None,
 ) -> Finding:  # fmt: skip
-    """A container run's packages: those of its image (the reproduction trains in it), never
-    this machine's environment. ``found``: the image check's finding; ``labels``: the image's
-    labels now (None: it could not be read), which record its packages when built by this
-    ddppipe (:func:`ddppipe.apptainer.identity.packages`)."""
+    """A container run's packages: those of its image and its task layer (the reproduction
+    trains in them), never this machine's environment. ``found``: the image check's finding;
+    ``labels``: the image's labels now (None: they could not be read), which record its
+    packages when built by this ddppipe (:func:`ddppipe.apptainer.identity.packages`);
+    ``added``: what the task's layer installs now (None: as recorded)."""
     path = container.get("path")
+    layer = container.get(identity.LAYER) or {}
     if found.status == "ok":  # the same bytes: the packages the run trained with
-        labels = container.get("labels") or labels
-    in_image = identity.packages(labels or {})
+        labels, added = container.get("labels") or labels, None
+    added = layer.get("installed", []) if added is None else added
+    in_image = identity.packages(labels or {}, added)
+    where = f"the image {path}'s" + (" with its task layer" if layer else "")
     if in_image is not None:
-        return packages(recorded, in_image, f"the image {path}'s")
+        return packages(recorded, in_image, where)
     if found.status == "ok":
-        return Finding("packages", "ok", f"the image {path}'s, its SHA-256 as recorded: the "
+        return Finding("packages", "ok", f"{where}, SHA-256 as recorded: the "
                        "distributions the run trained with")  # fmt: skip
     return Finding("packages", "unknown", f"the image {path} records no package list in its "
                    "labels (built before ddppipe recorded them) and is not the run's: "
@@ -129,19 +133,37 @@ def image_packages(
                    "software.packages")  # fmt: skip
 
 
-def image(recorded: dict[str, Any] | None) -> Finding:
-    """The run's container image: here, with the SHA-256 it had."""
-    if not recorded:
-        return Finding("image", "ok", "the run used no container image")
+def _file(what: str, recorded: dict[str, Any], rebuild: str) -> str | None:
+    """Why the file ``recorded`` names (``what``: the image, its task layer) is not the run's;
+    None: it is here with the SHA-256 it had."""
     path = Path(recorded["path"])
     if not path.is_file():
-        return Finding("image", "differs", f"{path} (SHA-256 {recorded['sha256'][:12]}) is "
-                       "not here: build it from its recipe, or copy it")  # fmt: skip
+        return f"{what} {path} (SHA-256 {recorded['sha256'][:12]}) is not here: {rebuild}"
     found = identity.sha256(path)
     if found != recorded["sha256"]:
-        return Finding("image", "differs", f"{path}: SHA-256 {found[:12]}, the run's "
-                       f"{recorded['sha256'][:12]} (rebuilt since)")  # fmt: skip
-    return Finding("image", "ok", f"{path}: SHA-256 {found[:12]} as recorded")
+        return (f"{what} {path}: SHA-256 {found[:12]}, the run's {recorded['sha256'][:12]} "
+                "(rebuilt since)")  # fmt: skip
+    return None
+
+
+def image(recorded: dict[str, Any] | None) -> Finding:
+    """The run's container image, and its task layer if it had one: here, with the SHA-256
+    each had."""
+    if not recorded:
+        return Finding("image", "ok", "the run used no container image")
+    layer = recorded.get(identity.LAYER)
+    problems = [
+        _file("the image", recorded, "build it from its recipe, or copy it"),
+        layer and _file("its task layer", layer, "rule build_task_layer builds it again from "
+                        f"container.requirements {' '.join(layer['requirements'])}, or copy it"),
+    ]  # fmt: skip
+    problems = [p for p in problems if p]
+    if problems:
+        return Finding("image", "differs", "; ".join(problems))
+    text = f"{recorded['path']}: SHA-256 {recorded['sha256'][:12]} as recorded"
+    if layer:
+        text += f", its task layer {layer['path']}: SHA-256 {layer['sha256'][:12]} as recorded"
+    return Finding("image", "ok", text)
 
 
 def device(

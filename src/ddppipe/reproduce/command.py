@@ -8,6 +8,7 @@ exit 2 too.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,16 +65,21 @@ def run_checks(run: source.Recorded, data: Path) -> list[checks.Finding]:
 
 
 def _packages(record: dict[str, Any], image: checks.Finding) -> checks.Finding:
-    """The packages check: against this environment's, or a container run's image's."""
+    """The packages check: against this environment's, or a container run's image's (and its
+    task layer's, from the layer's info JSON beside it)."""
     recorded = (record.get("software") or {}).get("packages")
     container = record.get("container")
     if not container:
         return checks.packages(recorded, software.packages())
-    labels = None
+    labels, added = None, None
     if image.status != "ok" and Path(container["path"]).is_file():
         with contextlib.suppress(ContainerError):  # no apptainer here: unknown
             labels = identity.labels(container["path"])
-    return checks.image_packages(recorded, container, image, labels)
+    layer = container.get(identity.LAYER)
+    if image.status != "ok" and layer:
+        info = identity.info_path(layer["path"])
+        added = json.loads(info.read_text())["installed"] if info.is_file() else []
+    return checks.image_packages(recorded, container, image, labels, added)
 
 
 def reproduce(path: Path, data: Path | None = None) -> int:

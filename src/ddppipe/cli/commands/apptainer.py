@@ -1,10 +1,11 @@
-"""The image subcommands: build an image or a task image, describe one (the image rules)."""
+"""The image subcommands: build an image or a task's layer, describe one (the image rules)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ddppipe.apptainer import building, identity, task_image
+from ddppipe.apptainer import building, identity
+from ddppipe.apptainer.layer import build_layer
 from ddppipe.core import atomic
 
 
@@ -16,11 +17,12 @@ def build_image(recipe: Path, image: Path, info: Path, log: Path, context: Path 
     return 0
 
 
-def build_task_image(
-    base: Path, requirements: list[str], image: Path, info: Path, log: Path
+def build_task_layer(
+    base: Path, requirements: list[str], layer: Path, info: Path, log: Path
 ) -> int:
-    """``ddppipe build-task-image``: ``base`` plus the pinned ``requirements``, and its info."""
-    atomic.write_json(info, task_image.build_task_image(base, requirements, image, log))
+    """``ddppipe build-task-layer``: the pinned ``requirements`` over ``base`` as a SquashFS
+    layer, and its info."""
+    atomic.write_json(info, build_layer(base, requirements, layer, log))
     return 0
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 def export(
     result: Path, record: Path | None, config_path: Path, data: Path | None, out: Path,
-    provenance: Path, image_info: Path | None, attempts: Path | None,
+    provenance: Path, image_info: Path | None, layer_info: Path | None, attempts: Path | None,
 ) -> int:  # fmt: skip
     """``ddppipe export``: publish the result (weights, or a script's outputs) to ``out`` and
     write its provenance record."""
+    from ddppipe.apptainer import identity
     from ddppipe.core import atomic
     from ddppipe.runstate import publish
     from ddppipe.settings import config, run_spec
@@ -22,6 +23,9 @@ def export(
 
     spec = run_spec.load(config_path)
     image = json.loads(Path(image_info).read_text()) if image_info else None
+    if image is not None:  # with its task layer (container.requirements), if it has one
+        found = json.loads(Path(layer_info).read_text()) if layer_info else None
+        image = identity.container_record(image, found)
     history = json.loads(attempts.read_text()) if attempts else None
     if spec.kind == "script":
         publish.copy_tree(result, out)

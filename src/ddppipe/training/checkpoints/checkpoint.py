@@ -9,6 +9,7 @@ checkpoints beyond ``keep``: damaged ones go to ``damaged/``, another config's t
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,11 +101,22 @@ def file_name(epoch: int, step: int) -> str:
     return store_files.stem(epoch, step) + ".pt"
 
 
-def save(snapshot: dict[str, Any], path: Path) -> None:
-    """Write a snapshot atomically (temp file, fsync, rename); OSError naming ``path`` if not."""
+def serialized(snapshot: dict[str, Any]) -> bytes:
+    """A snapshot as :func:`save` writes it, in memory (what it holds now)."""
+    data = io.BytesIO()
+    torch.save(snapshot, data)
+    return data.getvalue()
+
+
+def save(snapshot: dict[str, Any] | bytes, path: Path) -> None:
+    """Write a snapshot (or its :func:`serialized` bytes) atomically (temp file, fsync,
+    rename); OSError naming ``path`` if not."""
     try:
         with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
-            torch.save(snapshot, f)
+            if isinstance(snapshot, bytes):
+                f.write(snapshot)
+            else:
+                torch.save(snapshot, f)
     except RuntimeError as e:  # torch's writer hides a failed write's OSError (disk full)
         if isinstance(e.__context__, OSError):
             raise OSError(e.__context__.errno, e.__context__.strerror, str(path)) from e

@@ -6,9 +6,16 @@ rank's ``*.distcp``: weights and optimizer state, sharded or not), ``state.pt`` 
 tensor of the model or optimizer: epoch, step, scheduler, every rank's RNG, history, meta,
 config hash) and the marker ``COMMITTED``. It is written as ``ckpt-….saving/``; when rank 0's
 save has completed (DCP's metadata is written after every rank reported its part written),
-rank 0 writes the marker and renames the folder into place. So a process killed during a save
+rank 0 writes ``state.pt`` (serialized when the save began), the marker, and renames the
+folder into place. So a process killed during a save
 leaves a ``.saving`` folder, never a checkpoint that is picked; the next save or resume removes
 it. Being written in parts, a checkpoint loads at any world size and either strategy.
+
+Before its write, a save copies its tensors into CPU memory (DCP's staging): on the training
+thread (DCP's stager: FSDP's shards), or, given a
+:class:`~ddppipe.training.checkpoints.background_copy.BackgroundCopy` (DDP), by a worker
+thread while training goes on. Each save reports what it cost: the copy's seconds and the
+write's (from the copy's end to the commit), :class:`Written`.
 
 Runs started before sharded checkpoints have ``ckpt-*.pt`` files
 (:mod:`ddppipe.training.checkpoints.checkpoint`): they are read too (a DDP run resumes from
@@ -33,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ddppipe.core import atomic
-from ddppipe.training.checkpoints import checkpoint, store_files
+from ddppipe.training.checkpoints import background_copy, checkpoint, store_files
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +78,28 @@ class Found:
         return self.path.suffix == ".pt"
 
 
+@dataclass(frozen=True)
+class Written:
+    """A committed save (rank 0's): its folder, its seconds from start to commit, its copy's
+    seconds (into CPU memory) and its write's (from the copy's end to the commit)."""
+
+    path: Path
+    seconds: float
+    copy_s: float
+    write_s: float
+
+
 @dataclass
 class _Pending:
     """A save in flight."""
 
     name: str
     started: float
-    future: Any  # concurrent.futures.Future of dcp.async_save
+    future: Any  # concurrent.futures.Future of dcp.async_save's write
+    copied: tuple[float, float] | None  # the copy's start and end; None: the copier's times
+    state: bytes  # rank 0's non-tensor state, serialized at the save (written by the commit)
     committer: threading.Thread | None = None  # rank 0's
-    outcome: dict[str, Any] = field(default_factory=dict)  # rank 0's: path and seconds, or error
+    outcome: dict[str, Any] = field(default_factory=dict)  # rank 0's: Written, or error
 
 
 class Store:
@@ -88,10 +108,12 @@ class Store:
     ``group``: the process group DCP's background collectives use. Give it a group of its own
     (``dist.new_group(backend="gloo")``): the save's collectives run in a thread, and sharing the
     training's group with them can deadlock against the training's own collectives.
+    ``copier``: the saves' tensors copied off the training thread (else on it, by DCP).
     """
 
-    def __init__(self, folder: Path, keep: int = 2, group: Any = None) -> None:
-        self.folder, self.keep, self.group = Path(folder), keep, group
+    def __init__(self, folder: Path, keep: int = 2, group: Any = None,
+                 copier: background_copy.BackgroundCopy | None = None) -> None:  # fmt: skip
+        self.folder, self.keep, self.group, self.copier = Path(folder), keep, group, copier
         self._pending: _Pending | None = None
         self._staging: Any = None  # DCP's stager, created at the first save
 
@@ -138,7 +160,8 @@ class Store:
     def save(self, state: dict[str, Any], tensors: dict[str, Any]) -> str:
         """Collective: start writing a checkpoint of ``state`` (non-tensor, complete on rank 0)
         and ``tensors`` (every rank's: its state dicts of model and optimizer); returns its
-        name at once. Waits for a previous save first (one in flight at a time)."""
+        name at once, its tensors' copy still being taken where there is a ``copier``. Waits
+        for a previous save first (one in flight at a time)."""
         self.wait()
         name = folder_name(state["epoch"], state["step"])
         started = time.perf_counter()
@@ -147,15 +170,19 @@ class Store:
         def prepare() -> None:
             self._remove_leftovers()
             saving.mkdir(parents=True)
-            checkpoint.save({**state, "format": FORMAT}, saving / STATE)  # disk full named
 
         checkpoint.rank0_writes(prepare)  # every rank waits for the folder (and its outcome)
+        main = dist.get_rank() == 0  # (its state is complete; written with the commit)
+        serialized = checkpoint.serialized({**state, "format": FORMAT}) if main else b""
         import torch.distributed.checkpoint as dcp
 
-        future = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group,
-                                async_stager=self._stager())  # fmt: skip
-        pending = _Pending(name, started, future)
-        if dist.get_rank() == 0:
+        copying = time.perf_counter()
+        saved = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group,
+                               async_stager=self.copier or self._stager())  # fmt: skip
+        copied = None if self.copier else (copying, time.perf_counter())  # (DCP's: here)
+        future = getattr(saved, "upload_completion", saved)  # (an AsyncSaveResponse: copier)
+        pending = _Pending(name, started, future, copied, serialized)
+        if main:
             pending.committer = threading.Thread(
                 target=self._commit, args=(pending,), name="checkpoint-commit", daemon=True
             )
@@ -177,10 +204,12 @@ class Store:
         return self._staging
 
     def _commit(self, pending: _Pending) -> None:
-        """(Rank 0, in a thread) Once the save completed: the marker, the rename, the pruning."""
+        """(Rank 0, in a thread) Once every rank's part is written: the non-tensor state, the
+        marker, the rename, the pruning."""
         try:
             pending.future.result()
             saving, final = self.folder / (pending.name + SAVING), self.folder / pending.name
+            checkpoint.save(pending.state, saving / STATE)  # (disk full named)
             atomic.write_text(saving / COMMITTED, f"{time.time():.3f}\n")
             if (final / COMMITTED).is_file():  # the same step saved again (a resumed run
                 shutil.rmtree(saving)  # stopped at once): the same state, keep the first
@@ -189,14 +218,25 @@ class Store:
                 atomic.fsync_dir(self.folder)
             for old in self.paths()[: -self.keep]:
                 shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
-            pending.outcome = {"path": final, "seconds": time.perf_counter() - pending.started}
+            done = time.perf_counter()
+            # (the copier's times are set before its copy's Future, which the write awaited)
+            start, end = pending.copied or self.copier.times  # type: ignore[union-attr]
+            pending.outcome = {"written": Written(final, done - pending.started, end - start,
+                                                  done - end)}  # fmt: skip
         except _FAILED as e:  # reported to every rank by wait()
             pending.outcome = {"error": e}
 
-    def wait(self) -> tuple[Path, float] | None:
-        """Collective: wait for the save in flight, if any; on rank 0 its path and seconds
-        from start to commit. Raises CheckpointError on every rank if any rank's part (or rank
-        0's commit) failed."""
+    def in_flight(self) -> bool:
+        """Whether a save is still being copied or written."""
+        pending = self._pending
+        if pending is None:
+            return False
+        committing = pending.committer is not None and pending.committer.is_alive()
+        return committing or not pending.future.done()
+
+    def wait(self) -> Written | None:
+        """Collective: wait for the save in flight, if any; on rank 0 what it cost. Raises
+        CheckpointError on every rank if any rank's part (or rank 0's commit) failed."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -219,7 +259,7 @@ class Store:
             raise checkpoint.CheckpointError(first)
         if pending.committer is None:
             return None
-        return pending.outcome["path"], pending.outcome["seconds"]
+        return pending.outcome["written"]
 
     # -- loading (collective) -------------------------------------------------------------
     def load(self, path: Path, tensors: dict[str, Any]) -> None:

@@ -1,6 +1,9 @@
 """A training's checkpoints as its loop takes them: each written in the background while
-training goes on (:class:`ddppipe.training.checkpoints.sharded_checkpoint.Store`), the newest
-resumed from, and the final snapshot of full weights; the model's tensors as its strategy
+training goes on (:class:`ddppipe.training.checkpoints.sharded_checkpoint.Store`), its tensors
+copied off the training thread where the strategy allows (DDP:
+:mod:`ddppipe.training.checkpoints.background_copy`), what each cost
+(:class:`ddppipe.training.measuring.save_costs.SaveCosts`), the newest resumed from, and the
+final snapshot of full weights; the model's tensors as its strategy
 (:mod:`ddppipe.training.loop.strategy`) holds them.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ from ddppipe.settings import run_spec
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from ddppipe.training.loop import rng, save_clock
 from ddppipe.training.loop.strategy import Strategy
+from ddppipe.training.measuring import save_costs
 from ddppipe.training.tracking import provenance
 
 log = logging.getLogger(__name__)
@@ -48,21 +53,25 @@ class Checkpoints:
         self, spec: run_spec.RunSpec, state: StateDir, ctx: distributed.Context,
         strategy: Strategy, parts: checkpoint.Trainable, *, config_hash: str,
         steps_per_epoch: int, record: Callable[..., None], precision: Decision,
+        costs: save_costs.SaveCosts,
     ) -> None:  # fmt: skip
         self.spec, self.state, self.ctx, self.parts = spec, state, ctx, parts
         self.strategy = strategy
         self.config_hash, self.steps_per_epoch, self.record = config_hash, steps_per_epoch, record
+        self.costs = costs
         # Saved in the background: their collectives have a group of their own (sharing the
         # training's can deadlock against its collectives).
-        self.store = sharded_checkpoint.Store(
-            state.checkpoints, spec.train.keep_checkpoints, group=dist.new_group(backend="gloo")
-        )
+        group = dist.new_group(backend="gloo")
+        copier = strategy.copier(parts, ctx.device, costs.gated)  # (DDP: off the training thread)
+        self.store = sharded_checkpoint.Store(state.checkpoints, spec.train.keep_checkpoints,
+                                              group, copier)  # fmt: skip
         hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
         self.precision = precision.as_dict()  # the ranks' (ddppipe.parallel.precision)
         self.meta = provenance.meta(spec, ctx, hosts, self.precision)  # what checkpoints record
         self._saving_step = 0  # the global step of the checkpoint in flight
         self._longest_s = 0.0  # the longest save of this slot, start to commit
+        self._metrics_written = -1  # the epochs of history rank 0 last wrote to the metrics
         self.clock = save_clock.SaveClock(spec.train.checkpoint_minutes)  # (rank 0's counts)
 
     def due(self) -> bool:
@@ -84,33 +93,40 @@ class Checkpoints:
         dist.all_gather_object(streams, rng.state(self.ctx.device))
         return streams
 
-    def save(self, at: Position, wait: bool = False) -> Path | None:
+    def save(self, at: Position, wait: bool = False, timed: bool = False) -> Path | None:
         """Every rank starts writing its part of a sharded checkpoint, in the background
-        (``wait``: and waits until it is committed: before a stop or the end); rank 0 writes
-        the live metrics. Every rank raises CheckpointError if any could not write."""
-        self._written(self.store.wait())  # the previous one, if still in flight
+        (``wait``: and waits until it is committed: before a stop or the end; ``timed``: due by
+        time); rank 0 writes the live metrics (if the history grew). Every rank raises
+        CheckpointError if any could not write. What it blocked the training thread is counted
+        (:attr:`costs`)."""
+        started, queued = time.perf_counter(), self.store.in_flight()
+        self._written(self.store.wait())  # the previous one first: one in flight at a time
+        if queued:
+            self.costs.waited_for_previous(time.perf_counter() - started)
         state = {"config_hash": self.config_hash, "epoch": at.epoch, "step": at.step,
                  "scheduler": self.parts.scheduler.state_dict(), "rng": self._rng_streams(),
                  "history": at.history, "meta": self.meta}  # fmt: skip
         name = self.store.save(state, self.strategy.tensors(self.parts))
         self.clock.restart()  # the next by time counts from this one's start
         self._saving_step = at.epoch * self.steps_per_epoch + at.step
-        if self.ctx.is_main:
+        if self.ctx.is_main and len(at.history) != self._metrics_written:  # (not mid-epoch)
             jsonl.write(self.state.metrics, at.history)
+            self._metrics_written = len(at.history)
         path = self.wait() if wait else None
+        self.costs.started(time.perf_counter() - started, timed)
         return path or self.store.folder / name
 
     def wait(self) -> Path | None:
         """Wait for the checkpoint in flight; its path (rank 0)."""
         written = self.store.wait()
         self._written(written)
-        return written[0] if written else None
+        return written.path if written else None
 
-    def _written(self, written: tuple[Path, float] | None) -> None:
-        if written is not None:
-            path, seconds = written
-            self._longest_s = max(self._longest_s, seconds)
-            self.record(end_step=self._saving_step, checkpoint=path.name,
+    def _written(self, written: sharded_checkpoint.Written | None) -> None:
+        if written is not None:  # (rank 0)
+            self.costs.committed(written.copy_s, written.write_s)
+            self._longest_s = max(self._longest_s, written.seconds)
+            self.record(end_step=self._saving_step, checkpoint=written.path.name,
                         checkpoint_seconds=self._longest_s)  # fmt: skip
 
     def resume(self) -> Position | None:

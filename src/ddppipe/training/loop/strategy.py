@@ -2,9 +2,9 @@
 :class:`Replicated`), or a shard of it (FSDP2 and hybrid FSDP2, :class:`Sharded`).
 
 The training loop asks its strategy, and never which one it has, how to wrap the model, build
-its optimizer, save and load its tensors (a sharded checkpoint's, either way), export its full
-weights, resume from a whole-model checkpoint, probe its all-reduce and keep the ranks'
-evaluation forwards in step.
+its optimizer, save and load its tensors (a sharded checkpoint's, either way, copied off the
+training thread where the strategy allows), export its full weights, resume from a whole-model
+checkpoint, probe its all-reduce and keep the ranks' evaluation forwards in step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 
 from ddppipe.parallel import fsdp, wrapping
 from ddppipe.settings import run_spec
-from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
+from ddppipe.training.checkpoints import background_copy, checkpoint, sharded_checkpoint
 from ddppipe.training.loop import evaluate, optim, probes
 
 History = list[dict[str, Any]]
@@ -56,6 +56,13 @@ class Strategy(abc.ABC):
         """Load :meth:`tensors` (filled from a checkpoint) into the training."""
         sharded_checkpoint.restore_tensors(parts.model, parts.optimizer, tensors)
 
+    def copier(
+        self, parts: checkpoint.Trainable, device: torch.device, waited: Callable[[float], None]
+    ) -> background_copy.BackgroundCopy | None:
+        """What copies a checkpoint's tensors off the training thread, its optimizer's next
+        step waiting for it (``waited``: told how long), or None: DCP copies them on it."""
+        return None
+
     @abc.abstractmethod
     def export(self, parts: checkpoint.Trainable) -> tuple[dict[str, Any], dict[str, Any]]:
         """Collective: full weights and optimizer state on the CPU (complete on rank 0)."""
@@ -82,6 +89,14 @@ class Strategy(abc.ABC):
 
 class Replicated(Strategy):
     """DDP: every rank holds the whole model and all-reduces its gradients."""
+
+    def copier(
+        self, parts: checkpoint.Trainable, device: torch.device, waited: Callable[[float], None]
+    ) -> background_copy.BackgroundCopy | None:
+        # whole tensors, and a torch optimizer whose step can wait (a task's may be another)
+        if not background_copy.can_gate(parts.optimizer):
+            return None
+        return background_copy.BackgroundCopy(parts.optimizer, device, waited)
 
     def export(self, parts: checkpoint.Trainable) -> tuple[dict[str, Any], dict[str, Any]]:
         # (on the CPU: a checkpoint loads on any machine, without map_location)

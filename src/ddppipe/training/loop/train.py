@@ -75,7 +75,7 @@ class Trainer:
             self.spec, paths.state, ctx, self.strategy,
             checkpoint.Trainable(self.model, self.optimizer, self.scheduler),
             config_hash=self.config_hash, steps_per_epoch=self.steps_per_epoch,
-            record=self._record_progress, precision=self.decided,
+            record=self._record_progress, precision=self.decided, costs=self.meter.saves,
         )  # fmt: skip
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
@@ -193,12 +193,9 @@ class Trainer:
 
     def save_checkpoint(self, wait: bool = False, timed: bool = False) -> Path | None:
         """Collective: save a checkpoint in the background (``wait``: until it is committed;
-        ``timed``: due by time) (:meth:`run_checkpoints.Checkpoints.save`)."""
+        ``timed``: due by time) (:meth:`run_checkpoints.Checkpoints.save`: what it costs)."""
         heartbeat.beat("checkpoint")
-        started = time.perf_counter()
-        path = self.checkpoints.save(self._position(), wait)
-        self.meter.checkpointed(time.perf_counter() - started, timed)  # training waited
-        return path
+        return self.checkpoints.save(self._position(), wait, timed)
 
     def resume(self) -> None:
         """Collective: continue from the newest valid checkpoint of this config, if any."""
@@ -250,6 +247,7 @@ class Trainer:
         )  # fmt: skip
         clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
         start, first, aside_s = clock.mark(), self.step, 0.0  # (aside: not training)
+        blocked = self.meter.saves.blocked_s  # (checkpoints' blocking: not training either)
         images = local_images = 0  # global and this rank's, this epoch in this slot
         tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
         warm = self.meter.steps >= efficiency.WARMUP_STEPS
@@ -268,12 +266,12 @@ class Trainer:
                 if agreed.stop:
                     self.step = step
                     bar.close()
-                    self._account(clock, images, start, warm_at, warm_images, aside_s)
+                    self._account(clock, images, start, warm_at, warm_images,
+                                  aside_s + self.meter.saves.blocked_s - blocked)  # fmt: skip
                     return None
                 if agreed.save:  # due by time (train.checkpoint_minutes): here, mid-epoch
-                    self.step, saving = step, time.perf_counter()
+                    self.step = step
                     self.save_checkpoint(timed=True)
-                    aside_s += time.perf_counter() - saving  # (counted as checkpoint_s)
             failures.at_step(self.epoch * self.steps_per_epoch + step + 1, self.epoch + 1)
             heartbeat.beat(heartbeat.STEP, self.epoch * self.steps_per_epoch + step)
             step_loss = self.train_step(share)
@@ -288,7 +286,8 @@ class Trainer:
             local_images += share.count
             bar.update()
         bar.close()
-        seconds = self._account(clock, images, start, warm_at, warm_images, aside_s)
+        seconds = self._account(clock, images, start, warm_at, warm_images,
+                                aside_s + self.meter.saves.blocked_s - blocked)  # fmt: skip
         dist.all_reduce(loss_total)
         self._epoch_images = n - first * batch
         self._epoch_loss = float(loss_total) / self._epoch_images
@@ -301,7 +300,8 @@ class Trainer:
         warm_at: efficiency.Mark | None, warm_images: int, aside_s: float,
     ) -> float:  # fmt: skip
         """This epoch's share of the slot's training time, warm-up apart, ``aside_s`` (the
-        all-reduce probe after the warm-up, checkpoints by time) left out; its seconds."""
+        all-reduce probe after the warm-up, what checkpoints blocked: those by time, a step's
+        wait for a copy) left out; its seconds."""
         end = clock.mark()
         seconds = clock.seconds(start, end) - aside_s
         if warm_at is None:  # the slot's warm-up did not end in this epoch

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from ddppipe.core import env_names, process_times, slot
 from ddppipe.runstate import startup
+from ddppipe.training.measuring import save_costs
 
 if TYPE_CHECKING:
     import torch
@@ -77,8 +78,7 @@ class SlotMeter:
         self.gpu: dict[str, Any] = {}  # the GPU's name and memory (measuring.gpu_usage)
         self.gpu_sampler: Any = None
         self.exposed_communication: tuple[float, int] | None = None  # (s a step, its images)
-        self.checkpoints = [0, 0]  # checkpoints taken, of them by time (checkpointed)
-        self.checkpoint_max_s = 0.0  # the longest that training waited for one
+        self.saves = save_costs.SaveCosts()  # what the checkpoints cost
         self.device: Any = None  # the rank's device, model and optimizer (watch_memory)
         self.model: Any = None
         self.optimizer: Any = None
@@ -108,13 +108,6 @@ class SlotMeter:
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-
-    def checkpointed(self, waited_s: float, timed: bool) -> None:
-        """Training waited ``waited_s`` for a checkpoint to start (``timed``: due by time)."""
-        self.add("checkpoint", waited_s)
-        self.checkpoints[0] += 1
-        self.checkpoints[1] += timed
-        self.checkpoint_max_s = max(self.checkpoint_max_s, waited_s)
 
     def fed(self, batches: Iterable[T]) -> Iterator[T]:
         """``batches``, the host's wait for each after the warm-up steps counted as the
@@ -186,9 +179,7 @@ class SlotMeter:
             **{f"{name}_s": value for name, value in sorted(self.seconds.items())},
             "images": self.images,
             "steps": self.steps,  # trained in this slot, checkpointed or not
-            "checkpoints": self.checkpoints[0],  # taken in this slot (checkpoint_s: waited)
-            "timed_checkpoints": self.checkpoints[1],  # of them by train.checkpoint_minutes
-            "checkpoint_max_s": self.checkpoint_max_s,  # the longest wait for one
+            **self.saves.figures(),  # checkpoint_s: the training thread blocked by saves
             "cpu_s": float(cpu.cpu()),
             "memory_peak_mb": max(per_node.values()),  # the fullest node (node_memory)
             "memory": rank_memory.fullest([r[4] for r in ranks]),  # the fullest rank's

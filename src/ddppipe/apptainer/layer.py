@@ -1,0 +1,194 @@
+"""A task's packages as a layer: ``container.requirements`` installed once inside the base
+image into a folder, squashed into a small SquashFS file bound over the image on every node.
+
+The image's own pip resolves the requirements with the image's installed distributions as
+constraints (nothing it has is upgraded or shadowed) and installs only what the image lacks
+(``pip install --target``); the folder is packed with ``mksquashfs`` (deterministic: owner
+root, every time 0, byte-code checked by hash) into a temporary file renamed into place when
+complete, so a failed build leaves nothing. Training binds it read-only at
+:data:`~ddppipe.apptainer.running.TASK_SITE` (:func:`ddppipe.apptainer.running.exec_prefix`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddppipe.apptainer.identity import info_path, sha256
+from ddppipe.apptainer.requirements import pinned
+from ddppipe.apptainer.tool import APPTAINER, ContainerError
+
+# The host's pip settings that reach the image's pip (a mirror, a local folder of wheels, its
+# cache, a proxy); nothing else of the host's environment or pip configuration files does.
+PASSED = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX",
+          "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT", "PIP_CACHE_DIR", "PIP_NO_CACHE_DIR",
+          "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+          "no_proxy")  # fmt: skip
+CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+CONFLICT = 3  # the script's exit status when the requirements conflict with the image
+
+# Run by the image's shell in the build's folder ($1): what the image has (base.txt), what
+# the requirements add to it (pip's dry-run report, the image's packages as constraints), only
+# that installed into site/ (--no-deps: the resolution is done), then pip check of the image
+# with the layer on its path.
+SCRIPT = r"""set -eu
+cd "$1"
+python -m pip list --format=freeze > base.txt
+if ! python -m pip install --dry-run --quiet --report report.json \
+        --constraint base.txt --requirement requirements.txt; then
+    echo "ddppipe: container.requirements cannot be installed over the image's own packages" \
+        "(base.txt: kept at these versions)" >&2
+    exit 3
+fi
+python - > pins.txt <<'EOF'
+import json
+
+for item in json.load(open("report.json"))["install"]:
+    print(f"{item['metadata']['name']}=={item['metadata']['version']}")
+EOF
+mkdir site
+if [ -s pins.txt ]; then
+    python -m pip install --quiet --no-deps --target site --requirement pins.txt
+fi
+PYTHONPATH="$PWD/site" python -m pip check
+"""
+
+
+def _ca_bundle() -> Path | None:
+    """The host's CA bundle (``PIP_CERT``, else the system's): the image's pip trusts it."""
+    for found in (os.environ.get("PIP_CERT"), *CA_BUNDLES):
+        if found and Path(found).is_file():
+            return Path(found)
+    return None
+
+
+def _environment(work: Path) -> list[str]:
+    """``--env`` options of the image's pip: no configuration file, the host's CA bundle, the
+    passed settings (:data:`PASSED`), byte-code checked by hash (``SOURCE_DATE_EPOCH``)."""
+    env = {"PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_ROOT_USER_ACTION": "ignore", "PYTHONNOUSERSITE": "1",
+           "SOURCE_DATE_EPOCH": "0"}  # fmt: skip
+    if (work / "ca.crt").is_file():
+        env["PIP_CERT"] = str(work / "ca.crt")
+    env.update({k: os.environ[k] for k in PASSED if os.environ.get(k)})
+    return [arg for k, v in env.items() for arg in ("--env", f"{k}={v}")]
+
+
+def installed(site: Path) -> list[str]:
+    """The distributions in ``site`` as ``name==version``, by lower-case name (as the
+    provenance's ``software.packages`` names them), sorted."""
+    found = []
+    for meta in site.glob("*.dist-info/METADATA"):
+        fields = dict(re.findall(r"^(Name|Version): (.+)$", meta.read_text(errors="replace"), re.M))
+        found.append(f"{fields['Name'].strip().lower()}=={fields['Version'].strip()}")
+    return sorted(found)
+
+
+def _tail(log: Path, lines: int = 25) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"
+
+
+def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
+    """Run :data:`SCRIPT` in ``base`` on ``work`` (its requirements.txt), the output to ``log``."""
+    cmd = [APPTAINER, "exec", "--cleanenv", "--bind", f"{work}:{work}", *_environment(work),
+           str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work)]  # fmt: skip
+    with open(log, "a") as out:
+        out.write(f"# {' '.join(cmd[:-5])} /bin/sh -c SCRIPT layer {work}\n")
+        out.flush()
+        try:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                check=False).returncode  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise ContainerError(
+                f"pip in {base} timed out after {timeout_s:.0f} s; log: {log}"
+            ) from e
+    if rc == CONFLICT:
+        raise ContainerError(
+            f"container.requirements cannot be installed over the image {base}'s own packages "
+            "(kept at their versions: torch, CUDA and NCCL stay the image's): choose versions "
+            f"compatible with them, or one that exists. Log: {log}\n--- last lines ---\n"
+            f"{_tail(log)}"
+        )
+    if rc != 0:
+        raise ContainerError(
+            f"installing container.requirements in {base} failed (exit {rc}); log: {log}\n"
+            f"--- last lines ---\n{_tail(log)}"
+        )
+
+
+def _squash(site: Path, layer: Path, log: Path) -> None:
+    """``mksquashfs`` ``site`` into ``layer``: a temporary file beside it, renamed when complete."""
+    from ddppipe.data.squashfs import MKSQUASHFS, MKSQUASHFS_ARGS, version_problem
+
+    tool = shutil.which(MKSQUASHFS)
+    if tool is None:
+        raise ContainerError(
+            "mksquashfs is not on PATH: install squashfs-tools (apt-get install squashfs-tools, "
+            "dnf install squashfs-tools): container.requirements are packed with it"
+        )
+    printed = subprocess.run([tool, "-version"], capture_output=True, text=True, check=False)
+    problem = version_problem(printed.stdout + printed.stderr)
+    if problem:
+        raise ContainerError(problem.replace("data.pack: squashfs", "container.requirements"))
+    fd, name = tempfile.mkstemp(prefix=f".{layer.name}.", suffix=".tmp", dir=layer.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        with open(log, "a") as out:
+            subprocess.run([tool, str(site), str(tmp), *MKSQUASHFS_ARGS], stdout=out,
+                           stderr=subprocess.STDOUT, check=True, timeout=600)  # fmt: skip
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, layer)
+    except subprocess.CalledProcessError as e:
+        raise ContainerError(f"mksquashfs {site} failed (exit {e.returncode}); log: {log}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def build_layer(
+    base: str | Path, reqs: list[str], layer: str | Path, log: str | Path, timeout_s: float = 1800
+) -> dict[str, Any]:
+    """Install the pinned ``reqs`` over the image ``base`` into the SquashFS file ``layer``,
+    atomically; its info: path, SHA-256, size, the requirements, what it installed, and the
+    base image's path and SHA-256 (from its info JSON when there is one)."""
+    reqs = pinned(reqs)
+    if not reqs:
+        raise ContainerError("no requirements to add: train in the base image itself")
+    base, layer, log = Path(base), Path(layer), Path(log)
+    if not base.is_file():
+        raise ContainerError(f"base image {base} not found: build it first (rule build_image)")
+    if shutil.which(APPTAINER) is None:
+        raise ContainerError("apptainer is not on PATH: install it, or set container.mode: none")
+    found = info_path(base)
+    base_sha = json.loads(found.read_text())["sha256"] if found.is_file() else sha256(base)
+    layer.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"# the layer {layer}: {' '.join(reqs)} over {base}\n")
+    work = Path(tempfile.mkdtemp(prefix=f".{layer.name}.", suffix=".build", dir=layer.parent))
+    try:
+        (work / "requirements.txt").write_text("".join(f"{r}\n" for r in reqs))
+        ca = _ca_bundle()
+        if ca is not None:
+            shutil.copyfile(ca, work / "ca.crt")
+        _install(base.resolve(), work.resolve(), log, timeout_s)
+        added = installed(work / "site")
+        _squash(work / "site", layer, log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "path": str(layer),
+        "sha256": sha256(layer),
+        "size_bytes": layer.stat().st_size,
+        "requirements": reqs,
+        "installed": added,
+        "base": {"path": str(base), "sha256": base_sha},
+    }

@@ -42,9 +42,9 @@ class Attempt:
     # rank 0's figures (ddppipe.training.measuring.efficiency)
     efficiency: dict[str, Any] | None = None
     queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
-    peak: dict[str, Any] | None = (
-        None  # the preflight's GEMM peaks (ddppipe.training.measuring.peak), if it ran
-    )
+    # its nodes' GEMM peaks, measured by its ranks' checks (ddppipe.training.measuring.
+    # world_checks: a SLURM job of its own), if they ran
+    peak: dict[str, Any] | None = None
     submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
     detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason
     failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
@@ -88,7 +88,6 @@ def save(state: StateDir, history: list[Attempt]) -> None:
 def begin(
     state: StateDir, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
     submitted: float | None = None,
-    peak: dict[str, Any] | None = None,
     packed: str | None = None,
     lost: str = LOST,
     mem_mb: int | None = None,
@@ -109,8 +108,8 @@ def begin(
     number = len(history) + 1
     allocation, _, slot = (packed or "").partition(" ")
     history.append(Attempt(number, job or allocation or "local", restarts, nodes, time.time(),
-                           queue_s=queue_s, submitted=submitted, peak=peak,
-                           slot=slot or None, mem_mb=mem_mb, origin=origin))  # fmt: skip
+                           queue_s=queue_s, submitted=submitted, slot=slot or None,
+                           mem_mb=mem_mb, origin=origin))  # fmt: skip
     save(state, history)
     return history
 
@@ -142,7 +141,8 @@ def finish(
     attempt.detail = "; ".join(filter(None, [attempt.detail, detail]))
     attempt.failure = failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency", "world_size", "strategy", "precision")  # fmt: skip
+            "stop_seconds", "efficiency", "world_size", "strategy", "precision",
+            "peak")  # fmt: skip
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from ddppipe import tasks
 from ddppipe.core import heap, system
 from ddppipe.data import batches, sharding, staging
-from ddppipe.parallel import devices, distributed, precision
+from ddppipe.parallel import devices, distributed, node_check, precision
 from ddppipe.runstate import attempts, failures, origin, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
@@ -44,7 +44,7 @@ from ddppipe.training.loop import (
     stepping,
     strategy,
 )
-from ddppipe.training.measuring import allowances, efficiency, heartbeat
+from ddppipe.training.measuring import allowances, efficiency, heartbeat, world_checks
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +63,13 @@ class Trainer:
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
         self.meter = efficiency.SlotMeter()
+        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
-        args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
         cuda = self._check_device()
+        args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
         self._load_data(args)
         heartbeat.beat("start-up")
         self._build_model(args, cuda)
-        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.checkpoints = run_checkpoints.Checkpoints(
             self.spec, paths.state, ctx, self.strategy,
             checkpoint.Trainable(self.model, self.optimizer, self.scheduler),
@@ -115,6 +115,8 @@ class Trainer:
         if cuda := ctx.device.type == "cuda":
             devices.check_gpu(ctx.device.index, chosen)
             self.meter.watch_gpu(ctx.device)
+        if world_checks.wanted():  # the world's, before data and model: a bad one fails first
+            self._record_progress(peak=world_checks.in_slot(ctx, chosen, self.meter))
         return cuda
 
     def _load_data(self, args: dict[str, Any]) -> None:
@@ -431,9 +433,10 @@ def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -
     if spec.train.deterministic:  # before CUDA starts: cuBLAS reads its workspace setting
         determinism.enable()
     # (above every allowance of the hang watchdog: it names a hang before torch aborts it)
-    ctx = distributed.setup(
-        spec.device, allowances.collective_timeout_s(spec.launch.hang_timeout_s)
-    )
+    timeout_s = allowances.collective_timeout_s(spec.launch.hang_timeout_s)
+    if world_checks.wanted():  # its node's own checks first: a GPU it cannot use never joins
+        node_check.before_joining(spec.device, spec.train.precision, timeout_s)
+    ctx = distributed.setup(spec.device, timeout_s)
     try:
         with contextlib.ExitStack() as held:  # a packed data folder's mount, until the end
             Trainer(spec, paths, ctx, held).run(guard)

@@ -9,13 +9,21 @@ value of the plugin's `slurm-init-seconds-before-status-checks` asked for, and p
 - the DAG's wall time, the training attempt's wall time (the launcher's slot, attempts.json),
   its queue wait, and the difference: the overhead;
 - the train job as SLURM saw it (submit, start, end: scontrol) and as Snakemake saw it (its
-  log's time stamps), so how late the plugin's polling noticed the job's end.
+  log's time stamps), so how late the plugin's polling noticed the job's end;
+- the slot's start to its first step: from the job's start (scontrol) to the launcher's attempt,
+  and from there to rank 0's first step (its ``startup_s``), of which the checks of the nodes
+  and the world took ``checks_s`` (made by the training's ranks; before that change, the
+  preflight's own steps ran before the attempt opened, in the first part).
+
+``--tiny`` trains the tests' tiny config (256 synthetic images) instead of MNIST: a slot of
+almost nothing but its start-up.
 
 Needs root and the Slurm packages (`bash .ci/install_slurm.sh`), and no other test cluster
 running on the machine; takes about 2 minutes a value.
 
     python bench/slurm_overhead.py                          # as root; the profile's setting
     python bench/slurm_overhead.py --init-seconds 2 10 40   # compare values
+    python bench/slurm_overhead.py --tiny --runs 3          # the start-up, three times
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 
 from tests.slurm_cluster import CTLD_PORT, SlurmCluster, port_listening  # noqa: E402
 from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
+from tests.tiny import make_tiny, tiny_config  # noqa: E402
 from tests.workflow_helpers import stamps  # noqa: E402
 
 NODES = ("sn03", "sn04")
@@ -61,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="values of slurm-init-seconds-before-status-checks to try "
                          "(default: the profile's)")  # fmt: skip
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
+    ap.add_argument("--tiny", action="store_true", help="the tests' tiny config, not MNIST")
+    ap.add_argument("--runs", type=int, default=1, help="DAGs per value (each its own run)")
     return ap.parse_args(argv)
 
 
@@ -69,13 +80,17 @@ def profile_init_seconds() -> int:
     return int(profile["slurm-init-seconds-before-status-checks"])
 
 
-def config_for(args: argparse.Namespace) -> dict[str, Any]:
-    """The default config on MNIST, 2 nodes x 2 processes of 1 core (the test cluster's)."""
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+def config_for(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The default config on MNIST (``--tiny``: the tests' tiny data made in ``root``), 2 nodes
+    x 2 processes of 1 core (the test cluster's)."""
+    if args.tiny:
+        cfg = tiny_config(make_tiny(root / "tiny"))
+    else:
+        cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+        cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
+                            "sha256": sha256sums(args.mirror)}  # fmt: skip
     cfg["run"] = RUN
     cfg["train"].update(epochs=args.epochs)
-    cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
-                        "sha256": sha256sums(args.mirror)}  # fmt: skip
     cfg["launch"].update(nnodes=2, nproc_per_node=2, cpus_per_proc=1, max_restarts=0)
     cfg["slurm"].update(mem_mb=1500, runtime=10, partition=TRAIN_PARTITION)
     return cfg
@@ -113,8 +128,12 @@ def run_dag(cluster: SlurmCluster, work: Path, cfg: dict[str, Any], init: int) -
     slurm = slurm_times(cluster, job)
     (seen_submit,) = stamps(log, r"^rule train:")
     (seen_end,) = stamps(log, r"Finished jobid: \d+ \(Rule: train\)")
+    figures = attempt.get("efficiency") or {}
     return {
         "wall": wall,
+        "to_attempt": attempt["start"] - slurm["StartTime"],  # (whole seconds: scontrol's)
+        "to_first_step": figures.get("startup_s", float("nan")),
+        "checks": figures.get("checks_s", 0.0),
         "attempt": attempt["end"] - attempt["start"],
         "queue": attempt["queue_s"],
         "job_seen": seen_end - seen_submit,
@@ -137,7 +156,12 @@ def report(init: int, f: dict[str, float]) -> None:
     inside = f["job_slurm"] - f["queue"] - f["attempt"]
     after = f["wall"] - f["before_submit"] - f["job_seen"]
     print(f"    in the job, outside the attempt            {inside:6.0f} s  "
-          "(Snakemake in the job, launcher, preflight)")  # fmt: skip
+          "(Snakemake in the job, the launcher; a preflight world of its own, before)")  # fmt: skip
+    first = f["to_attempt"] + f["to_first_step"]
+    print(f"    the job's start to its first step          {first:6.1f} s  "
+          f"(to the attempt {f['to_attempt']:.0f} s, then to rank 0's first step "
+          f"{f['to_first_step']:.1f} s, of which the ranks' checks "
+          f"{f['checks']:.1f} s)")  # fmt: skip
     print(f"    after the train job                        {after:6.0f} s  "
           "(local rules: evaluate, plots, export; the summary)")  # fmt: skip
 
@@ -151,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
         return 2
     inits = args.init_seconds or [profile_init_seconds()]
-    cfg = config_for(args)
     with tempfile.TemporaryDirectory(prefix="ddppipe-slurm-overhead-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
+        cfg = config_for(args, root)
         cluster = SlurmCluster(root / "cluster", nodes=NODES, partitions=PARTITIONS,
                                settings={"SchedulerParameters": None})  # fmt: skip
         with cluster:
@@ -163,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             sched_text = sched[1].strip() if sched else "?"
             print(f"ddppipe SLURM DAG overhead, {time.strftime('%Y-%m-%d %H:%M')}, "
                   f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
-                  f"{args.epochs} epoch(s) of MNIST on {len(NODES)} nodes x 2 processes; "
+                  f"{args.epochs} epoch(s) of {'tiny' if args.tiny else 'MNIST'} on "
+                  f"{len(NODES)} nodes x 2 processes; "
                   f"SchedulerParameters {sched_text} (Slurm's defaults)")  # fmt: skip
             for i, init in enumerate(inits):
-                report(init, run_dag(cluster, root / f"dag-{i}-init{init}", cfg, init))
+                for run in range(args.runs):
+                    work = root / f"dag-{i}-init{init}-{run}"
+                    report(init, run_dag(cluster, work, cfg, init))
             print(f"  load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -6,7 +6,10 @@ tests/test_faults_head_and_node.py."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -49,6 +52,27 @@ def test_an_agent_names_its_node_when_the_rendezvous_host_does_not_resolve(
     (problem,) = node_check.agent_problems("no-such-host.invalid")
     assert problem.startswith(f"{ME}: cannot resolve the rendezvous host 'no-such-host.invalid'")
     assert node_check.agent_problems(ME) == []
+
+
+def test_an_agent_that_cannot_read_its_slot_record_names_its_node_and_ends(
+    tmp_path: Path,
+) -> None:
+    """``ddppipe agent`` on a node without the run's state folder: its line and exit 3 in well
+    under a second, before torch loads or the rendezvous (no slot record to read its stop
+    signal from either)."""
+    env = {**os.environ, env_names.SLOT: str(tmp_path / "not-here/slot.json"),
+           env_names.SLOT_LAUNCHER: "41:gpu1:100"}  # fmt: skip
+    agent = [sys.executable, "-m", "ddppipe", "agent", "--nnodes=2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=no-such-host.invalid:29400",
+             "-m", "x"]  # fmt: skip
+    done = subprocess.run(agent, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == node_check.EXIT_CODE, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.split(": ")[2][:30] for line in lines] == [
+        "cannot resolve the rendezvous ",
+        "does not see the run's state f",
+    ], lines
+    assert node_check.failing_nodes(done.stderr, [ME]) == [ME]
 
 
 def test_ranks_exchange_their_nodes_problems_before_any_exits(

@@ -270,7 +270,9 @@ def _pass_on(stream: IO[bytes], checks: list[str]) -> None:
     lines of failed node checks in ``checks``."""
     prefix = node_check.PREFIX.encode()
     for line in stream:
-        os.write(2, line)
+        written = 0
+        while written < len(line):  # (a pipe takes a long line in parts)
+            written += os.write(2, line[written:])
         if line.startswith(prefix):
             checks.append(line.decode(errors="replace").rstrip("\n"))
 
@@ -383,11 +385,9 @@ def run_agent(torchrun_argv: list[str]) -> int:
     (:func:`ddppipe.parallel.node_check.agent_problems`): a failing one is said on stderr and
     ends the agent (exit 3) before it joins the rendezvous.
     """
-    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
     placement = Placement.from_env(os.environ)
     if placement is not None:  # a packed trial: this node's slot of the allocation
         placement.apply(os.environ)
-    os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
     if "--rdzv-backend=c10d" in torchrun_argv and not any(
         a.startswith("--rdzv-endpoint") for a in torchrun_argv
     ):  # the step's first node: a step may run on a subset of its job's nodes
@@ -401,6 +401,8 @@ def run_agent(torchrun_argv: list[str]) -> int:
     if problems:  # this node's own checks, before it joins the rendezvous
         node_check.say(problems)
         return node_check.EXIT_CODE
+    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
+    os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 

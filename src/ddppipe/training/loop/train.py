@@ -64,6 +64,7 @@ class Trainer:
         self.recipe = spec.train
         self.meter = efficiency.SlotMeter()
         self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
+        self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
         cuda = self._check_device()
         args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
@@ -80,7 +81,6 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self._final_eval: evaluate.Counts | None = None
         self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
-        self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         if ctx.is_main:
             from ddppipe.training.tracking import run_tracking
 

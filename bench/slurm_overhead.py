@@ -11,14 +11,18 @@ value of the plugin's `slurm-init-seconds-before-status-checks` asked for, and p
 - the train job as SLURM saw it (submit, start, end: scontrol) and as Snakemake saw it (its
   log's time stamps), so how late the plugin's polling noticed the job's end;
 - the slot's start-up in parts: from the job's start to its first step done
-  (ddppipe.runstate.startup: job to launcher, launcher, preflight, agents, ranks).
+  (ddppipe.runstate.startup: job to launcher, launcher, agents, ranks, the ranks' checks of
+  their nodes and the world, data, model, checkpoint load, first step).
+
+``--tiny`` trains the tests' tiny config (256 synthetic images) instead of MNIST: a slot of
+almost nothing but its start-up.
 
 Needs root and the Slurm packages (`bash .ci/install_slurm.sh`), and no other test cluster
 running on the machine; takes about 2 minutes a value.
 
     python bench/slurm_overhead.py                          # as root; the profile's setting
     python bench/slurm_overhead.py --init-seconds 2 10 40   # compare values
-    python bench/slurm_overhead.py --tiny                   # the tests' tiny data set
+    python bench/slurm_overhead.py --tiny --runs 3          # the start-up, three times
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 from ddppipe.runstate import startup  # noqa: E402
 from tests.slurm_cluster import CTLD_PORT, SlurmCluster, port_listening  # noqa: E402
 from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
+from tests.tiny import make_tiny, tiny_config  # noqa: E402
 from tests.workflow_helpers import stamps  # noqa: E402
 
 NODES = ("sn03", "sn04")
@@ -65,7 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="values of slurm-init-seconds-before-status-checks to try "
                          "(default: the profile's)")  # fmt: skip
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
-    ap.add_argument("--tiny", action="store_true", help="tiny generated data (tests/tiny.py)")
+    ap.add_argument("--tiny", action="store_true", help="the tests' tiny config, not MNIST")
+    ap.add_argument("--runs", type=int, default=1, help="DAGs per value (each its own run)")
     return ap.parse_args(argv)
 
 
@@ -75,18 +81,16 @@ def profile_init_seconds() -> int:
 
 
 def config_for(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """The default config on MNIST (``--tiny``: the tests' tiny data, made below ``root``),
-    2 nodes x 2 processes of 1 core (the test cluster's)."""
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    cfg["run"] = RUN
-    cfg["train"].update(epochs=args.epochs)
+    """The default config on MNIST (``--tiny``: the tests' tiny data made in ``root``), 2 nodes
+    x 2 processes of 1 core (the test cluster's)."""
     if args.tiny:
-        from tests.tiny import make_tiny, tiny_config
-
-        cfg = {**tiny_config(make_tiny(root / "tiny"), epochs=args.epochs), "run": RUN}
+        cfg = tiny_config(make_tiny(root / "tiny"))
     else:
+        cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
         cfg["task_args"] = {"mirrors": [args.mirror.resolve().as_uri() + "/"],
                             "sha256": sha256sums(args.mirror)}  # fmt: skip
+    cfg["run"] = RUN
+    cfg["train"].update(epochs=args.epochs)
     cfg["launch"].update(nnodes=2, nproc_per_node=2, cpus_per_proc=1, max_restarts=0)
     cfg["slurm"].update(mem_mb=1500, runtime=10, partition=TRAIN_PARTITION)
     return cfg
@@ -184,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{len(NODES)} nodes x 2 processes; "
                   f"SchedulerParameters {sched_text} (Slurm's defaults)")  # fmt: skip
             for i, init in enumerate(inits):
-                report(init, run_dag(cluster, root / f"dag-{i}-init{init}", cfg, init))
+                for run in range(args.runs):
+                    work = root / f"dag-{i}-init{init}-{run}"
+                    report(init, run_dag(cluster, work, cfg, init))
             print(f"  load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -111,12 +111,20 @@ def test_both_paths_read_one_record(tmp_path: Path) -> None:
     state, pool = StateDir(folder), Pool(folder)
     spec = packed_spec(tmp_path, launch={"nnodes": 1, "device": "cpu"})
     held = Allocation.of(spec)
-    # the executor path: the launcher records gpu2, which failed the slot's preflight
+    # the executor path: the launcher records gpu2, whose agent failed its node's check
     plan = SimpleNamespace(job="41", hosts=["gpu1", "gpu2"])
     run = SimpleNamespace(slurm=SimpleNamespace(max_excluded_nodes=2))
-    error = preflight.PreflightError("gpu2: does not see the run's state folder", ["gpu2"])
-    lifecycle._exclude_bad_nodes(run, plan, state, error)  # type: ignore[arg-type]
-    assert [a.outcome for a in attempts.load(state)] == ["bad node gpu2"]
+    attempts.begin(state, "41", 0, plan.hosts)  # the slot's attempt, open as its ranks start
+    said = ["preflight: gpu2: does not see the run's state folder as the job's first node does"]
+    with pytest.raises(preflight.PreflightError, match="gpu2: does not see the run's") as raised:
+        lifecycle._failed_checks(run, plan, state, said, 1)  # type: ignore[arg-type]
+    assert raised.value.nodes == ["gpu2"]
+    (attempt,) = attempts.load(state)
+    assert (attempt.outcome, attempt.exit_status) == ("bad node gpu2", 1)
+    assert attempt.detail == (
+        "gpu2 failed the preflight: excluded from the next slot (1 of slurm.max_excluded_nodes "
+        "2 excluded: gpu2)"
+    )
     submitted = _executor(state)
     submitted.run_job(_Job())
     assert submitted.excluded == "gpu2"
@@ -164,9 +172,18 @@ def test_a_pools_exclusions_are_capped_as_a_runs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("hosts", [["gpu1", "gpu2"], ["gpu2"]])
 def test_a_run_records_no_node_when_every_node_failed(tmp_path: Path, hosts: list[str]) -> None:
+    """Every node of the slot failed its check (each said so, twice: its two ranks): a problem
+    of the run, not of a node; the slot's attempt says so, no node is recorded."""
     state = StateDir(tmp_path)
     plan = SimpleNamespace(job="41", hosts=hosts)
     run = SimpleNamespace(slurm=SimpleNamespace(max_excluded_nodes=2))
-    error = preflight.PreflightError("every node failed", hosts)
-    lifecycle._exclude_bad_nodes(run, plan, state, error)  # type: ignore[arg-type]
-    assert not bad_nodes.of_run(state).path.exists() and attempts.load(state) == []
+    attempts.begin(state, "41", 0, hosts)
+    said = [f"preflight: {h}: 2 process(es) need a GPU each and none is usable" for h in hosts]
+    with pytest.raises(preflight.PreflightError) as raised:
+        lifecycle._failed_checks(run, plan, state, said * 2, 3)  # type: ignore[arg-type]
+    assert raised.value.nodes == hosts
+    assert str(raised.value).count("none is usable") == len(hosts)  # each node's once
+    assert not bad_nodes.of_run(state).path.exists()
+    (attempt,) = attempts.load(state)
+    assert attempt.outcome == f"failed its checks ({', '.join(hosts)})"
+    assert attempt.detail.startswith("every node of the slot failed"), attempt.detail

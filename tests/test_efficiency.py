@@ -54,7 +54,7 @@ def test_idle_cpus_and_a_long_start_up() -> None:
     slow = waste.flags(attempt(15, memory_peak_mb=7_000, cpu_s=10), 8_000, None, 8)
     assert slow == [
         "start-up: 10 s of the slot's 15 s passed before the first step (torchrun, rendezvous, "
-        "preflight, data): the fewer and longer the slots, the less of it (`slurm.runtime`, "
+        "checks, data): the fewer and longer the slots, the less of it (`slurm.runtime`, "
         "`train.epochs`)"
     ]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from snakemake.jobs import Wildcards
 from snakemake_executor_plugin_slurm.utils import get_job_wildcards
 
-from ddppipe.launching import preflight
+from ddppipe.parallel import node_check
 from ddppipe.slurm import head, squeue
 from ddppipe.slurm.executor import attach
 
@@ -49,7 +49,7 @@ def test_failing_nodes_are_the_ones_whose_check_failed() -> None:
         "preflight: gpu2: does not see the run's state folder as the job's first node does\n"
         "srun: error: gpu2: task 1: Exited with exit code 3\n"
     )
-    assert preflight.failing_nodes(stderr, ["gpu1", "gpu2", "gpu3"]) == ["gpu2"]
+    assert node_check.failing_nodes(stderr, ["gpu1", "gpu2", "gpu3"]) == ["gpu2"]
 
 
 def test_head_job_request() -> None:

@@ -102,7 +102,6 @@ def test_the_state_folder_files_under_the_layouts_state_root() -> None:
     folder = StateDir(RunLayout("mnist").state)
     assert str(folder.mlflow_run_id) == "results/mnist/state/mlflow_run_id"
     assert str(folder.excluded_nodes) == "results/mnist/state/excluded-nodes.json"
-    assert str(folder.preflight_token) == "results/mnist/state/preflight-token"
     assert str(folder.metrics) == "results/mnist/state/metrics.jsonl"
     assert str(folder.checkpoints) == "results/mnist/state/checkpoints"
     assert str(folder.tensorboard) == "results/mnist/tensorboard"

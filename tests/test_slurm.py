@@ -154,7 +154,7 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     assert all(mb > 1024 for mb in node_peaks.values()), node_peaks  # the ranks ran in them
     assert result.returncode == 0, logs(tmp_path / "wd", result)
     # One validation in each process of the slot that reads the run's config (the launcher,
-    # each of the 4 ranks), none in the others (agents, the preflight's steps).
+    # each of the 4 ranks), none in the others (the agents); no preflight step of its own.
     slot = [f.read_text().splitlines() for f in counts.iterdir()]
     slot = [c for c in slot if re.search(r"ddppipe\S* (launch|train|agent|preflight)", c[0])]
     assert sorted(len(c) for c in slot) == [1] * 5, slot
@@ -166,10 +166,12 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     metrics = json.loads((tmp_path / "wd/results/mnist2n/eval/metrics.json").read_text())
     assert metrics["test_accuracy"] >= 0.95
     train_log = (tmp_path / "wd/logs/mnist2n/train.log").read_text()
-    # The preflight: gloo on CPUs as training, the world's and the node pair's bandwidth.
-    figures = re.search(r"all-reduce ok \(gloo on cpu\); bus bandwidth (.*)", train_log)
+    # The checks, by the training's own ranks (one world): gloo on CPUs, the world's and the
+    # node pair's bandwidth; their time in the slot's figures.
+    figures = re.search(r"checks: .* all-reduce ok \(gloo on cpu\); bus bandwidth (.*)", train_log)
     assert figures, train_log
-    print("(a) preflight bus bandwidth:", figures[1])
+    assert "preflight-allreduce" not in train_log and "preflight-node" not in train_log
+    print("(a) the checks' bus bandwidth:", figures[1])
     a, b = slurm_cluster.nodes
     assert re.search(rf"world \(4 ranks\): [\d.]+ GB/s; {a}<->{b}: [\d.]+ GB/s", figures[1])
     # ... and each node's GEMM peak in the training's precision, all its processes at once,
@@ -179,6 +181,9 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
                      figures[1])  # fmt: skip
     (attempt,) = json.loads((tmp_path / "wd/results/mnist2n/train/attempts.json").read_text())
     assert attempt["peak"]["precision"] == precision and set(attempt["peak"]["gflops"]) == {a, b}
+    checks_s, startup_s = attempt["efficiency"]["checks_s"], attempt["efficiency"]["startup_s"]
+    print(f"(a) the checks took {checks_s:.1f} s of the {startup_s:.1f} s to the first step")
+    assert 0.5 < checks_s < startup_s
     # The ranks decided the preset's precision auto on the nodes (not where it was resolved),
     # and the slot keeps what its job asked for (scontrol), which the summary judges against.
     decided = attempt["precision"]
@@ -218,18 +223,25 @@ def test_gpus_requested_but_unusable_fail_in_seconds(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """The test cluster hands out GPUs (gres) that no driver backs, as a node with a broken
-    driver would: the preflight stops the job in seconds, naming each node and what its ranks
-    see, and nothing trains on the CPU."""
+    driver would: the training's ranks refuse them before they join (no preflight world of its
+    own), each node named with what its ranks see, in seconds; nothing trains on the CPU, and
+    no node is excluded (every node failed: a problem of the run)."""
     cfg = two_nodes(tiny_config(make_tiny(tmp_path / "tiny")), slurm_cluster, gpus=2)
     wd = tmp_path / "wd"
     result = snakemake_slurm(slurm_cluster, wd, cfg, "--retries", "0", timeout=300)
     assert result.returncode != 0
     text = (wd / "logs/tiny/train.log").read_text()
     for node in slurm_cluster.nodes:
-        assert f"{node}: 2 process(es) need a GPU each and none is usable" in text, text
+        assert f"preflight: {node}: 2 process(es) need a GPU each and none is usable" in text, text
     assert "CUDA_VISIBLE_DEVICES=" in text and f"torch {torch.__version__}" in text, text
     assert "Fix: no NVIDIA driver is loaded on this node" in text, text
-    assert not (wd / "results/tiny/state/attempts.json").exists(), "training started"
+    assert "preflight-allreduce" not in text and "preflight-node" not in text, text
+    (attempt,) = json.loads((wd / "results/tiny/state/attempts.json").read_text())
+    nodes = ", ".join(slurm_cluster.nodes)
+    assert attempt["outcome"] == f"failed its checks ({nodes})", attempt
+    assert attempt["start_step"] is None and attempt["efficiency"] is None, "training started"
+    assert attempt["detail"].startswith("every node of the slot failed"), attempt
+    assert not (wd / "results/tiny/state/excluded-nodes.json").exists()
     resolved = yaml.safe_load((wd / "results/tiny/config.yaml").read_text())
     assert resolved["train"]["preset"] == "gpu"  # launch.device gpu: the GPU recipe
     job = train_job_ids(result)[0]
@@ -479,7 +491,7 @@ def test_time_limit_slots_on_two_nodes_with_sacct(
     history = _history(wd)
     table = (wd / "logs/tiny/train.log").read_text().split("training complete; attempts:")[-1]
     print(f"(2 nodes, {cfg['task']}) {len(history)} slots in {wall:.0f}s wall:{table}")
-    # every slot's log survives, and each slot's preflight ran the training's shape
+    # every slot's log survives, and each slot's ranks made the world's checks
     preflights = re.findall(r"all-reduce ok \(gloo on cpu\); bus bandwidth world \(2 ranks\)",
                             (wd / "logs/tiny/train.log").read_text())  # fmt: skip
     assert len(preflights) == len(history), table

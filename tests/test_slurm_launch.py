@@ -6,8 +6,11 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddppipe.core import slot
 from ddppipe.launching import launch
+from ddppipe.parallel import node_check
 from ddppipe.settings import run_spec as run_spec
 from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm import request as slurm_request
@@ -59,15 +62,16 @@ def test_scontrol_records_and_hostlists() -> None:
     assert scontrol.parse_nodelist(line) == ["cn07", "cn08"]
 
 
-def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
+def _step(tmp_path: Path, marks: str, then: str = "") -> launch.Ended:
     """supervise() an "srun step" on cn07 and cn08 that exits 0 after the agents' marks
-    ``marks`` (a space-separated list of node names) were written."""
+    ``marks`` (a space-separated list of node names) were written (and runs ``then``)."""
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     marker = (
         "import os, sys; from ddppipe.runstate import finished_nodes\n"
         "for node in sys.argv[1].split():\n"
         "    os.environ['SLURMD_NODENAME'] = node; finished_nodes.mark()\n"
+        f"{then}\n"
     )
     plan = launch.Plan(
         [sys.executable, "-c", marker, marks], dict(os.environ), "7", ["cn07", "cn08"],
@@ -79,10 +83,24 @@ def _step(tmp_path: Path, marks: str) -> tuple[int, dict | None]:
 
 def test_srun_exit_0_is_a_finished_step_only_with_every_nodes_mark(tmp_path: Path) -> None:
     """srun exits 0 on "Node failure on cn08": without cn08's mark, the step did not finish."""
-    assert _step(tmp_path, "cn07 cn08") == (0, None)
-    code, note = _step(tmp_path, "cn07")  # (the first step's marks are cleared)
-    assert code == 0 and note is not None and note["checkpoint"] is None, note
+    assert _step(tmp_path, "cn07 cn08") == launch.Ended(0, None, [])
+    ended = _step(tmp_path, "cn07")  # (the first step's marks are cleared)
+    note = ended.note
+    assert ended.code == 0 and note is not None and note["checkpoint"] is None, note
     assert sorted(p.name for p in (tmp_path / "state/finished-nodes").iterdir()) == ["cn07"]
+
+
+def test_the_nodes_failed_checks_are_read_from_the_steps_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """cn08's agent says its node's problem on stderr and exits 3, which ends the step: the
+    launcher keeps that line (and passes every line on to its own stderr, the slot's log)."""
+    said = "preflight: cn08: does not see the run's state folder as the job's first node does"
+    ended = _step(tmp_path, "", f"print('srun: a line of its own', file=sys.stderr)\n"
+                                f"print({said!r}, file=sys.stderr); sys.exit(3)")  # fmt: skip
+    assert (ended.code, ended.checks) == (3, [said])
+    assert node_check.failing_nodes("\n".join(ended.checks), ["cn07", "cn08"]) == ["cn08"]
+    assert capfd.readouterr().err.splitlines() == ["srun: a line of its own", said]
 
 
 def test_a_slot_whose_launcher_died_is_named_by_what_slurm_says_at_the_next() -> None:

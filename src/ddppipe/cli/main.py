@@ -108,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["agent"]:  # torchrun's own options follow; argparse would take them
         import signal
 
+        from ddppipe.parallel import node_check
         from ddppipe.runstate import preemption
 
         # First, before torch loads (seconds on a busy node): the time-limit warning may come
         # while the agent starts, and would kill it (launch.run_agent says why it is ignored).
-        signal.signal(preemption.stop_signal(), signal.SIG_IGN)
+        # (A node that cannot read the slot record says so in its checks, and ends there.)
+        if node_check.slot_problem() is None:
+            signal.signal(preemption.stop_signal(), signal.SIG_IGN)
         from ddppipe.launching import launch
 
         return launch.run_agent(argv[1:])

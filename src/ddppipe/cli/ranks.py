@@ -16,6 +16,7 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
 
     # First, before torch loads: a stop signal from now on is noted, never lost or fatal.
     guard = preemption.Guard()
+    from ddppipe.parallel import node_check
     from ddppipe.training.measuring import heartbeat
 
     heartbeat.start()  # from now on the launcher's hang watchdog sees this rank's progress
@@ -35,6 +36,9 @@ def train(config_path: Path, data: Path, state: Path, checkpoint: Path, metrics:
         failures.record(e)
         logging.getLogger("ddppipe").error("training stopped: %s", e)
         code = 1
+    except node_check.NodeUnfit as e:  # its node said why (the launcher reads it): no traceback
+        failures.record(e)
+        code = node_check.EXIT_CODE
     except BaseException as e:
         failures.record(e)  # for the launcher: this rank's exception and the user's frame
         raise

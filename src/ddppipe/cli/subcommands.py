@@ -183,7 +183,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     command(
         "preflight",
-        "check the SLURM job's nodes before training",
+        "check a SLURM job's nodes as a training slot does (before a long queue)",
         "ddppipe.cli.commands.launching:preflight",
         arg("--config", **RESOLVED),
     ),
@@ -223,8 +223,6 @@ COMMANDS: tuple[Command, ...] = (
         arg("--nproc", type=int, default=1, help="training processes on this node"),
         arg("--use", **DEVICE),
         arg("--precision", choices=PRECISIONS, default="fp32"),
-        arg("--state", type=Path, help="the run's state folder, which this node must see"),
-        arg("--token", help="what the state folder's preflight-token file holds"),
     ),
     command(
         "preflight-allreduce",

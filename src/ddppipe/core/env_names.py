@@ -1,8 +1,9 @@
 """Every ``DDPPIPE_*`` environment variable: the one place that names them.
 
 A slot's facts reach its processes through one file, the slot record
-(:mod:`ddppipe.core.slot`), that :data:`SLOT` points at. The others cross into a process
-that no record reaches first:
+(:mod:`ddppipe.core.slot`), that :data:`SLOT` points at (and :data:`SLOT_LAUNCHER` names whose
+it must be: a node that reads another, or none, does not see the run's state folder). The
+others cross into a process that no record reaches first:
 
 - :data:`WARM_SOCKET`, :data:`WARM_SERVER`: the warm server (ddppipe.launching.warm) of a
   Snakemake call or a packed allocation's node, for every command started there;
@@ -16,6 +17,7 @@ that no record reaches first:
 from __future__ import annotations
 
 SLOT = "DDPPIPE_SLOT"  # the slot record's file (set by the launcher for every process)
+SLOT_LAUNCHER = "DDPPIPE_SLOT_LAUNCHER"  # whose record it must be: a node's check that it sees it
 WARM_SOCKET = "DDPPIPE_WARM_SOCKET"  # the warm server's Unix socket
 WARM_SERVER = "DDPPIPE_WARM_SERVER"  # the server's pid: while it starts, launchers wait for it
 WARM_CHILD = "DDPPIPE_WARM_CHILD"  # a command the server forked: it runs, no delegating

@@ -36,12 +36,29 @@ class Slot:
     mlflow: str | None = None  # the MLflow tracking URI (None when off)
     user_file: str | None = None  # the task file or script whose frames name a failure
     nccl_trace: bool = False  # a GPU run: dump the NCCL flight recorder when asked
+    checks: bool = False  # a SLURM job of its own: its ranks check their nodes and world first
 
 
 def write(slot: Slot, path: Path) -> dict[str, str]:
-    """Write ``slot`` to ``path`` (atomically); the environment variable that points at it."""
+    """Write ``slot`` to ``path`` (atomically); the environment variables that point at it and
+    name its launcher (:func:`unseen`)."""
     atomic.write_json(path, asdict(slot))
-    return {env_names.SLOT: str(Path(path).resolve())}
+    return {env_names.SLOT: str(Path(path).resolve()), env_names.SLOT_LAUNCHER: slot.launcher}
+
+
+def unseen(env: Mapping[str, str] | None = None) -> str | None:
+    """None when this node reads the slot record ``env`` points at as its launcher wrote it;
+    else what it sees instead (a node without the run's shared state folder, or a stale view
+    of it, reads none or an earlier slot's). Read afresh, not from :func:`read`'s cache."""
+    env = os.environ if env is None else env
+    path, launcher = env.get(env_names.SLOT), env.get(env_names.SLOT_LAUNCHER)
+    if not path or launcher is None:
+        return None  # no slot (a command by hand): nothing to compare
+    try:
+        found = json.loads(Path(path).read_text()).get("launcher")
+    except (OSError, ValueError, AttributeError) as e:
+        return f"{path}: {getattr(e, 'strerror', None) or e}"
+    return None if found == launcher else f"{path} is another slot's ({found}, not {launcher})"
 
 
 def read(env: Mapping[str, str] | None = None) -> Slot | None:

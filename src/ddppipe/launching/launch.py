@@ -20,15 +20,17 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from ddppipe.apptainer import running
 from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import env_names, memory, process_times, slot, system
 from ddppipe.data import manifest, squashfs
 from ddppipe.launching import watchdog, workers
+from ddppipe.parallel import node_check
 from ddppipe.runstate import failures, finished_nodes, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
@@ -149,7 +151,8 @@ def _addresses(host: str) -> set[str]:
 def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
     """Raise SlurmRequestError when ``slurm.rendezvous_host`` is none of the job's nodes.
 
-    (Names that do not resolve here are left to the preflight, which names each node.)
+    (Names that do not resolve here are left to each node's agent, which names its node:
+    :mod:`ddppipe.parallel.node_check`.)
     """
     if not host or host in hosts:
         return
@@ -203,13 +206,23 @@ def _start_rank() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How a slot's processes ended (:func:`supervise`): their exit status, the stop note, and
+    the problems their nodes' checks named (``preflight: NODE: ...`` lines of an srun step)."""
+
+    code: int
+    note: dict | None
+    checks: list[str] = field(default_factory=list)
+
+
 def supervise(
     plan: Plan, env: dict[str, str], record: slot.Slot, warn_in: float | None = None,
     watch: watchdog.Watchdog | None = None,
-) -> tuple[int, dict | None]:  # fmt: skip
-    """Run ``plan`` (the local workers or the srun step), passing signals on; its exit status
-    and stop note. Every process of it reads ``record`` (the slot record, written first into
-    the state folder, its ``launcher`` this process).
+) -> Ended:  # fmt: skip
+    """Run ``plan`` (the local workers or the srun step), passing signals on; how it ended.
+    Every process of it reads ``record`` (the slot record, written first into the state
+    folder, its ``launcher`` this process).
 
     ``warn_in``: seconds after which the child gets the stop signal (SIGUSR1 unless
     ``slurm.stop_signal`` says otherwise), the time-limit warning (srun
@@ -223,7 +236,9 @@ def supervise(
     the ranks' progress; when it found a hang, the note has no checkpoint and says where the
     ranks hung (``hung``: :meth:`ddppipe.launching.watchdog.Hang.as_dict`). When srun exits 0
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
-    note has no checkpoint and lists those nodes (``unfinished``).
+    note has no checkpoint and lists those nodes (``unfinished``). An srun step's stderr passes
+    through this process (to its own), which keeps the lines of its nodes' failed checks
+    (:mod:`ddppipe.parallel.node_check`).
     """
     state = StateDir(Path(record.state))
     preemption.take(state)  # a note left by an earlier run is not this run's
@@ -237,19 +252,43 @@ def supervise(
     sys.stdout.flush()
     sys.stderr.flush()
     child = _start(plan, env)
+    checks: list[str] = []
+    reader = None
+    if isinstance(child, subprocess.Popen) and child.stderr is not None:
+        reader = threading.Thread(target=_pass_on, args=(child.stderr, checks), daemon=True)
+        reader.start()
     code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
-    return code, _stop_note(state, attempt, code, plan, watch)
+    if reader is not None:
+        reader.join(timeout=STDERR_DRAIN_S)
+    return Ended(code, _stop_note(state, attempt, code, plan, watch), checks)
+
+
+STDERR_DRAIN_S = 5  # after srun exits: the rest of its stderr (a task's child may keep it open)
+
+
+def _pass_on(stream: IO[bytes], checks: list[str]) -> None:
+    """Copy ``stream`` (srun's stderr) to this process's stderr line by line, keeping the
+    lines of failed node checks in ``checks``."""
+    prefix = node_check.PREFIX.encode()
+    for line in stream:
+        written = 0
+        while written < len(line):  # (a pipe takes a long line in parts)
+            written += os.write(2, line[written:])
+        if line.startswith(prefix):
+            checks.append(line.decode(errors="replace").rstrip("\n"))
 
 
 def _start(plan: Plan, env: dict[str, str]) -> workers.Group | subprocess.Popen:
-    """The local worker group, or the srun step in a session of its own."""
+    """The local worker group, or the srun step in a session of its own (its stderr through
+    this process: :func:`_pass_on`)."""
     if plan.job is None:
         return workers.Group(
             plan.command, env, plan.workers, plan.request.launch.max_restarts, _start_rank
         )
     return subprocess.Popen(
-        plan.command, env=env, start_new_session=True, preexec_fn=_die_with_parent
-    )
+        plan.command, env=env, start_new_session=True, preexec_fn=_die_with_parent,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
 
 
 def _wait(
@@ -343,18 +382,13 @@ def run_agent(torchrun_argv: list[str]) -> int:
     signal exit 0 under the agent, so ``--max-restarts`` never restarts them in place in an
     allocation that is about to end; the launcher turns their stop note into the slot's
     outcome. A worker killed by a signal (the OOM killer's SIGKILL) is recorded for its rank
-    (:func:`record_killed`).
+    (:func:`record_killed`). First, before it imports torch, its node's own checks
+    (:func:`ddppipe.parallel.node_check.agent_problems`): a failing one is said on stderr and
+    ends the agent (exit 3) before it joins the rendezvous.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
-
-    process_times.mark("imported")  # the workers' start-up counts from the agent's
-    os.environ[env_names.AGENT_MARKS] = json.dumps(process_times.own("agent_"))
-    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
     placement = Placement.from_env(os.environ)
     if placement is not None:  # a packed trial: this node's slot of the allocation
         placement.apply(os.environ)
-    os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
     if "--rdzv-backend=c10d" in torchrun_argv and not any(
         a.startswith("--rdzv-endpoint") for a in torchrun_argv
     ):  # the step's first node: a step may run on a subset of its job's nodes
@@ -362,6 +396,19 @@ def run_agent(torchrun_argv: list[str]) -> int:
             f"--rdzv-endpoint={slurm_request.step_rendezvous(os.environ)}",
             *torchrun_argv,
         ]
+    endpoint = next((a.split("=", 1)[1] for a in torchrun_argv
+                     if a.startswith("--rdzv-endpoint=")), "")  # fmt: skip
+    problems = node_check.agent_problems(endpoint.rpartition(":")[0] or None)
+    if problems:  # this node's own checks, before it joins the rendezvous
+        node_check.say(problems)
+        return node_check.EXIT_CODE
+    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
+    os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    process_times.mark("imported")  # the workers' start-up counts from the agent's
+    os.environ[env_names.AGENT_MARKS] = json.dumps(process_times.own("agent_"))
     oom_kills = memory.oom_kills()
     try:
         torchrun_main(torchrun_argv)

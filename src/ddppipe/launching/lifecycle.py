@@ -1,4 +1,9 @@
-"""One slot of a training run, start to end: preflight, attempt record, training, what next.
+"""One slot of a training run, start to end: attempt record, training, what next.
+
+The slot's processes check their nodes and their world before step 1 (the slot record's
+``checks`` in a SLURM job of its own: :mod:`ddppipe.parallel.node_check`,
+:mod:`ddppipe.training.measuring.world_checks`); a node whose own check failed is named on the
+srun step's stderr, and excluded from the next slot here (:func:`_failed_checks`).
 
 In a SLURM job the launcher times the warning itself: SIGUSR1 to the training
 ``slurm.signal_seconds`` before the job's end (SLURM's own ``--signal`` may come up to a
@@ -15,7 +20,6 @@ progress or reached ``slurm.max_continuations``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -25,10 +29,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ddppipe.core import atomic, env_names, process_times, slot
 from ddppipe.launching import launch, preflight, watchdog
+from ddppipe.parallel import node_check
 from ddppipe.runstate import attempts, failures, origin, preemption, state_lock
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
@@ -87,8 +92,10 @@ def run(
 
 
 def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
-                warn_in: float | None, end: float | None) -> slot.Slot:  # fmt: skip
-    """The record of this slot (``opened``: its attempt) for every process of it."""
+                warn_in: float | None, end: float | None,
+                checks: bool = False) -> slot.Slot:  # fmt: skip
+    """The record of this slot (``opened``: its attempt) for every process of it; ``checks``:
+    its ranks check their nodes and world before step 1."""
     tensorboard = state.tensorboard.resolve() if spec.tracking.tensorboard else None
     return slot.Slot(
         run=spec.run, state=str(state.root.resolve()), attempt=opened.number,
@@ -97,6 +104,7 @@ def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
         activation_checkpointing=spec.train.activation_checkpointing,
         tensorboard=str(tensorboard) if tensorboard else None, mlflow=spec.tracking.mlflow or None,
         user_file=(spec.task_source or {}).get("path") or None, nccl_trace=spec.gpus,
+        checks=checks,
     )  # fmt: skip
 
 
@@ -104,24 +112,13 @@ def _slot(
     spec: RunSpec, plan: launch.Plan, state: StateDir, record: Path | None,
     publish: Callable[[], None] | None, data: Path | None = None,
 ) -> int:  # fmt: skip
-    restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
+    restarts, warn_in, end, queue_s, submitted = 0, None, None, 0.0, None
     mem_mb, job_start = None, None  # what a node of the job asked for, its start (SLURM)
     marks = {"launcher_process": process_times.started() or time.time()}  # (runstate.startup)
     refused = failures.refusal(state, failures.identity(spec))
-    if refused:  # a retry of a run that failed for good: in seconds, before any preflight
+    if refused:  # a retry of a run that failed for good: in seconds, before it starts
         raise failures.RepeatedFailure(refused)
     if plan.own_job:
-        peak_file = state.peak
-        peak_file.unlink(missing_ok=True)
-        marks["launcher_preflight_start"] = time.time()
-        try:
-            checks = preflight.run(spec, plan, peak_file, state)
-        except preflight.PreflightError as e:
-            _exclude_bad_nodes(spec, plan, state, e)
-            raise
-        marks["launcher_preflight_end"] = time.time()
-        log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
-        peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
@@ -135,16 +132,19 @@ def _slot(
     packed = os.environ.get(env_names.PACKED_SLOT)  # a packed trial: its allocation's slot
     if packed and end is None:  # warned before its allocation's end, by its own timer
         warn_in, end = preemption.allocation_warning()
-    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, peak,
-                             packed, _lost_as(state, plan.job, restarts), mem_mb,
+    history = attempts.begin(state, plan.job, restarts, plan.hosts, queue_s, submitted, packed,
+                             _lost_as(state, plan.job, restarts), mem_mb,
                              origin.taken(data), marks, job_start)  # fmt: skip
     _check_origin(state, history)
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
-    opened = slot_record(spec, state, history[-1], warn_in, end)
+    opened = slot_record(spec, state, history[-1], warn_in, end, checks=plan.own_job)
     watch = watchdog.Watchdog(spec, state, len(history), plan.job)
     attempts.mark(state, "launcher_ranks_launched")
-    code, note = launch.supervise(plan, plan.env, opened, warn_in, watch)
+    ended = launch.supervise(plan, plan.env, opened, warn_in, watch)
+    code, note = ended.code, ended.note
+    if code != 0 and plan.own_job and ended.checks:
+        _failed_checks(spec, plan, state, ended.checks, code)
     unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
     if unwatched:
         log.warning("%s", unwatched)
@@ -213,19 +213,23 @@ def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
     return code
 
 
-def _exclude_bad_nodes(
-    spec: RunSpec, plan: launch.Plan, state: StateDir, error: preflight.PreflightError
-) -> None:
-    """A preflight failure of some nodes of the slot: record them in the run's bad-node record
-    for the next slot's submission (ddppipe.slurm.bad_nodes) and in the attempt history."""
-    decision = bad_nodes.of_run(state).add(error.nodes, plan.hosts, spec.slurm.max_excluded_nodes)
-    if not decision.excluded:
-        if error.nodes:
-            log.error("not excluding: %s", decision.reason)
-        return
-    attempts.begin(state, plan.job, 0, plan.hosts)
-    history = attempts.finish(state, f"bad node {', '.join(error.nodes)}", 1, decision.reason)
+def _failed_checks(
+    spec: RunSpec, plan: launch.Plan, state: StateDir, lines: list[str], code: int
+) -> NoReturn:
+    """Nodes of the slot failed their own checks (``lines``: what they said): record them in
+    the run's bad-node record for the next slot's submission (ddppipe.slurm.bad_nodes) where
+    they are some of the slot's nodes, close the attempt, and raise PreflightError."""
+    nodes = node_check.failing_nodes("\n".join(lines), plan.hosts)
+    decision = bad_nodes.of_run(state).add(nodes, plan.hosts, spec.slurm.max_excluded_nodes)
+    said = "\n  ".join(dict.fromkeys(line.removeprefix(node_check.PREFIX) for line in lines))
+    if decision.excluded:
+        outcome = f"bad node {', '.join(nodes)}"
+    else:
+        outcome = f"failed its checks ({', '.join(nodes) or 'no node named'})"
+        log.error("not excluding: %s", decision.reason)
+    history = attempts.finish(state, outcome, code, decision.reason)
     log.error("%s; attempts:\n%s", decision.reason, attempts.table(history))
+    raise preflight.PreflightError(f"the slot's checks failed:\n  {said}", nodes)
 
 
 def _ending(plan: launch.Plan) -> bool:

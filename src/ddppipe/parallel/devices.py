@@ -2,8 +2,8 @@
 
 Everything here answers from what the process itself sees (inside the image when there is
 one): ``CUDA_VISIBLE_DEVICES``, torch's device count and CUDA build, the node's driver. The
-same functions serve the trainer and the preflight, so the preflight checks what training
-will use.
+same functions serve the trainer and its node's checks (:mod:`ddppipe.parallel.node_check`,
+also ``ddppipe preflight``'s), so the checks are what training will use.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Utilisation: an attempt's achieved FLOP/s against its allocation's compute peak, in words.
 
-The peak is the preflight's GEMM on the attempt's nodes (SLURM runs), else the GPUs'
+The peak is the GEMM its ranks' checks measured on the attempt's nodes (SLURM runs), else the GPUs'
 datasheet (:mod:`ddppipe.training.measuring.peak`); a CPU without a measured peak gets no fraction.
 """
 

@@ -73,7 +73,7 @@ def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
     if wall > 0 and startup > STARTUP_SHARE_ABOVE * wall:
         found.append(
             f"start-up: {startup:.0f} s of the slot's {wall:.0f} s passed before the first step "
-            "(torchrun, rendezvous, preflight, data): the fewer and longer the slots, the less "
+            "(torchrun, rendezvous, checks, data): the fewer and longer the slots, the less "
             "of it (`slurm.runtime`, `train.epochs`)"
         )
         return found  # the CPUs idled while it started: that is the waste to fix first

@@ -43,9 +43,9 @@ class Attempt:
     # rank 0's figures (ddppipe.training.measuring.efficiency)
     efficiency: dict[str, Any] | None = None
     queue_s: float | None = None  # SLURM: waiting from (re)submission to start; 0 locally
-    peak: dict[str, Any] | None = (
-        None  # the preflight's GEMM peaks (ddppipe.training.measuring.peak), if it ran
-    )
+    # its nodes' GEMM peaks, measured by its ranks' checks (ddppipe.training.measuring.
+    # world_checks: a SLURM job of its own), if they ran
+    peak: dict[str, Any] | None = None
     submitted: float | None = None  # SLURM: Unix time of the job's submission (or requeue)
     detail: str = ""  # the cause in words: a failure's (ddppipe.runstate.failures), a reason
     failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
@@ -93,7 +93,6 @@ def save(state: StateDir, history: list[Attempt]) -> None:
 def begin(
     state: StateDir, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
     submitted: float | None = None,
-    peak: dict[str, Any] | None = None,
     packed: str | None = None,
     lost: str = LOST,
     mem_mb: int | None = None,
@@ -125,7 +124,7 @@ def begin(
     if job_start is None:  # the slot started with its launcher
         marks.pop(startup.LAUNCHER_PROCESS, None)
     history.append(Attempt(number, name, restarts, nodes, start, queue_s=queue_s,
-                           submitted=submitted, peak=peak, slot=slot or None, mem_mb=mem_mb,
+                           submitted=submitted, slot=slot or None, mem_mb=mem_mb,
                            origin=origin, marks=marks or None))  # fmt: skip
     save(state, history)
     return history
@@ -165,7 +164,8 @@ def finish(
     attempt.detail = "; ".join(filter(None, [attempt.detail, detail]))
     attempt.failure = failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency", "world_size", "strategy", "precision")  # fmt: skip
+            "stop_seconds", "efficiency", "world_size", "strategy", "precision",
+            "peak")  # fmt: skip
     for key in keys:
         if key in progress:
             setattr(attempt, key, progress[key])
@@ -181,7 +181,7 @@ def _start_up(attempt: Attempt) -> None:
     if not figures or not figures.get("startup_marks"):
         return
     attempt.marks = {**(attempt.marks or {}), **figures.pop("startup_marks")}
-    attempt.startup = startup.parts(attempt.start, attempt.marks, figures.get("checks_s"))
+    attempt.startup = startup.parts(attempt.start, attempt.marks)
     if startup.FIRST_STEP in attempt.startup:
         figures["startup_s"] = startup.before_first_step(attempt.startup)
 

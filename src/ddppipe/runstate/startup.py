@@ -10,7 +10,6 @@ all ranks: the slowest rank holds the others at the next collective). The parts,
 - ``job to launcher``: the job's start to the launcher's process (the job's script, its
   Snakemake, the rule's shell);
 - ``launcher``: the launcher's own work (its imports, the config, SLURM's records);
-- ``preflight``: the launcher's preflight world, where it runs one;
 - ``launch``: from the launcher starting the ranks (srun's step, a local fork) to the first
   process of a node;
 - ``container``: the container's start (Apptainer's starter to the Python it runs);
@@ -18,8 +17,8 @@ all ranks: the slowest rank holds the others at the next collective). The parts,
 - ``imports``: ddppipe's command to its modules imported (torch), the agent's and the rank's;
 - ``rendezvous``: the agents' rendezvous and their start of the ranks;
 - ``process group``: the ranks' ``init_process_group``;
-- ``checks``: the in-world checks, where the ranks run them (a mark ``rank_checks``, or only
-  their duration, ``checks_s`` in the ranks' figures: carved out of the part they ran in);
+- ``checks``: the checks of the nodes and the world, where the ranks run them (a SLURM job
+  of its own: :mod:`ddppipe.training.measuring.world_checks`);
 - ``data``: the data folder checked or staged, the datasets loaded, their workers started;
 - ``model``: the model built and wrapped, its optimizer, the trackers;
 - ``checkpoint load``: the resume from the newest checkpoint (or finding none);
@@ -44,8 +43,6 @@ CONTAINER_MARKS = ("agent_container", "rank_container")
 # (mark, the part that ends at it), in the order they happen
 MARKS: tuple[tuple[str, str], ...] = (
     (LAUNCHER_PROCESS, "job to launcher"),
-    ("launcher_preflight_start", "launcher"),
-    ("launcher_preflight_end", "preflight"),
     (RANKS_LAUNCHED, "launcher"),
     ("agent_container", LAUNCH),
     ("agent_process", CONTAINER),
@@ -67,7 +64,6 @@ MARKS: tuple[tuple[str, str], ...] = (
 PARTS = (
     "job to launcher",
     "launcher",
-    "preflight",
     LAUNCH,
     CONTAINER,
     "interpreter",
@@ -110,40 +106,21 @@ def _name(key: str, default: str, previous: str | None) -> str:
     return default
 
 
-def parts(
-    start: float, marks: Mapping[str, float], checks_s: float | None = None
-) -> dict[str, float]:
-    """The start-up's parts (name: seconds, in order) from the slot's ``start`` and ``marks``;
-    ``checks_s``: the in-world checks' duration where no mark ends them."""
+def parts(start: float, marks: Mapping[str, float]) -> dict[str, float]:
+    """The start-up's parts (name: seconds, in order) from the slot's ``start`` and ``marks``."""
     present = dict(marks)
     if any(key.startswith("agent_") for key in present):  # the ranks run in the agent's container
         present.pop("rank_container", None)
     found: dict[str, float] = {}
     cursor, previous = start, None
-    after_group: str | None = None  # the part that ends at the first mark after the group
     for key, default in MARKS:
         if key not in present:
             continue
         at = max(cursor, float(present[key]))
         name = _name(key, default, previous)
         found[name] = found.get(name, 0.0) + at - cursor
-        if previous == "rank_process_group" and after_group is None:
-            after_group = name
         cursor, previous = at, key
-    if checks_s and CHECKS not in found and after_group in found:
-        return _carved(found, after_group, min(float(checks_s), found[after_group]))
     return found
-
-
-def _carved(found: dict[str, float], part: str, seconds: float) -> dict[str, float]:
-    """``found`` with ``seconds`` of ``part`` as the checks, just before it."""
-    out: dict[str, float] = {}
-    for name, value in found.items():
-        if name == part:
-            out[CHECKS] = seconds
-            value -= seconds
-        out[name] = value
-    return out
 
 
 def before_first_step(found: Mapping[str, float]) -> float:

@@ -3,9 +3,8 @@
 
 The folder survives failed, preempted and requeued jobs (it is no Snakemake output), so it
 holds everything a later slot needs: checkpoints, the attempt history, rank 0's progress, the
-stop note, the nodes that finished the last step, the nodes excluded after a failed preflight,
-the preflight's token, the lock, the live log and metrics, the MLflow run id, and a script's
-outputs.
+stop note, the nodes that finished the last step, the nodes excluded after their own checks
+failed, the lock, the live log and metrics, the MLflow run id, and a script's outputs.
 
 The folder travels through ddppipe as a :class:`StateDir`; a path becomes one once, where it
 enters: the ``--state`` argument, the slot record, the workflow's rules, a run's
@@ -91,15 +90,9 @@ class StateDir:
 
     @property
     def excluded_nodes(self) -> Path:
-        """The run's bad-node record: the nodes that failed the preflight, excluded from the
+        """The run's bad-node record: the nodes that failed their own checks, excluded from the
         run's next slots, in order (ddppipe.slurm.bad_nodes)."""
         return self.root / "excluded-nodes.json"
-
-    @property
-    def preflight_token(self) -> Path:
-        """The launcher's token for this slot's preflight: a node that reads it sees the
-        same state folder (ddppipe.launching.preflight)."""
-        return self.root / "preflight-token"
 
     @property
     def lock(self) -> Path:
@@ -113,11 +106,6 @@ class StateDir:
     def metrics(self) -> Path:
         """Live metrics (JSON lines) of the training so far: per epoch, or per job.log call."""
         return self.root / "metrics.jsonl"
-
-    @property
-    def peak(self) -> Path:
-        """The current slot's nodes' GEMM peaks, measured by its preflight."""
-        return self.root / "peak.json"
 
     @property
     def mlflow_run_id(self) -> Path:

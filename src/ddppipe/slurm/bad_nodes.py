@@ -1,15 +1,16 @@
 """Nodes found bad, excluded from later SLURM submissions: the one record of them.
 
-A node whose own preflight check fails (it does not see the shared filesystem, its GPUs are
-unusable, ...) is a bad node. It is recorded in ``excluded-nodes.json`` of the folder whose
+A node whose own check fails as a slot's processes start (it does not see the shared
+filesystem, its GPUs are unusable, ...: :mod:`ddppipe.parallel.node_check`) is a bad node.
+It is recorded in ``excluded-nodes.json`` of the folder whose
 submissions exclude it, in one format (a JSON list of node names, in the order they were
 excluded), read by :meth:`BadNodes.load`, written by :meth:`BadNodes.save` (one atomic write),
 decided within one cap (:func:`decide`, ``slurm.max_excluded_nodes``) and passed to ``sbatch
 --exclude`` by :meth:`BadNodes.exclude`. Two folders keep one:
 
 - a run's state folder (``results/<run>/state``, :func:`of_run`): the launcher
-  (ddppipe.launching.lifecycle) records a node that failed the slot's preflight while the slot's
-  other nodes passed, and fails the slot; the retry of the training job, submitted by the
+  (ddppipe.launching.lifecycle) records a node that failed its check while the slot's other
+  nodes passed, and fails the slot; the retry of the training job, submitted by the
   SLURM plugin, excludes the nodes recorded (ddppipe.slurm.executor.exclusions adds them to
   the plugin's exclusions, which it passes to ``sbatch --exclude``). When every node of the slot
   fails the same check (a problem of the run or the image, not of a node), none is recorded.

@@ -108,19 +108,12 @@ def preflight(config_path: Path) -> int:
     return 0
 
 
-def preflight_node(
-    host: str | None, nproc: int, use: str, precision: str, state: Path | None = None,
-    token: str | None = None,
-) -> int:  # fmt: skip
-    """``ddppipe preflight-node``: resolve the host, see the state folder, check the devices;
-    exit 3 on a problem."""
-    from ddppipe.launching import preflight
-    from ddppipe.runstate.state import StateDir
+def preflight_node(host: str | None, nproc: int, use: str, precision: str) -> int:
+    """``ddppipe preflight-node``: resolve the host, check the devices; exit 3 on a problem."""
+    from ddppipe.parallel import node_check
 
-    folder = None if state is None else StateDir(state)
-    report, problems = preflight.check_node(host, nproc, use, precision, folder, token)
-    for problem in problems:
-        print(f"preflight: {problem}", file=sys.stderr)
+    report, problems = node_check.check_node(host, nproc, use, precision)
+    node_check.say(problems)
     if report:
-        print(f"preflight: {report}", flush=True)
-    return 3 if problems else 0
+        print(f"{node_check.PREFIX}{report}", flush=True)
+    return node_check.EXIT_CODE if problems else 0

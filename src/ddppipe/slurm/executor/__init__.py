@@ -6,7 +6,7 @@ executor class, each in its own module:
 - :mod:`~.failed_node_names`: submissions go on after a node failure (no ``--exclude`` of a
   placeholder);
 - :mod:`~.status_checks`: a job's end is noticed within seconds of its slot's end;
-- :mod:`~.exclusions`: a node that failed the run's preflight (its record:
+- :mod:`~.exclusions`: a node that failed its own checks as a slot started (its record:
   :mod:`ddppipe.slurm.bad_nodes`) is excluded from its next slot;
 - :mod:`~.attach`: a restarted snakemake waits for the run's live training job instead of
   submitting a second;

@@ -1,13 +1,12 @@
 """A training job's submission excludes the bad nodes its run recorded.
 
-The launcher records a node that failed the run's preflight in the run's bad-node record
-(:mod:`ddppipe.slurm.bad_nodes`) and fails the slot; the submitting Snakemake's retry of the
+The launcher records a node that failed its own checks as a slot started in the run's bad-node
+record (:mod:`ddppipe.slurm.bad_nodes`) and fails the slot; the submitting Snakemake's retry of the
 training job (the profile's ``retries``) is the next slot. :func:`install` wraps the plugin's
-submission: the nodes recorded join the plugin's own exclusions (``_failed_nodes``, the nodes
-of its failed jobs), which it passes to ``sbatch --exclude``, so the next slot runs on other
-nodes. A running job's ``ExcNodeList`` cannot be changed (SLURM accepts it for pending jobs
-only) and a job that requeues itself lands on the same nodes again, so the next slot is a new
-submission.
+submission: the nodes recorded join the plugin's own exclusions (``_failed_nodes``, the nodes of its
+failed jobs), which it passes to ``sbatch --exclude``, so the next slot runs on other nodes. A
+running job's ``ExcNodeList`` cannot be changed (SLURM accepts it for pending jobs only) and a job
+that requeues itself lands on the same nodes again, so the next slot is a new submission.
 """
 
 from __future__ import annotations

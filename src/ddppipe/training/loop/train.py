@@ -27,7 +27,7 @@ from tqdm import tqdm
 from ddppipe import tasks
 from ddppipe.core import heap, process_times, system
 from ddppipe.data import batches, sharding, staging
-from ddppipe.parallel import devices, distributed, precision
+from ddppipe.parallel import devices, distributed, node_check, precision
 from ddppipe.runstate import attempts, failures, origin, preemption
 from ddppipe.settings import run_spec
 from ddppipe.tasks import kept_datasets
@@ -44,7 +44,7 @@ from ddppipe.training.loop import (
     stepping,
     strategy,
 )
-from ddppipe.training.measuring import allowances, efficiency, heartbeat
+from ddppipe.training.measuring import allowances, efficiency, heartbeat, world_checks
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,15 @@ class Trainer:
         self.spec, self.paths, self.ctx = spec, paths, ctx
         self.recipe = spec.train
         self.meter = efficiency.SlotMeter()
+        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
+        self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         self.task = tasks.load(spec.task, step="train (ddppipe train)")
-        args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
         cuda = self._check_device()
+        args = self._stage_data(run_spec.plain(spec.task_args), held)  # a plain dict
         self._load_data(args)
         process_times.mark("data")
         heartbeat.beat("start-up")
         self._build_model(args, cuda)
-        self.progress: dict[str, Any] = {"checkpoint_seconds": 0.0}
         self.checkpoints = run_checkpoints.Checkpoints(
             self.spec, paths.state, ctx, self.strategy,
             checkpoint.Trainable(self.model, self.optimizer, self.scheduler),
@@ -81,7 +82,6 @@ class Trainer:
         self.epoch, self.step = 0, 0
         self._final_eval: evaluate.Counts | None = None
         self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
-        self.tracker: Any = None  # (rank 0's: TensorBoard, MLflow, W&B, continued across slots)
         if ctx.is_main:
             from ddppipe.training.tracking import run_tracking
 
@@ -117,6 +117,8 @@ class Trainer:
         if cuda := ctx.device.type == "cuda":
             devices.check_gpu(ctx.device.index, chosen)
             self.meter.watch_gpu(ctx.device)
+        if world_checks.wanted():  # the world's, before data and model: a bad one fails first
+            self._record_progress(peak=world_checks.in_slot(ctx, chosen, self.meter))
         return cuda
 
     def _load_data(self, args: dict[str, Any]) -> None:
@@ -241,10 +243,8 @@ class Trainer:
         show = self.ctx.is_main and sys.stderr.isatty()
         bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
                    disable=not show, leave=False)  # fmt: skip
-        batches = self.train_data.epoch(
-            self.recipe.seed, self.epoch, batch, self.ctx.rank, self.ctx.world_size,
-            self.step,
-        )  # fmt: skip
+        batches = self.train_data.epoch(self.recipe.seed, self.epoch, batch, self.ctx.rank,
+                                        self.ctx.world_size, self.step)  # fmt: skip
         clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
         start, first, aside_s = clock.mark(), self.step, 0.0  # (aside: not training)
         blocked = self.meter.saves.blocked_s  # (checkpoints' blocking: not training either)
@@ -280,8 +280,7 @@ class Trainer:
             self.meter.stepped()
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
-                # (its time counts as neither warm-up nor steady)
-                aside_s += self._probe_communication(share)
+                aside_s += self._probe_communication(share)  # (neither warm-up nor steady)
             loss_total += step_loss
             local_images += share.count
             bar.update()
@@ -434,9 +433,10 @@ def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -
     if spec.train.deterministic:  # before CUDA starts: cuBLAS reads its workspace setting
         determinism.enable()
     # (above every allowance of the hang watchdog: it names a hang before torch aborts it)
-    ctx = distributed.setup(
-        spec.device, allowances.collective_timeout_s(spec.launch.hang_timeout_s)
-    )
+    timeout_s = allowances.collective_timeout_s(spec.launch.hang_timeout_s)
+    if world_checks.wanted():  # its node's own checks first: a GPU it cannot use never joins
+        node_check.before_joining(spec.device, spec.train.precision, timeout_s)
+    ctx = distributed.setup(spec.device, timeout_s)
     try:
         with contextlib.ExitStack() as held:  # a packed data folder's mount, until the end
             Trainer(spec, paths, ctx, held).run(guard)

@@ -1,12 +1,12 @@
 """The compute peak a training is measured against: a GEMM benchmark, or a table for known GPUs.
 
-The preflight runs :func:`gemm_gflops` on every process of the training's shape at once (so a
-node's figure is what its processes reach together, in the training's dtype) and keeps the
-per-node sums in the state folder; each slot's attempt record carries them, and
-:func:`ddppipe.reports.utilisation.utilisation` divides the achieved FLOP/s by them. Where no
-preflight ran (a local run), GPUs fall back to their datasheet's dense peak
-(:data:`GPU_PEAK_TFLOPS`); a
-CPU then has no peak figure, and the summary says so instead of guessing.
+The world's checks (:mod:`ddppipe.training.measuring.world_checks`) run :func:`gemm_gflops` on
+every rank of a SLURM slot at once, before its first step (so a node's figure is what its
+processes reach together, in the training's dtype); each slot's attempt record carries the
+per-node sums, and :func:`ddppipe.reports.utilisation.utilisation` divides the achieved FLOP/s
+by them. Where they did not run (a local run), GPUs fall back to their datasheet's dense peak
+(:data:`GPU_PEAK_TFLOPS`); a CPU then has no peak figure, and the summary says so instead of
+guessing.
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""A node's own checks before its processes join the training's world (ddppipe.parallel.
+node_check), and the world's checks once joined (ddppipe.training.measuring.world_checks): in
+this process, a real TCPStore standing in for torchrun's agent's; the GPU count stubbed (there
+is no GPU here). The whole, on the two-node SLURM test cluster: tests/test_slurm.py and
+tests/test_faults_head_and_node.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddppipe.core import env_names, slot
+from ddppipe.parallel import distributed, node_check
+from ddppipe.training.measuring import efficiency, world_checks
+
+ME = socket.gethostname()
+
+
+def test_a_node_sees_the_state_folder_only_with_its_launchers_slot_record(
+    tmp_path: Path,
+) -> None:
+    """The slot record is the token: a node that reads none (a shared filesystem not mounted)
+    or an earlier slot's (a stale one) is named, with what it read."""
+    record = slot.Slot("run", str(tmp_path), launcher="41:gpu1:100")
+    env = slot.write(record, tmp_path / "slot.json")
+    assert env[env_names.SLOT_LAUNCHER] == "41:gpu1:100"
+    assert node_check.slot_problem(env) is None
+    earlier = {**env, env_names.SLOT_LAUNCHER: "42:gpu1:200"}
+    assert node_check.slot_problem(earlier) == (
+        f"{ME}: does not see the run's state folder as the job's first node does "
+        f"({tmp_path / 'slot.json'} is another slot's (41:gpu1:100, not 42:gpu1:200)): the "
+        "shared filesystem is not mounted here, or stale; checkpoints and logs live there"
+    )
+    missing = {**env, env_names.SLOT: str(tmp_path / "elsewhere/slot.json")}
+    problem = node_check.slot_problem(missing)
+    assert problem and f"({tmp_path / 'elsewhere/slot.json'}: No such file" in problem
+    assert node_check.slot_problem({}) is None  # no slot: a command by hand
+
+
+def test_an_agent_names_its_node_when_the_rendezvous_host_does_not_resolve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(env_names.SLOT, raising=False)
+    (problem,) = node_check.agent_problems("no-such-host.invalid")
+    assert problem.startswith(f"{ME}: cannot resolve the rendezvous host 'no-such-host.invalid'")
+    assert node_check.agent_problems(ME) == []
+
+
+def test_an_agent_that_cannot_read_its_slot_record_names_its_node_and_ends(
+    tmp_path: Path,
+) -> None:
+    """``ddppipe agent`` on a node without the run's state folder: its line and exit 3 in well
+    under a second, before torch loads or the rendezvous (no slot record to read its stop
+    signal from either)."""
+    env = {**os.environ, env_names.SLOT: str(tmp_path / "not-here/slot.json"),
+           env_names.SLOT_LAUNCHER: "41:gpu1:100"}  # fmt: skip
+    agent = [sys.executable, "-m", "ddppipe", "agent", "--nnodes=2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=no-such-host.invalid:29400",
+             "-m", "x"]  # fmt: skip
+    done = subprocess.run(agent, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == node_check.EXIT_CODE, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.split(": ")[2][:30] for line in lines] == [
+        "cannot resolve the rendezvous ",
+        "does not see the run's state f",
+    ], lines
+    assert node_check.failing_nodes(done.stderr, [ME]) == [ME]
+
+
+def test_ranks_exchange_their_nodes_problems_before_any_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two ranks (threads) through the store torchrun's agent serves: each learns the other
+    node's problem, so both refuse, and the node whose exit ends the step is not the only one
+    named."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    found: dict[int, list[str] | None] = {}
+    said = {0: [], 1: ["cn08: 2 process(es) need a GPU each and none is usable"]}
+
+    def rank(r: int) -> None:
+        found[r] = node_check._exchanged(said[r], r, 2, 30)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert found == {0: said[1], 1: said[1]}
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # another launcher: no store
+    assert node_check._exchanged(said[1], 1, 2, 30) is None
+
+
+def test_gpus_that_cannot_be_used_are_refused_before_joining(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU run's rank on a node whose CUDA build sees no device (the count stubbed): its
+    node's line on stderr, for the launcher, and NodeUnfit before any process group."""
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(name, "1" if "SIZE" in name else "0")
+    with pytest.raises(node_check.NodeUnfit, match="need a GPU each and none is usable"):
+        node_check.before_joining("gpu", "fp32", 30)
+    err = capfd.readouterr().err
+    assert err.startswith(f"preflight: {ME}: 1 process(es) need a GPU each and none is usable")
+    assert node_check.failing_nodes(err, ["cn07", ME]) == [ME]
+    assert not dist.is_initialized()
+    node_check.before_joining("cpu", "fp32", 30)  # a CPU run: nothing to refuse
+
+
+def test_the_worlds_checks_on_a_world_of_one() -> None:
+    """All-reduce checked, no peer to measure, this node's GEMM peak; rank 0's figures and the
+    time they took, as a checked slot records them."""
+    ctx = distributed.Context(0, 0, 1, torch.device("cpu"), "gloo", "single", 1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        meter = efficiency.SlotMeter()
+        peak = world_checks.in_slot(ctx, "fp32", meter)
+    finally:
+        dist.destroy_process_group()
+    assert peak is not None and peak["precision"] == "fp32" and list(peak["gflops"]) == [ME]
+    assert peak["gflops"][ME] > 0.1
+    assert 0.5 <= meter.seconds["checks"] < 30  # (the GEMM alone measures for 0.5 s)
+    assert world_checks.bus_bandwidth(16 * 2**20, 4, 0.01) == pytest.approx(2.52e9, rel=0.01)

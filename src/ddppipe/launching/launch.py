@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -27,8 +27,8 @@ from ddppipe.apptainer import running
 from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import env_names, memory, slot, system
 from ddppipe.data import manifest, squashfs
-from ddppipe.launching import watchdog, workers
-from ddppipe.runstate import failures, finished_nodes, preemption
+from ddppipe.launching import node_watch, watchdog, workers
+from ddppipe.runstate import failures, finished_nodes, node_beats, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
@@ -90,6 +90,7 @@ def plan(
     join_timeout_s: int = slurm_request.RDZV_JOIN_TIMEOUT_S,
     program: list[str] | None = None,
     data: Path | None = None,
+    exclude: Collection[str] = (),
 ) -> Plan:
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
@@ -98,7 +99,10 @@ def plan(
     the run's data folder, whose SquashFS image, if any, the image binds over the task's folder
     (:func:`data_binds`).
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
-    (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own.
+    (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
+    job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
+    runs on the first launch.nnodes of the job's nodes but those in ``exclude`` (bad, lost),
+    on fewer down to slurm.min_nodes (:meth:`~ddppipe.slurm.request.Request.step_hosts`).
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
@@ -117,6 +121,9 @@ def plan(
         return Plan(command, env, None, [socket.gethostname()], request)
     placement = Placement.from_env(env)
     hosts = hosts or (placement.nodes if placement else scontrol.job_nodes(job))
+    if placement is None and request.survives_node_failure:
+        hosts = request.step_hosts(hosts, exclude)
+        request = request.on_nodes(len(hosts))
     if len(hosts) < request.nodes:
         raise slurm_request.SlurmRequestError(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
@@ -124,7 +131,7 @@ def plan(
         )
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
-        *request.srun(job, placement=placement), *python, *agent,
+        *request.srun(job, placement=placement, nodelist=hosts), *python, *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
@@ -183,6 +190,7 @@ def train_args(
 # Signals the launcher passes on to the torchrun agent or srun it started.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+LOST_STEP_WAIT_S = 3.0  # srun waits for a lost node's tasks: killed after this
 
 
 def _die_with_parent() -> None:
@@ -222,7 +230,9 @@ def supervise(
     the ranks' progress; when it found a hang, the note has no checkpoint and says where the
     ranks hung (``hung``: :meth:`ddppipe.launching.watchdog.Hang.as_dict`). When srun exits 0
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
-    note has no checkpoint and lists those nodes (``unfinished``).
+    note has no checkpoint and lists those nodes (``unfinished``). In a job that survives a
+    node failure, a node lost mid-step (:mod:`ddppipe.launching.node_watch`) ends the step;
+    the note lists the nodes (``lost``) and says how they were found (``detail``).
     """
     state = StateDir(Path(record.state))
     preemption.take(state)  # a note left by an earlier run is not this run's
@@ -233,11 +243,20 @@ def supervise(
         finished_nodes.prepare(state)
     if watch is not None:
         env.update(watch.environment())
+    nodes = None
+    if plan.own_job and plan.request.survives_node_failure:
+        nodes = node_watch.NodeWatch(state, str(plan.job), plan.hosts)
     sys.stdout.flush()
     sys.stderr.flush()
     child = _start(plan, env)
-    code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
-    return code, _stop_note(state, attempt, code, plan, watch)
+    if nodes is not None:
+        nodes.start(attempt, lambda: _end_step(child, plan))
+    try:
+        code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
+    finally:
+        if nodes is not None:
+            nodes.stop()
+    return code, _stop_note(state, attempt, code, plan, watch, nodes)
 
 
 def _start(plan: Plan, env: dict[str, str]) -> workers.Group | subprocess.Popen:
@@ -286,10 +305,12 @@ def _wait(
 
 
 def _stop_note(
-    state: StateDir, attempt: str, code: int, plan: Plan, watch: watchdog.Watchdog | None
-) -> dict | None:
-    """The slot's stop note (:func:`supervise`): this launcher's, a hang's, or the nodes whose
-    finished mark is missing after srun exited 0; None when the training just ended."""
+    state: StateDir, attempt: str, code: int, plan: Plan, watch: watchdog.Watchdog | None,
+    nodes: node_watch.NodeWatch | None = None,
+) -> dict | None:  # fmt: skip
+    """The slot's stop note (:func:`supervise`): this launcher's, a hang's, the nodes lost,
+    or the nodes whose finished mark is missing after srun exited 0; None when the training
+    just ended."""
     note = preemption.take(state)
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
@@ -308,6 +329,10 @@ def _stop_note(
     if watch is not None and watch.hang is not None:
         note = {"signal": None, "checkpoint": None, "attempt": attempt,
                 "hung": watch.hang.as_dict()}  # fmt: skip
+    ended_badly = code != 0 or (note is not None and note.get("unfinished"))
+    if nodes is not None and (nodes.lost or ended_badly) and nodes.check(ask_slurm=True):
+        note = {"signal": None, "checkpoint": None, "attempt": attempt, "lost": nodes.lost,
+                "detail": nodes.why}  # fmt: skip
     return note
 
 
@@ -324,12 +349,24 @@ def _end_hung(child: workers.Group | subprocess.Popen, plan: Plan, beats: list) 
         return
     for step in watchdog.steps(plan.job, beats):
         watchdog.scancel(step, signal.SIGKILL)
-    deadline = time.monotonic() + watchdog.KILL_WAIT_S
+    _wait_or_kill(child, watchdog.KILL_WAIT_S)
+
+
+def _end_step(child: workers.Group | subprocess.Popen, plan: Plan) -> None:
+    """(The node watch, a node lost) End the step: its ranks killed on the nodes left, then
+    srun, which would wait for the lost node's tasks until SLURM declares the node down."""
+    for step in watchdog.steps(str(plan.job), []):
+        watchdog.scancel(step, signal.SIGKILL)
+    _wait_or_kill(child, LOST_STEP_WAIT_S)
+
+
+def _wait_or_kill(child: workers.Group | subprocess.Popen, seconds: float) -> None:
+    """Give srun ``seconds`` to exit after its step was killed, then kill it."""
+    deadline = time.monotonic() + seconds
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     if child.poll() is None:
-        log.warning("srun still runs %.0f s after its step was killed: killing srun",
-                    watchdog.KILL_WAIT_S)  # fmt: skip
+        log.warning("srun still runs %.0f s after its step was killed: killing srun", seconds)
         child.kill()
 
 
@@ -360,6 +397,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
             *torchrun_argv,
         ]
     oom_kills = memory.oom_kills()
+    end_beats = node_beats.start()  # the launcher's sign that this node lives
     try:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:
@@ -367,6 +405,8 @@ def run_agent(torchrun_argv: list[str]) -> int:
         codes = {f.exitcode for f in e.failures.values()}
         print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
         return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
+    finally:
+        end_beats()
     finished_nodes.mark()
     return 0
 

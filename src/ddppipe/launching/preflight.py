@@ -221,7 +221,7 @@ def run(
         atomic.write_text(state.preflight_token, token)
         node_args += [f"--state={state.root.resolve()}", f"--token={token}"]
     node_check = [
-        *request.srun(job, kill_on_bad_exit=False),
+        *request.srun(job, kill_on_bad_exit=False, nodelist=plan.hosts),
         *running.python_command(spec),
         "-m", "ddppipe", "preflight-node", *node_args, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",

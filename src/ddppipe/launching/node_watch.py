@@ -47,10 +47,14 @@ class NodeWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def begin(self, launcher: str, now: float | None = None) -> None:
+        """The step of slot ``launcher`` starts (``now``: its time, monotonic)."""
+        self._asked = time.monotonic() if now is None else now
+        self._silence = Silence(self.state, launcher, self.hosts, self._asked)
+
     def start(self, launcher: str, end_step: Callable[[], None]) -> None:
         """Watch the step of slot ``launcher`` in a thread; ``end_step`` when a node is lost."""
-        self._silence = Silence(self.state, launcher, self.hosts)
-        self._asked = time.monotonic()
+        self.begin(launcher)
 
         def loop() -> None:
             while not self._stop.wait(POLL_S):

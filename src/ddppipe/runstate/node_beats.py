@@ -37,12 +37,12 @@ def start() -> Callable[[], None]:
     stop = threading.Event()
 
     def beat() -> None:
-        count = 0
-        while True:
+        count = 1
+        while not stop.wait(BEAT_S):
             atomic.write_text(path, f"{found.launcher} {count}\n")
             count += 1
-            if stop.wait(BEAT_S):
-                return
+
+    atomic.write_text(path, f"{found.launcher} 0\n")  # the first at once
 
     thread = threading.Thread(target=beat, name="ddppipe-node-beat", daemon=True)
     thread.start()

@@ -80,4 +80,4 @@ def test_an_agent_beats_for_its_slot_and_says_when_it_ended(
     path = state.node_beats / "cn13"
     assert path.read_text().startswith("9:cn11:42 ")
     end()
-    assert path.read_text() == "9:cn11:42 ended\n"
+    assert path.read_text().strip() == "9:cn11:42 ended"

@@ -1,6 +1,6 @@
 """Each node's sign of life during a SLURM step, and the nodes that went silent.
 
-A node's ``ddppipe agent`` (torchrun) rewrites ``node-beats/<node>`` in the state folder
+A node's ``ddppipe agent`` (torchrun) writes ``node-beats/<node>`` in the state folder
 every :data:`BEAT_S` with its slot's launcher and a count, and once more with ``ended`` when
 it exits, whatever its exit. The launcher of a job that survives a node failure
 (``slurm.spare_nodes``, ``slurm.min_nodes``) reads them: a node whose count stopped changing,
@@ -11,6 +11,7 @@ it never invents one), without ``ended``, is silent: its agent is gone with its 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -18,11 +19,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddppipe.core import atomic, slot
+from ddppipe.core import slot
 from ddppipe.runstate.state import StateDir
 
 BEAT_S = 1.0  # an agent's beat
 ENDED = "ended"
+RECORD_BYTES = 128  # a beat's record, padded
 NODE_ENV = "SLURMD_NODENAME"  # set by slurmd in every task: the node's SLURM name
 
 
@@ -39,10 +41,11 @@ def start() -> Callable[[], None]:
     def beat() -> None:
         count = 1
         while not stop.wait(BEAT_S):
-            atomic.write_text(path, f"{found.launcher} {count}\n")
+            _write(path, f"{found.launcher} {count}")
             count += 1
 
-    atomic.write_text(path, f"{found.launcher} 0\n")  # the first at once
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, f"{found.launcher} 0")  # the first at once
 
     thread = threading.Thread(target=beat, name="ddppipe-node-beat", daemon=True)
     thread.start()
@@ -50,9 +53,21 @@ def start() -> Callable[[], None]:
     def end() -> None:
         stop.set()
         thread.join(timeout=5)
-        atomic.write_text(path, f"{found.launcher} {ENDED}\n")
+        _write(path, f"{found.launcher} {ENDED}")
 
     return end
+
+
+def _write(path: Path, text: str) -> None:
+    """One in-place write of ``text``, padded (a shorter one overwrites a longer), then close:
+    a shared filesystem shows it to the launcher's node (close-to-open), where a renamed file
+    could stay hidden behind its cached directory (as a rank's heartbeat)."""
+    with contextlib.suppress(OSError):  # a full disk must not stop the node's training
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, f"{text}\n".encode().ljust(RECORD_BYTES), 0)
+        finally:
+            os.close(fd)
 
 
 def _read(path: Path) -> str | None:

@@ -223,10 +223,10 @@ def _node_lost(spec: RunSpec, plan: launch.Plan, state: StateDir, note: dict[str
     """The slot's step lost ``note["lost"]``: the nodes recorded as bad (the run's later
     submissions exclude them), the slot closed as "node failure"."""
     lost = note["lost"]
-    decision = bad_nodes.of_run(state).add(lost, plan.hosts, spec.slurm.max_excluded_nodes)
-    reason = decision.reason.replace("failed the preflight", "lost mid-step")
+    decision = bad_nodes.of_run(state).add(lost, plan.hosts, spec.slurm.max_excluded_nodes,
+                                           bad_nodes.NEXT_STEPS, bad_nodes.LOST)  # fmt: skip
     history = attempts.finish(state, "node failure", preemption.EXIT_CODE,
-                              "; ".join(filter(None, [note.get("detail"), reason])))  # fmt: skip
+                              f"{note.get('detail')}; {decision.reason}")  # fmt: skip
     log.error("lost %s; attempts:\n%s", ", ".join(lost), attempts.table(history))
     return NodeLoss(lost)
 

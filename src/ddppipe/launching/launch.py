@@ -236,7 +236,9 @@ def supervise(
     """
     state = StateDir(Path(record.state))
     preemption.take(state)  # a note left by an earlier run is not this run's
+    # whose training a note or mark is; a slot of its own (a job goes on after a lost node)
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
+    attempt += f"/{record.attempt}"
     record = replace(record, launcher=attempt)
     env = {**env, **slot.write(record, state.slot)}
     if plan.job is not None:

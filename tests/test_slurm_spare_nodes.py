@@ -5,7 +5,8 @@ Two runs train side by side, one rank a node (each job takes one of a node's two
 2-node run with one spare node (a 3-node job) and a 2-node run with ``min_nodes: 1`` (a
 2-node job). Both are held mid-epoch 2 (their task waits while a file exists), then the node
 their steps share, neither's batch node, is killed as a node dies: its slurmd and every
-process on it. Each job goes on without a new submission: the spare run on its first node and
+process on it; they are released once SLURM has declared it down (a job submitted without
+``--no-kill`` ends then). Each job goes on without a new submission: the spare run on its first node and
 the spare, the other on its first node alone, both from the epoch-1 checkpoint. (A node lost
 without spare or min_nodes, its job requeued by SLURM: tests/test_slurm.py.)
 """
@@ -42,6 +43,9 @@ PARTITIONS = {
     TRAIN_PARTITION: "MaxTime=INFINITE State=UP",
 }
 STEPS_PER_EPOCH = 50  # 1,600 training samples, a global batch of 32
+# SLURM declares a silent node down after this (Slurm's default: 300 s). The runs are held
+# until it has: a job without --no-kill would end then.
+SLURMD_TIMEOUT_S = 20
 HOLD_AFTER = STEPS_PER_EPOCH + 10  # each rank waits at epoch 2's 11th step while `hold` exists
 
 # A user's task: 4 classes of noisy 16-dimensional points, an MLP that waits, once it has
@@ -110,6 +114,12 @@ def points_config(cluster: SlurmCluster, **slurm: Any) -> dict[str, Any]:
     return cfg
 
 
+def node_down(cluster: SlurmCluster, node: str) -> float | None:
+    """When SLURM has declared ``node`` down (None until then)."""
+    state = cluster.run(["sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout
+    return time.time() if "down" in state else None
+
+
 def attempts(wd: Path) -> list[dict[str, Any]]:
     path = wd / "results/points/state/attempts.json"
     return json.loads(path.read_text()) if path.exists() else []
@@ -120,7 +130,8 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """Both runs, held mid-epoch 2, then the node their steps share killed: each run's
     snakemake output, working directory, the node killed and when."""
     root = tmp_path_factory.mktemp("spare-nodes")
-    shape = {"nodes": NODES, "partitions": PARTITIONS, "gpus_per_node": 0}
+    shape = {"nodes": NODES, "partitions": PARTITIONS, "gpus_per_node": 0,
+             "settings": {"SlurmdTimeout": str(SLURMD_TIMEOUT_S)}}  # fmt: skip
     with slurm_slot.suspended(), slurm_slot.new_cluster("slurm-spare", **shape) as cluster:
         found: dict[str, Any] = {}
         procs = {}
@@ -143,12 +154,14 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
             assert victim in steps["shrink"][1:], f"no node to kill in both steps: {steps}"
             killed = time.time()
             kill_pids(netns_pids(victim), grace=0)  # the node dies: slurmd, steps, ranks
-            for name in procs:
+            down = _poll(lambda: node_down(cluster, victim), procs["spare"][0], 120,
+                         f"{victim} down in SLURM", procs["spare"][1])  # fmt: skip
+            for name in procs:  # the ranks left go on, and fail on their lost peer
                 (root / name / "hold").unlink()
             for name, (proc, out) in procs.items():
                 found[name] = {"result": _result(proc, _finish(proc, out, timeout=300)),
                                "wd": root / name, "steps": steps[name]}  # fmt: skip
-            found.update(victim=victim, killed=killed, cluster=cluster)
+            found.update(victim=victim, killed=killed, down=down - killed, cluster=cluster)
             found["jobs"] = cluster.run("squeue -h -t all -o '%i|%T|%N|%k'").stdout
             yield found
         finally:
@@ -169,7 +182,7 @@ def check_one_job(run: dict[str, Any], victim: str) -> list[dict[str, Any]]:
     assert {a["job"] for a in history} == {jobs[0]}, history
     assert [a["restarts"] for a in history] == [0, 0], history  # no requeue: the same slot
     lost, done = history
-    assert lost["detail"].startswith(f"{victim}: its agent silent "), lost
+    assert lost["detail"].startswith(f"{victim}: "), lost  # its agent silent, or SLURM's word
     assert done["resumed_from"].startswith("ckpt-e0001-") and done["start_step"] == 50, done
     assert json.loads((wd / "results/points/state/excluded-nodes.json").read_text()) == [victim]
     train_log = (wd / "logs/points/train.log").read_text()
@@ -189,7 +202,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(runs: dict) -> Non
     assert sorted(set(hosts)) == sorted([first, spare]), hosts
     kill_to_end = history[1]["end"] - runs["killed"]
     print(
-        f"(spare) {victim} killed; lost noted {history[0]['end'] - runs['killed']:.1f}s "
+        f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; lost noted {history[0]['end'] - runs['killed']:.1f}s "
         f"later, the next slot started {history[1]['start'] - runs['killed']:.1f}s later "
         f"and completed {kill_to_end:.1f}s after the kill; jobs:\n{runs['jobs']}"
     )

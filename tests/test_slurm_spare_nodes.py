@@ -6,9 +6,10 @@ Two runs train side by side, one rank a node (each job takes one of a node's two
 2-node job). Both are held mid-epoch 2 (their task waits while a file exists), then the node
 their steps share, neither's batch node, is killed as a node dies: its slurmd and every
 process on it; they are released once SLURM has declared it down (a job submitted without
-``--no-kill`` ends then). Each job goes on without a new submission: the spare run on its first node and
-the spare, the other on its first node alone, both from the epoch-1 checkpoint. (A node lost
-without spare or min_nodes, its job requeued by SLURM: tests/test_slurm.py.)
+``--no-kill`` ends then). Each job goes on without a new submission: the spare run on its
+first node and the spare, the other on its first node alone, both from the epoch-1
+checkpoint. (A node lost without spare or min_nodes, its job requeued by SLURM:
+tests/test_slurm.py.)
 """
 
 from __future__ import annotations
@@ -202,8 +203,8 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(runs: dict) -> Non
     assert sorted(set(hosts)) == sorted([first, spare]), hosts
     kill_to_end = history[1]["end"] - runs["killed"]
     print(
-        f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; lost noted {history[0]['end'] - runs['killed']:.1f}s "
-        f"later, the next slot started {history[1]['start'] - runs['killed']:.1f}s later "
+        f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; lost noted "
+        f"{history[0]['end'] - runs['killed']:.1f}s later, the next slot started {history[1]['start'] - runs['killed']:.1f}s later "
         f"and completed {kill_to_end:.1f}s after the kill; jobs:\n{runs['jobs']}"
     )
 

@@ -201,12 +201,11 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(runs: dict) -> Non
     assert history[1]["world_size"] == 2, history
     hosts = torch.load(run["wd"] / FINAL, weights_only=False)["meta"]["hosts"]
     assert sorted(set(hosts)) == sorted([first, spare]), hosts
-    kill_to_end = history[1]["end"] - runs["killed"]
-    print(
-        f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; lost noted "
-        f"{history[0]['end'] - runs['killed']:.1f}s later, the next slot started {history[1]['start'] - runs['killed']:.1f}s later "
-        f"and completed {kill_to_end:.1f}s after the kill; jobs:\n{runs['jobs']}"
-    )
+    lost_at, started, ended = (t - runs["killed"] for t in (
+        history[0]["end"], history[1]["start"], history[1]["end"]))  # fmt: skip
+    print(f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; the slot's end "
+          f"recorded {lost_at:.1f}s, the next slot started {started:.1f}s, completed "
+          f"{ended:.1f}s after the kill; jobs:\n{runs['jobs']}")  # fmt: skip
 
 
 def test_without_a_spare_min_nodes_goes_on_at_the_smaller_world(runs: dict) -> None:

@@ -1,15 +1,16 @@
 """A node lost mid-slot, recovered inside the job (``slurm.spare_nodes``, ``slurm.min_nodes``),
 on a SLURM cluster of its own: three nodes ``cn[11-13]``, the runs in partition ``train``.
 
-Two runs train side by side, one rank a node (each job takes one of a node's two CPUs): a
-2-node run with one spare node (a 3-node job) and a 2-node run with ``min_nodes: 1`` (a
-2-node job). Both are held mid-epoch 2 (their task waits while a file exists), then the node
-their steps share, neither's batch node, is killed as a node dies: its slurmd and every
-process on it; they are released once SLURM has declared it down (a job submitted without
-``--no-kill`` ends then). Each job goes on without a new submission: the spare run on its
-first node and the spare, the other on its first node alone, both from the epoch-1
-checkpoint. (A node lost without spare or min_nodes, its job requeued by SLURM:
-tests/test_slurm.py.)
+Three runs train side by side, one rank a node (each job takes one of a node's four CPUs): a
+2-node run with one spare node (a 3-node job), a 2-node run with ``min_nodes: 1`` (a 2-node
+job) and a 2-node run with neither. All are held mid-epoch 2 (their task waits while a file
+exists), then the node their steps share, no job's batch node, is killed as a node dies: its
+slurmd and every process on it; they are released once SLURM has declared it down (a job
+submitted without ``--no-kill`` ends then). The first two go on in their jobs, with no new
+submission: the spare run on its first node and the spare, the other on its first node
+alone, both from the epoch-1 checkpoint. The third, submitted without ``--no-kill``, is
+ended by SLURM and requeued (its profile's ``--requeue``): the same job resumes on cn11 and
+cn13.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ PARTITIONS = {
     "batch": "Default=YES MaxTime=INFINITE State=UP",
     TRAIN_PARTITION: "MaxTime=INFINITE State=UP",
 }
+SLURM = {"spare": {"spare_nodes": 1}, "shrink": {"min_nodes": 1}, "plain": {}}
 STEPS_PER_EPOCH = 50  # 1,600 training samples, a global batch of 32
 # SLURM declares a silent node down after this (Slurm's default: 300 s). The runs are held
 # until it has: a job without --no-kill would end then.
@@ -128,23 +130,20 @@ def attempts(wd: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """Both runs, held mid-epoch 2, then the node their steps share killed: each run's
+    """The three runs, held mid-epoch 2, then the node their steps share killed: each run's
     snakemake output, working directory, the node killed and when."""
     root = tmp_path_factory.mktemp("spare-nodes")
-    shape = {"nodes": NODES, "partitions": PARTITIONS, "gpus_per_node": 0,
+    shape = {"nodes": NODES, "partitions": PARTITIONS, "gpus_per_node": 0, "cpus_per_node": 4,
              "settings": {"SlurmdTimeout": str(SLURMD_TIMEOUT_S)}}  # fmt: skip
     with slurm_slot.suspended(), slurm_slot.new_cluster("slurm-spare", **shape) as cluster:
         found: dict[str, Any] = {}
         procs = {}
-        for name, slurm in (("spare", {"spare_nodes": 1}), ("shrink", {"min_nodes": 1})):
+        for name, slurm in SLURM.items():  # each job on the first nodes: 4 CPUs a node
             wd = root / name
             wd.mkdir()
             (wd / "points.py").write_text(TASK)
             (wd / "hold").touch()
             procs[name] = _start_snakemake(cluster, wd, points_config(cluster, **slurm), FINAL)
-            if name == "spare":  # its 3 nodes first, so the other lands on cn11, cn12
-                proc, out = procs[name]
-                _poll(lambda wd=wd: attempts(wd), proc, 240, "the spare run's slot", out)
         try:
             for name, (proc, out) in procs.items():
                 wd = root / name
@@ -152,7 +151,7 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
                       f"the {name} run held in epoch 2", out)  # fmt: skip
             steps = {name: attempts(root / name)[0]["nodes"] for name in procs}
             victim = steps["spare"][1]
-            assert victim in steps["shrink"][1:], f"no node to kill in both steps: {steps}"
+            assert all(victim in nodes[1:] for nodes in steps.values()), f"no node to kill: {steps}"
             killed = time.time()
             kill_pids(netns_pids(victim), grace=0)  # the node dies: slurmd, steps, ranks
             down = _poll(lambda: node_down(cluster, victim), procs["spare"][0], 120,
@@ -219,3 +218,24 @@ def test_without_a_spare_min_nodes_goes_on_at_the_smaller_world(runs: dict) -> N
         f"(shrink) the next slot started {history[1]['start'] - runs['killed']:.1f}s after "
         f"the kill, on {history[1]['nodes']}"
     )
+
+
+def test_a_lost_node_without_spare_requeues_the_job_and_resumes_on_other_nodes(runs: dict) -> None:
+    """The 2-node run with neither key: SLURM ends the job when it declares the node down and
+    requeues it (same job id); the plugin waits for it and submits no second job that would
+    train alongside; the requeued slot resumes from the epoch-1 checkpoint on other nodes."""
+    run, victim = runs["plain"], runs["victim"]
+    result, wd = run["result"], run["wd"]
+    assert result.returncode == 0, logs(wd, result)
+    jobs = train_job_ids(result)
+    assert len(jobs) == 1, f"more than one submission of train: {jobs}"
+    history = attempts(wd)
+    # srun may exit 0 on a node failure: the slot on the lost node never counts as complete
+    assert history[0]["outcome"] in ("node failure", "requeued by SLURM", "ended by SLURM")
+    assert history[-1]["outcome"] == "completed" and history[-1]["restarts"] >= 1, history
+    assert {a["job"] for a in history} == {jobs[0]}, history
+    assert victim not in history[-1]["nodes"], history
+    assert history[-1]["resumed_from"].startswith("ckpt-e0001-"), history
+    hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
+    assert victim not in hosts, hosts
+    print(f"(no spare) requeued: slots {[(a['nodes'], a['outcome']) for a in history]}")

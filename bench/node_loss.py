@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                                    partitions=PARTITIONS, gpus_per_node=0)  # fmt: skip
             with cluster:
                 cfg = config_for(args, SCENARIOS[name])
-                report(name, run_scenario(cluster, root / name, cfg))
+                try:
+                    report(name, run_scenario(cluster, root / name, cfg))
+                except (RuntimeError, subprocess.SubprocessError, OSError) as e:
+                    print(f"  {name}: failed: {e}")
     print(f"  load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

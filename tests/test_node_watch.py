@@ -40,6 +40,7 @@ def test_a_silent_node_is_lost_sooner_when_the_step_ends_anyway(
     beat(watch.state, "cn11", "ended")  # cn11's ranks failed (their peer gone): it exited
     assert watch.check(now=55.0) == ["cn12"]
     assert watch.why == "cn12: its agent silent 54 s after the step's other ranks failed or ended"
+    assert watch.others_ended()  # nothing left to kill on cn11: only srun waits on
 
 
 def test_a_crash_ends_every_agent_and_loses_no_node(watch: node_watch.NodeWatch) -> None:
@@ -59,6 +60,7 @@ def test_a_node_silent_alone_or_down_in_slurm_is_lost(
     watch.check(now=1.0)
     beat(watch.state, "cn11", "1")
     assert watch.check(now=node_watch.SILENT_ALONE_S + 2) == ["cn12"]
+    assert not watch.others_ended()  # cn11's ranks run on, blocked on their lost peer
     other = node_watch.NodeWatch(watch.state, "9", ["cn11", "cn12"])
     other.begin("M", now=0.0)  # a later step: the earlier step's beats are not its own
     assert other.check(now=100.0) == []  # no beat yet: the agents may still be starting

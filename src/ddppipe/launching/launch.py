@@ -252,7 +252,7 @@ def supervise(
     sys.stderr.flush()
     child = _start(plan, env)
     if nodes is not None:
-        nodes.start(attempt, lambda: _end_step(child, plan))
+        nodes.start(attempt, lambda: _end_step(child, plan, nodes))
     try:
         code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
     finally:
@@ -354,12 +354,18 @@ def _end_hung(child: workers.Group | subprocess.Popen, plan: Plan, beats: list) 
     _wait_or_kill(child, watchdog.KILL_WAIT_S)
 
 
-def _end_step(child: workers.Group | subprocess.Popen, plan: Plan) -> None:
-    """(The node watch, a node lost) End the step: its ranks killed on the nodes left, then
-    srun, which would wait for the lost node's tasks until SLURM declares the node down."""
-    for step in watchdog.steps(str(plan.job), []):
-        watchdog.scancel(step, signal.SIGKILL)
-    _wait_or_kill(child, LOST_STEP_WAIT_S)
+def _end_step(
+    child: workers.Group | subprocess.Popen, plan: Plan, nodes: node_watch.NodeWatch
+) -> None:
+    """(The node watch, a node lost) End the step: its ranks on the nodes left killed, unless
+    their agents all exited (their ranks failed on the lost peer), then srun, which would wait
+    for the lost node's tasks until SLURM declares the node down."""
+    if not nodes.others_ended():
+        for step in watchdog.steps(str(plan.job), []):
+            watchdog.scancel(step, signal.SIGKILL)
+        _wait_or_kill(child, LOST_STEP_WAIT_S)
+    elif child.poll() is None:
+        child.kill()
 
 
 def _wait_or_kill(child: workers.Group | subprocess.Popen, seconds: float) -> None:

@@ -90,7 +90,7 @@ def run(
     plan = launch.plan(spec, [], program=program, data=data, exclude=_bad(state))
     with state_lock.hold(state, plan.job):
         while True:
-            outcome = _slot(spec, plan, state, record, publish, data)
+            outcome = _slot(spec, plan, state, record, publish, data, continued=bool(lost))
             if not isinstance(outcome, NodeLoss):
                 return outcome
             lost += outcome.nodes
@@ -155,14 +155,16 @@ def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
 
 def _slot(
     spec: RunSpec, plan: launch.Plan, state: StateDir, record: Path | None,
-    publish: Callable[[], None] | None, data: Path | None = None,
+    publish: Callable[[], None] | None, data: Path | None = None, continued: bool = False,
 ) -> int | NodeLoss:  # fmt: skip
+    """One slot; ``continued``: in the job of a slot that lost a node (no preflight again: the
+    nodes left passed it, and a spare is a node of the same allocation)."""
     restarts, warn_in, end, queue_s, submitted, peak = 0, None, None, 0.0, None, None
     mem_mb = None  # what a node of the job asked for (SLURM)
     refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before any preflight
         raise failures.RepeatedFailure(refused)
-    if plan.own_job:
+    if plan.own_job and not continued:
         peak_file = state.peak
         peak_file.unlink(missing_ok=True)
         try:
@@ -172,6 +174,7 @@ def _slot(
             raise
         log.info("preflight on %s:\n%s", ",".join(plan.hosts), checks)
         peak = json.loads(peak_file.read_text()) if peak_file.exists() else None
+    if plan.own_job:
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)

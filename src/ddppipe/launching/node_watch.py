@@ -96,6 +96,11 @@ class NodeWatch:
             log.error("node lost in job %s: %s", self.job, self.why)
         return self.lost
 
+    def others_ended(self) -> bool:
+        """Have the agents of every node but the lost ones exited?"""
+        ended = self._silence.ended if self._silence is not None else set()
+        return set(self.hosts) - set(self.lost) <= ended
+
     def _slurm_failed(self) -> dict[str, str]:
         try:
             states = scontrol.node_states(self.hosts)

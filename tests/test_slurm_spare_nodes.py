@@ -147,7 +147,7 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
         try:
             for name, (proc, out) in procs.items():
                 wd = root / name
-                _poll(lambda wd=wd: all((wd / f"held-{r}").exists() for r in (0, 1)), proc, 300,
+                _poll(lambda wd=wd: all((wd / f"held-{r}").exists() for r in (0, 1)), proc, 600,
                       f"the {name} run held in epoch 2", out)  # fmt: skip
             steps = {name: attempts(root / name)[0]["nodes"] for name in procs}
             victim = steps["spare"][1]

@@ -142,7 +142,7 @@ def run_scenario(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"no checkpoint before the kill:\n{out.read_text()[-5000:]}")
             time.sleep(0.1)
-        saved = json.loads((state / "progress.json").read_text()).get("end_step") or 0
+        saved = beats.seen[-1][3] or 0  # the step rank 0 reached as the checkpoint committed
         while (beats.seen[-1][3] or 0) < saved + STEPS_PAST_CHECKPOINT:
             time.sleep(0.05)
         history = json.loads((state / "attempts.json").read_text())

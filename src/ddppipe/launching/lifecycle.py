@@ -219,7 +219,22 @@ def _slot(
         if record is not None:
             atomic.write_json(record, [asdict(a) for a in history])
         return 0
+    failed = _failed_nodes(plan)
+    if failed:  # SLURM ended the step for a node's failure: no crash of the user's code
+        return _stopped(plan, {"signal": None, "checkpoint": None, "unfinished": failed}, state)
     return _failed(spec, state, code)
+
+
+def _failed_nodes(plan: launch.Plan) -> list[str]:
+    """The nodes of a SLURM slot's step that SLURM sees failed (down, not responding) as the
+    step ends; none locally or when scontrol cannot say."""
+    if plan.job is None:
+        return []
+    try:
+        return continuation.failed_nodes(scontrol.node_states(plan.hosts))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("scontrol show node failed (%s)", e)
+        return []
 
 
 def _node_lost(spec: RunSpec, plan: launch.Plan, state: StateDir, note: dict[str, Any]) -> NodeLoss:

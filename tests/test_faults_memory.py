@@ -364,7 +364,7 @@ def test_the_torchrun_agent_records_its_killed_ranks(
 ) -> None:
     """Under SLURM the node's agent names a rank that torchrun saw die of a signal (exit -9),
     in the workers' last start (a survivor's record says which); not a rank that exited 1."""
-    from ddppipe.launching import launch as launching
+    from ddppipe.launching import agent as launching
 
     survivor = failures.Failure(
         rank=0, host="cn07", time=1.0, type="DistBackendError", message="Connection closed",

@@ -600,7 +600,8 @@ def test_script_continues_after_usr1_on_two_nodes(
 
 
 # -- on the accounting cluster: the session's clusters switch only when a test needs the
-# other one (tests/slurm_fixtures.py), so these run together, the node failure last.
+# other one (tests/slurm_fixtures.py), so these run together. (A node lost mid-run: tests/
+# test_slurm_spare_nodes.py, on a cluster of its own.)
 
 
 def test_sacct_status_mode_with_accounting(
@@ -638,57 +639,3 @@ def test_sacct_status_mode_with_accounting(
     assert max_rss > 100 and own_peak > 100
     assert re.search(r"wall +[\d.]+ \w+ from the first submission to the last slot's end",
                      result.stderr), result.stderr[-3000:]  # fmt: skip
-
-
-# 120 steps an epoch: the node goes down after the first, with 5 (4 to 14 s) still to train;
-# the resumed slot ends about 60 s after the submission, before the plugin's status check at
-# 68 s (the next one is at 110 s).
-NODE_DOWN_EPOCHS = 6
-
-
-def test_node_failure_requeues_and_resumes_on_the_other_node(
-    slurm_accounting_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    """(f) The training job's node goes DOWN mid-run: SLURM stops the job (the ranks
-    checkpoint on its SIGTERM) and requeues it (same job id) on the other node, where it
-    resumes; the plugin waits for it and submits no second job that would train alongside."""
-    cluster = slurm_accounting_cluster
-    tiny = make_tiny(tmp_path / "tiny", n_train=1920)
-    cfg = tiny_config(tiny, epochs=NODE_DOWN_EPOCHS, batch_size=16, checkpoint_every=1)
-    on_cluster(cfg, cluster, nodes=1)
-    started = time.monotonic()
-    wd = tmp_path / "node-down"
-    proc, out = _start_snakemake(cluster, wd, cfg, FINAL, "--slurm-status-command", "sacct")
-    checkpoints = wd / "results/tiny/state/checkpoints"
-    _poll(lambda: list(checkpoints.glob("ckpt-e0001-*/COMMITTED")), proc, 240,
-          "epoch 1 checkpoint", out)  # fmt: skip
-    job, node = _poll(lambda: _running_job(cluster, wd), proc, 30, "running job", out)
-    # Drained first: the test cluster returns DOWN nodes to service at once (ReturnToService=2),
-    # and a drained one stays out of scheduling, as a failed node would.
-    try:
-        for state in ("DRAIN", "DOWN"):
-            cluster.run(["scontrol", "update", f"NodeName={node}", f"State={state}",
-                         "Reason=test"])  # fmt: skip
-        text = _finish(proc, out, timeout=400)
-    finally:  # back in service for the next test on this cluster
-        cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
-    print(f"(f) wall time with {node} down: {time.monotonic() - started:.1f}s (job {job})")
-    assert proc.returncode == 0, text
-    assert re.findall(r"submitted with SLURM jobid (\d+)[^\n]*rule_train", text) == [job], text
-    train_log = (wd / "logs/tiny/train.log").read_text(errors="replace")
-    print("(f) resumed:", *re.findall(r"resum\w+ .*", train_log), sep="\n  ")
-    epochs = [int(e) for e in re.findall(r"resumed at epoch (\d+)", train_log)]
-    assert epochs and 1 <= min(epochs) < NODE_DOWN_EPOCHS, (
-        f"no resume mid-run:\n{train_log[-3000:]}"
-    )
-    other = (set(cluster.nodes) - {node}).pop()
-    hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
-    assert set(hosts) == {other}, f"the resumed training ran on {hosts}, not on {other}"
-    # srun may exit 0 on a node failure; the slot on the failed node never counts as complete.
-    # (Or "requeued by SLURM", "ended by SLURM" when SLURM's kill of the job reaches the
-    # scontrol asking for the node's state.)
-    record = json.loads((wd / "results/tiny/train/attempts.json").read_text())
-    assert [a["nodes"] for a in record] == [[node], [other]], record
-    outcomes = ("node failure", "requeued by SLURM", "ended by SLURM")
-    assert record[0]["outcome"] in outcomes, record
-    assert record[1]["outcome"] == "completed", record

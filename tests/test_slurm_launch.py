@@ -149,3 +149,57 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
         "/images/ddppipe.sif", "python", "-m", "ddppipe", "agent",
     ]  # fmt: skip
     assert step[:2] == ["srun", "--jobid=77"] and "--nodes=2" in step
+
+
+def _spare_plan(hosts: list[str], exclude: tuple[str, ...] = (), **slurm: object) -> launch.Plan:
+    cfg = default_config()
+    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    cfg["slurm"].update(slurm)
+    spec = run_spec.resolve(cfg, gpus=False)
+    return launch.plan(spec, ["train"], env={"SLURM_JOB_ID": "9"}, hosts=hosts, exclude=exclude)
+
+
+def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> None:
+    """slurm.spare_nodes: the job holds a node more, submitted with --no-kill; each step asks
+    for --no-kill itself (sbatch's does not reach it), on its nodes, sharing their CPUs with a
+    lost node's step that SLURM still counts; a lost node's place taken by the spare."""
+    cfg = default_config()
+    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    cfg["slurm"]["spare_nodes"] = 1
+    resources = slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False)).resources()
+    assert (resources["nodes"], resources["tasks"]) == (3, 3)
+    assert resources["slurm_extra"] == "--ntasks-per-node=1 --no-kill"
+    first = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1)
+    assert first.hosts == ["cn11", "cn12"]
+    assert first.command[:11] == [
+        "srun", "--jobid=9", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+        "--cpus-per-task=1", "--kill-on-bad-exit=1", "--export=ALL", "--no-kill",
+        "--nodelist=cn11,cn12", "--overlap",
+    ]  # fmt: skip
+    after = _spare_plan(["cn11", "cn12", "cn13"], ("cn12",), spare_nodes=1)
+    assert after.hosts == ["cn11", "cn13"] and "--nodelist=cn11,cn13" in after.command
+    assert "--nnodes=2" in after.command
+
+
+def test_min_nodes_goes_on_at_fewer_nodes_and_no_further() -> None:
+    """slurm.min_nodes without a spare: a step of the nodes left (torchrun's too), down to
+    min_nodes; fewer is an error naming the nodes; more than launch.nnodes is refused."""
+    shrunk = _spare_plan(["cn11", "cn12"], ("cn12",), min_nodes=1)
+    assert shrunk.hosts == ["cn11"] and shrunk.request.world_size == 1
+    assert {"--nodes=1", "--nodelist=cn11", "--no-kill", "--nnodes=1"} <= set(shrunk.command)
+    assert "--no-kill" in shrunk.request.resources()["slurm_extra"]
+    assert shrunk.request.resources()["nodes"] == 2  # the next slot asks for launch.nnodes
+    try:
+        _spare_plan(["cn11", "cn12"], ("cn11", "cn12"), min_nodes=1)
+    except slurm_request.SlurmRequestError as e:
+        assert "0 healthy node(s) left in the job (none; bad: cn11, cn12)" in str(e)
+    else:
+        raise AssertionError("a step on no node was planned")
+    try:
+        _spare_plan(["cn11", "cn12"], min_nodes=3)
+    except slurm_request.SlurmRequestError as e:
+        assert "slurm.min_nodes (3) is more than launch.nnodes (2)" in str(e)
+    else:
+        raise AssertionError("min_nodes above nnodes was accepted")
+    plain = _spare_plan(["cn11", "cn12", "cn13"])  # neither: the job's nodes, as before
+    assert "--no-kill" not in plain.command and plain.hosts == ["cn11", "cn12", "cn13"]

@@ -112,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         from ddppipe.runstate import preemption
 
         # First, before torch loads (seconds on a busy node): the time-limit warning may come
-        # while the agent starts, and would kill it (launch.run_agent says why it is ignored).
+        # while the agent starts, and would kill it (agent.run_agent says why it is ignored).
         # (A node that cannot read the slot record says so in its checks, and ends there.)
         if node_check.slot_problem() is None:
             signal.signal(preemption.stop_signal(), signal.SIG_IGN)
-        from ddppipe.launching import launch
+        from ddppipe.launching import agent
 
-        return launch.run_agent(argv[1:])
+        return agent.run_agent(argv[1:])
     args = parser().parse_args(argv)
     _one_thread_for_threads_0()
     _setup_logging()

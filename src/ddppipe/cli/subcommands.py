@@ -141,7 +141,7 @@ COMMANDS: tuple[Command, ...] = (
         # main() runs it before parsing (torchrun's options would be taken): here for --help
         "agent",
         "torchrun on this node, safe from SIGUSR1 (srun starts it)",
-        "ddppipe.launching.launch:run_agent",
+        "ddppipe.launching.agent:run_agent",
         arg(
             "torchrun_argv",
             metavar="torchrun_args",

@@ -24,7 +24,7 @@ class Slot:
     run: str  # the run's name
     state: str  # the run's state folder (results/<run>/state), absolute
     attempt: int = 1  # 1, 2, ...: this slot's number in the run's attempt history
-    launcher: str = ""  # "<job|local>:<host>:<pid>": whose training a stop note or mark is
+    launcher: str = ""  # "<job|local>:<host>:<pid>/<attempt>": whose a stop note or mark is
     start: float | None = None  # Unix time the launcher opened the slot
     end: float | None = None  # Unix time the job's time limit ends (None without one)
     stop_at: float | None = None  # Unix time a stop is due even without a signal

@@ -10,7 +10,6 @@ across nodes); outside one the launcher starts the processes itself
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -19,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -27,11 +26,11 @@ from typing import IO
 
 from ddppipe.apptainer import running
 from ddppipe.apptainer import tool as apptainer_tool
-from ddppipe.core import env_names, memory, process_times, slot, system
+from ddppipe.core import slot, system
 from ddppipe.data import manifest, squashfs
-from ddppipe.launching import watchdog, workers
+from ddppipe.launching import node_watch, watchdog, workers
 from ddppipe.parallel import node_check
-from ddppipe.runstate import failures, finished_nodes, preemption
+from ddppipe.runstate import finished_nodes, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
@@ -93,6 +92,7 @@ def plan(
     join_timeout_s: int = slurm_request.RDZV_JOIN_TIMEOUT_S,
     program: list[str] | None = None,
     data: Path | None = None,
+    exclude: Collection[str] = (),
 ) -> Plan:
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
@@ -101,7 +101,10 @@ def plan(
     the run's data folder, whose SquashFS image, if any, the image binds over the task's folder
     (:func:`data_binds`).
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
-    (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own.
+    (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
+    job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
+    runs on the first launch.nnodes of the job's nodes but those in ``exclude`` (bad, lost),
+    on fewer down to slurm.min_nodes (:meth:`~ddppipe.slurm.request.Request.step_hosts`).
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
@@ -120,6 +123,9 @@ def plan(
         return Plan(command, env, None, [socket.gethostname()], request)
     placement = Placement.from_env(env)
     hosts = hosts or (placement.nodes if placement else scontrol.job_nodes(job))
+    if placement is None and request.survives_node_failure:
+        hosts = request.step_hosts(hosts, exclude)
+        request = request.on_nodes(len(hosts))
     if len(hosts) < request.nodes:
         raise slurm_request.SlurmRequestError(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
@@ -127,7 +133,7 @@ def plan(
         )
     check_rendezvous_host(request.rendezvous_host, hosts)
     command = [
-        *request.srun(job, placement=placement), *python, *agent,
+        *request.srun(job, placement=placement, nodelist=hosts), *python, *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
@@ -187,6 +193,7 @@ def train_args(
 # Signals the launcher passes on to the torchrun agent or srun it started.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+LOST_STEP_WAIT_S = 3.0  # srun waits for a lost node's tasks: killed after this
 
 
 def _die_with_parent() -> None:
@@ -238,17 +245,24 @@ def supervise(
     though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
     note has no checkpoint and lists those nodes (``unfinished``). An srun step's stderr passes
     through this process (to its own), which keeps the lines of its nodes' failed checks
-    (:mod:`ddppipe.parallel.node_check`).
+    (:mod:`ddppipe.parallel.node_check`). In a job that survives a node failure, a node lost
+    mid-step (:mod:`ddppipe.launching.node_watch`) ends the step; the note lists the nodes
+    (``lost``) and says how they were found (``detail``).
     """
     state = StateDir(Path(record.state))
     preemption.take(state)  # a note left by an earlier run is not this run's
+    # whose training a note or mark is; a slot of its own (a job goes on after a lost node)
     attempt = f"{env.get('SLURM_JOB_ID') or 'local'}:{socket.gethostname()}:{os.getpid()}"
+    attempt += f"/{record.attempt}"
     record = replace(record, launcher=attempt)
     env = {**env, **slot.write(record, state.slot)}
     if plan.job is not None:
         finished_nodes.prepare(state)
     if watch is not None:
         env.update(watch.environment())
+    nodes = None
+    if plan.own_job and plan.request.survives_node_failure:
+        nodes = node_watch.NodeWatch(state, str(plan.job), plan.hosts)
     sys.stdout.flush()
     sys.stderr.flush()
     child = _start(plan, env)
@@ -257,10 +271,16 @@ def supervise(
     if isinstance(child, subprocess.Popen) and child.stderr is not None:
         reader = threading.Thread(target=_pass_on, args=(child.stderr, checks), daemon=True)
         reader.start()
-    code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
+    if nodes is not None:
+        nodes.start(attempt, lambda: _end_step(child, plan, nodes))
+    try:
+        code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
+    finally:
+        if nodes is not None:
+            nodes.stop()
     if reader is not None:
         reader.join(timeout=STDERR_DRAIN_S)
-    return Ended(code, _stop_note(state, attempt, code, plan, watch), checks)
+    return Ended(code, _stop_note(state, attempt, code, plan, watch, nodes), checks)
 
 
 STDERR_DRAIN_S = 5  # after srun exits: the rest of its stderr (a task's child may keep it open)
@@ -326,10 +346,12 @@ def _wait(
 
 
 def _stop_note(
-    state: StateDir, attempt: str, code: int, plan: Plan, watch: watchdog.Watchdog | None
-) -> dict | None:
-    """The slot's stop note (:func:`supervise`): this launcher's, a hang's, or the nodes whose
-    finished mark is missing after srun exited 0; None when the training just ended."""
+    state: StateDir, attempt: str, code: int, plan: Plan, watch: watchdog.Watchdog | None,
+    nodes: node_watch.NodeWatch | None = None,
+) -> dict | None:  # fmt: skip
+    """The slot's stop note (:func:`supervise`): this launcher's, a hang's, the nodes lost,
+    or the nodes whose finished mark is missing after srun exited 0; None when the training
+    just ended."""
     note = preemption.take(state)
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
@@ -348,6 +370,10 @@ def _stop_note(
     if watch is not None and watch.hang is not None:
         note = {"signal": None, "checkpoint": None, "attempt": attempt,
                 "hung": watch.hang.as_dict()}  # fmt: skip
+    ended_badly = code != 0 or (note is not None and note.get("unfinished"))
+    if nodes is not None and (nodes.lost or ended_badly) and nodes.check(ask_slurm=True):
+        note = {"signal": None, "checkpoint": None, "attempt": attempt, "lost": nodes.lost,
+                "detail": nodes.why}  # fmt: skip
     return note
 
 
@@ -364,75 +390,28 @@ def _end_hung(child: workers.Group | subprocess.Popen, plan: Plan, beats: list) 
         return
     for step in watchdog.steps(plan.job, beats):
         watchdog.scancel(step, signal.SIGKILL)
-    deadline = time.monotonic() + watchdog.KILL_WAIT_S
-    while child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if child.poll() is None:
-        log.warning("srun still runs %.0f s after its step was killed: killing srun",
-                    watchdog.KILL_WAIT_S)  # fmt: skip
+    _wait_or_kill(child, watchdog.KILL_WAIT_S)
+
+
+def _end_step(
+    child: workers.Group | subprocess.Popen, plan: Plan, nodes: node_watch.NodeWatch
+) -> None:
+    """(The node watch, a node lost) End the step: its ranks on the nodes left killed, unless
+    their agents all exited (their ranks failed on the lost peer), then srun, which would wait
+    for the lost node's tasks until SLURM declares the node down."""
+    if not nodes.others_ended():
+        for step in watchdog.steps(str(plan.job), []):
+            watchdog.scancel(step, signal.SIGKILL)
+        _wait_or_kill(child, LOST_STEP_WAIT_S)
+    elif child.poll() is None:
         child.kill()
 
 
-def run_agent(torchrun_argv: list[str]) -> int:
-    """torchrun in this process, surviving SIGUSR1, passing a worker's exit 75 on.
-
-    SLURM signals every process of the step; torchrun's agent would die of SIGUSR1 (its
-    default action). Ignoring it here is inherited by the workers until they install their
-    own handler (ddppipe.runstate.preemption), so no process dies of it. Workers that stopped on a
-    signal exit 0 under the agent, so ``--max-restarts`` never restarts them in place in an
-    allocation that is about to end; the launcher turns their stop note into the slot's
-    outcome. A worker killed by a signal (the OOM killer's SIGKILL) is recorded for its rank
-    (:func:`record_killed`). First, before it imports torch, its node's own checks
-    (:func:`ddppipe.parallel.node_check.agent_problems`): a failing one is said on stderr and
-    ends the agent (exit 3) before it joins the rendezvous.
-    """
-    placement = Placement.from_env(os.environ)
-    if placement is not None:  # a packed trial: this node's slot of the allocation
-        placement.apply(os.environ)
-    if "--rdzv-backend=c10d" in torchrun_argv and not any(
-        a.startswith("--rdzv-endpoint") for a in torchrun_argv
-    ):  # the step's first node: a step may run on a subset of its job's nodes
-        torchrun_argv = [
-            f"--rdzv-endpoint={slurm_request.step_rendezvous(os.environ)}",
-            *torchrun_argv,
-        ]
-    endpoint = next((a.split("=", 1)[1] for a in torchrun_argv
-                     if a.startswith("--rdzv-endpoint=")), "")  # fmt: skip
-    problems = node_check.agent_problems(endpoint.rpartition(":")[0] or None)
-    if problems:  # this node's own checks, before it joins the rendezvous
-        node_check.say(problems)
-        return node_check.EXIT_CODE
-    signal.signal(preemption.stop_signal(), signal.SIG_IGN)
-    os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
-
-    process_times.mark("imported")  # the workers' start-up counts from the agent's
-    os.environ[env_names.AGENT_MARKS] = json.dumps(process_times.own("agent_"))
-    oom_kills = memory.oom_kills()
-    try:
-        torchrun_main(torchrun_argv)
-    except ChildFailedError as e:
-        record_killed({rank: f.exitcode for rank, f in e.failures.items()}, oom_kills)
-        codes = {f.exitcode for f in e.failures.values()}
-        print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
-        return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
-    finished_nodes.mark()
-    return 0
-
-
-def record_killed(exit_codes: dict[int, int], oom_kills_before: int | None) -> None:
-    """(The node's agent) Record each rank of ``exit_codes`` (global rank: its exit code as
-    torchrun reports it, -N for signal N) that a signal killed, in the slot's failures folder
-    as the workers' last start; the OOM killer named when the cgroup's count of its kills
-    rose from ``oom_kills_before``."""
-    found = slot.read()
-    if found is None:
-        return
-    folder = StateDir(Path(found.state)).failures
-    now = memory.oom_kills()
-    oom = now is not None and oom_kills_before is not None and now > oom_kills_before
-    restart = max((f.restart for f in failures.read_all(folder)), default=0)
-    for rank, code in sorted(exit_codes.items()):
-        if code < 0:
-            failures.killed(folder, rank, -code, restart, oom_killer=oom)
+def _wait_or_kill(child: workers.Group | subprocess.Popen, seconds: float) -> None:
+    """Give srun ``seconds`` to exit after its step was killed, then kill it."""
+    deadline = time.monotonic() + seconds
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if child.poll() is None:
+        log.warning("srun still runs %.0f s after its step was killed: killing srun", seconds)
+        child.kill()

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,6 +38,7 @@ from ddppipe.runstate import attempts, failures, origin, preemption, state_lock
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import bad_nodes, continuation, memory_request, scontrol
+from ddppipe.slurm import request as slurm_request
 
 log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT = 1
@@ -85,10 +86,62 @@ def run(
 
     ``record`` receives the attempt history and ``publish`` runs when training is complete;
     ``data``: the task's data folder (a packed one's image bound into the container).
+
+    In a job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) a
+    node lost mid-step ends the slot as "node failure" and the next slot starts at once in
+    the same job, on the nodes left (:func:`_continue_after_loss`).
     """
-    plan = launch.plan(spec, [], program=program, data=data)
+    lost: list[str] = []
+    plan = launch.plan(spec, [], program=program, data=data, exclude=_bad(state))
     with state_lock.hold(state, plan.job):
-        return _slot(spec, plan, state, record, publish, data)
+        while True:
+            outcome = _slot(spec, plan, state, record, publish, data, continued=bool(lost))
+            if not isinstance(outcome, NodeLoss):
+                return outcome
+            lost += outcome.nodes
+            next_plan = _continue_after_loss(spec, plan, state, program, data, lost)
+            if next_plan is None:
+                return preemption.EXIT_CODE
+            plan = next_plan
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    """A slot ended by the loss of ``nodes`` (its job goes on without them)."""
+
+    nodes: list[str]
+
+
+def _bad(state: StateDir, lost: list[str] | None = None) -> list[str]:
+    """The nodes no step of the run may use: its bad-node record's and those ``lost``."""
+    return [*bad_nodes.of_run(state).load(), *(lost or [])]
+
+
+def _continue_after_loss(
+    spec: RunSpec, plan: launch.Plan, state: StateDir, program: list[str], data: Path | None,
+    lost: list[str],
+) -> launch.Plan | None:  # fmt: skip
+    """The plan of the next step in the same job without the ``lost`` nodes: a spare in their
+    place, else the nodes left down to slurm.min_nodes. None when too few are left: the job
+    requeues itself (its next slot gets healthy nodes)."""
+    try:
+        nodes = scontrol.job_nodes(str(plan.job))
+        after = launch.plan(spec, [], program=program, data=data, hosts=nodes,
+                            exclude=_bad(state, lost))  # fmt: skip
+    except (slurm_request.SlurmRequestError, OSError, subprocess.SubprocessError) as e:
+        log.error("cannot go on in job %s without %s (%s): requeueing it", plan.job,
+                  ", ".join(lost), e)  # fmt: skip
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            scontrol.requeue(str(plan.job))
+        return None
+    spares = [h for h in after.hosts if h not in plan.hosts]
+    log.warning(
+        "going on in job %s on %s (%s), from the newest checkpoint", plan.job,
+        ",".join(after.hosts),
+        f"spare {', '.join(spares)} in place of {', '.join(lost)}" if spares else
+        f"{len(after.hosts)} of {spec.launch.nnodes} nodes, world size {after.request.world_size}",
+    )  # fmt: skip
+    return after
 
 
 def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
@@ -110,11 +163,14 @@ def slot_record(spec: RunSpec, state: StateDir, opened: attempts.Attempt,
 
 def _slot(
     spec: RunSpec, plan: launch.Plan, state: StateDir, record: Path | None,
-    publish: Callable[[], None] | None, data: Path | None = None,
-) -> int:  # fmt: skip
+    publish: Callable[[], None] | None, data: Path | None = None, continued: bool = False,
+) -> int | NodeLoss:  # fmt: skip
+    """One slot; ``continued``: in the job of a slot that lost a node (its start: now, not
+    the launcher's or the job's; its ranks check their nodes again, a spare's too)."""
     restarts, warn_in, end, queue_s, submitted = 0, None, None, 0.0, None
     mem_mb, job_start = None, None  # what a node of the job asked for, its start (SLURM)
-    marks = {"launcher_process": process_times.started() or time.time()}  # (runstate.startup)
+    launcher_start = time.time() if continued else process_times.started() or time.time()
+    marks = {"launcher_process": launcher_start}  # (ddppipe.runstate.startup)
     refused = failures.refusal(state, failures.identity(spec))
     if refused:  # a retry of a run that failed for good: in seconds, before it starts
         raise failures.RepeatedFailure(refused)
@@ -148,6 +204,8 @@ def _slot(
     unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
     if unwatched:
         log.warning("%s", unwatched)
+    if note is not None and note.get("lost"):
+        return _node_lost(spec, plan, state, note)
     if note is not None and note.get("unfinished") and not _ending(plan):
         log.warning(
             "no finished mark from %s, but SLURM runs the job on working nodes: srun's exit 0 "
@@ -165,7 +223,34 @@ def _slot(
         if record is not None:
             atomic.write_json(record, [asdict(a) for a in history])
         return 0
+    failed = _failed_nodes(plan)
+    if failed:  # SLURM ended the step for a node's failure: no crash of the user's code
+        return _stopped(plan, {"signal": None, "checkpoint": None, "unfinished": failed}, state)
     return _failed(spec, state, code)
+
+
+def _failed_nodes(plan: launch.Plan) -> list[str]:
+    """The nodes of a SLURM slot's step that SLURM sees failed (down, not responding) as the
+    step ends; none locally or when scontrol cannot say."""
+    if plan.job is None:
+        return []
+    try:
+        return continuation.failed_nodes(scontrol.node_states(plan.hosts))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("scontrol show node failed (%s)", e)
+        return []
+
+
+def _node_lost(spec: RunSpec, plan: launch.Plan, state: StateDir, note: dict[str, Any]) -> NodeLoss:
+    """The slot's step lost ``note["lost"]``: the nodes recorded as bad (the run's later
+    submissions exclude them), the slot closed as "node failure"."""
+    lost = note["lost"]
+    decision = bad_nodes.of_run(state).add(lost, plan.hosts, spec.slurm.max_excluded_nodes,
+                                           bad_nodes.NEXT_STEPS, bad_nodes.LOST)  # fmt: skip
+    history = attempts.finish(state, "node failure", preemption.EXIT_CODE,
+                              f"{note.get('detail')}; {decision.reason}")  # fmt: skip
+    log.error("lost %s; attempts:\n%s", ", ".join(lost), attempts.table(history))
+    return NodeLoss(lost)
 
 
 def _check_origin(state: StateDir, history: list[attempts.Attempt]) -> None:

@@ -84,7 +84,7 @@ def run(spec: RunSpec, plan: launch.Plan) -> str:
     precision = spec.train.precision
     node_args = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
     node_step = [
-        *request.srun(job, kill_on_bad_exit=False),
+        *request.srun(job, kill_on_bad_exit=False, nodelist=plan.hosts),
         *running.python_command(spec),
         "-m", "ddppipe", "preflight-node", *node_args, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",

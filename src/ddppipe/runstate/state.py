@@ -60,6 +60,12 @@ class StateDir:
         return self.root / "finished-nodes"
 
     @property
+    def node_beats(self) -> Path:
+        """One file a node whose agent beats while its step runs (ddppipe.runstate.node_beats):
+        a node gone silent is a lost node."""
+        return self.root / "node-beats"
+
+    @property
     def watchdog(self) -> Path:
         """The current slot's heartbeats and stack dumps, one of each a rank
         (ddppipe.training.measuring.heartbeat, ddppipe.launching.watchdog)."""

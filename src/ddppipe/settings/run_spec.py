@@ -84,6 +84,8 @@ class Slurm:
     max_continuations: int
     max_excluded_nodes: int
     cluster_check: str
+    spare_nodes: int = 0  # nodes held beyond launch.nnodes for a node failure (--no-kill)
+    min_nodes: int | None = None  # fewest nodes to go on with in the job; None: launch.nnodes
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """Nodes found bad, excluded from later SLURM submissions: the one record of them.
 
 A node whose own check fails as a slot's processes start (it does not see the shared
-filesystem, its GPUs are unusable, ...: :mod:`ddppipe.parallel.node_check`) is a bad node.
-It is recorded in ``excluded-nodes.json`` of the folder whose
-submissions exclude it, in one format (a JSON list of node names, in the order they were
-excluded), read by :meth:`BadNodes.load`, written by :meth:`BadNodes.save` (one atomic write),
-decided within one cap (:func:`decide`, ``slurm.max_excluded_nodes``) and passed to ``sbatch
---exclude`` by :meth:`BadNodes.exclude`. Two folders keep one:
+filesystem, its GPUs are unusable, ...: :mod:`ddppipe.parallel.node_check`) is a bad node,
+and so is a node lost mid-step in a job that survives it (``slurm.spare_nodes``,
+``slurm.min_nodes``: ddppipe.launching.lifecycle). It is recorded in ``excluded-nodes.json``
+of the folder whose submissions exclude it, in one format (a JSON list of node names, in the
+order they were excluded), read by :meth:`BadNodes.load`, written by :meth:`BadNodes.save`
+(one atomic write), decided within one cap (:func:`decide`, ``slurm.max_excluded_nodes``) and
+passed to ``sbatch --exclude`` by :meth:`BadNodes.exclude`. Two folders keep one:
 
 - a run's state folder (``results/<run>/state``, :func:`of_run`): the launcher
   (ddppipe.launching.lifecycle) records a node that failed its check while the slot's other
@@ -39,6 +40,9 @@ FILE = "excluded-nodes.json"  # in a run's state folder and in a packed sweep's 
 PLACEHOLDERS = ("None", "(null)", "Unknown")  # what sacct and scontrol say for no node
 NEXT_SLOT = "the next slot"  # what a run's exclusion keeps a node from
 NEXT_ALLOCATIONS = "the pool's next allocations"  # a packed sweep's
+NEXT_STEPS = "the job's next steps and the run's next slots"  # a node lost mid-step
+PREFLIGHT = "failed the preflight"
+LOST = "lost mid-step"
 
 
 def is_node_name(value: str) -> bool:
@@ -57,11 +61,12 @@ class Decision:
 
 def decide(
     failing: list[str], hosts: list[str] | None, excluded: list[str], cap: int,
-    keeps_from: str = NEXT_SLOT,
+    keeps_from: str = NEXT_SLOT, failed: str = PREFLIGHT,
 ) -> Decision:  # fmt: skip
     """Exclude ``failing`` (the nodes whose own check failed among the slot's ``hosts``; None:
     a pool's nodes, each checked alone), given the ``excluded`` so far and the cap
-    ``slurm.max_excluded_nodes``? ``keeps_from``: what the exclusion keeps them from."""
+    ``slurm.max_excluded_nodes``? ``keeps_from``: what the exclusion keeps them from;
+    ``failed``: what they did (failed the preflight, were lost mid-step)."""
     named = ", ".join(failing)
     if not failing:
         return Decision([], "the preflight failure names no node of its own")
@@ -73,13 +78,13 @@ def decide(
     if len(excluded) + len(new) > cap:
         return Decision(
             [],
-            f"{named} failed the preflight and slurm.max_excluded_nodes ({cap}) is reached "
+            f"{named} {failed} and slurm.max_excluded_nodes ({cap}) is reached "
             f"(excluded so far: {', '.join(excluded) or 'none'}): repair the nodes or raise it",
         )
     total = [*excluded, *new]
     return Decision(
         total,
-        f"{named} failed the preflight: excluded from {keeps_from} ({len(total)} of "
+        f"{named} {failed}: excluded from {keeps_from} ({len(total)} of "
         f"slurm.max_excluded_nodes {cap} excluded: {', '.join(total)})",
     )
 
@@ -108,11 +113,11 @@ class BadNodes:
 
     def add(
         self, failing: list[str], hosts: list[str] | None, cap: int,
-        keeps_from: str = NEXT_SLOT,
+        keeps_from: str = NEXT_SLOT, failed: str = PREFLIGHT,
     ) -> Decision:  # fmt: skip
         """:func:`decide` on ``failing`` given the nodes recorded, and record them when they
         are excluded."""
-        decision = decide(failing, hosts, self.load(), cap, keeps_from)
+        decision = decide(failing, hosts, self.load(), cap, keeps_from, failed)
         if decision.excluded:
             self.save(decision.excluded)
         return decision

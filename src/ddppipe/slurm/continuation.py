@@ -40,6 +40,11 @@ def ending(job: dict[str, str], nodes: dict[str, str]) -> bool:
     return bool(_nodes_in(nodes, FAILED_NODE_STATES)) or job.get("JobState") != "RUNNING"
 
 
+def failed_nodes(nodes: dict[str, str]) -> list[str]:
+    """The nodes of ``nodes`` (scontrol states) that SLURM sees failed: down, not responding."""
+    return _nodes_in(nodes, FAILED_NODE_STATES)
+
+
 def _nodes_in(nodes: dict[str, str], states: tuple[str, ...]) -> list[str]:
     """The nodes whose scontrol ``State`` (e.g. ``DOWN+DRAIN``) has one of ``states``."""
     return [n for n, state in nodes.items() if any(s in state for s in states)]

@@ -10,8 +10,8 @@ so a task holds the CPUs (and GPUs) of all of them.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ddppipe.core.errors import UserError
@@ -46,6 +46,7 @@ class Request:
     launch: run_spec.Launch
     slurm: run_spec.Slurm
     gpus_per_node: int  # the run trains on GPUs: one per process; 0 otherwise
+    step_nodes: int | None = None  # a smaller world after a node failure (:meth:`on_nodes`)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Request:
@@ -60,6 +61,12 @@ class Request:
                 f"{memory_request.MIN_GPU_PROCESS_MB} MB of host memory; set slurm.mem_mb to "
                 f"{least} or more (or null: {memory_request.GPU_PROCESS_MB} per GPU)"
             )
+        if request.min_nodes > spec.launch.nnodes:
+            raise SlurmRequestError(
+                f"slurm.min_nodes ({request.min_nodes}) is more than launch.nnodes "
+                f"({spec.launch.nnodes}): the fewest nodes to go on with cannot exceed the "
+                "nodes trained on; lower it, or set it to null"
+            )
         if request.signal_seconds >= request.runtime * 60:
             raise SlurmRequestError(
                 f"slurm.signal_seconds ({request.signal_seconds}) must be shorter than "
@@ -70,7 +77,43 @@ class Request:
 
     @property
     def nodes(self) -> int:
-        return self.launch.nnodes
+        """The nodes a training step runs on: launch.nnodes, fewer after a node failure."""
+        return self.step_nodes or self.launch.nnodes
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes the job asks for: launch.nnodes and slurm.spare_nodes."""
+        return self.launch.nnodes + self.slurm.spare_nodes
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes a step may go on with in the job (``slurm.min_nodes``)."""
+        return self.slurm.min_nodes or self.launch.nnodes
+
+    @property
+    def survives_node_failure(self) -> bool:
+        """Does a node failure leave the job running (``--no-kill``), its next step on the
+        nodes left: spare nodes held, or a smaller world allowed?"""
+        return self.slurm.spare_nodes > 0 or self.min_nodes < self.launch.nnodes
+
+    def step_hosts(self, hosts: list[str], exclude: Collection[str] = ()) -> list[str]:
+        """The nodes of a step among the job's ``hosts`` (bad or lost ones in ``exclude``):
+        the first launch.nnodes healthy ones, else all of them if at least slurm.min_nodes;
+        raise SlurmRequestError when fewer are left."""
+        healthy = [h for h in hosts if h not in exclude]
+        if len(healthy) >= self.launch.nnodes:
+            return healthy[: self.launch.nnodes]
+        if len(healthy) >= self.min_nodes:
+            return healthy
+        raise SlurmRequestError(
+            f"{len(healthy)} healthy node(s) left in the job ({', '.join(healthy) or 'none'}; "
+            f"bad: {', '.join(sorted(set(exclude) & set(hosts))) or 'none'}), fewer than "
+            f"slurm.min_nodes ({self.min_nodes}) and launch.nnodes ({self.launch.nnodes})"
+        )
+
+    def on_nodes(self, count: int) -> Request:
+        """This request for a step of ``count`` nodes (a smaller world, ``slurm.min_nodes``)."""
+        return replace(self, step_nodes=None if count == self.launch.nnodes else count)
 
     @property
     def procs_per_node(self) -> int:
@@ -151,9 +194,10 @@ class Request:
         is the launcher's own (:mod:`ddppipe.launching.lifecycle`), not ``--signal``.
         ``--requeue`` comes from the profile (``slurm-requeue``), so the plugin knows.
         """
+        extra = "--ntasks-per-node=1" + (" --no-kill" if self.survives_node_failure else "")
         res: dict[str, Any] = {
-            "nodes": self.nodes,
-            "tasks": self.nodes,
+            "nodes": self.allocated_nodes,
+            "tasks": self.allocated_nodes,
             "mpi": 0,
             "cpus_per_task": self.cpus_per_node,
             "mem_mb": self.mem_mb,
@@ -162,17 +206,23 @@ class Request:
             "slurm_account": self.slurm.account,
             "constraint": self.slurm.constraint,
             "qos": self.slurm.qos,
-            "slurm_extra": "--ntasks-per-node=1",
+            "slurm_extra": extra,
         }
         if self.gpus_per_node:
             res.update(gres=f"gpu:{self.gpus_per_node}", tasks_per_gpu=0)
         return {k: v for k, v in res.items() if v is not None}
 
     def srun(
-        self, job_id: str, kill_on_bad_exit: bool = True, placement: Placement | None = None
-    ) -> list[str]:
+        self, job_id: str, kill_on_bad_exit: bool = True, placement: Placement | None = None,
+        nodelist: list[str] | None = None,
+    ) -> list[str]:  # fmt: skip
         """``srun`` of one task per node of the job, each with its node's CPUs (and GPUs);
-        with ``placement``, on its nodes of the allocation, beside the steps there."""
+        with ``placement``, on its nodes of the allocation, beside the steps there.
+
+        A job that survives a node failure (:attr:`survives_node_failure`) runs each step on
+        ``nodelist`` (its chosen nodes of the job), asks SLURM not to end it for a node's
+        failure (``--no-kill``: sbatch's does not reach a step) and shares the nodes' CPUs
+        with a step of a failed node that SLURM still counts (``--overlap``)."""
         command = [
             "srun",
             f"--jobid={job_id}",
@@ -185,6 +235,8 @@ class Request:
         ]
         if placement is not None:
             return [*command, *placement.srun_options()]  # its GPUs: the agents narrow them
+        if self.survives_node_failure and nodelist:
+            command += ["--no-kill", f"--nodelist={','.join(nodelist)}", "--overlap"]
         if self.gpus_per_node:
             command.append(f"--gres=gpu:{self.gpus_per_node}")
         return command

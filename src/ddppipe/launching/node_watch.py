@@ -1,0 +1,110 @@
+"""A node lost while its step runs, found by the launcher of a job that survives it
+(``slurm.spare_nodes``, ``slurm.min_nodes``: submitted with ``--no-kill``).
+
+srun waits for the tasks of a failed node until SLURM declares the node down
+(``SlurmdTimeout``, minutes at most sites), and a step with ``--no-kill`` is not ended by it.
+So the launcher watches the step's nodes itself, once a second: a node is lost when its agent
+has gone silent (:mod:`ddppipe.runstate.node_beats`) for :data:`SILENT_S` while the step is
+ending anyway (a rank recorded a failure, another node's agent exited: the survivors of a lost
+peer fail at once), for :data:`SILENT_ALONE_S` without such a sign (ranks blocked on a peer
+whose packets no longer come), or when SLURM says it is down or not responding (asked every
+:data:`SCONTROL_EVERY_S`). The launcher then ends the step (:func:`ddppipe.launching.launch`)
+and starts the next one on the nodes left. A crash of the user's code is no lost node: every
+agent exits and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from ddppipe.runstate import failures
+from ddppipe.runstate.node_beats import Silence
+from ddppipe.runstate.state import StateDir
+from ddppipe.slurm import continuation, scontrol
+
+log = logging.getLogger(__name__)
+SILENT_S = 10.0  # silent this long while a rank failed or an agent exited: lost
+SILENT_ALONE_S = 60.0  # silent this long with no other sign
+FIRST_BEAT_S = 300.0  # a node yet to beat (its agent starting: an image, staged data)
+POLL_S = 1.0
+SCONTROL_EVERY_S = 15.0
+
+
+class NodeWatch:
+    """The watch of one step's ``hosts`` in ``job``; :attr:`lost` names the nodes it found
+    lost, :attr:`why` says how."""
+
+    def __init__(self, state: StateDir, job: str, hosts: list[str]) -> None:
+        self.state, self.job, self.hosts = state, job, list(hosts)
+        self.lost: list[str] = []
+        self.why = ""
+        self._silence: Silence | None = None
+        self._asked = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, launcher: str, now: float | None = None) -> None:
+        """The step of slot ``launcher`` starts (``now``: its time, monotonic)."""
+        self._asked = time.monotonic() if now is None else now
+        self._silence = Silence(self.state, launcher, self.hosts, self._asked)
+
+    def start(self, launcher: str, end_step: Callable[[], None]) -> None:
+        """Watch the step of slot ``launcher`` in a thread; ``end_step`` when a node is lost."""
+        self.begin(launcher)
+
+        def loop() -> None:
+            while not self._stop.wait(POLL_S):
+                if self.check():
+                    end_step()
+                    return
+
+        self._thread = threading.Thread(target=loop, name="ddppipe-node-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def check(self, now: float | None = None, ask_slurm: bool = False) -> list[str]:
+        """The nodes lost so far (also kept in :attr:`lost`); SLURM asked when it is time or
+        ``ask_slurm`` (the step ended)."""
+        if self.lost or self._silence is None:
+            return self.lost
+        now = time.monotonic() if now is None else now
+        silence = self._silence
+        silence.update(now)
+        ending = bool(silence.ended) or bool(failures.read_all(self.state.failures))
+        after = " after the step's other ranks failed or ended" if ending else ""
+        why = {}
+        for node in self.hosts:
+            quiet = silence.silent_for(node, now)
+            bound = SILENT_S if ending else SILENT_ALONE_S
+            if quiet >= (bound if node in silence.beaten else FIRST_BEAT_S):
+                why[node] = f"its agent silent {quiet:.0f} s{after}"
+        if ask_slurm or now - self._asked >= SCONTROL_EVERY_S:
+            self._asked = now
+            for node, state in self._slurm_failed().items():
+                why.setdefault(node, f"SLURM says {state}")
+        if why:
+            self.lost = sorted(why)
+            self.why = "; ".join(f"{node}: {text}" for node, text in sorted(why.items()))
+            log.error("node lost in job %s: %s", self.job, self.why)
+        return self.lost
+
+    def others_ended(self) -> bool:
+        """Have the agents of every node but the lost ones exited?"""
+        ended = self._silence.ended if self._silence is not None else set()
+        return set(self.hosts) - set(self.lost) <= ended
+
+    def _slurm_failed(self) -> dict[str, str]:
+        try:
+            states = scontrol.node_states(self.hosts)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("scontrol show node failed (%s)", e)
+            return {}
+        return {n: states[n] for n in continuation.failed_nodes(states)}

@@ -1,0 +1,85 @@
+"""The launcher's watch of a step's nodes (ddppipe.launching.node_watch): a node whose agent
+went silent is lost, sooner when the step is ending anyway; a crash (every agent ended) is no
+lost node; SLURM's word counts too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddppipe.core import atomic, slot
+from ddppipe.launching import node_watch
+from ddppipe.runstate import node_beats
+from ddppipe.runstate.state import StateDir
+
+
+def beat(state: StateDir, node: str, text: str) -> None:
+    atomic.write_text(state.node_beats / node, f"L {text}\n")
+
+
+@pytest.fixture
+def watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> node_watch.NodeWatch:
+    monkeypatch.setattr(
+        node_watch.scontrol, "node_states", lambda nodes: dict.fromkeys(nodes, "MIXED")
+    )
+    found = node_watch.NodeWatch(StateDir(tmp_path), "9", ["cn11", "cn12"])
+    found.begin("L", now=0.0)
+    return found
+
+
+def test_a_silent_node_is_lost_sooner_when_the_step_ends_anyway(
+    watch: node_watch.NodeWatch,
+) -> None:
+    for node in watch.hosts:
+        beat(watch.state, node, "0")
+    assert watch.check(now=0.5) == []
+    beat(watch.state, "cn11", "1")
+    assert watch.check(now=9.0) == []  # cn12 quiet 8.5 s, nothing else wrong
+    assert watch.check(now=50.0) == []  # 49.5 s: under SILENT_ALONE_S
+    beat(watch.state, "cn11", "ended")  # cn11's ranks failed (their peer gone): it exited
+    assert watch.check(now=55.0) == ["cn12"]
+    assert watch.why == "cn12: its agent silent 54 s after the step's other ranks failed or ended"
+    assert watch.others_ended()  # nothing left to kill on cn11: only srun waits on
+
+
+def test_a_crash_ends_every_agent_and_loses_no_node(watch: node_watch.NodeWatch) -> None:
+    for node in watch.hosts:
+        beat(watch.state, node, "0")
+    watch.check(now=0.5)
+    for node in watch.hosts:
+        beat(watch.state, node, "ended")
+    assert watch.check(now=500.0) == []
+
+
+def test_a_node_silent_alone_or_down_in_slurm_is_lost(
+    watch: node_watch.NodeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beat(watch.state, "cn11", "0")
+    beat(watch.state, "cn12", "0")
+    watch.check(now=1.0)
+    beat(watch.state, "cn11", "1")
+    assert watch.check(now=node_watch.SILENT_ALONE_S + 2) == ["cn12"]
+    assert not watch.others_ended()  # cn11's ranks run on, blocked on their lost peer
+    other = node_watch.NodeWatch(watch.state, "9", ["cn11", "cn12"])
+    other.begin("M", now=0.0)  # a later step: the earlier step's beats are not its own
+    assert other.check(now=100.0) == []  # no beat yet: the agents may still be starting
+    states = {"cn11": "MIXED", "cn12": "DOWN+NOT_RESPONDING"}
+    monkeypatch.setattr(node_watch.scontrol, "node_states", lambda nodes: states)
+    assert other.check(now=101.0, ask_slurm=True) == ["cn12"]
+    assert other.why == "cn12: SLURM says DOWN+NOT_RESPONDING"
+
+
+def test_an_agent_beats_for_its_slot_and_says_when_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = StateDir(tmp_path / "state")
+    record = slot.Slot("r", str(state.root), launcher="9:cn11:42")
+    env = slot.write(record, tmp_path / "slot.json")
+    for name, value in {**env, "SLURMD_NODENAME": "cn13"}.items():
+        monkeypatch.setenv(name, value)
+    end = node_beats.start()
+    path = state.node_beats / "cn13"
+    assert path.read_text().startswith("9:cn11:42 ")
+    end()
+    assert path.read_text().strip() == "9:cn11:42 ended"

@@ -1,0 +1,242 @@
+"""A node lost mid-slot, recovered inside the job (``slurm.spare_nodes``, ``slurm.min_nodes``),
+on a SLURM cluster of its own: three nodes ``cn[11-13]``, the runs in partition ``train``.
+
+Three runs train side by side, one rank a node (each job takes one of a node's four CPUs): a
+2-node run with one spare node (a 3-node job), a 2-node run with ``min_nodes: 1`` (a 2-node
+job) and a 2-node run with neither. All are held mid-epoch 2 (their task waits while a file
+exists), then the node their steps share, no job's batch node, is killed as a node dies: its
+slurmd and every process on it; they are released once SLURM has declared it down (a job
+submitted without ``--no-kill`` ends then). The first two go on in their jobs, with no new
+submission: the spare run on its first node and the spare, the other on its first node
+alone, both from the epoch-1 checkpoint. The third, submitted without ``--no-kill``, is
+ended by SLURM and requeued (its profile's ``--requeue``): the same job resumes on cn11 and
+cn13.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.slurm_cluster import SlurmCluster, kill_pids, netns_pids
+from tests.slurm_fixtures import TRAIN_PARTITION, SlurmSlot
+from tests.test_slurm import (
+    _finish,
+    _poll,
+    _result,
+    _start_snakemake,
+    _stop,
+    logs,
+    on_cluster,
+    train_job_ids,
+)
+from tests.tiny import default_config
+
+pytestmark = pytest.mark.slurm
+NODES = ("cn11", "cn12", "cn13")
+PARTITIONS = {
+    "batch": "Default=YES MaxTime=INFINITE State=UP",
+    TRAIN_PARTITION: "MaxTime=INFINITE State=UP",
+}
+SLURM = {"spare": {"spare_nodes": 1}, "shrink": {"min_nodes": 1}, "plain": {}}
+STEPS_PER_EPOCH = 50  # 1,600 training samples, a global batch of 32
+# SLURM declares a silent node down after this (Slurm's default: 300 s). The runs are held
+# until it has: a job without --no-kill would end then.
+SLURMD_TIMEOUT_S = 20
+HOLD_AFTER = STEPS_PER_EPOCH + 10  # each rank waits at epoch 2's 11th step while `hold` exists
+
+# A user's task: 4 classes of noisy 16-dimensional points, an MLP that waits, once it has
+# trained HOLD_AFTER batches, while the file `hold` beside the task exists (saying so in
+# `held-<rank>`; rank 0, whose probes of the step add forward calls, holds first, and the
+# other rank waits for it in the step's all-reduce).
+TASK = f'''\
+"""Noisy points, 4 classes; a small MLP learns them."""
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+DIM, CLASSES = 16, 4
+HERE = Path(__file__).parent
+
+
+class Held(nn.Module):
+    calls = 0
+
+    def forward(self, x):
+        if self.training:
+            Held.calls += 1
+        if Held.calls > {HOLD_AFTER} and (HERE / "hold").exists():
+            (HERE / f"held-{{os.environ['RANK']}}").touch()
+            while (HERE / "hold").exists():
+                time.sleep(0.1)
+        return x
+
+
+def prepare(data_dir: Path, args: dict) -> None:
+    data_dir = Path(data_dir)
+    if (data_dir / "points.npz").exists():
+        return
+    rng = np.random.default_rng(7)
+    centres = rng.normal(0, 1, (CLASSES, DIM))
+    labels = rng.integers(0, CLASSES, 2000)
+    points = centres[labels] + rng.normal(0, 1.0, (2000, DIM))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    np.savez(data_dir / "points.tmp.npz", x=points.astype(np.float32), y=labels)
+    os.replace(data_dir / "points.tmp.npz", data_dir / "points.npz")
+
+
+def datasets(data_dir: Path, args: dict):
+    data = np.load(Path(data_dir) / "points.npz")
+    x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
+    return TensorDataset(x[:1600], y[:1600]), TensorDataset(x[1600:], y[1600:])
+
+
+def model(args: dict) -> nn.Module:
+    return nn.Sequential(Held(), nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+'''
+FINAL = "results/points/train/final.pt"
+
+
+def points_config(cluster: SlurmCluster, **slurm: Any) -> dict[str, Any]:
+    cfg = default_config()
+    cfg.update(run="points", task="points.py", task_args={})
+    cfg["train"].update(epochs=2, batch_size=32, eval_batch_size=400, checkpoint_every=1)
+    on_cluster(cfg, cluster, nodes=2, procs=1)
+    cfg["slurm"].update(slurm)
+    return cfg
+
+
+def node_down(cluster: SlurmCluster, node: str) -> float | None:
+    """When SLURM has declared ``node`` down (None until then)."""
+    state = cluster.run(["sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout
+    return time.time() if "down" in state else None
+
+
+def attempts(wd: Path) -> list[dict[str, Any]]:
+    path = wd / "results/points/state/attempts.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The three runs, held mid-epoch 2, then the node their steps share killed: each run's
+    snakemake output, working directory, the node killed and when."""
+    root = tmp_path_factory.mktemp("spare-nodes")
+    shape = {"nodes": NODES, "partitions": PARTITIONS, "gpus_per_node": 0, "cpus_per_node": 4,
+             "settings": {"SlurmdTimeout": str(SLURMD_TIMEOUT_S)}}  # fmt: skip
+    with slurm_slot.suspended(), slurm_slot.new_cluster("slurm-spare", **shape) as cluster:
+        found: dict[str, Any] = {}
+        procs = {}
+        for name, slurm in SLURM.items():  # each job on the first nodes: 4 CPUs a node
+            wd = root / name
+            wd.mkdir()
+            (wd / "points.py").write_text(TASK)
+            (wd / "hold").touch()
+            procs[name] = _start_snakemake(cluster, wd, points_config(cluster, **slurm), FINAL)
+        try:
+            for name, (proc, out) in procs.items():
+                wd = root / name
+                _poll(lambda wd=wd: (wd / "held-0").exists(), proc, 600,  # rank 1 then waits
+                      f"the {name} run held in epoch 2", out)  # fmt: skip
+            steps = {name: attempts(root / name)[0]["nodes"] for name in procs}
+            victim = steps["spare"][1]
+            assert all(victim in nodes[1:] for nodes in steps.values()), f"no node to kill: {steps}"
+            killed = time.time()
+            kill_pids(netns_pids(victim), grace=0)  # the node dies: slurmd, steps, ranks
+            down = _poll(lambda: node_down(cluster, victim), procs["spare"][0], 120,
+                         f"{victim} down in SLURM", procs["spare"][1])  # fmt: skip
+            for name in procs:  # the ranks left go on, and fail on their lost peer
+                (root / name / "hold").unlink()
+            for name, (proc, out) in procs.items():
+                found[name] = {"result": _result(proc, _finish(proc, out, timeout=300)),
+                               "wd": root / name, "steps": steps[name]}  # fmt: skip
+            found.update(victim=victim, killed=killed, down=down - killed, cluster=cluster)
+            found["jobs"] = cluster.run("squeue -h -t all -o '%i|%T|%N|%k'").stdout
+            yield found
+        finally:
+            for proc, _ in procs.values():
+                if proc.poll() is None:
+                    _stop(proc)
+
+
+def check_one_job(run: dict[str, Any], victim: str) -> list[dict[str, Any]]:
+    """The run completed in one job, its first slot ended by the loss of ``victim`` (recorded
+    as a bad node), its second resumed from the epoch-1 checkpoint: the history."""
+    result, wd = run["result"], run["wd"]
+    assert result.returncode == 0, logs(wd, result)
+    jobs = train_job_ids(result)
+    assert len(jobs) == 1, f"more than one submission of train: {jobs}"
+    history = attempts(wd)
+    assert [a["outcome"] for a in history] == ["node failure", "completed"], history
+    assert {a["job"] for a in history} == {jobs[0]}, history
+    assert [a["restarts"] for a in history] == [0, 0], history  # no requeue: the same slot
+    lost, done = history
+    assert lost["detail"].startswith(f"{victim}: "), lost  # its agent silent, or SLURM's word
+    assert done["resumed_from"].startswith("ckpt-e0001-") and done["start_step"] == 50, done
+    assert json.loads((wd / "results/points/state/excluded-nodes.json").read_text()) == [victim]
+    train_log = (wd / "logs/points/train.log").read_text()
+    assert f"going on in job {jobs[0]} on " in train_log, train_log[-3000:]
+    return history
+
+
+def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(runs: dict) -> None:
+    """The 2-node run with a spare: the next step on its first node and the spare, from the
+    epoch-1 checkpoint, in the same job; the final weights trained there."""
+    run, victim = runs["spare"], runs["victim"]
+    history = check_one_job(run, victim)
+    first, spare = run["steps"][0], (set(NODES) - set(run["steps"])).pop()
+    assert history[0]["nodes"] == run["steps"] and history[1]["nodes"] == [first, spare]
+    assert history[1]["world_size"] == 2, history
+    hosts = torch.load(run["wd"] / FINAL, weights_only=False)["meta"]["hosts"]
+    assert sorted(set(hosts)) == sorted([first, spare]), hosts
+    lost_at, started, ended = (t - runs["killed"] for t in (
+        history[0]["end"], history[1]["start"], history[1]["end"]))  # fmt: skip
+    print(f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; the slot's end "
+          f"recorded {lost_at:.1f}s, the next slot started {started:.1f}s, completed "
+          f"{ended:.1f}s after the kill; jobs:\n{runs['jobs']}")  # fmt: skip
+
+
+def test_without_a_spare_min_nodes_goes_on_at_the_smaller_world(runs: dict) -> None:
+    """The 2-node run with min_nodes 1: the next step on its first node alone (world size 1,
+    the global batch kept: the same steps an epoch), from the epoch-1 checkpoint."""
+    run, victim = runs["shrink"], runs["victim"]
+    history = check_one_job(run, victim)
+    assert history[1]["nodes"] == [run["steps"][0]] and history[1]["world_size"] == 1, history
+    assert history[1]["end_step"] == 2 * STEPS_PER_EPOCH, history
+    print(
+        f"(shrink) the next slot started {history[1]['start'] - runs['killed']:.1f}s after "
+        f"the kill, on {history[1]['nodes']}"
+    )
+
+
+def test_a_lost_node_without_spare_requeues_the_job_and_resumes_on_other_nodes(runs: dict) -> None:
+    """The 2-node run with neither key: SLURM ends the job when it declares the node down and
+    requeues it (same job id); the plugin waits for it and submits no second job that would
+    train alongside; the requeued slot resumes from the epoch-1 checkpoint on other nodes."""
+    run, victim = runs["plain"], runs["victim"]
+    result, wd = run["result"], run["wd"]
+    assert result.returncode == 0, logs(wd, result)
+    jobs = train_job_ids(result)
+    assert len(jobs) == 1, f"more than one submission of train: {jobs}"
+    history = attempts(wd)
+    # srun may exit 0 on a node failure: the slot on the lost node never counts as complete
+    assert history[0]["outcome"] in ("node failure", "requeued by SLURM", "ended by SLURM")
+    assert history[-1]["outcome"] == "completed" and history[-1]["restarts"] >= 1, history
+    assert {a["job"] for a in history} == {jobs[0]}, history
+    assert victim not in history[-1]["nodes"], history
+    assert history[-1]["resumed_from"].startswith("ckpt-e0001-"), history
+    hosts = torch.load(wd / FINAL, weights_only=False)["meta"]["hosts"]
+    assert victim not in hosts, hosts
+    print(f"(no spare) requeued: slots {[(a['nodes'], a['outcome']) for a in history]}")

@@ -60,7 +60,7 @@ def train_and_export(
     with contextlib.chdir(workdir):  # `ddppipe export ...`'s function, in this process
         exported = training_command.export(
             files["model.pt"], files["final.json"], root / "config.yaml", data,
-            root / "export/model.pt", root / "export/provenance.json", None,
+            root / "export/model.pt", root / "export/provenance.json", None, None,
             files["attempts.json"],
         )  # fmt: skip
     assert exported == 0

@@ -190,13 +190,15 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     assert (decided["configured"], decided["trained"]) == ("auto", precision)
     assert training["precision"] == attempt["precision"] and attempt["mem_mb"] == 2900
     # The slot's start in parts from its job's start (ddppipe.runstate.startup): the launcher
-    # and its preflight world, each node's agent (no container) and its ranks
+    # (no preflight world of its own), each node's agent (no container), its ranks and their
+    # checks in the training's own world
     parts = startup.of_attempt(attempt)
     print("(a) start-up:", {name: round(seconds, 2) for name, seconds in parts.items()})
-    assert list(parts) == ["job to launcher", "launcher", "preflight", "launch", "interpreter",
-                           "imports", "rendezvous", "process group", "data", "model",
+    assert list(parts) == ["job to launcher", "launcher", "launch", "interpreter", "imports",
+                           "rendezvous", "process group", "checks", "data", "model",
                            "checkpoint load", "first step"], parts  # fmt: skip
-    assert parts["preflight"] > 1 and parts["imports"] > 1  # a world of its own; torch, twice
+    assert parts["imports"] > 1  # torch, in the agent and in the ranks
+    assert parts["checks"] > 0.5  # marked where they end (their figure: checks_s above)
     assert attempt["efficiency"]["startup_s"] == pytest.approx(sum(parts.values())
                                                                - parts["first step"])  # fmt: skip
     summary = result.stderr[result.stderr.rindex("run mnist2n: task ddppipe.tasks.mnist") :]

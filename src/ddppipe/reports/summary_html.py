@@ -18,8 +18,9 @@ from ddppipe.reports.summary import Summary
 WARNING = "waste"  # the class of the rows shown as warnings
 WARNINGS = (WARNING, "failed", "warning", "hung")  # the labels of the lines shown as warnings
 _STYLE = (  # scoped to the fragment: it sits inside the report's page
-    ".ddppipe-summary table{margin:0;font-size:inherit}"
-    ".ddppipe-summary th,.ddppipe-summary td{padding:2px 8px;vertical-align:top;text-align:left}"
+    # dense, as a terminal's summary: the report's first screen holds it (tests/test_scaling.py)
+    ".ddppipe-summary table{margin:0;font-size:0.85em;line-height:1.35}"
+    ".ddppipe-summary th,.ddppipe-summary td{padding:1px 6px;vertical-align:top;text-align:left}"
     ".ddppipe-summary th{white-space:nowrap}"
     ".ddppipe-summary td{overflow-wrap:anywhere}"
     f".ddppipe-summary tr.{WARNING}{{background:#fef3c7;color:#78350f}}"

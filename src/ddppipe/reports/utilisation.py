@@ -10,7 +10,7 @@ from typing import Any
 
 from ddppipe.training.measuring import peak
 
-NO_PEAK = "no peak to compare with: the preflight measures it (SLURM runs), or a known GPU"
+NO_PEAK = "no peak to compare with: a SLURM slot's checks measure it, or a known GPU"
 
 
 def utilisation(

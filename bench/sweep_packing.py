@@ -45,8 +45,8 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 
-from tests.slurm_cluster import CTLD_PORT, SlurmCluster, port_listening  # noqa: E402
-from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
+from tests.slurm_cluster import SlurmCluster  # noqa: E402
+from tests.slurm_fixtures import bench_cluster_refusal  # noqa: E402
 
 NODES = ("pk01", "pk02")
 PARTITIONS = {
@@ -164,9 +164,7 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    reason = slurm_unavailable_reason()
-    if reason is None and port_listening(CTLD_PORT):
-        reason = f"a test cluster already runs on this machine (port {CTLD_PORT}): wait for it"
+    reason = bench_cluster_refusal()
     if reason is not None:
         print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
         return 2

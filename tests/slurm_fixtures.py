@@ -34,7 +34,14 @@ from typing import Any
 
 import pytest
 
-from tests.slurm_cluster import PREEMPT_GRACE_S, SBIN_PATH, URGENT_PARTITION, SlurmCluster
+from tests.slurm_cluster import (
+    CTLD_PORT,
+    PREEMPT_GRACE_S,
+    SBIN_PATH,
+    URGENT_PARTITION,
+    SlurmCluster,
+    port_listening,
+)
 
 SESSION_NODES = ("cn07", "cn08")  # the hostlist cn[07-08]
 TRAIN_PARTITION = "train"  # not the default partition
@@ -59,6 +66,15 @@ def slurm_unavailable_reason() -> str | None:
     if missing:
         return f"missing {', '.join(missing)}: run `bash .ci/install_slurm.sh` as root"
     return None
+
+
+def bench_cluster_refusal() -> str | None:
+    """Why a benchmark cannot start the test cluster here now (not root, no Slurm, another
+    test cluster running), or None if it can."""
+    reason = slurm_unavailable_reason()
+    if reason is None and port_listening(CTLD_PORT):
+        reason = f"a test cluster already runs on this machine (port {CTLD_PORT}): wait for it"
+    return reason
 
 
 # The accounting cluster samples its steps' usage (jobacct_gather/linux), so sacct has their

@@ -21,8 +21,9 @@ goodput line.
 The run's goodput without a lost node, each before (no `train.checkpoint_minutes`:
 checkpoints at epochs' ends and on the stop signal only) and after (every 0.25 min):
 
-- `time_limit`: a clean run across a time limit: 2-minute slots, the warning 60 s before the
-  limit (`slurm.signal_seconds`' default): the slot checkpoints and its job requeues itself;
+- `time_limit`: a clean run across a time limit: 2-minute slots, the warning 75 s before the
+  limit (`slurm.signal_seconds`; the slot trains some 35 s, three quarters of the run on an
+  idle machine): the slot checkpoints and its job requeues itself, the next slot ends the run;
 - `crash`: rank 1 raises once, at a random training step of the first slot (seeded:
   `--seed`); the job fails and Snakemake's retry (the profile's `retries`) resumes the run
   from its newest checkpoint.
@@ -87,7 +88,7 @@ SCENARIOS = {
 }
 # Runs without a lost node, each before and after checkpoints by time: their slurm keys.
 GOODPUT_SCENARIOS: dict[str, dict[str, Any]] = {
-    "time_limit": {"runtime": 2, "signal_seconds": 60, "max_continuations": 30},
+    "time_limit": {"runtime": 2, "signal_seconds": 75, "max_continuations": 30},
     "crash": {},
 }
 CHECKPOINT_MINUTES = 0.25
@@ -320,8 +321,10 @@ def run_goodput(args: argparse.Namespace, cluster: SlurmCluster, root: Path, nam
         print(f"  {name} {variant}{crashed}: {len(f['history'])} slots, "
               f"train jobs {', '.join(f['jobs'])}, {f['wall']:.1f} s wall")  # fmt: skip
         for a in f["history"]:
-            print(f"    slot {a['number']}: job {a['job']}, {a['outcome']}, steps "
-                  f"{a['start_step']}..{a['end_step']}, from {a.get('resumed_from')}")  # fmt: skip
+            failed = a.get("failure") or {}
+            print(f"    slot {a['number']}: job {a['job']}, {a['outcome']}, from step "
+                  f"{a['start_step']} ({a.get('resumed_from') or 'the start'}) to "
+                  f"{failed.get('step', a['end_step'])}")  # fmt: skip
         print(f"    steps redone {f['redone']}")
         print(f"    goodput: {f['goodput']}")
 

@@ -22,8 +22,8 @@ The run's goodput without a lost node, each before (no `train.checkpoint_minutes
 checkpoints at epochs' ends and on the stop signal only) and after (every 0.25 min):
 
 - `time_limit`: a clean run across a time limit: 2-minute slots, the warning 75 s before the
-  limit (`slurm.signal_seconds`; the slot trains some 35 s, three quarters of the run on an
-  idle machine): the slot checkpoints and its job requeues itself, the next slot ends the run;
+  limit (`slurm.signal_seconds`; the first slot trains about half the run on an idle
+  machine): the slot checkpoints and its job requeues itself, the next slot ends the run;
 - `crash`: rank 1 raises once, at a random training step of the first slot (seeded:
   `--seed`); the job fails and Snakemake's retry (the profile's `retries`) resumes the run
   from its newest checkpoint.

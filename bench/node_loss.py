@@ -66,13 +66,11 @@ from ddppipe.reports import goodput  # noqa: E402
 from ddppipe.settings.presets import PRESETS  # noqa: E402
 from ddppipe.training.measuring.heartbeat import Beat  # noqa: E402
 from tests.slurm_cluster import (  # noqa: E402
-    CTLD_PORT,
     SlurmCluster,
     kill_pids,
     netns_pids,
-    port_listening,
 )
-from tests.slurm_fixtures import slurm_unavailable_reason  # noqa: E402
+from tests.slurm_fixtures import bench_cluster_refusal  # noqa: E402
 
 NODES = ("bn01", "bn02", "bn03")
 PARTITIONS = {
@@ -331,9 +329,7 @@ def run_goodput(args: argparse.Namespace, cluster: SlurmCluster, root: Path, nam
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    reason = slurm_unavailable_reason()
-    if reason is None and port_listening(CTLD_PORT):
-        reason = f"a test cluster already runs on this machine (port {CTLD_PORT}): wait for it"
+    reason = bench_cluster_refusal()
     if reason is not None:
         print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
         return 2

@@ -138,12 +138,14 @@ def report(work: Path, wall: float, began: float, ended: float) -> None:
     for rule, seconds in rule_seconds(work).items():
         print(f"    {rule:<22} {seconds:7.1f} s")
     server = work / "logs" / "warm-server.log"
-    ready = (
-        re.search(r"warm ranks ready in ([\d.]+) s", server.read_text())
-        if server.exists()
-        else None
-    )
-    print(f"  warm server ready {ready[1]} s after its start" if ready else "  no warm server")
+    text = server.read_text() if server.exists() else ""
+    listening = re.search(r"warm server listening after ([\d.]+) s", text)
+    ready = re.search(r"warm ranks ready in ([\d.]+) s", text)
+    if listening and ready:
+        print(f"  warm server listening {listening[1]} s after its start, its ranks' imports "
+              f"done after {ready[1]} s")  # fmt: skip
+    else:
+        print("  no warm server")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -379,3 +380,56 @@ def test_a_server_whose_kept_datasets_touched_cuda_forks_no_rank(
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+AHEAD_SERVER = """
+import sys
+from pathlib import Path
+from ddppipe.launching import warm
+
+def ahead():  # the rest of a rank's imports, after the server listens
+    import wave
+    return (wave,)
+
+warm.serve(Path(sys.argv[1]), lambda: (), ahead=ahead)
+"""
+
+WAVE_PROBE = """
+import os, sys
+open(os.environ["PROBE_OUT"], "w").write(str("wave" in sys.modules))
+"""
+
+
+def test_a_rank_is_forked_after_the_imports_the_server_made_after_listening(
+    tmp_path: Path,
+) -> None:
+    """The server listens once torch is in (a run's config check needs no more) and imports the
+    rest of a rank's imports after: a rank has them."""
+    path = warm.local_socket(f"ddppipe-warm-ahead-{os.getpid()}.sock")
+    proc = subprocess.Popen([sys.executable, "-c", AHEAD_SERVER, str(path)])
+    try:
+        env = {**os.environ, env_names.WARM_SOCKET: str(path), "PROBE_OUT": str(tmp_path / "out"),
+               env_names.WARM_SERVER: str(proc.pid)}  # fmt: skip
+        (tmp_path / "probe.py").write_text(WAVE_PROBE)
+        command = [sys.executable, "-m", "ddppipe.training.script.run_script",
+                   str(tmp_path / "probe.py")]  # fmt: skip
+        rank = warm_client.spawn(command, env)
+        assert rank is not None and rank.wait(timeout=60) == 0
+        assert (tmp_path / "out").read_text() == "True"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_ranks_end_is_told_while_the_server_imports() -> None:
+    """While the server imports (seconds without its loop), a rank that ends has its exit told
+    to its launcher at once: a run's config check waits for it."""
+    server_end, launcher_end = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    ranks = {pid: server_end}
+    with warm._reaping(ranks):  # the imports: the launcher hears of the end meanwhile
+        ready, _, _ = select.select([launcher_end], [], [], 30)
+    assert ready and json.loads(launcher_end.recv(4096)) == {"exit": 3}
+    assert ranks == {}

@@ -15,26 +15,42 @@ from ddppipe.launching import warm
 
 
 def preload() -> tuple[ModuleType, ...]:
-    """Import what a rank imports before its first step (the rest is small): torch, DDP's
-    modules, ddppipe's training, evaluation, rank entry points and plots."""
+    """Import what the first requests need (a run's config check builds the task's model):
+    torch; the server listens after it."""
     import torch
-    import torch._dynamo
     import torch.distributed
+
+    return torch, torch.distributed
+
+
+def preload_ahead() -> tuple[ModuleType, ...]:
+    """Import the rest of what a rank imports before its first step (the rest is small):
+    DDP's modules (DDP's constructor imports torch._dynamo, ~1.3 s), ddppipe's training,
+    evaluation and rank entry points; while the first requests run."""
+    import torch._dynamo
     import torch.nn.parallel
 
     from ddppipe.cli import ranks
-    from ddppipe.reports import plots
     from ddppipe.training.loop import evaluate, train
 
-    return (torch, torch.distributed, torch.nn.parallel, torch._dynamo, train, evaluate, ranks,
-            plots)  # fmt: skip
+    return torch.nn.parallel, torch._dynamo, train, evaluate, ranks
+
+
+def preload_later() -> tuple[ModuleType, ...]:
+    """Import what the commands after a training import (matplotlib, ~0.4 s): once the server
+    listens and no request waits, off the path to the first rank."""
+    from ddppipe.reports import plots
+
+    return (plots,)
 
 
 def warm_server(socket: Path, data_json: str) -> NoReturn:
     """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM; then exit at once,
     without the interpreter's finalization (with torch's modules loaded, seconds that the end
     of every Snakemake call waited for), its socket removed and its ranks ended already."""
-    warm.serve(socket, preload, data=json.loads(data_json))
+    warm.serve(
+        socket, preload, data=json.loads(data_json), ahead=preload_ahead, later=preload_later
+    )
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

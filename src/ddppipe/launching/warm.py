@@ -37,12 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ddppipe.core import private
+from ddppipe.core import env_names, private
 from ddppipe.core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -54,18 +54,28 @@ FOLDER_PREFIX = "ddppipe-warm-"  # a private folder made for a socket (mkdtemp),
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
 _POLL_S = 0.05
+# The server imports a rank's rest (``ahead``) once no request came for this long after it
+# began to listen: callers that waited for it (polling every 50 ms: warm_client) are forked
+# first, and run beside the imports; a request that comes during them waits for their end.
+_SETTLE_S = 0.2
 
 
 # -- the server ------------------------------------------------------------------------------
 
 
 def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
-          data: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
-    """Import what a rank imports before its first step (``preload``: the modules it imported;
-    :func:`ddppipe.cli.warm_server.preload`), then fork a rank for each request on the Unix
-    socket ``path`` until SIGTERM (or until the process that started it exits). ``data``: the
-    task datasets to load and keep for the ranks (``task``, ``data_dir``, ``args`` each), each
-    once its data is prepared, while no request waits."""
+          data: list[dict[str, Any]] | None = None,
+          ahead: Callable[[], Sequence[ModuleType]] | None = None,
+          later: Callable[[], Sequence[ModuleType]] | None = None) -> None:  # fmt: skip
+    """Import what the first requests need (``preload``: torch), listen on the Unix socket
+    ``path``, and fork a process for each request until SIGTERM (or until the process that
+    started it exits); :mod:`ddppipe.cli.warm_server` names the imports. While no request
+    waits, in this order: ``ahead``, the rest of what a rank imports before its first step
+    (every training rank is forked after it: one that asks first waits for it); ``data``,
+    the task datasets to load and keep for the ranks (``task``, ``data_dir``, ``args`` each),
+    each once its data is prepared; ``later``, what the commands after a training import
+    (plots), once a training's rank is forked (beside the training, not on its way to its
+    first step)."""
     started = time.monotonic()
     _check_private(path.parent)
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
@@ -86,18 +96,32 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
         nonlocal stop
         stop = True
 
+    def import_ahead() -> None:
+        """``ahead`` imported (once), before the first training rank is forked."""
+        nonlocal ahead, cuda_at_start
+        if ahead is not None:
+            with _reaping(ranks):
+                names = ", ".join(m.__name__ for m in ahead())
+            ahead = None
+            _check_no_cuda()
+            cuda_at_start = cuda_state()  # (what the imports mapped is no task's doing)
+            log.info("warm ranks ready in %.1f s (%s)", time.monotonic() - started, names)
+
     signal.signal(signal.SIGTERM, on_term)
     listener = _listen(path)
-    log.info("warm ranks ready in %.1f s (%s)", time.monotonic() - started, preloaded)
+    log.info("warm server listening after %.1f s (%s)", time.monotonic() - started, preloaded)
+    last_request = time.monotonic()
     ranks: dict[int, socket.socket] = {}  # pid -> its launcher's connection
     orphans: set[int] = set()  # ranks whose launcher went away, killed
+    trains = False  # a training's rank was forked
     try:
         while not stop and os.getppid() == parent:
             watched = [c for p, c in ranks.items() if p not in orphans]
             readable, _, _ = select.select([listener, *watched], [], [], _POLL_S)
             for conn in readable:
                 if conn is listener:
-                    _accept(listener, ranks, cold)
+                    trains = _accept(listener, ranks, cold, import_ahead) or trains
+                    last_request = time.monotonic()
                 else:  # a launcher closed its connection (it died): end its rank
                     pid = next(p for p, c in ranks.items() if c is conn)
                     orphans.add(pid)
@@ -105,19 +129,41 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
                         os.kill(pid, signal.SIGKILL)
             _reap(ranks)
             orphans &= ranks.keys()
-            if pending and not readable:
-                pending, loaded = _keep_data(pending)
+            if ahead is not None and not readable:
+                if time.monotonic() - last_request >= _SETTLE_S:
+                    import_ahead()
+            elif pending and not readable:
+                with _reaping(ranks):
+                    pending, loaded = _keep_data(pending)
                 if loaded is not None and cold is None and cuda_touched(cuda_at_start):
                     cold = (f"loading the datasets of {loaded.get('task')} touched CUDA (pinned "
                             "memory, or torch.cuda asked): a rank forked from it could not "
                             "use CUDA")  # fmt: skip
                     log.warning("warm server: %s; every rank starts cold", cold)
+            elif later is not None and trains and not readable:
+                with _reaping(ranks):
+                    log.info("imported for later commands: %s",
+                             ", ".join(m.__name__ for m in later()))  # fmt: skip
+                later = None
     finally:
         listener.close()
         _remove(path)
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _reaping(ranks: dict[int, socket.socket]) -> Iterator[None]:
+    """While the server imports or loads (seconds it runs no loop), a rank's end is still told
+    to its launcher at once: on SIGCHLD (a delegated command's caller, a run's config check,
+    waits for it)."""
+    previous = signal.signal(signal.SIGCHLD, lambda signum, frame: _reap(ranks))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    _reap(ranks)
 
 
 def _keep_data(
@@ -256,16 +302,19 @@ def refusal(request: Any) -> str | None:
     return None
 
 
-def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str | None) -> None:
-    """Fork the rank a connection asks for, or refuse it (another user's, a request of
-    another kind, or ``cold``: why no rank may be forked now, the launcher starts it)."""
+def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str | None,
+            before_rank: Callable[[], None]) -> bool:  # fmt: skip
+    """Fork the rank a connection asks for (a training's rank after ``before_rank()``), or
+    refuse it (another user's, a request of another kind, or ``cold``: why no rank may be
+    forked now, the launcher starts it); whether it forked a training's rank (not a ddppipe
+    command delegated to it)."""
     conn, _ = listener.accept()
     peer, uid = peer_uid(conn)
     if uid != os.getuid():  # before reading a byte of it
         log.warning("warm server: refused a connection of uid %d (pid %d): it serves uid %d only",
                     uid, peer, os.getuid())  # fmt: skip
         conn.close()
-        return
+        return False
     fds: list[int] = []
     try:
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
@@ -281,7 +330,10 @@ def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str 
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"refused": refused}).encode() + b"\n")
         conn.close()
-        return
+        return False
+    training = not request["env"].get(env_names.WARM_CHILD)
+    if training:
+        before_rank()
     pid = os.fork()
     if pid == 0:  # the rank
         listener.close()
@@ -293,20 +345,21 @@ def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str 
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     ranks[pid] = conn
+    return training
 
 
 def _reap(ranks: dict[int, socket.socket]) -> None:
-    """Tell each launcher whose rank ended its exit status (a shell's: 128 + N for signal N)."""
-    while True:
+    """Tell each launcher whose rank ended its exit status (a shell's: 128 + N for signal N).
+    Only the server's ranks are waited for (a process an import or a task's code started is
+    its own to wait for)."""
+    for pid in list(ranks):
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = ranks.pop(pid, None)
-        if conn is None:
+            done, status = pid, 0
+        if done == 0:
             continue
+        conn = ranks.pop(pid)
         code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"exit": code}).encode() + b"\n")

@@ -8,6 +8,8 @@ each change the call needs:
   version itself): on a SLURM call;
 - the local scheduler's selector lends a core to the zero-thread rules
   (:mod:`ddppipe.pipeline.beside`): always;
+- the scheduler's re-evaluation timer no longer holds the call's exit
+  (:mod:`ddppipe.pipeline.prompt_exit`): always;
 - a sweep's trials start in their order (:mod:`ddppipe.pipeline.in_order`) and a failed trial
   does not stop the others (the scheduler's ``keepgoing``): with a sweep.
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddppipe.core.errors import UserError
-from ddppipe.pipeline import beside, in_order
+from ddppipe.pipeline import beside, in_order, prompt_exit
 from ddppipe.runstate import state as run_state
 from ddppipe.slurm import executor
 
@@ -86,6 +88,7 @@ def install(workflow: Any, changes: Changes, version: str | None = None) -> None
         extension = executor.Extension(changes.training_state, list(changes.run_states))
         extension.install(workflow.executor_plugin.executor)
     beside.install(JobScheduler)
+    prompt_exit.install(JobScheduler)
     if changes.trial_order is not None:
         in_order.install(JobScheduler, changes.trial_order)
         if workflow.scheduler is not None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests import documented_build
+from tests.container_fixtures import image_run, image_workdir  # noqa: F401
 from tests.slurm_fixtures import slurm_accounting_cluster, slurm_cluster, slurm_slot  # noqa: F401
 from tests.tiny import REPO, TinyData, make_tiny
 
@@ -39,9 +40,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     Under pytest-xdist (``make test``: ``-n 2``) each test is in a group that one worker runs
     whole, in order (:func:`pytest_xdist_make_scheduler`): the SLURM test cluster's tests (one
-    cluster per machine; mostly waiting for SLURM) in one, beside every other file's tests
-    (the images', the shared DAG build's end-to-end tests, ...: mostly computing). The cluster
-    test that runs in an image comes last, when the image is long built by the other worker
+    cluster per machine; mostly waiting for SLURM) in one, beside the image's (the files that
+    take turns in its working directory: tests/container_fixtures.py), the shared DAG build's
+    end-to-end tests and every other file's tests (mostly computing). The cluster test that runs
+    in an image comes last, when the image is long built by the other worker
     (tests/across_workers.py)."""
     groups, in_image = {}, []
     for item in items:
@@ -55,6 +57,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 in_image.append(item)
         elif "shared_build" in fixtures:
             groups[item.nodeid] = "shared_build"
+        elif "image_workdir" in fixtures:  # the image's tests, in its working directory in turns
+            groups[item.nodeid] = "image"
         else:
             groups[item.nodeid] = item.nodeid.split("::")[0]
     items[:] = [i for i in items if i not in in_image] + in_image

@@ -1,6 +1,6 @@
 """A task that imports a package installed neither where a step runs nor in an image: one
 error naming the package, the step, where it ran, and both fixes (no image needed: the
-host's side, container.mode none). In the image: tests/test_container.py."""
+host's side, container.mode none). In the image: tests/test_task_layer.py."""
 
 from __future__ import annotations
 

@@ -27,60 +27,16 @@ import yaml
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_fixtures import SlurmSlot
 from tests.test_slurm import on_cluster
-from tests.tiny import REPO, default_config
+from tests.tiny import REPO, default_config, points_task
 
 pytestmark = pytest.mark.slurm
 PROFILE = str(REPO / "profiles" / "slurm")
 NODES = ("gpu1", "gpu2", "gpu3")
 BAD = "gpu2"
 
-# A user's own task: 4 classes of noisy 64-dimensional points, an MLP.
-TASK = '''\
-"""Noisy points in 64 dimensions, 4 classes; a small MLP learns them."""
-
-import os
-import time
-from pathlib import Path
-
-import numpy as np
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-DIM, CLASSES = 64, 4
-HOLD = Path(__file__).with_name("hold")  # while it exists, the training waits (the test's)
-
-
-class Held(nn.Module):
-    def forward(self, x):
-        while HOLD.exists():
-            time.sleep(0.2)
-        return x
-
-
-def prepare(data_dir: Path, args: dict) -> None:
-    data_dir = Path(data_dir)
-    if (data_dir / "points.npz").exists():
-        return
-    rng = np.random.default_rng(7)
-    centres = rng.normal(0, 1, (CLASSES, DIM))
-    labels = rng.integers(0, CLASSES, args["samples"])
-    points = centres[labels] + rng.normal(0, 1.5, (args["samples"], DIM))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    np.savez(data_dir / "points.tmp.npz", x=points.astype(np.float32), y=labels)
-    os.replace(data_dir / "points.tmp.npz", data_dir / "points.npz")
-
-
-def datasets(data_dir: Path, args: dict):
-    data = np.load(Path(data_dir) / "points.npz")
-    x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
-    cut = len(x) * 4 // 5
-    return TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:])
-
-
-def model(args: dict) -> nn.Module:
-    return nn.Sequential(Held(), nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, CLASSES))
-'''
+# A user's own task: 4 classes of noisy 64-dimensional points, an MLP; the training waits while
+# `hold` exists in the working directory (the test's).
+TASK = points_task(dim=64, hidden=256, noise=1.5)
 
 
 def start_head(cluster: SlurmCluster, wd: Path, out: Path, *args: str) -> subprocess.Popen:

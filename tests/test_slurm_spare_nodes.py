@@ -36,7 +36,7 @@ from tests.test_slurm import (
     on_cluster,
     train_job_ids,
 )
-from tests.tiny import default_config
+from tests.tiny import default_config, points_task
 
 pytestmark = pytest.mark.slurm
 NODES = ("cn11", "cn12", "cn13")
@@ -51,67 +51,16 @@ STEPS_PER_EPOCH = 50  # 1,600 training samples, a global batch of 32
 SLURMD_TIMEOUT_S = 20
 HOLD_AFTER = STEPS_PER_EPOCH + 10  # each rank waits at epoch 2's 11th step while `hold` exists
 
-# A user's task: 4 classes of noisy 16-dimensional points, an MLP that waits, once it has
-# trained HOLD_AFTER batches, while the file `hold` beside the task exists (saying so in
-# `held-<rank>`; rank 0, whose probes of the step add forward calls, holds first, and the
-# other rank waits for it in the step's all-reduce).
-TASK = f'''\
-"""Noisy points, 4 classes; a small MLP learns them."""
-
-import os
-import time
-from pathlib import Path
-
-import numpy as np
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-DIM, CLASSES = 16, 4
-HERE = Path(__file__).parent
-
-
-class Held(nn.Module):
-    calls = 0
-
-    def forward(self, x):
-        if self.training:
-            Held.calls += 1
-        if Held.calls > {HOLD_AFTER} and (HERE / "hold").exists():
-            (HERE / f"held-{{os.environ['RANK']}}").touch()
-            while (HERE / "hold").exists():
-                time.sleep(0.1)
-        return x
-
-
-def prepare(data_dir: Path, args: dict) -> None:
-    data_dir = Path(data_dir)
-    if (data_dir / "points.npz").exists():
-        return
-    rng = np.random.default_rng(7)
-    centres = rng.normal(0, 1, (CLASSES, DIM))
-    labels = rng.integers(0, CLASSES, 2000)
-    points = centres[labels] + rng.normal(0, 1.0, (2000, DIM))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    np.savez(data_dir / "points.tmp.npz", x=points.astype(np.float32), y=labels)
-    os.replace(data_dir / "points.tmp.npz", data_dir / "points.npz")
-
-
-def datasets(data_dir: Path, args: dict):
-    data = np.load(Path(data_dir) / "points.npz")
-    x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
-    return TensorDataset(x[:1600], y[:1600]), TensorDataset(x[1600:], y[1600:])
-
-
-def model(args: dict) -> nn.Module:
-    return nn.Sequential(Held(), nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, CLASSES))
-'''
+# A user's task (2,000 points in 16 dimensions): once a rank has trained HOLD_AFTER batches, it
+# waits while `hold` exists, saying so in `held-<rank>` (rank 0, whose probes of the step add
+# forward calls, holds first; the other rank waits for it in the step's all-reduce).
+TASK = points_task(dim=16, hidden=32, noise=1.0, hold_after=HOLD_AFTER)
 FINAL = "results/points/train/final.pt"
 
 
 def points_config(cluster: SlurmCluster, **slurm: Any) -> dict[str, Any]:
     cfg = default_config()
-    cfg.update(run="points", task="points.py", task_args={})
+    cfg.update(run="points", task="points.py", task_args={"samples": 2000})
     cfg["train"].update(epochs=2, batch_size=32, eval_batch_size=400, checkpoint_every=1)
     on_cluster(cfg, cluster, nodes=2, procs=1)
     cfg["slurm"].update(slurm)

@@ -1,4 +1,4 @@
-"""Tiny generated MNIST-like IDX data and configs for fast tests."""
+"""Tiny generated MNIST-like IDX data, configs and task files for fast tests."""
 
 from __future__ import annotations
 
@@ -90,3 +90,64 @@ def real_mnist_sha256() -> dict[str, str]:
         digest, name = line.split()
         sums[name] = digest
     return sums
+
+
+def points_task(*, dim: int, hidden: int, noise: float, hold_after: int = 0) -> str:
+    """A user's own task file, as text (a test writes it beside its config as ``points.py``):
+    4 classes of noisy points in ``dim`` dimensions (``task_args``: ``samples`` of them, the last
+    fifth the test set; standard deviation ``noise`` about each class's centre), an MLP of
+    ``hidden`` units. Its first layer holds the training: once a rank has run more than
+    ``hold_after`` forwards in training mode, each forward waits while the file ``hold`` beside
+    the task exists, saying so in ``held-<rank>`` there."""
+    return f'''\
+"""Noisy points in {dim} dimensions, 4 classes; a small MLP learns them."""
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+DIM, HIDDEN, CLASSES = {dim}, {hidden}, 4
+HERE = Path(__file__).parent
+
+
+class Held(nn.Module):
+    calls = 0
+
+    def forward(self, x):
+        if self.training:
+            Held.calls += 1
+        if Held.calls > {hold_after} and (HERE / "hold").exists():
+            (HERE / f"held-{{os.environ['RANK']}}").touch()
+            while (HERE / "hold").exists():
+                time.sleep(0.1)
+        return x
+
+
+def prepare(data_dir: Path, args: dict) -> None:
+    data_dir = Path(data_dir)
+    if (data_dir / "points.npz").exists():
+        return
+    rng = np.random.default_rng(7)
+    centres = rng.normal(0, 1, (CLASSES, DIM))
+    labels = rng.integers(0, CLASSES, args["samples"])
+    points = centres[labels] + rng.normal(0, {noise}, (args["samples"], DIM))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    np.savez(data_dir / "points.tmp.npz", x=points.astype(np.float32), y=labels)
+    os.replace(data_dir / "points.tmp.npz", data_dir / "points.npz")
+
+
+def datasets(data_dir: Path, args: dict):
+    data = np.load(Path(data_dir) / "points.npz")
+    x, y = torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
+    cut = len(x) * 4 // 5
+    return TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:])
+
+
+def model(args: dict) -> nn.Module:
+    return nn.Sequential(Held(), nn.Linear(DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+'''

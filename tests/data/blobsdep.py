@@ -3,7 +3,7 @@
 blobfmt (a wheel the tests write: tests/local_wheel.py) is installed neither in the test
 environment nor in ddppipe's image: the run lists it in ``container.requirements``, so every
 step that imports this file runs in the image with the task's layer over it
-(tests/test_container.py).
+(tests/test_task_layer.py).
 """
 
 from __future__ import annotations

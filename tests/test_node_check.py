@@ -130,7 +130,7 @@ def test_a_problem_only_a_later_local_rank_found_is_said_once(
     for rank_0, said in (([], [f"preflight: {problem}"]), ([problem], [])):
         store = _rank_of_two(monkeypatch, 1)
         dist.PrefixStore("ddppipe/node-check/0/", store).set("0", json.dumps(rank_0))
-        with pytest.raises(node_check.NodeUnfit, match="GPU 1 .X. is not supported"):
+        with pytest.raises(node_check.NodeUnfit, match=r"GPU 1 \(X\) is not supported"):
             node_check.before_joining("gpu", "fp32", 30)
         err = capfd.readouterr().err
         assert _said(err) == said

@@ -135,9 +135,7 @@ def before_joining(use: devices.Use, precision: str, timeout_s: float) -> None:
         raise NodeUnfit("; ".join(dict.fromkeys(p.splitlines()[0] for p in problems)))
 
 
-def _exchanged(
-    mine: list[str], rank: int, world: int, timeout_s: float
-) -> list[list[str]] | None:
+def _exchanged(mine: list[str], rank: int, world: int, timeout_s: float) -> list[list[str]] | None:
     """Every rank's problems (by rank), through the store torchrun's agents serve (each rank's
     set, then all awaited); None without one (another launcher, a world of one). NodeUnfit
     naming the ranks that did not answer within ``timeout_s``."""

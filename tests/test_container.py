@@ -157,6 +157,30 @@ def test_exec_prefix() -> None:
     assert running.python_command(container_spec()) == [sys.executable]
 
 
+def test_a_bind_of_a_path_with_a_comma_or_colon_is_a_quoted_mount(tmp_path: Path) -> None:
+    """``--bind`` splits its value at commas and colons and cannot escape them (Apptainer
+    1.4.5: a layer beside an image in ``/data/a,b`` ended in "failed to load data image b/...");
+    such a path is bound with ``--mount``, its fields quoted as CSV (checked by hand there: the
+    layer's file readable at its target); other paths, spaces too, keep ``--bind``."""
+    opts = ("ro", "image-src=/")
+    assert binds.bind_args("/my data/l.sqfs", "/opt/task-site", opts) == [
+        "--bind", "/my data/l.sqfs:/opt/task-site:ro,image-src=/"
+    ]  # fmt: skip
+    assert binds.bind_args("/w", "/w") == ["--bind", "/w:/w"]
+    assert binds.bind_args("/data/a,b/l.sqfs", "/opt/task-site", opts) == [
+        "--mount", 'type=bind,"src=/data/a,b/l.sqfs",dst=/opt/task-site,ro,image-src=/'
+    ]  # fmt: skip
+    assert binds.bind_args("/data/c:d", "/data/c:d") == [
+        "--mount", "type=bind,src=/data/c:d,dst=/data/c:d"
+    ]  # fmt: skip
+    image = tmp_path / "a,b" / "ddppipe.sif"
+    spec = container_spec(mode="apptainer", image=str(image), requirements=["tabulate==0.9.0"])
+    found = running.task_layer(spec.container)
+    assert running.layer_args(spec.container)[:2] == [
+        "--mount", f'type=bind,"src={found}",dst=/opt/task-site,ro,image-src=/'
+    ]  # fmt: skip
+
+
 def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The folders of the task file and the script are bound at their own paths, once."""
     root = tmp_path.resolve()

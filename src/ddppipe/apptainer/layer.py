@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ddppipe.apptainer.binds import bind_args
 from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.requirements import pinned
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
@@ -99,7 +100,7 @@ def _tail(log: Path, lines: int = 25) -> str:
 
 def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
     """Run :data:`SCRIPT` in ``base`` on ``work`` (its requirements.txt), the output to ``log``."""
-    cmd = [APPTAINER, "exec", "--cleanenv", "--bind", f"{work}:{work}", *_environment(work),
+    cmd = [APPTAINER, "exec", "--cleanenv", *bind_args(work, work), *_environment(work),
            str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work)]  # fmt: skip
     with open(log, "a") as out:
         out.write(f"# {' '.join(cmd[:-5])} /bin/sh -c SCRIPT layer {work}\n")

@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ddppipe.apptainer.binds import user_binds
+from ddppipe.apptainer.binds import bind_args, user_binds
 from ddppipe.apptainer.requirements import layer_path, requirements
 from ddppipe.apptainer.tool import APPTAINER, enabled
 from ddppipe.settings.run_spec import Container, RunSpec
@@ -40,8 +40,8 @@ def layer_args(container: Container) -> list[str]:
     layer = task_layer(container)
     if layer is None:
         return []
-    return ["--bind", f"{layer}:{TASK_SITE}:ro,image-src=/", "--env", f"PYTHONPATH={TASK_SITE}",
-            "--env", "PYTHONNOUSERSITE=1"]  # fmt: skip
+    return [*bind_args(layer, TASK_SITE, ("ro", "image-src=/")), "--env",
+            f"PYTHONPATH={TASK_SITE}", "--env", "PYTHONNOUSERSITE=1"]  # fmt: skip
 
 
 def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:

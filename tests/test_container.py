@@ -181,6 +181,37 @@ def test_a_bind_of_a_path_with_a_comma_or_colon_is_a_quoted_mount(tmp_path: Path
     ]  # fmt: skip
 
 
+def test_a_layer_built_over_another_image_is_refused_before_training(tmp_path: Path) -> None:
+    """The image rebuilt or replaced after its task layer (an image copied in with an older
+    time, a rule run by hand): the launcher refuses to bind the layer, whose packages were
+    resolved against another image's, before any process trains (the provenance's export
+    refused it only after the training); a layer over this image is bound."""
+    image = tmp_path / "ddppipe.sif"
+    spec = container_spec(mode="apptainer", image=str(image), requirements=["tabulate==0.9.0"])
+    found = running.task_layer(spec.container)
+    assert found is not None
+    assert running.python_command(spec)[-2:] == [str(image), "python"]  # no info yet: unbuilt
+    now = {"path": str(image), "sha256": "b" * 64}
+    base = {"path": str(image), "sha256": "a" * 64}
+    built = {"path": str(found), "sha256": "c" * 64, "base": base}
+    identity.info_path(image).write_text(json.dumps(now))
+    identity.info_path(found).write_text(json.dumps(built))
+    expected = (
+        f"the task layer {found} was built over an image with SHA-256 aaaaaaaaaaaa, not "
+        f"{image} (bbbbbbbbbbbb): the image was rebuilt or replaced since; run the workflow "
+        "again (rule build_task_layer builds the layer over it)"
+    )
+    with pytest.raises(tool.ContainerError) as raised:
+        running.python_command(spec)
+    assert str(raised.value) == expected
+    with pytest.raises(tool.ContainerError, match="was built over an image with SHA-256 aaaa"):
+        identity.container_record(now, built)
+    built["base"]["sha256"] = now["sha256"]
+    identity.info_path(found).write_text(json.dumps(built))
+    assert running.python_command(spec)[-2:] == [str(image), "python"]
+    assert identity.container_record(now, built) == {**now, "layer": built}
+
+
 def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The folders of the task file and the script are bound at their own paths, once."""
     root = tmp_path.resolve()

@@ -617,7 +617,8 @@ def test_a_layer_that_cannot_be_installed_names_the_image_and_leaves_nothing(
     task_layer_run: TaskLayerRun, tmp_path: Path
 ) -> None:
     """A version no index has: the error says the image's packages are kept and what to do;
-    no layer nor half-built folder is left where the next step would look."""
+    no layer nor half-built folder is left where the next step would look. The run's list
+    built again gives the same bytes."""
     w, env = task_layer_run.workdir, task_layer_run.env
     dest = tmp_path / "images" / "x.layer.sqfs"
     with pytest.MonkeyPatch.context() as patch:
@@ -629,6 +630,14 @@ def test_a_layer_that_cannot_be_installed_names_the_image_and_leaves_nothing(
     assert "choose versions compatible with them, or one that exists" in str(error.value)
     assert "No matching distribution found for blobfmt==9.9" in str(error.value)
     assert list(dest.parent.iterdir()) == []
+    # The same list built again: the same bytes (its byte-code names /opt/task-site, where it
+    # is bound, not pip's temporary folder of the build)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        again = layer.build_layer(w / IMAGE, [BLOBFMT], dest, tmp_path / "again.log")
+    built = json.loads((w / identity.info_path(task_layer_run.layer)).read_text())
+    assert again["sha256"] == built["sha256"]
 
 
 def test_a_package_the_image_lacks_is_named_with_both_fixes(task_layer_run: TaskLayerRun) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from ddppipe.apptainer.binds import bind_args
 from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.requirements import pinned
+from ddppipe.apptainer.running import TASK_SITE
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
 
 # The host's pip settings that reach the image's pip (a mirror, a local folder of wheels, its
@@ -37,8 +38,9 @@ CONFLICT = 3  # the script's exit status when the requirements conflict with the
 
 # Run by the image's shell in the build's folder ($1): what the image has (base.txt), what
 # the requirements add to it (pip's dry-run report, the image's packages as constraints), only
-# that installed into site/ (--no-deps: the resolution is done), then pip check of the image
-# with the layer on its path.
+# that installed into site/ (--no-deps: the resolution is done), its byte-code compiled as
+# found where it is bound ($2: pip's would name its temporary folder, a build's own), then pip
+# check of the image with the layer on its path.
 SCRIPT = r"""set -eu
 cd "$1"
 python -m pip list --format=freeze > base.txt
@@ -56,7 +58,8 @@ for item in json.load(open("report.json"))["install"]:
 EOF
 mkdir site
 if [ -s pins.txt ]; then
-    python -m pip install --quiet --no-deps --target site --requirement pins.txt
+    python -m pip install --quiet --no-deps --no-compile --target site --requirement pins.txt
+    python -m compileall -q --invalidation-mode checked-hash -s site -p "$2" site
 fi
 PYTHONPATH="$PWD/site" python -m pip check
 """
@@ -101,9 +104,9 @@ def _tail(log: Path, lines: int = 25) -> str:
 def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
     """Run :data:`SCRIPT` in ``base`` on ``work`` (its requirements.txt), the output to ``log``."""
     cmd = [APPTAINER, "exec", "--cleanenv", *bind_args(work, work), *_environment(work),
-           str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work)]  # fmt: skip
+           str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work), TASK_SITE]  # fmt: skip
     with open(log, "a") as out:
-        out.write(f"# {' '.join(cmd[:-5])} /bin/sh -c SCRIPT layer {work}\n")
+        out.write(f"# {' '.join(cmd[:-6])} /bin/sh -c SCRIPT layer {work} {TASK_SITE}\n")
         out.flush()
         try:
             rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,

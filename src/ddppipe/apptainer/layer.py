@@ -119,7 +119,9 @@ def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
         raise ContainerError(
             f"container.requirements cannot be installed over the image {base}'s own packages "
             "(kept at their versions: torch, CUDA and NCCL stay the image's): choose versions "
-            f"compatible with them, or one that exists. Log: {log}\n--- last lines ---\n"
+            "compatible with them, or one that exists on an index this machine reaches "
+            "(PIP_INDEX_URL, PIP_FIND_LINKS, the proxy variables: docs/container.md). "
+            f"Log: {log}\n--- last lines ---\n"
             f"{_tail(log)}"
         )
     if rc != 0:

@@ -3,8 +3,9 @@ image into a folder, squashed into a small SquashFS file bound over the image on
 
 The image's own pip resolves the requirements with the image's installed distributions as
 constraints (nothing it has is upgraded or shadowed) and installs only what the image lacks
-(``pip install --target``); the folder is packed with ``mksquashfs`` (deterministic: owner
-root, every time 0, byte-code checked by hash) into a temporary file renamed into place when
+(``pip install --target``, its byte-code compiled as found where it is bound); the folder is
+packed with ``mksquashfs`` (deterministic: owner root, every time 0, byte-code checked by
+hash) into a temporary file renamed into place when
 complete, so a failed build leaves nothing. Training binds it read-only at
 :data:`~ddppipe.apptainer.running.TASK_SITE` (:func:`ddppipe.apptainer.running.exec_prefix`).
 """

@@ -313,6 +313,24 @@ def test_layer_pip_settings_and_what_it_installed(
     assert layer.installed(site) == ["blobfmt==1.0", "foo_bar==1.0.post1"]
 
 
+def test_a_layer_whose_packing_times_out_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mksquashfs stopped at its time limit: ContainerError naming it and the log (not a
+    TimeoutExpired traceback), and no temporary file beside the layer."""
+    if shutil.which("mksquashfs") is None:
+        pytest.skip("squashfs-tools not installed")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "a.py").write_text("x = 1\n" * 100_000)
+    dest, log = tmp_path / "images" / "x.layer.sqfs", tmp_path / "layer.log"
+    dest.parent.mkdir()
+    monkeypatch.setattr(layer, "SQUASH_TIMEOUT_S", 0.001)
+    with pytest.raises(tool.ContainerError, match=r"did not end within 0\.001 s .*layer\.log"):
+        layer._squash(site, dest, log)
+    assert list(dest.parent.iterdir()) == []
+
+
 def test_failed_build_leaves_no_image(tmp_path: Path) -> None:
     require_apptainer()
     recipe = tmp_path / "broken.def"

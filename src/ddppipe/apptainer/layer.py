@@ -36,6 +36,7 @@ PASSED = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDE
           "no_proxy")  # fmt: skip
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 CONFLICT = 3  # the script's exit status when the requirements conflict with the image
+SQUASH_TIMEOUT_S = 600  # mksquashfs of a layer's folder (seconds)
 
 # Run by the image's shell in the build's folder ($1): what the image has (base.txt), what
 # the requirements add to it (pip's dry-run report, the image's packages as constraints), only
@@ -152,11 +153,17 @@ def _squash(site: Path, layer: Path, log: Path) -> None:
     try:
         with open(log, "a") as out:
             subprocess.run([tool, str(site), str(tmp), *MKSQUASHFS_ARGS], stdout=out,
-                           stderr=subprocess.STDOUT, check=True, timeout=600)  # fmt: skip
+                           stderr=subprocess.STDOUT, check=True,
+                           timeout=SQUASH_TIMEOUT_S)  # fmt: skip
         os.chmod(tmp, 0o444)
         os.replace(tmp, layer)
     except subprocess.CalledProcessError as e:
         raise ContainerError(f"mksquashfs {site} failed (exit {e.returncode}); log: {log}") from e
+    except subprocess.TimeoutExpired as e:
+        raise ContainerError(
+            f"mksquashfs {site} did not end within {SQUASH_TIMEOUT_S:g} s (a slow or full "
+            f"filesystem at {layer.parent}?); log: {log}"
+        ) from e
     finally:
         tmp.unlink(missing_ok=True)
 

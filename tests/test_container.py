@@ -317,7 +317,8 @@ def test_a_layer_whose_packing_times_out_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """mksquashfs stopped at its time limit: ContainerError naming it and the log (not a
-    TimeoutExpired traceback), and no temporary file beside the layer."""
+    TimeoutExpired traceback), and no temporary file beside the layer; one too old for
+    reproducible bytes refused with what to do for a layer."""
     if shutil.which("mksquashfs") is None:
         pytest.skip("squashfs-tools not installed")
     site = tmp_path / "site"
@@ -329,6 +330,19 @@ def test_a_layer_whose_packing_times_out_leaves_nothing(
     with pytest.raises(tool.ContainerError, match=r"did not end within 0\.001 s .*layer\.log"):
         layer._squash(site, dest, log)
     assert list(dest.parent.iterdir()) == []
+    # RHEL 8's squashfs-tools (4.3): what to do for the layer, not data.pack's advice
+    old = tmp_path / "bin" / "mksquashfs"
+    old.parent.mkdir()
+    old.write_text("#!/bin/sh\necho 'mksquashfs version 4.3-git (2014/06/09)'\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{old.parent}:{os.environ['PATH']}")
+    with pytest.raises(tool.ContainerError) as raised:
+        layer._squash(site, dest, log)
+    assert str(raised.value).startswith("container.requirements needs squashfs-tools 4.4 or ")
+    assert str(raised.value).endswith(
+        "this mksquashfs is 4.3: install a newer squashfs-tools (or put one first on PATH), or "
+        "install the packages in the image's recipe instead"
+    )
 
 
 def test_failed_build_leaves_no_image(tmp_path: Path) -> None:

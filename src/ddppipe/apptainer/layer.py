@@ -144,9 +144,10 @@ def _squash(site: Path, layer: Path, log: Path) -> None:
             "dnf install squashfs-tools): container.requirements are packed with it"
         )
     printed = subprocess.run([tool, "-version"], capture_output=True, text=True, check=False)
-    problem = version_problem(printed.stdout + printed.stderr)
+    problem = version_problem(printed.stdout + printed.stderr, "container.requirements",
+                              "install the packages in the image's recipe instead")  # fmt: skip
     if problem:
-        raise ContainerError(problem.replace("data.pack: squashfs", "container.requirements"))
+        raise ContainerError(problem)
     fd, name = tempfile.mkstemp(prefix=f".{layer.name}.", suffix=".tmp", dir=layer.parent)
     os.close(fd)
     tmp = Path(name)

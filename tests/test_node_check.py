@@ -54,6 +54,8 @@ def test_an_agent_names_its_node_when_the_rendezvous_host_does_not_resolve(
     (problem,) = node_check.agent_problems("no-such-host.invalid")
     assert problem.startswith(f"{ME}: cannot resolve the rendezvous host 'no-such-host.invalid'")
     assert node_check.agent_problems(ME) == []
+    # an IPv6 rendezvous host in brackets, as torchrun's endpoint takes it: the address
+    assert node_check.agent_problems("[::1]") == [] and node_check.host_problem("::1") is None
 
 
 def test_an_agent_that_cannot_read_its_slot_record_names_its_node_and_ends(

@@ -46,11 +46,12 @@ class NodeUnfit(RuntimeError, UserError):
 
 
 def host_problem(host: str | None) -> str | None:
-    """Why this node cannot resolve the rendezvous ``host``; None when it can (or no host)."""
+    """Why this node cannot resolve the rendezvous ``host``; None when it can (or no host). An
+    IPv6 address in brackets (``[fd00::1]``, as an endpoint writes it) is the address."""
     if not host:
         return None
     try:
-        socket.getaddrinfo(host, None)
+        socket.getaddrinfo(host.removeprefix("[").removesuffix("]"), None)
     except OSError as e:
         return f"{socket.gethostname()}: cannot resolve the rendezvous host {host!r} ({e})"
     return None

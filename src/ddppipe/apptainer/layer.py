@@ -61,7 +61,8 @@ EOF
 mkdir site
 if [ -s pins.txt ]; then
     python -m pip install --quiet --no-deps --no-compile --target site --requirement pins.txt
-    python -m compileall -q --invalidation-mode checked-hash -s site -p "$2" site
+    python -m compileall -q --invalidation-mode checked-hash -s site -p "$2" site ||
+        echo "ddppipe: files above that do not compile are left without byte-code (as pip does)"
 fi
 PYTHONPATH="$PWD/site" python -m pip check
 """

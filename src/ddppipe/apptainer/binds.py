@@ -1,4 +1,5 @@
-"""The user's files inside the image: the folders of the task file and script to bind in."""
+"""The user's files inside the image: the folders of the task file and script to bind in; the
+options of a bind (:func:`bind_args`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ tests/test_faults_head_and_node.py."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -52,6 +54,8 @@ def test_an_agent_names_its_node_when_the_rendezvous_host_does_not_resolve(
     (problem,) = node_check.agent_problems("no-such-host.invalid")
     assert problem.startswith(f"{ME}: cannot resolve the rendezvous host 'no-such-host.invalid'")
     assert node_check.agent_problems(ME) == []
+    # an IPv6 rendezvous host in brackets, as torchrun's endpoint takes it: the address
+    assert node_check.agent_problems("[::1]") == [] and node_check.host_problem("::1") is None
 
 
 def test_an_agent_that_cannot_read_its_slot_record_names_its_node_and_ends(
@@ -96,9 +100,66 @@ def test_ranks_exchange_their_nodes_problems_before_any_exits(
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert found == {0: said[1], 1: said[1]}
+    assert found == {0: [said[0], said[1]], 1: [said[0], said[1]]}
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # another launcher: no store
     assert node_check._exchanged(said[1], 1, 2, 30) is None
+
+
+def _rank_of_two(monkeypatch: pytest.MonkeyPatch, rank: int) -> dist.TCPStore:
+    """This process as rank ``rank`` of a torchrun world of 2 on one node; its agent's store."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "RANK": str(rank),
+           "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return store
+
+
+def _said(err: str) -> list[str]:
+    """The node-check lines of stderr (not torch's store warnings)."""
+    return [line for line in err.splitlines() if line.startswith(node_check.PREFIX)]
+
+
+def test_a_problem_only_a_later_local_rank_found_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Local rank 0 found its node fit, local rank 1 (a GPU failing between their checks) did
+    not: rank 1 says it (the launcher names the node from that line only); a problem rank 0
+    found and said already is not said again."""
+    problem = f"{ME}: GPU 1 (X) is not supported by torch"
+    monkeypatch.setattr(node_check, "device_check", lambda *a: ("", [problem]))
+    for rank_0, said in (([], [f"preflight: {problem}"]), ([problem], [])):
+        store = _rank_of_two(monkeypatch, 1)
+        dist.PrefixStore("ddppipe/node-check/0/", store).set("0", json.dumps(rank_0))
+        with pytest.raises(node_check.NodeUnfit, match=r"GPU 1 \(X\) is not supported"):
+            node_check.before_joining("gpu", "fp32", 30)
+        err = capfd.readouterr().err
+        assert _said(err) == said
+    assert node_check.failing_nodes(f"preflight: {problem}", ["cn07", ME]) == [ME]
+
+
+def test_ranks_that_never_report_their_checks_are_named(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 of 2 never answers: rank 0 stops after the timeout naming it (not torch's store
+    timeout); a rank with a problem of its own names that instead, said on stderr."""
+    store = _rank_of_two(monkeypatch, 0)
+    monkeypatch.setattr(node_check, "device_check", lambda *a: ("", []))
+    with pytest.raises(node_check.NodeUnfit) as raised:
+        node_check.before_joining("gpu", "fp32", 1)
+    assert str(raised.value) == (
+        f"{ME} rank 0: rank(s) 1 of 2 did not report their node's checks within 1 s: their "
+        "processes failed or hang before joining (their node's lines and the step's stderr "
+        "say which)"
+    )
+    problem = f"{ME}: 2 process(es) need a GPU each and none is usable"
+    monkeypatch.setattr(node_check, "device_check", lambda *a: ("", [problem]))
+    store = _rank_of_two(monkeypatch, 1)  # rank 0 silent
+    with pytest.raises(node_check.NodeUnfit, match="^" + re.escape(problem) + "$"):
+        node_check.before_joining("gpu", "fp32", 1)
+    assert _said(capfd.readouterr().err) == [f"preflight: {problem}"]
+    del store
 
 
 def test_gpus_that_cannot_be_used_are_refused_before_joining(

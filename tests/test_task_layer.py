@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddppipe.apptainer import identity, layer, requirements, running, tool
+from ddppipe.apptainer import binds, identity, layer, requirements, running, tool
 from ddppipe.core import hashing
 from ddppipe.parallel import software
 from ddppipe.reproduce import checks, command
@@ -84,6 +84,61 @@ def test_requirements_pinned_and_named_by_hash() -> None:
         requirements.requirements(replace(spec.container, requirements=("tabulate>=0.9",)))
 
 
+def test_a_bind_of_a_path_with_a_comma_or_colon_is_a_quoted_mount(tmp_path: Path) -> None:
+    """``--bind`` splits its value at commas and colons and cannot escape them (Apptainer
+    1.4.5: a layer beside an image in ``/data/a,b`` ended in "failed to load data image b/...");
+    such a path is bound with ``--mount``, its fields quoted as CSV (checked by hand there: the
+    layer's file readable at its target); other paths, spaces too, keep ``--bind``."""
+    opts = ("ro", "image-src=/")
+    assert binds.bind_args("/my data/l.sqfs", "/opt/task-site", opts) == [
+        "--bind", "/my data/l.sqfs:/opt/task-site:ro,image-src=/"
+    ]  # fmt: skip
+    assert binds.bind_args("/w", "/w") == ["--bind", "/w:/w"]
+    assert binds.bind_args("/data/a,b/l.sqfs", "/opt/task-site", opts) == [
+        "--mount", 'type=bind,"src=/data/a,b/l.sqfs",dst=/opt/task-site,ro,image-src=/'
+    ]  # fmt: skip
+    assert binds.bind_args("/data/c:d", "/data/c:d") == [
+        "--mount", "type=bind,src=/data/c:d,dst=/data/c:d"
+    ]  # fmt: skip
+    image = tmp_path / "a,b" / "ddppipe.sif"
+    spec = container_spec(mode="apptainer", image=str(image), requirements=["tabulate==0.9.0"])
+    found = running.task_layer(spec.container)
+    assert running.layer_args(spec.container)[:2] == [
+        "--mount", f'type=bind,"src={found}",dst=/opt/task-site,ro,image-src=/'
+    ]  # fmt: skip
+
+
+def test_a_layer_built_over_another_image_is_refused_before_training(tmp_path: Path) -> None:
+    """The image rebuilt or replaced after its task layer (an image copied in with an older
+    time, a rule run by hand): the launcher refuses to bind the layer, whose packages were
+    resolved against another image's, before any process trains (the provenance's export
+    refused it only after the training); a layer over this image is bound."""
+    image = tmp_path / "ddppipe.sif"
+    spec = container_spec(mode="apptainer", image=str(image), requirements=["tabulate==0.9.0"])
+    found = running.task_layer(spec.container)
+    assert found is not None
+    assert running.python_command(spec)[-2:] == [str(image), "python"]  # no info yet: unbuilt
+    now = {"path": str(image), "sha256": "b" * 64}
+    base = {"path": str(image), "sha256": "a" * 64}
+    built = {"path": str(found), "sha256": "c" * 64, "base": base}
+    identity.info_path(image).write_text(json.dumps(now))
+    identity.info_path(found).write_text(json.dumps(built))
+    expected = (
+        f"the task layer {found} was built over an image with SHA-256 aaaaaaaaaaaa, not "
+        f"{image} (bbbbbbbbbbbb): the image was rebuilt or replaced since; run the workflow "
+        "again (rule build_task_layer builds the layer over it)"
+    )
+    with pytest.raises(tool.ContainerError) as raised:
+        running.python_command(spec)
+    assert str(raised.value) == expected
+    with pytest.raises(tool.ContainerError, match="was built over an image with SHA-256 aaaa"):
+        identity.container_record(now, built)
+    built["base"]["sha256"] = now["sha256"]
+    identity.info_path(found).write_text(json.dumps(built))
+    assert running.python_command(spec)[-2:] == [str(image), "python"]
+    assert identity.container_record(now, built) == {**now, "layer": built}
+
+
 def test_layer_pip_settings_and_what_it_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,6 +168,36 @@ def test_layer_pip_settings_and_what_it_installed(
         meta.write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: x\n")
     (site / "foo_bar").mkdir()
     assert layer.installed(site) == ["blobfmt==1.0", "foo_bar==1.0.post1"]
+
+
+def test_a_layer_whose_packing_times_out_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mksquashfs stopped at its time limit: ContainerError naming it and the log (not a
+    TimeoutExpired traceback), and no temporary file beside the layer; one too old for
+    reproducible bytes refused with what to do for a layer."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "a.py").write_text("x = 1\n" * 100_000)
+    dest, log = tmp_path / "images" / "x.layer.sqfs", tmp_path / "layer.log"
+    dest.parent.mkdir()
+    monkeypatch.setattr(layer, "SQUASH_TIMEOUT_S", 0.001)
+    with pytest.raises(tool.ContainerError, match=r"did not end within 0\.001 s .*layer\.log"):
+        layer._squash(site, dest, log)
+    assert list(dest.parent.iterdir()) == []
+    # RHEL 8's squashfs-tools (4.3): what to do for the layer, not data.pack's advice
+    old = tmp_path / "bin" / "mksquashfs"
+    old.parent.mkdir()
+    old.write_text("#!/bin/sh\necho 'mksquashfs version 4.3-git (2014/06/09)'\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{old.parent}:{os.environ['PATH']}")
+    with pytest.raises(tool.ContainerError) as raised:
+        layer._squash(site, dest, log)
+    assert str(raised.value).startswith("container.requirements needs squashfs-tools 4.4 or ")
+    assert str(raised.value).endswith(
+        "this mksquashfs is 4.3: install a newer squashfs-tools (or put one first on PATH), or "
+        "install the packages in the image's recipe instead"
+    )
 
 
 # -- a task whose package is only in its layer, over the image built by the DAG ----------------
@@ -289,7 +374,8 @@ def test_a_layer_that_cannot_be_installed_names_the_image_and_leaves_nothing(
     task_layer_run: TaskLayerRun, tmp_path: Path
 ) -> None:
     """A version no index has: the error says the image's packages are kept and what to do;
-    no layer nor half-built folder is left where the next step would look."""
+    no layer nor half-built folder is left where the next step would look. The run's list
+    built again gives the same bytes."""
     w, env = task_layer_run.workdir, task_layer_run.env
     dest = tmp_path / "images" / "x.layer.sqfs"
     with pytest.MonkeyPatch.context() as patch:
@@ -301,6 +387,14 @@ def test_a_layer_that_cannot_be_installed_names_the_image_and_leaves_nothing(
     assert "choose versions compatible with them, or one that exists" in str(error.value)
     assert "No matching distribution found for blobfmt==9.9" in str(error.value)
     assert list(dest.parent.iterdir()) == []
+    # The same list built again: the same bytes (its byte-code names /opt/task-site, where it
+    # is bound, not pip's temporary folder of the build)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        again = layer.build_layer(w / IMAGE, [BLOBFMT], dest, tmp_path / "again.log")
+    built = json.loads((w / identity.info_path(task_layer_run.layer)).read_text())
+    assert again["sha256"] == built["sha256"]
 
 
 def test_a_package_the_image_lacks_is_named_with_both_fixes(task_layer_run: TaskLayerRun) -> None:

@@ -1,11 +1,29 @@
-"""The user's files inside the image: the folders of the task file and script to bind in."""
+"""The user's files inside the image: the folders of the task file and script to bind in; the
+options of a bind (:func:`bind_args`)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from pathlib import Path
 
 from ddppipe.settings.run_spec import RunSpec
+
+
+def bind_args(source: str | Path, target: str | Path, options: tuple[str, ...] = ()) -> list[str]:
+    """``apptainer exec`` options binding the host path ``source`` at ``target`` with
+    ``options`` (``ro``, ``image-src=/``): ``--bind SRC:DST[:OPTS]``; where a path holds a
+    comma or a colon (``--bind``'s separators, which it cannot escape), ``--mount`` with its
+    fields quoted as CSV instead (Apptainer 1.1 and later)."""
+    source, target = str(source), str(target)
+    if not any(c in source + target for c in ",:"):
+        return ["--bind", ":".join([source, target, *([",".join(options)] if options else [])])]
+    text = io.StringIO()
+    csv.writer(text, lineterminator="").writerow(
+        ["type=bind", f"src={source}", f"dst={target}", *options]
+    )
+    return ["--mount", text.getvalue()]
 
 
 def _user_files(spec: RunSpec) -> list[str]:

@@ -62,17 +62,26 @@ def image_info(image: str | Path, recipe: str | Path, path: str | Path | None = 
     }
 
 
+def layer_problem(image: dict, layer: dict) -> str | None:
+    """Why the task layer ``layer`` (its info) does not serve over the image ``image`` (its
+    info): built over an image with another SHA-256; None when it does."""
+    if layer["base"]["sha256"] == image["sha256"]:
+        return None
+    return (
+        f"the task layer {layer['path']} was built over an image with SHA-256 "
+        f"{layer['base']['sha256'][:12]}, not {image['path']} ({image['sha256'][:12]}): the "
+        "image was rebuilt or replaced since; run the workflow again (rule build_task_layer "
+        "builds the layer over it)"
+    )
+
+
 def container_record(image: dict, layer: dict | None) -> dict:
     """What the provenance records of the container a run trained in: the image's info, with
     its task layer's (``layer``: rule build_task_layer's info) under :data:`LAYER`.
     ContainerError when the layer was built over another image than this one."""
     if layer is None:
         return image
-    if layer["base"]["sha256"] != image["sha256"]:
-        raise ContainerError(
-            f"the task layer {layer['path']} was built over an image with SHA-256 "
-            f"{layer['base']['sha256'][:12]}, not {image['path']} ({image['sha256'][:12]}): "
-            "the image was rebuilt since; run the workflow again (rule build_task_layer "
-            "builds the layer over it)"
-        )
+    problem = layer_problem(image, layer)
+    if problem:
+        raise ContainerError(problem)
     return {**image, LAYER: layer}

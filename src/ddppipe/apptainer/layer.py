@@ -3,8 +3,9 @@ image into a folder, squashed into a small SquashFS file bound over the image on
 
 The image's own pip resolves the requirements with the image's installed distributions as
 constraints (nothing it has is upgraded or shadowed) and installs only what the image lacks
-(``pip install --target``); the folder is packed with ``mksquashfs`` (deterministic: owner
-root, every time 0, byte-code checked by hash) into a temporary file renamed into place when
+(``pip install --target``, its byte-code compiled as found where it is bound); the folder is
+packed with ``mksquashfs`` (deterministic: owner root, every time 0, byte-code checked by
+hash) into a temporary file renamed into place when
 complete, so a failed build leaves nothing. Training binds it read-only at
 :data:`~ddppipe.apptainer.running.TASK_SITE` (:func:`ddppipe.apptainer.running.exec_prefix`).
 """
@@ -21,8 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ddppipe.apptainer.binds import bind_args
 from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.requirements import pinned
+from ddppipe.apptainer.running import TASK_SITE
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
 
 # The host's pip settings that reach the image's pip (a mirror, a local folder of wheels, its
@@ -33,11 +36,13 @@ PASSED = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDE
           "no_proxy")  # fmt: skip
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 CONFLICT = 3  # the script's exit status when the requirements conflict with the image
+SQUASH_TIMEOUT_S = 600  # mksquashfs of a layer's folder (seconds)
 
 # Run by the image's shell in the build's folder ($1): what the image has (base.txt), what
 # the requirements add to it (pip's dry-run report, the image's packages as constraints), only
-# that installed into site/ (--no-deps: the resolution is done), then pip check of the image
-# with the layer on its path.
+# that installed into site/ (--no-deps: the resolution is done), its byte-code compiled as
+# found where it is bound ($2: pip's would name its temporary folder, a build's own), then pip
+# check of the image with the layer on its path.
 SCRIPT = r"""set -eu
 cd "$1"
 python -m pip list --format=freeze > base.txt
@@ -55,7 +60,9 @@ for item in json.load(open("report.json"))["install"]:
 EOF
 mkdir site
 if [ -s pins.txt ]; then
-    python -m pip install --quiet --no-deps --target site --requirement pins.txt
+    python -m pip install --quiet --no-deps --no-compile --target site --requirement pins.txt
+    python -m compileall -q --invalidation-mode checked-hash -s site -p "$2" site ||
+        echo "ddppipe: files above that do not compile are left without byte-code (as pip does)"
 fi
 PYTHONPATH="$PWD/site" python -m pip check
 """
@@ -99,10 +106,10 @@ def _tail(log: Path, lines: int = 25) -> str:
 
 def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
     """Run :data:`SCRIPT` in ``base`` on ``work`` (its requirements.txt), the output to ``log``."""
-    cmd = [APPTAINER, "exec", "--cleanenv", "--bind", f"{work}:{work}", *_environment(work),
-           str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work)]  # fmt: skip
+    cmd = [APPTAINER, "exec", "--cleanenv", *bind_args(work, work), *_environment(work),
+           str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work), TASK_SITE]  # fmt: skip
     with open(log, "a") as out:
-        out.write(f"# {' '.join(cmd[:-5])} /bin/sh -c SCRIPT layer {work}\n")
+        out.write(f"# {' '.join(cmd[:-6])} /bin/sh -c SCRIPT layer {work} {TASK_SITE}\n")
         out.flush()
         try:
             rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
@@ -115,7 +122,9 @@ def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
         raise ContainerError(
             f"container.requirements cannot be installed over the image {base}'s own packages "
             "(kept at their versions: torch, CUDA and NCCL stay the image's): choose versions "
-            f"compatible with them, or one that exists. Log: {log}\n--- last lines ---\n"
+            "compatible with them, or one that exists on an index this machine reaches "
+            "(PIP_INDEX_URL, PIP_FIND_LINKS, the proxy variables: docs/container.md). "
+            f"Log: {log}\n--- last lines ---\n"
             f"{_tail(log)}"
         )
     if rc != 0:
@@ -136,20 +145,27 @@ def _squash(site: Path, layer: Path, log: Path) -> None:
             "dnf install squashfs-tools): container.requirements are packed with it"
         )
     printed = subprocess.run([tool, "-version"], capture_output=True, text=True, check=False)
-    problem = version_problem(printed.stdout + printed.stderr)
+    problem = version_problem(printed.stdout + printed.stderr, "container.requirements",
+                              "install the packages in the image's recipe instead")  # fmt: skip
     if problem:
-        raise ContainerError(problem.replace("data.pack: squashfs", "container.requirements"))
+        raise ContainerError(problem)
     fd, name = tempfile.mkstemp(prefix=f".{layer.name}.", suffix=".tmp", dir=layer.parent)
     os.close(fd)
     tmp = Path(name)
     try:
         with open(log, "a") as out:
             subprocess.run([tool, str(site), str(tmp), *MKSQUASHFS_ARGS], stdout=out,
-                           stderr=subprocess.STDOUT, check=True, timeout=600)  # fmt: skip
+                           stderr=subprocess.STDOUT, check=True,
+                           timeout=SQUASH_TIMEOUT_S)  # fmt: skip
         os.chmod(tmp, 0o444)
         os.replace(tmp, layer)
     except subprocess.CalledProcessError as e:
         raise ContainerError(f"mksquashfs {site} failed (exit {e.returncode}); log: {log}") from e
+    except subprocess.TimeoutExpired as e:
+        raise ContainerError(
+            f"mksquashfs {site} did not end within {SQUASH_TIMEOUT_S:g} s (a slow or full "
+            f"filesystem at {layer.parent}?); log: {log}"
+        ) from e
     finally:
         tmp.unlink(missing_ok=True)
 

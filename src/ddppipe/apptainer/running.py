@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
 
-from ddppipe.apptainer.binds import user_binds
+from ddppipe.apptainer import identity
+from ddppipe.apptainer.binds import bind_args, user_binds
 from ddppipe.apptainer.requirements import layer_path, requirements
-from ddppipe.apptainer.tool import APPTAINER, enabled
+from ddppipe.apptainer.tool import APPTAINER, ContainerError, enabled
 from ddppipe.settings.run_spec import Container, RunSpec
 
 IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
@@ -40,8 +42,8 @@ def layer_args(container: Container) -> list[str]:
     layer = task_layer(container)
     if layer is None:
         return []
-    return ["--bind", f"{layer}:{TASK_SITE}:ro,image-src=/", "--env", f"PYTHONPATH={TASK_SITE}",
-            "--env", "PYTHONNOUSERSITE=1"]  # fmt: skip
+    return [*bind_args(layer, TASK_SITE, ("ro", "image-src=/")), "--env",
+            f"PYTHONPATH={TASK_SITE}", "--env", "PYTHONNOUSERSITE=1"]  # fmt: skip
 
 
 def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
@@ -61,7 +63,26 @@ def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
     return [APPTAINER, "exec", *nv, *extra, *binds, *layer, run_image(spec.container)]
 
 
+def check_layer(container: Container) -> None:
+    """ContainerError when the task's layer was built over another image than the one beside
+    it now (their info JSONs: :func:`~ddppipe.apptainer.identity.layer_problem`): its
+    packages were resolved against another image's, and could shadow this one's. Nothing to
+    check without a layer, or before their info is written."""
+    layer = task_layer(container)
+    if layer is None:
+        return
+    found = [identity.info_path(p) for p in (container.image, layer)]
+    if all(p.is_file() for p in found):
+        image, built = (json.loads(p.read_text()) for p in found)
+        problem = identity.layer_problem(image, built)
+        if problem:
+            raise ContainerError(problem)
+
+
 def python_command(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
-    """The Python to start training with: this interpreter, or the image's via exec_prefix."""
+    """The Python to start training with: this interpreter, or the image's via exec_prefix
+    (its task layer checked first: :func:`check_layer`)."""
     prefix = exec_prefix(spec, data_binds)
+    if prefix:
+        check_layer(spec.container)
     return [*prefix, IMAGE_PYTHON] if prefix else [sys.executable]

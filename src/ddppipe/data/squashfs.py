@@ -76,9 +76,11 @@ def _tool(name: str, purpose: str) -> str:
     return found
 
 
-def version_problem(printed: str) -> str | None:
-    """Why the mksquashfs that printed ``printed`` (its ``-version``) cannot write the image,
-    or None."""
+def version_problem(
+    printed: str, needed_by: str = "data.pack: squashfs", instead: str = "set data.pack: none"
+) -> str | None:
+    """Why the mksquashfs that printed ``printed`` (its ``-version``) cannot write the image
+    that ``needed_by`` asks for (``instead``: the other way), or None."""
     found = re.search(r"mksquashfs version (\d+)\.(\d+)", printed)
     if found is None:
         return None  # (an unknown build: its own error, if any, comes when it runs)
@@ -86,10 +88,10 @@ def version_problem(printed: str) -> str | None:
     if version >= MKSQUASHFS_MIN:
         return None
     return (
-        f"data.pack: squashfs needs squashfs-tools {'.'.join(map(str, MKSQUASHFS_MIN))} or "
+        f"{needed_by} needs squashfs-tools {'.'.join(map(str, MKSQUASHFS_MIN))} or "
         f"newer (its -mkfs-time and -all-time make the image the same bytes every time), and "
         f"this mksquashfs is {version[0]}.{version[1]}: install a newer squashfs-tools (or put "
-        "one first on PATH), or set data.pack: none"
+        f"one first on PATH), or {instead}"
     )
 
 

@@ -23,6 +23,7 @@ worker) makes the same checks with :func:`check_node`. The checks of the world o
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -40,15 +41,17 @@ EXIT_CODE = 3  # a process whose node (or another node of its world) failed a ch
 
 
 class NodeUnfit(RuntimeError, UserError):
-    """A node of the world cannot run the training; the message names each and why."""
+    """A node of the world cannot run the training (the message names each and why), or ranks
+    never reported their node's checks (the message names them)."""
 
 
 def host_problem(host: str | None) -> str | None:
-    """Why this node cannot resolve the rendezvous ``host``; None when it can (or no host)."""
+    """Why this node cannot resolve the rendezvous ``host``; None when it can (or no host). An
+    IPv6 address in brackets (``[fd00::1]``, as an endpoint writes it) is the address."""
     if not host:
         return None
     try:
-        socket.getaddrinfo(host, None)
+        socket.getaddrinfo(host.removeprefix("[").removesuffix("]"), None)
     except OSError as e:
         return f"{socket.gethostname()}: cannot resolve the rendezvous host {host!r} ({e})"
     return None
@@ -105,22 +108,38 @@ def say(problems: list[str]) -> None:
 
 def before_joining(use: devices.Use, precision: str, timeout_s: float) -> None:
     """(A rank of a checked slot, before it joins the process group) Check this node's devices
-    for its processes; local rank 0 says a problem. Under torchrun the ranks exchange their
-    problems first (waiting up to ``timeout_s``): every rank raises NodeUnfit when any node
-    failed, after every failing node said why."""
+    for its processes; local rank 0 says a problem at once. Under torchrun the ranks exchange
+    their problems first (waiting up to ``timeout_s``), and another rank says one of its own
+    that no lower rank found (its node's local rank 0 found none: a GPU failing between the
+    two checks): every rank raises NodeUnfit when any node failed, after every failing node
+    said why."""
     env = environments.detect(os.environ)
     _, mine = device_check(env.local_world_size or 1, use, precision)
     if mine and env.local_rank == 0:
         say(mine)
-    everyone = _exchanged(mine, env.rank, env.world_size, timeout_s)
-    problems = mine if everyone is None else everyone
+    try:
+        per_rank = _exchanged(mine, env.rank, env.world_size, timeout_s)
+    except NodeUnfit:
+        if mine:  # (said above, or here): this node's problem is the one to name
+            if env.local_rank != 0:
+                say(mine)
+            raise NodeUnfit("; ".join(p.splitlines()[0] for p in mine)) from None
+        raise
+    if per_rank is None:
+        problems = mine
+    else:
+        if env.local_rank != 0:
+            lower = {p for found in per_rank[: env.rank] for p in found}
+            say([p for p in mine if p not in lower])
+        problems = [p for found in per_rank for p in found]
     if problems:
         raise NodeUnfit("; ".join(dict.fromkeys(p.splitlines()[0] for p in problems)))
 
 
-def _exchanged(mine: list[str], rank: int, world: int, timeout_s: float) -> list[str] | None:
-    """Every rank's problems, through the store torchrun's agents serve (each rank's set, then
-    all awaited); None without one (another launcher, a world of one)."""
+def _exchanged(mine: list[str], rank: int, world: int, timeout_s: float) -> list[list[str]] | None:
+    """Every rank's problems (by rank), through the store torchrun's agents serve (each rank's
+    set, then all awaited); None without one (another launcher, a world of one). NodeUnfit
+    naming the ranks that did not answer within ``timeout_s``."""
     env = os.environ
     if world < 2 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -133,5 +152,16 @@ def _exchanged(mine: list[str], rank: int, world: int, timeout_s: float) -> list
     store = dist.PrefixStore(f"ddppipe/node-check/{restart}/", client)
     store.set(str(rank), json.dumps(mine))
     keys = [str(r) for r in range(world)]
-    store.wait(keys, timeout)
-    return [problem for key in keys for problem in json.loads(store.get(key))]
+    try:
+        store.wait(keys, timeout)
+    except dist.DistStoreError as e:
+        silent = []
+        with contextlib.suppress(dist.DistError):  # (the agent's store gone: none named)
+            silent = [k for k in keys if not store.check([k])]
+        raise NodeUnfit(
+            f"{socket.gethostname()} rank {rank}: rank(s) {', '.join(silent) or '?'} of "
+            f"{world} did not report their node's checks within {timeout_s:.0f} s: their "
+            "processes failed or hang before joining (their node's lines and the step's "
+            "stderr say which)"
+        ) from e
+    return [json.loads(store.get(key)) for key in keys]

@@ -16,9 +16,11 @@ all ranks: the slowest rank holds the others at the next collective). The parts,
 - ``interpreter``: a process's start to ddppipe's command in it (Python's own start);
 - ``imports``: ddppipe's command to its modules imported (torch), the agent's and the rank's;
 - ``rendezvous``: the agents' rendezvous and their start of the ranks;
-- ``process group``: the ranks' ``init_process_group``;
-- ``checks``: the checks of the nodes and the world, where the ranks run them (a SLURM job
-  of its own: :mod:`ddppipe.training.measuring.world_checks`);
+- ``process group``: the ranks' ``init_process_group``, after their node's own checks where
+  they make them (a SLURM job of its own: :func:`ddppipe.parallel.node_check.before_joining`;
+  the agent's, before its imports, are in its ``imports``);
+- ``checks``: the checks of the world once the ranks joined it (a SLURM job of its own:
+  :mod:`ddppipe.training.measuring.world_checks`);
 - ``data``: the data folder checked or staged, the datasets loaded, their workers started;
 - ``model``: the model built and wrapped, its optimizer, the trackers;
 - ``checkpoint load``: the resume from the newest checkpoint (or finding none);

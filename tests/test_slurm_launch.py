@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ddppipe.core import slot
-from ddppipe.launching import launch
+from ddppipe.launching import launch, lifecycle
 from ddppipe.parallel import node_check
+from ddppipe.runstate import attempts
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec as run_spec
 from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm import request as slurm_request
@@ -203,3 +207,73 @@ def test_min_nodes_goes_on_at_fewer_nodes_and_no_further() -> None:
         raise AssertionError("min_nodes above nnodes was accepted")
     plain = _spare_plan(["cn11", "cn12", "cn13"])  # neither: the job's nodes, as before
     assert "--no-kill" not in plain.command and plain.hosts == ["cn11", "cn12", "cn13"]
+
+
+def _lost_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: list[str], then: launch.Ended,
+    **slurm: object,
+) -> tuple[int, StateDir]:  # fmt: skip
+    """lifecycle.run of a 2-node run in job 9 on cn11-cn13 whose first step loses cn12, the
+    next step (on ``nodes``, the job's nodes then) ending as ``then``: its exit, its state."""
+    cfg = default_config()
+    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    cfg["slurm"].update(slurm)
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    job = {"JobState": "RUNNING", "Restarts": "0", "SubmitTime": "2026-11-29T01:00:00",
+           "EligibleTime": "2026-11-29T01:00:00", "StartTime": "2026-11-29T01:10:00"}  # fmt: skip
+    listed = iter([["cn11", "cn12", "cn13"], nodes])
+    monkeypatch.setattr(scontrol, "job_record", lambda job_id: job)
+    monkeypatch.setattr(scontrol, "job_nodes", lambda job_id: next(listed))
+    monkeypatch.setattr(scontrol, "node_states", lambda hosts: dict.fromkeys(hosts, "MIXED"))
+    lost = launch.Ended(137, {"signal": None, "checkpoint": None, "lost": ["cn12"],
+                              "detail": "cn12: its agent silent 10 s"})  # fmt: skip
+    ended = iter([lost, then])
+    monkeypatch.setattr(launch, "supervise", lambda *args: next(ended))
+    state = StateDir(tmp_path / "state")
+    code = lifecycle.run(run_spec.resolve(cfg, gpus=False), ["-m", "ddppipe", "train"], state,
+                         None)  # fmt: skip
+    return code, state
+
+
+def test_a_slot_continued_in_its_job_after_a_lost_node_starts_then_and_did_not_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job queued 10 minutes once: its first slot says so, the slot continued in it after
+    cn12 was lost (on the spare) starts when it starts and queued 0 s (the summary adds the
+    slots' waits)."""
+    before = time.time()
+    code, state = _lost_then(tmp_path, monkeypatch, ["cn11", "cn12", "cn13"],
+                             launch.Ended(0, None), spare_nodes=1)  # fmt: skip
+    assert code == 0
+    first, second = attempts.load(state)
+    assert (first.outcome, second.outcome) == ("node failure", "completed")
+    assert (first.nodes, second.nodes) == (["cn11", "cn12"], ["cn11", "cn13"])
+    assert (first.job, first.restarts) == (second.job, second.restarts) == ("9", 0)
+    assert (first.queue_s, second.queue_s) == (600.0, 0.0)
+    assert second.start >= before
+
+
+def test_too_few_nodes_left_requeue_the_job_or_say_that_it_could_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cn12 lost and no spare in the job any more (SLURM shrank it to cn11, cn12): the
+    launcher requeues the job; when scontrol refuses, the log says so and what follows."""
+    requeued: list[str] = []
+    monkeypatch.setattr(scontrol, "requeue", requeued.append)
+    code, _ = _lost_then(tmp_path / "a", monkeypatch, ["cn11", "cn12"], launch.Ended(0, None),
+                         spare_nodes=1)  # fmt: skip
+    assert (code, requeued) == (75, ["9"])
+
+    def refuse(job: str) -> None:
+        raise subprocess.CalledProcessError(1, ["scontrol"], stderr="Requeue of job is disabled")
+
+    monkeypatch.setattr(scontrol, "requeue", refuse)
+    caplog.clear()
+    code, _ = _lost_then(tmp_path / "b", monkeypatch, ["cn11", "cn12"], launch.Ended(0, None),
+                         spare_nodes=1)  # fmt: skip
+    assert code == 75
+    said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert (
+        "could not requeue job 9 (Requeue of job is disabled); exiting 75: Snakemake retries "
+        "the job, which uses one of its --retries"
+    ) in said, said

@@ -155,9 +155,11 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     assert step[:2] == ["srun", "--jobid=77"] and "--nodes=2" in step
 
 
-def _spare_plan(hosts: list[str], exclude: tuple[str, ...] = (), **slurm: object) -> launch.Plan:
+def _spare_plan(
+    hosts: list[str], exclude: tuple[str, ...] = (), nnodes: int = 2, **slurm: object
+) -> launch.Plan:
     cfg = default_config()
-    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    cfg["launch"].update(nnodes=nnodes, nproc_per_node=1)
     cfg["slurm"].update(slurm)
     spec = run_spec.resolve(cfg, gpus=False)
     return launch.plan(spec, ["train"], env={"SLURM_JOB_ID": "9"}, hosts=hosts, exclude=exclude)
@@ -166,7 +168,9 @@ def _spare_plan(hosts: list[str], exclude: tuple[str, ...] = (), **slurm: object
 def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> None:
     """slurm.spare_nodes: the job holds a node more, submitted with --no-kill; each step asks
     for --no-kill itself (sbatch's does not reach it), on its nodes, sharing their CPUs with a
-    lost node's step that SLURM still counts; a lost node's place taken by the spare."""
+    lost node's step that SLURM still counts; a lost node's place taken by the spare. The
+    spare is the job's first node, where the launcher runs (its loss ends the job anyway),
+    while another is left."""
     cfg = default_config()
     cfg["launch"].update(nnodes=2, nproc_per_node=1)
     cfg["slurm"]["spare_nodes"] = 1
@@ -174,15 +178,20 @@ def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> N
     assert (resources["nodes"], resources["tasks"]) == (3, 3)
     assert resources["slurm_extra"] == "--ntasks-per-node=1 --no-kill"
     first = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1)
-    assert first.hosts == ["cn11", "cn12"]
+    assert first.hosts == ["cn12", "cn13"]
     assert first.command[:11] == [
         "srun", "--jobid=9", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--cpus-per-task=1", "--kill-on-bad-exit=1", "--export=ALL", "--no-kill",
-        "--nodelist=cn11,cn12", "--overlap",
+        "--nodelist=cn12,cn13", "--overlap",
     ]  # fmt: skip
     after = _spare_plan(["cn11", "cn12", "cn13"], ("cn12",), spare_nodes=1)
     assert after.hosts == ["cn11", "cn13"] and "--nodelist=cn11,cn13" in after.command
     assert "--nnodes=2" in after.command
+    one = _spare_plan(["cn11", "cn12"], nnodes=1, spare_nodes=1)  # one node and its spare
+    assert one.hosts == ["cn12"] and "--nodelist=cn12" in one.command
+    assert _spare_plan(["cn11", "cn12"], ("cn12",), nnodes=1, spare_nodes=1).hosts == ["cn11"]
+    fixed = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1, rendezvous_host="cn11")
+    assert fixed.hosts == ["cn11", "cn12"]  # the rendezvous named on the first node: it trains
 
 
 def test_min_nodes_goes_on_at_fewer_nodes_and_no_further() -> None:
@@ -247,7 +256,7 @@ def test_a_slot_continued_in_its_job_after_a_lost_node_starts_then_and_did_not_q
     assert code == 0
     first, second = attempts.load(state)
     assert (first.outcome, second.outcome) == ("node failure", "completed")
-    assert (first.nodes, second.nodes) == (["cn11", "cn12"], ["cn11", "cn13"])
+    assert (first.nodes, second.nodes) == (["cn12", "cn13"], ["cn11", "cn13"])
     assert (first.job, first.restarts) == (second.job, second.restarts) == ("9", 0)
     assert (first.queue_s, second.queue_s) == (600.0, 0.0)
     assert second.start >= before

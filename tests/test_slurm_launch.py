@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddppipe.core import slot
-from ddppipe.launching import launch, lifecycle
+from ddppipe.launching import launch, lifecycle, watchdog
 from ddppipe.parallel import node_check
 from ddppipe.runstate import attempts
 from ddppipe.runstate.state import StateDir
@@ -220,27 +221,36 @@ def test_min_nodes_goes_on_at_fewer_nodes_and_no_further() -> None:
 
 def _lost_then(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: list[str], then: launch.Ended,
-    **slurm: object,
+    job_nodes: tuple[str, ...] = ("cn11", "cn12", "cn13"), **slurm: object,
 ) -> tuple[int, StateDir]:  # fmt: skip
-    """lifecycle.run of a 2-node run in job 9 on cn11-cn13 whose first step loses cn12, the
-    next step (on ``nodes``, the job's nodes then) ending as ``then``: its exit, its state."""
+    """lifecycle.run of a 2-node run in job 9 on ``job_nodes`` whose first step loses cn12,
+    the next step (on ``nodes``, the job's nodes then) ending as ``then``: its exit, its state
+    (and beside it ``watched.json``: the ranks each slot's hang watchdog waited for)."""
     cfg = default_config()
     cfg["launch"].update(nnodes=2, nproc_per_node=1)
     cfg["slurm"].update(slurm)
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     job = {"JobState": "RUNNING", "Restarts": "0", "SubmitTime": "2026-11-29T01:00:00",
            "EligibleTime": "2026-11-29T01:00:00", "StartTime": "2026-11-29T01:10:00"}  # fmt: skip
-    listed = iter([["cn11", "cn12", "cn13"], nodes])
+    listed = iter([list(job_nodes), nodes])
     monkeypatch.setattr(scontrol, "job_record", lambda job_id: job)
     monkeypatch.setattr(scontrol, "job_nodes", lambda job_id: next(listed))
     monkeypatch.setattr(scontrol, "node_states", lambda hosts: dict.fromkeys(hosts, "MIXED"))
     lost = launch.Ended(137, {"signal": None, "checkpoint": None, "lost": ["cn12"],
                               "detail": "cn12: its agent silent 10 s"})  # fmt: skip
     ended = iter([lost, then])
-    monkeypatch.setattr(launch, "supervise", lambda *args: next(ended))
+    watched: list[list[int]] = []
+
+    def supervise(plan: launch.Plan, env: dict, opened: slot.Slot, warn_in: float | None,
+                  watch: watchdog.Watchdog) -> launch.Ended:  # fmt: skip
+        watched.append(sorted(watch.views))  # the ranks its hang watchdog waits for
+        return next(ended)
+
+    monkeypatch.setattr(launch, "supervise", supervise)
     state = StateDir(tmp_path / "state")
     code = lifecycle.run(run_spec.resolve(cfg, gpus=False), ["-m", "ddppipe", "train"], state,
                          None)  # fmt: skip
+    (state.root / "watched.json").write_text(json.dumps(watched))
     return code, state
 
 
@@ -286,3 +296,17 @@ def test_too_few_nodes_left_requeue_the_job_or_say_that_it_could_not(
         "could not requeue job 9 (Requeue of job is disabled); exiting 75: Snakemake retries "
         "the job, which uses one of its --retries"
     ) in said, said
+
+
+def test_a_slot_continued_at_fewer_nodes_watches_the_ranks_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """min_nodes 1: cn12 lost, the next slot trains on cn11 alone (world size 1); its hang
+    watchdog waits for rank 0 only (a rank 1 that never comes would be named hung once the
+    start-up's allowance had passed, and the slot killed)."""
+    code, state = _lost_then(tmp_path, monkeypatch, ["cn11", "cn12"], launch.Ended(0, None),
+                             ("cn11", "cn12"), min_nodes=1)  # fmt: skip
+    assert code == 0
+    first, second = attempts.load(state)
+    assert (first.nodes, second.nodes) == (["cn11", "cn12"], ["cn11"])
+    assert json.loads((state.root / "watched.json").read_text()) == [[0, 1], [0]]

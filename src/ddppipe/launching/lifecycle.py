@@ -196,7 +196,7 @@ def _slot(
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
     opened = slot_record(spec, state, history[-1], warn_in, end, checks=plan.own_job)
-    watch = watchdog.Watchdog(spec, state, len(history), plan.job)
+    watch = watchdog.Watchdog(spec, state, len(history), plan.job, plan.request.world_size)
     attempts.mark(state, "launcher_ranks_launched")
     ended = launch.supervise(plan, plan.env, opened, warn_in, watch)
     code, note = ended.code, ended.note

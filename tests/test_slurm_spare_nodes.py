@@ -7,8 +7,10 @@ job) and a 2-node run with neither. All are held mid-epoch 2 (their task waits w
 exists), then the node their steps share, no job's batch node, is killed as a node dies: its
 slurmd and every process on it; they are released once SLURM has declared it down (a job
 submitted without ``--no-kill`` ends then). The first two go on in their jobs, with no new
-submission: the spare run on its node left and the spare (its job's first node, idle until
-then), the other on its first node alone, both from the epoch-1 checkpoint. The third,
+submission, both from the epoch-1 checkpoint: the spare run (its rank 0 on the lost node: its
+other rank fails on the lost peer at once, so it goes on before SLURM's word) on its node
+left and the spare (its job's first node, idle until then), the other on its first node
+alone. The third,
 submitted without ``--no-kill``, is ended by SLURM and requeued (its profile's
 ``--requeue``): the same job resumes on cn11 and cn13.
 """
@@ -156,8 +158,9 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
             victim = shared.pop()
             killed = time.time()
             kill_pids(netns_pids(victim), grace=0)  # the node dies: slurmd, steps, ranks
-            down = _poll(lambda: node_down(cluster, victim), procs["spare"][0], 120,
-                         f"{victim} down in SLURM", procs["spare"][1])  # fmt: skip
+            # (the plain run is held until then; the spare run may have gone on already)
+            down = _poll(lambda: node_down(cluster, victim), procs["plain"][0], 120,
+                         f"{victim} down in SLURM", procs["plain"][1])  # fmt: skip
             for name in procs:  # the ranks left go on, and fail on their lost peer
                 (root / name / "hold").unlink()
             for name, (proc, out) in procs.items():

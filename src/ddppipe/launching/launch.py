@@ -103,8 +103,9 @@ def plan(
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
     (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
     job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
-    runs on the first launch.nnodes of the job's nodes but those in ``exclude`` (bad, lost),
-    on fewer down to slurm.min_nodes (:meth:`~ddppipe.slurm.request.Request.step_hosts`).
+    runs on launch.nnodes of the job's nodes but those in ``exclude`` (bad, lost), its first
+    node a spare while another is left, on fewer down to slurm.min_nodes
+    (:meth:`~ddppipe.slurm.request.Request.step_hosts`).
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)

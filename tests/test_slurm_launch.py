@@ -310,3 +310,19 @@ def test_a_slot_continued_at_fewer_nodes_watches_the_ranks_it_has(
     first, second = attempts.load(state)
     assert (first.nodes, second.nodes) == (["cn11", "cn12"], ["cn11"])
     assert json.loads((state.root / "watched.json").read_text()) == [[0, 1], [0]]
+
+
+def test_a_slot_continued_after_a_lost_node_too_late_to_train_requeues_its_job() -> None:
+    """A node lost in the last minutes of the job's time: the slot that goes on in the job
+    gets the time-limit warning before it checkpoints a step. Its job requeues (a fresh time
+    limit), as the run's first slot of a job that checkpointed nothing would not."""
+    lost = attempts.Attempt(1, "9", 0, ["cn12", "cn13"], 0.0, outcome="node failure",
+                            start_step=0, end_step=150)  # fmt: skip
+    late = attempts.Attempt(2, "9", 0, ["cn11", "cn13"], 0.0, outcome="time limit",
+                            start_step=150, end_step=150)  # fmt: skip
+    assert continuation.decide([lost, late], max_continuations=5).requeue
+    alone = continuation.decide([late], max_continuations=5)  # (its job's first slot)
+    assert not alone.requeue and alone.reason.startswith("no progress: slot 2 (job 9)")
+    requeued = attempts.Attempt(2, "9", 1, ["cn11", "cn13"], 0.0, outcome="time limit",
+                                start_step=150, end_step=150)  # fmt: skip
+    assert not continuation.decide([lost, requeued], max_continuations=5).requeue

@@ -157,13 +157,15 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
 
 
 def _spare_plan(
-    hosts: list[str], exclude: tuple[str, ...] = (), nnodes: int = 2, **slurm: object
-) -> launch.Plan:
+    hosts: list[str], exclude: tuple[str, ...] = (), nnodes: int = 2, batch: str = "",
+    **slurm: object,
+) -> launch.Plan:  # fmt: skip
     cfg = default_config()
     cfg["launch"].update(nnodes=nnodes, nproc_per_node=1)
     cfg["slurm"].update(slurm)
     spec = run_spec.resolve(cfg, gpus=False)
-    return launch.plan(spec, ["train"], env={"SLURM_JOB_ID": "9"}, hosts=hosts, exclude=exclude)
+    env = {"SLURM_JOB_ID": "9", **({"SLURMD_NODENAME": batch} if batch else {})}
+    return launch.plan(spec, ["train"], env=env, hosts=hosts, exclude=exclude)
 
 
 def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> None:
@@ -191,6 +193,8 @@ def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> N
     one = _spare_plan(["cn11", "cn12"], nnodes=1, spare_nodes=1)  # one node and its spare
     assert one.hosts == ["cn12"] and "--nodelist=cn12" in one.command
     assert _spare_plan(["cn11", "cn12"], ("cn12",), nnodes=1, spare_nodes=1).hosts == ["cn11"]
+    batch = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1, batch="cn12")
+    assert batch.hosts == ["cn11", "cn13"]  # the launcher's own node (SLURMD_NODENAME) spare
     fixed = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1, rendezvous_host="cn11")
     assert fixed.hosts == ["cn11", "cn12"]  # the rendezvous named on the first node: it trains
 
@@ -230,6 +234,7 @@ def _lost_then(
     cfg["launch"].update(nnodes=2, nproc_per_node=1)
     cfg["slurm"].update(slurm)
     monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)  # (the launcher's node: cn11, first)
     job = {"JobState": "RUNNING", "Restarts": "0", "SubmitTime": "2026-11-29T01:00:00",
            "EligibleTime": "2026-11-29T01:00:00", "StartTime": "2026-11-29T01:10:00"}  # fmt: skip
     listed = iter([list(job_nodes), nodes])

@@ -30,7 +30,7 @@ from ddppipe.core import slot, system
 from ddppipe.data import manifest, squashfs
 from ddppipe.launching import node_watch, watchdog, workers
 from ddppipe.parallel import node_check
-from ddppipe.runstate import finished_nodes, preemption
+from ddppipe.runstate import finished_nodes, node_beats, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
@@ -125,7 +125,7 @@ def plan(
     placement = Placement.from_env(env)
     hosts = hosts or (placement.nodes if placement else scontrol.job_nodes(job))
     if placement is None and request.survives_node_failure:
-        hosts = request.step_hosts(hosts, exclude)
+        hosts = request.step_hosts(hosts, exclude, env.get(node_beats.NODE_ENV))  # (its node)
         request = request.on_nodes(len(hosts))
     if len(hosts) < request.nodes:
         raise slurm_request.SlurmRequestError(

@@ -102,7 +102,7 @@ def _node_failed(pool: Pool, job: str, node: str) -> None:
                        "preflight": ["no usable GPU"], "slot_records": []})  # fmt: skip
 
 
-def test_both_paths_read_one_record(tmp_path: Path) -> None:
+def test_both_paths_read_one_record(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A node the launcher records (a run's failed preflight) is in a packed allocation's
     ``--exclude``, and one a pool's allocation found bad is in the training job's submission:
     one format, one reader. (One folder plays a run's state folder and a pool here: each
@@ -126,8 +126,13 @@ def test_both_paths_read_one_record(tmp_path: Path) -> None:
         "2 excluded: gpu2)"
     )
     submitted = _executor(state)
+    caplog.set_level(logging.INFO, logger="test_bad_nodes")
     submitted.run_job(_Job())
     assert submitted.excluded == "gpu2"
+    assert (
+        "ddppipe: excluding gpu2 from SLURM submissions of rule train: recorded bad by its run "
+        f"(failed its checks, or lost mid-step: {state.excluded_nodes})"
+    ) in caplog.messages
     assert "--exclude=gpu2" in held.sbatch(pool, "/wd")
     # the packing path: gpu5 fails its preflight in an allocation of the pool
     _node_failed(pool, "42", "gpu5")

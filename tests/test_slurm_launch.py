@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ddppipe.core import slot
-from ddppipe.launching import launch
+from ddppipe.launching import launch, lifecycle, watchdog
 from ddppipe.parallel import node_check
+from ddppipe.runstate import attempts
+from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec as run_spec
 from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm import request as slurm_request
@@ -151,18 +156,24 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     assert step[:2] == ["srun", "--jobid=77"] and "--nodes=2" in step
 
 
-def _spare_plan(hosts: list[str], exclude: tuple[str, ...] = (), **slurm: object) -> launch.Plan:
+def _spare_plan(
+    hosts: list[str], exclude: tuple[str, ...] = (), nnodes: int = 2, batch: str = "",
+    **slurm: object,
+) -> launch.Plan:  # fmt: skip
     cfg = default_config()
-    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    cfg["launch"].update(nnodes=nnodes, nproc_per_node=1)
     cfg["slurm"].update(slurm)
     spec = run_spec.resolve(cfg, gpus=False)
-    return launch.plan(spec, ["train"], env={"SLURM_JOB_ID": "9"}, hosts=hosts, exclude=exclude)
+    env = {"SLURM_JOB_ID": "9", **({"SLURMD_NODENAME": batch} if batch else {})}
+    return launch.plan(spec, ["train"], env=env, hosts=hosts, exclude=exclude)
 
 
 def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> None:
     """slurm.spare_nodes: the job holds a node more, submitted with --no-kill; each step asks
     for --no-kill itself (sbatch's does not reach it), on its nodes, sharing their CPUs with a
-    lost node's step that SLURM still counts; a lost node's place taken by the spare."""
+    lost node's step that SLURM still counts; a lost node's place taken by the spare. The
+    spare is the job's first node, where the launcher runs (its loss ends the job anyway),
+    while another is left."""
     cfg = default_config()
     cfg["launch"].update(nnodes=2, nproc_per_node=1)
     cfg["slurm"]["spare_nodes"] = 1
@@ -170,15 +181,22 @@ def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> N
     assert (resources["nodes"], resources["tasks"]) == (3, 3)
     assert resources["slurm_extra"] == "--ntasks-per-node=1 --no-kill"
     first = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1)
-    assert first.hosts == ["cn11", "cn12"]
+    assert first.hosts == ["cn12", "cn13"]
     assert first.command[:11] == [
         "srun", "--jobid=9", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--cpus-per-task=1", "--kill-on-bad-exit=1", "--export=ALL", "--no-kill",
-        "--nodelist=cn11,cn12", "--overlap",
+        "--nodelist=cn12,cn13", "--overlap",
     ]  # fmt: skip
     after = _spare_plan(["cn11", "cn12", "cn13"], ("cn12",), spare_nodes=1)
     assert after.hosts == ["cn11", "cn13"] and "--nodelist=cn11,cn13" in after.command
     assert "--nnodes=2" in after.command
+    one = _spare_plan(["cn11", "cn12"], nnodes=1, spare_nodes=1)  # one node and its spare
+    assert one.hosts == ["cn12"] and "--nodelist=cn12" in one.command
+    assert _spare_plan(["cn11", "cn12"], ("cn12",), nnodes=1, spare_nodes=1).hosts == ["cn11"]
+    batch = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1, batch="cn12")
+    assert batch.hosts == ["cn11", "cn13"]  # the launcher's own node (SLURMD_NODENAME) spare
+    fixed = _spare_plan(["cn11", "cn12", "cn13"], spare_nodes=1, rendezvous_host="cn11")
+    assert fixed.hosts == ["cn11", "cn12"]  # the rendezvous named on the first node: it trains
 
 
 def test_min_nodes_goes_on_at_fewer_nodes_and_no_further() -> None:
@@ -203,3 +221,113 @@ def test_min_nodes_goes_on_at_fewer_nodes_and_no_further() -> None:
         raise AssertionError("min_nodes above nnodes was accepted")
     plain = _spare_plan(["cn11", "cn12", "cn13"])  # neither: the job's nodes, as before
     assert "--no-kill" not in plain.command and plain.hosts == ["cn11", "cn12", "cn13"]
+
+
+def _lost_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: list[str], then: launch.Ended,
+    job_nodes: tuple[str, ...] = ("cn11", "cn12", "cn13"), **slurm: object,
+) -> tuple[int, StateDir]:  # fmt: skip
+    """lifecycle.run of a 2-node run in job 9 on ``job_nodes`` whose first step loses cn12,
+    the next step (on ``nodes``, the job's nodes then) ending as ``then``: its exit, its state
+    (and beside it ``watched.json``: the ranks each slot's hang watchdog waited for)."""
+    cfg = default_config()
+    cfg["launch"].update(nnodes=2, nproc_per_node=1)
+    cfg["slurm"].update(slurm)
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)  # (the launcher's node: cn11, first)
+    job = {"JobState": "RUNNING", "Restarts": "0", "SubmitTime": "2026-11-29T01:00:00",
+           "EligibleTime": "2026-11-29T01:00:00", "StartTime": "2026-11-29T01:10:00"}  # fmt: skip
+    listed = iter([list(job_nodes), nodes])
+    monkeypatch.setattr(scontrol, "job_record", lambda job_id: job)
+    monkeypatch.setattr(scontrol, "job_nodes", lambda job_id: next(listed))
+    monkeypatch.setattr(scontrol, "node_states", lambda hosts: dict.fromkeys(hosts, "MIXED"))
+    lost = launch.Ended(137, {"signal": None, "checkpoint": None, "lost": ["cn12"],
+                              "detail": "cn12: its agent silent 10 s"})  # fmt: skip
+    ended = iter([lost, then])
+    watched: list[list[int]] = []
+
+    def supervise(plan: launch.Plan, env: dict, opened: slot.Slot, warn_in: float | None,
+                  watch: watchdog.Watchdog) -> launch.Ended:  # fmt: skip
+        watched.append(sorted(watch.views))  # the ranks its hang watchdog waits for
+        return next(ended)
+
+    monkeypatch.setattr(launch, "supervise", supervise)
+    state = StateDir(tmp_path / "state")
+    code = lifecycle.run(run_spec.resolve(cfg, gpus=False), ["-m", "ddppipe", "train"], state,
+                         None)  # fmt: skip
+    (state.root / "watched.json").write_text(json.dumps(watched))
+    return code, state
+
+
+def test_a_slot_continued_in_its_job_after_a_lost_node_starts_then_and_did_not_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job queued 10 minutes once: its first slot says so, the slot continued in it after
+    cn12 was lost (on the spare) starts when it starts and queued 0 s (the summary adds the
+    slots' waits)."""
+    before = time.time()
+    code, state = _lost_then(tmp_path, monkeypatch, ["cn11", "cn12", "cn13"],
+                             launch.Ended(0, None), spare_nodes=1)  # fmt: skip
+    assert code == 0
+    first, second = attempts.load(state)
+    assert (first.outcome, second.outcome) == ("node failure", "completed")
+    assert (first.nodes, second.nodes) == (["cn12", "cn13"], ["cn11", "cn13"])
+    assert (first.job, first.restarts) == (second.job, second.restarts) == ("9", 0)
+    assert (first.queue_s, second.queue_s) == (600.0, 0.0)
+    assert second.start >= before
+
+
+def test_too_few_nodes_left_requeue_the_job_or_say_that_it_could_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cn12 lost and no spare in the job any more (SLURM shrank it to cn11, cn12): the
+    launcher requeues the job; when scontrol refuses, the log says so and what follows."""
+    requeued: list[str] = []
+    monkeypatch.setattr(scontrol, "requeue", requeued.append)
+    code, _ = _lost_then(tmp_path / "a", monkeypatch, ["cn11", "cn12"], launch.Ended(0, None),
+                         spare_nodes=1)  # fmt: skip
+    assert (code, requeued) == (75, ["9"])
+
+    def refuse(job: str) -> None:
+        raise subprocess.CalledProcessError(1, ["scontrol"], stderr="Requeue of job is disabled")
+
+    monkeypatch.setattr(scontrol, "requeue", refuse)
+    caplog.clear()
+    code, _ = _lost_then(tmp_path / "b", monkeypatch, ["cn11", "cn12"], launch.Ended(0, None),
+                         spare_nodes=1)  # fmt: skip
+    assert code == 75
+    said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert (
+        "could not requeue job 9 (Requeue of job is disabled); exiting 75: Snakemake retries "
+        "the job, which uses one of its --retries"
+    ) in said, said
+
+
+def test_a_slot_continued_at_fewer_nodes_watches_the_ranks_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """min_nodes 1: cn12 lost, the next slot trains on cn11 alone (world size 1); its hang
+    watchdog waits for rank 0 only (a rank 1 that never comes would be named hung once the
+    start-up's allowance had passed, and the slot killed)."""
+    code, state = _lost_then(tmp_path, monkeypatch, ["cn11", "cn12"], launch.Ended(0, None),
+                             ("cn11", "cn12"), min_nodes=1)  # fmt: skip
+    assert code == 0
+    first, second = attempts.load(state)
+    assert (first.nodes, second.nodes) == (["cn11", "cn12"], ["cn11"])
+    assert json.loads((state.root / "watched.json").read_text()) == [[0, 1], [0]]
+
+
+def test_a_slot_continued_after_a_lost_node_too_late_to_train_requeues_its_job() -> None:
+    """A node lost in the last minutes of the job's time: the slot that goes on in the job
+    gets the time-limit warning before it checkpoints a step. Its job requeues (a fresh time
+    limit), as the run's first slot of a job that checkpointed nothing would not."""
+    lost = attempts.Attempt(1, "9", 0, ["cn12", "cn13"], 0.0, outcome="node failure",
+                            start_step=0, end_step=150)  # fmt: skip
+    late = attempts.Attempt(2, "9", 0, ["cn11", "cn13"], 0.0, outcome="time limit",
+                            start_step=150, end_step=150)  # fmt: skip
+    assert continuation.decide([lost, late], max_continuations=5).requeue
+    alone = continuation.decide([late], max_continuations=5)  # (its job's first slot)
+    assert not alone.requeue and alone.reason.startswith("no progress: slot 2 (job 9)")
+    requeued = attempts.Attempt(2, "9", 1, ["cn11", "cn13"], 0.0, outcome="time limit",
+                                start_step=150, end_step=150)  # fmt: skip
+    assert not continuation.decide([lost, requeued], max_continuations=5).requeue

@@ -7,10 +7,12 @@ job) and a 2-node run with neither. All are held mid-epoch 2 (their task waits w
 exists), then the node their steps share, no job's batch node, is killed as a node dies: its
 slurmd and every process on it; they are released once SLURM has declared it down (a job
 submitted without ``--no-kill`` ends then). The first two go on in their jobs, with no new
-submission: the spare run on its first node and the spare, the other on its first node
-alone, both from the epoch-1 checkpoint. The third, submitted without ``--no-kill``, is
-ended by SLURM and requeued (its profile's ``--requeue``): the same job resumes on cn11 and
-cn13.
+submission, both from the epoch-1 checkpoint: the spare run (its rank 0 on the lost node: its
+other rank fails on the lost peer at once, so it goes on before SLURM's word) on its node
+left and the spare (its job's first node, idle until then), the other on its first node
+alone. The third,
+submitted without ``--no-kill``, is ended by SLURM and requeued (its profile's
+``--requeue``): the same job resumes on cn11 and cn13.
 """
 
 from __future__ import annotations
@@ -100,12 +102,14 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 _poll(lambda wd=wd: (wd / "held-0").exists(), proc, 600,  # rank 1 then waits
                       f"the {name} run held in epoch 2", out)  # fmt: skip
             steps = {name: attempts(root / name)[0]["nodes"] for name in procs}
-            victim = steps["spare"][1]
-            assert all(victim in nodes[1:] for nodes in steps.values()), f"no node to kill: {steps}"
+            shared = set(NODES).intersection(*steps.values()) - {NODES[0]}  # (the batch nodes)
+            assert len(shared) == 1, f"no node to kill: {steps}"
+            victim = shared.pop()
             killed = time.time()
             kill_pids(netns_pids(victim), grace=0)  # the node dies: slurmd, steps, ranks
-            down = _poll(lambda: node_down(cluster, victim), procs["spare"][0], 120,
-                         f"{victim} down in SLURM", procs["spare"][1])  # fmt: skip
+            # (the plain run is held until then; the spare run may have gone on already)
+            down = _poll(lambda: node_down(cluster, victim), procs["plain"][0], 120,
+                         f"{victim} down in SLURM", procs["plain"][1])  # fmt: skip
             for name in procs:  # the ranks left go on, and fail on their lost peer
                 (root / name / "hold").unlink()
             for name, (proc, out) in procs.items():
@@ -141,15 +145,16 @@ def check_one_job(run: dict[str, Any], victim: str) -> list[dict[str, Any]]:
 
 
 def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(runs: dict) -> None:
-    """The 2-node run with a spare: the next step on its first node and the spare, from the
-    epoch-1 checkpoint, in the same job; the final weights trained there."""
+    """The 2-node run with a spare: its first step on the nodes after its job's first (the
+    launcher's, whose loss would end the job: the spare), the next on the node left and the
+    spare, from the epoch-1 checkpoint, in the same job; the final weights trained there."""
     run, victim = runs["spare"], runs["victim"]
     history = check_one_job(run, victim)
-    first, spare = run["steps"][0], (set(NODES) - set(run["steps"])).pop()
-    assert history[0]["nodes"] == run["steps"] and history[1]["nodes"] == [first, spare]
+    assert run["steps"] == ["cn12", "cn13"], run["steps"]
+    assert history[1]["nodes"] == ["cn11", "cn13"], history
     assert history[1]["world_size"] == 2, history
     hosts = torch.load(run["wd"] / FINAL, weights_only=False)["meta"]["hosts"]
-    assert sorted(set(hosts)) == sorted([first, spare]), hosts
+    assert sorted(set(hosts)) == ["cn11", "cn13"], hosts
     lost_at, started, ended = (t - runs["killed"] for t in (
         history[0]["end"], history[1]["start"], history[1]["end"]))  # fmt: skip
     print(f"(spare) {victim} killed, down in SLURM {runs['down']:.1f}s later; the slot's end "

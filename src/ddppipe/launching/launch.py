@@ -30,7 +30,7 @@ from ddppipe.core import slot, system
 from ddppipe.data import manifest, squashfs
 from ddppipe.launching import node_watch, watchdog, workers
 from ddppipe.parallel import node_check
-from ddppipe.runstate import finished_nodes, preemption
+from ddppipe.runstate import finished_nodes, node_beats, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config, run_spec
 from ddppipe.settings.run_spec import RunSpec
@@ -103,8 +103,9 @@ def plan(
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
     (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
     job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
-    runs on the first launch.nnodes of the job's nodes but those in ``exclude`` (bad, lost),
-    on fewer down to slurm.min_nodes (:meth:`~ddppipe.slurm.request.Request.step_hosts`).
+    runs on launch.nnodes of the job's nodes but those in ``exclude`` (bad, lost), its first
+    node a spare while another is left, on fewer down to slurm.min_nodes
+    (:meth:`~ddppipe.slurm.request.Request.step_hosts`).
     """
     program = program or ["-m", "ddppipe", *module_args]
     env = dict(os.environ if env is None else env)
@@ -124,7 +125,7 @@ def plan(
     placement = Placement.from_env(env)
     hosts = hosts or (placement.nodes if placement else scontrol.job_nodes(job))
     if placement is None and request.survives_node_failure:
-        hosts = request.step_hosts(hosts, exclude)
+        hosts = request.step_hosts(hosts, exclude, env.get(node_beats.NODE_ENV))  # (its node)
         request = request.on_nodes(len(hosts))
     if len(hosts) < request.nodes:
         raise slurm_request.SlurmRequestError(

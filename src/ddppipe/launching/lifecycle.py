@@ -131,8 +131,7 @@ def _continue_after_loss(
     except (slurm_request.SlurmRequestError, OSError, subprocess.SubprocessError) as e:
         log.error("cannot go on in job %s without %s (%s): requeueing it", plan.job,
                   ", ".join(lost), e)  # fmt: skip
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            scontrol.requeue(str(plan.job))
+        _requeue(str(plan.job))
         return None
     spares = [h for h in after.hosts if h not in plan.hosts]
     log.warning(
@@ -165,8 +164,9 @@ def _slot(
     spec: RunSpec, plan: launch.Plan, state: StateDir, record: Path | None,
     publish: Callable[[], None] | None, data: Path | None = None, continued: bool = False,
 ) -> int | NodeLoss:  # fmt: skip
-    """One slot; ``continued``: in the job of a slot that lost a node (its start: now, not
-    the launcher's or the job's; its ranks check their nodes again, a spare's too)."""
+    """One slot; ``continued``: it goes on in the job of the slot before, which lost a node
+    (:func:`run`): it starts now, not at the launcher's or the job's start, and did not queue
+    (the job's wait is its first slot's)."""
     restarts, warn_in, end, queue_s, submitted = 0, None, None, 0.0, None
     mem_mb, job_start = None, None  # what a node of the job asked for, its start (SLURM)
     launcher_start = time.time() if continued else process_times.started() or time.time()
@@ -178,6 +178,7 @@ def _slot(
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
         queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
+        queue_s = 0.0 if continued else queue_s
         mem_mb, job_start = memory_request.requested_mb(job), continuation.started(job)
         left = continuation.seconds_left(job)
         if left is not None:  # None: no time limit
@@ -195,7 +196,7 @@ def _slot(
     log.info("attempt %d of this run; run: %s", len(history), " ".join(plan.command))
     failures.clear(state)
     opened = slot_record(spec, state, history[-1], warn_in, end, checks=plan.own_job)
-    watch = watchdog.Watchdog(spec, state, len(history), plan.job)
+    watch = watchdog.Watchdog(spec, state, len(history), plan.job, plan.request.world_size)
     attempts.mark(state, "launcher_ranks_launched")
     ended = launch.supervise(plan, plan.env, opened, warn_in, watch)
     code, note = ended.code, ended.note
@@ -388,17 +389,9 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
         return exit_status  # 75: run it again (a packed trial: its next slot) to resume
     decision = continuation.decide(history, request.slurm.max_continuations)
     if decision.requeue:
-        try:
-            scontrol.requeue(job)
-        except (OSError, subprocess.CalledProcessError) as e:
-            stderr = getattr(e, "stderr", "") or e
-            log.error(
-                "could not requeue job %s (%s); exiting %d: Snakemake retries the job, which "
-                "uses one of its --retries", job, str(stderr).strip(), preemption.EXIT_CODE,
-            )  # fmt: skip
-            return preemption.EXIT_CODE
-        log.warning("requeued job %s: its next slot resumes from %s", job,
-                    note.get("checkpoint") or "the last checkpoint")  # fmt: skip
+        if _requeue(job):
+            log.warning("requeued job %s: its next slot resumes from %s", job,
+                        note.get("checkpoint") or "the last checkpoint")  # fmt: skip
         return preemption.EXIT_CODE
     if outcome in continuation.REQUEUED_BY_SLURM:
         log.warning("%s", decision.reason)
@@ -408,3 +401,18 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
     attempts.save(state, history)
     log.error("not continuing: %s", decision.reason)
     return NO_PROGRESS_EXIT
+
+
+def _requeue(job: str) -> bool:
+    """``scontrol requeue`` the slot's job (the launcher then exits 75); False, said in the
+    log with what follows, when scontrol refuses."""
+    try:
+        scontrol.requeue(job)
+    except (OSError, subprocess.CalledProcessError) as e:
+        stderr = getattr(e, "stderr", "") or e
+        log.error(
+            "could not requeue job %s (%s); exiting %d: Snakemake retries the job, which "
+            "uses one of its --retries", job, str(stderr).strip(), preemption.EXIT_CODE,
+        )  # fmt: skip
+        return False
+    return True

@@ -160,11 +160,15 @@ class Hang:
 
 
 class Watchdog:
-    """Watches one slot's ranks from the launcher; see the module's docstring."""
+    """Watches one slot's ranks from the launcher; see the module's docstring. ``world_size``:
+    the slot's ranks (None: the run's, ``spec.world_size``; fewer after a node failure,
+    ``slurm.min_nodes``)."""
 
-    def __init__(self, spec: RunSpec, state: StateDir, attempt: int, job: str | None) -> None:
+    def __init__(self, spec: RunSpec, state: StateDir, attempt: int, job: str | None,
+                 world_size: int | None = None) -> None:  # fmt: skip
         self.folder, self.report = state.watchdog, state.hangs / f"attempt-{attempt}.txt"
-        self.setting, self.world_size = spec.launch.hang_timeout_s, spec.world_size
+        self.setting = spec.launch.hang_timeout_s
+        self.world_size = spec.world_size if world_size is None else world_size
         self.script, self.gpus, self.job = spec.kind == "script", spec.gpus, job
         source = spec.task_source or {}
         self.user_file = source.get("path") if source.get("path") else None

@@ -130,7 +130,8 @@ def decide(history: list[Attempt], max_continuations: int) -> Decision:
 
     A slot whose progress is unknown (a script that logged no step) continues, bounded by
     ``max_continuations``. A slot that hung without checkpointing a new step continues once;
-    a second such slot in a row fails the run.
+    a second such slot in a row fails the run. A slot that went on in its job after a lost
+    node (:func:`after_lost_node`) continues too: its time was what the lost slot left.
     """
     last = history[-1]
     if last.outcome in REQUEUED_BY_SLURM:
@@ -144,7 +145,7 @@ def decide(history: list[Attempt], max_continuations: int) -> Decision:
                 "step: not continuing. The attempt history names the ranks and frames, the "
                 "state folder's hangs/ has every rank's stack",
             )  # one more slot after a hang without progress, which may have been transient
-    elif last.start_step is not None and last.steps <= 0:
+    elif last.start_step is not None and last.steps <= 0 and not after_lost_node(history):
         return Decision(
             False,
             f"no progress: slot {last.number} (job {last.job}) checkpointed no new step "
@@ -160,3 +161,13 @@ def decide(history: list[Attempt], max_continuations: int) -> Decision:
             f"{requeues + 1} slots; raise slurm.max_continuations or slurm.runtime",
         )
     return Decision(True, "")
+
+
+def after_lost_node(history: list[Attempt]) -> bool:
+    """Did the last slot of ``history`` go on in its job (the same job and restart) after the
+    slot before it lost a node (``slurm.spare_nodes``, ``slurm.min_nodes``)?"""
+    if len(history) < 2:
+        return False
+    before, last = history[-2], history[-1]
+    same_slot_of_job = (before.job, before.restarts) == (last.job, last.restarts)
+    return same_slot_of_job and before.outcome == "node failure"

@@ -96,13 +96,24 @@ class Request:
         nodes left: spare nodes held, or a smaller world allowed?"""
         return self.slurm.spare_nodes > 0 or self.min_nodes < self.launch.nnodes
 
-    def step_hosts(self, hosts: list[str], exclude: Collection[str] = ()) -> list[str]:
-        """The nodes of a step among the job's ``hosts`` (bad or lost ones in ``exclude``):
-        the first launch.nnodes healthy ones, else all of them if at least slurm.min_nodes;
-        raise SlurmRequestError when fewer are left."""
+    def step_hosts(
+        self, hosts: list[str], exclude: Collection[str] = (), batch: str | None = None
+    ) -> list[str]:
+        """The nodes of a step among the job's ``hosts`` (bad or lost ones in ``exclude``), in
+        the job's order: launch.nnodes healthy ones, else all of them if at least
+        slurm.min_nodes; raise SlurmRequestError when fewer are left.
+
+        The ``batch`` node (None: the job's first), where its batch script and the launcher
+        run, is taken last: a spare while one is left. Its loss ends the job whatever
+        ``--no-kill`` says, so the nodes whose loss the job survives are the ones that train
+        (with ``launch.nnodes: 1`` and a spare, the only way the spare can ever take over).
+        Not with ``slurm.rendezvous_host`` set: that names the job's first node
+        (:func:`ddppipe.launching.launch.check_rendezvous_host`), which then trains."""
         healthy = [h for h in hosts if h not in exclude]
         if len(healthy) >= self.launch.nnodes:
-            return healthy[: self.launch.nnodes]
+            batch = None if self.rendezvous_host else batch or next(iter(hosts), None)
+            chosen = [h for h in healthy if h != batch] + [h for h in healthy if h == batch]
+            return [h for h in healthy if h in chosen[: self.launch.nnodes]]
         if len(healthy) >= self.min_nodes:
             return healthy
         raise SlurmRequestError(

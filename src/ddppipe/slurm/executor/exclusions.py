@@ -28,8 +28,8 @@ def install(executor: type, state_of: Callable[[Any], StateDir | None]) -> bool:
     original = getattr(executor, "run_job", None)
     if original is None or not isinstance(getattr(executor, "_failed_nodes", None), property):
         log.warning(
-            "ddppipe: %s has no run_job or excluded nodes: a node that failed the preflight "
-            "is not excluded from the next submission",
+            "ddppipe: %s has no run_job or excluded nodes: a node recorded bad (failed its "
+            "checks, or lost mid-step) is not excluded from the next submission",
             executor.__name__,
         )
         return False
@@ -43,8 +43,9 @@ def install(executor: type, state_of: Callable[[Any], StateDir | None]) -> bool:
             new = [n for n in record.load() if n not in self._failed_nodes]
             if new:
                 self.logger.info(
-                    f"ddppipe: excluding {', '.join(new)} from SLURM submissions: failed the "
-                    f"preflight of rule {job.name} ({record.path})"
+                    f"ddppipe: excluding {', '.join(new)} from SLURM submissions of rule "
+                    f"{job.name}: recorded bad by its run (failed its checks, or lost "
+                    f"mid-step: {record.path})"
                 )
                 for node in new:
                     self._failed_nodes.add(node)

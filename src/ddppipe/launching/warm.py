@@ -54,9 +54,8 @@ FOLDER_PREFIX = "ddppipe-warm-"  # a private folder made for a socket (mkdtemp),
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
 _POLL_S = 0.05
-# The server imports a rank's rest (``ahead``) once no request came for this long after it
-# began to listen: callers that waited for it (polling every 50 ms: warm_client) are forked
-# first, and run beside the imports; a request that comes during them waits for their end.
+# ``ahead`` is imported once no request came for this long: callers that waited for the server
+# (polling every 50 ms) are forked first; one that comes during the imports waits for them.
 _SETTLE_S = 0.2
 
 

@@ -103,6 +103,11 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         str(real), f"{work}/linked"
     ]  # fmt: skip
     assert binds.user_binds(container_spec("a.py"), cwd=scripts) == [str(scripts)]
+    # a folder whose path has a comma: a quoted --mount (--bind would split it)
+    (root / "a,b").mkdir()
+    assert argv(f"{root}/a,b/t.py") == [
+        "apptainer", "exec", "--mount", f'type=bind,"src={root}/a,b","dst={root}/a,b"', "i.sif"
+    ]  # fmt: skip
 
 
 def test_failed_build_leaves_no_image(tmp_path: Path) -> None:

@@ -11,12 +11,17 @@ from pathlib import Path
 from ddppipe.settings.run_spec import RunSpec
 
 
-def bind_args(source: str | Path, target: str | Path, options: tuple[str, ...] = ()) -> list[str]:
-    """``apptainer exec`` options binding the host path ``source`` at ``target`` with
-    ``options`` (``ro``, ``image-src=/``): ``--bind SRC:DST[:OPTS]``; where a path holds a
-    comma or a colon (``--bind``'s separators, which it cannot escape), ``--mount`` with its
-    fields quoted as CSV instead (Apptainer 1.1 and later)."""
-    source, target = str(source), str(target)
+def bind_args(
+    source: str | Path, target: str | Path | None = None, options: tuple[str, ...] = ()
+) -> list[str]:
+    """``apptainer exec`` options binding the host path ``source`` at ``target`` (None: at its
+    own path) with ``options`` (``ro``, ``image-src=/``): ``--bind SRC[:DST[:OPTS]]``; where a
+    path holds a comma or a colon (``--bind``'s separators, which it cannot escape),
+    ``--mount`` with its fields quoted as CSV instead (Apptainer 1.1 and later)."""
+    source = str(source)
+    if target is None and not options and not any(c in source for c in ",:"):
+        return ["--bind", source]
+    target = source if target is None else str(target)
     if not any(c in source + target for c in ",:"):
         return ["--bind", ":".join([source, target, *([",".join(options)] if options else [])])]
     text = io.StringIO()

@@ -58,7 +58,8 @@ def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
         return []
     extra = list(spec.container.exec_args)
     nv = ["--nv"] if spec.gpus and "--nv" not in extra else []
-    binds = [arg for bind in [*user_binds(spec), *data_binds] for arg in ("--bind", bind)]
+    binds = [arg for folder in user_binds(spec) for arg in bind_args(folder)]
+    binds += [arg for bind in data_binds for arg in ("--bind", bind)]
     layer = layer_args(spec.container)
     return [APPTAINER, "exec", *nv, *extra, *binds, *layer, run_image(spec.container)]
 

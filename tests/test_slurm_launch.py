@@ -131,7 +131,8 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     tmp_path: Path,
 ) -> None:
     """container.mode apptainer, data.pack squashfs: every node's step runs the image with the
-    data folder's SquashFS image bound over task_args.root (the manifest names the image)."""
+    data folder's SquashFS image bound over task_args.root (the manifest names the image); a
+    folder with a comma in its path through --mount."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "manifest.json").write_text(
@@ -154,6 +155,15 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
         "/images/ddppipe.sif", "python", "-m", "ddppipe", "agent",
     ]  # fmt: skip
     assert step[:2] == ["srun", "--jobid=77"] and "--nodes=2" in step
+    # a task folder whose path has a comma: a quoted --mount (--bind would split it)
+    cfg["task_args"] = {"root": "/project/a,b"}
+    plan = launch.plan(
+        run_spec.resolve(cfg, gpus=False), ["train", "--config=c"],
+        env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"], data=data,
+    )  # fmt: skip
+    assert plan.command[plan.command.index("exec") + 1 : plan.command.index("exec") + 3] == [
+        "--mount", f'type=bind,src={image},"dst=/project/a,b",image-src=/'
+    ]  # fmt: skip
 
 
 def _spare_plan(

@@ -50,16 +50,16 @@ def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
     """``apptainer exec [--nv] [exec_args] [--bind DIR ...] [LAYER] IMAGE``, or ``[]`` when off.
 
     ``--nv`` is added when the run trains on GPUs (its spec's device); the binds are
-    :func:`~ddppipe.apptainer.binds.user_binds`, then ``data_binds`` (a packed data folder's
-    image: :meth:`ddppipe.data.squashfs.Image.bind`); LAYER is :func:`layer_args`; IMAGE is
-    :func:`run_image`.
+    :func:`~ddppipe.apptainer.binds.user_binds`, then ``data_binds`` (the options binding a
+    packed data folder's image: :func:`ddppipe.launching.launch.data_binds`); LAYER is
+    :func:`layer_args`; IMAGE is :func:`run_image`.
     """
     if not enabled(spec.container):
         return []
     extra = list(spec.container.exec_args)
     nv = ["--nv"] if spec.gpus and "--nv" not in extra else []
     binds = [arg for folder in user_binds(spec) for arg in bind_args(folder)]
-    binds += [arg for bind in data_binds for arg in ("--bind", bind)]
+    binds += data_binds
     layer = layer_args(spec.container)
     return [APPTAINER, "exec", *nv, *extra, *binds, *layer, run_image(spec.container)]
 

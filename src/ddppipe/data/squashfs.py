@@ -199,10 +199,11 @@ class Image:
     def _target(self, args: dict[str, Any]) -> str:
         return os.path.abspath(os.path.expanduser(args[self.arg]))
 
-    def bind(self, args: dict[str, Any]) -> str:
-        """``apptainer exec --bind``'s value putting the image's content over the task's
-        folder (``args[arg]``, made absolute: the working directory is the same inside)."""
-        return f"{self.path.resolve()}:{self._target(args)}:image-src=/"
+    def bind(self, args: dict[str, Any]) -> tuple[str, str]:
+        """The image's path and the task's folder (``args[arg]``, made absolute: the working
+        directory is the same inside) that ``apptainer exec`` binds its content over
+        (``image-src=/``: :func:`ddppipe.launching.launch.data_binds`)."""
+        return str(self.path.resolve()), self._target(args)
 
     def bound(self, args: dict[str, Any]) -> bool:
         """Whether this process runs in an Apptainer image with a mount over the task's

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from ddppipe.apptainer import running
+from ddppipe.apptainer import binds, running
 from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import slot, system
 from ddppipe.data import manifest, squashfs
@@ -142,13 +142,17 @@ def plan(
 
 
 def data_binds(spec: RunSpec, data: Path | None) -> tuple[str, ...]:
-    """With container.mode apptainer, the ``--bind`` of the data folder ``data``'s SquashFS
-    image over the task's folder (``data.pack: squashfs``, :mod:`ddppipe.data.squashfs`);
-    none otherwise (a process outside a container mounts the image itself)."""
+    """With container.mode apptainer, the options binding the data folder ``data``'s SquashFS
+    image over the task's folder (``--bind IMAGE:FOLDER:image-src=/``; ``data.pack:
+    squashfs``, :mod:`ddppipe.data.squashfs`); none otherwise (a process outside a container
+    mounts the image itself)."""
     if data is None or not apptainer_tool.enabled(spec.container):
         return ()
     image = squashfs.Image.of(data, manifest.read(data))
-    return (image.bind(run_spec.plain(spec.task_args)),) if image else ()
+    if image is None:
+        return ()
+    source, folder = image.bind(run_spec.plain(spec.task_args))
+    return tuple(binds.bind_args(source, folder, ("image-src=/",)))
 
 
 def _addresses(host: str) -> set[str]:

@@ -189,7 +189,7 @@ def test_a_light_command_never_waits_for_a_starting_server(tmp_path: Path) -> No
     began = time.monotonic()
     assert not warm_client.usable(command, starting, wait=False)
     assert time.monotonic() - began < 0.5
-    assert {"summary", "export", "data-settings", "prepare"} <= main.LIGHT
+    assert {"summary", "export", "data-settings", "prepare", "sweep-round"} <= main.LIGHT
     assert not {"resolve-config", "plot-evaluation", "plot-training"} & main.LIGHT
 
 

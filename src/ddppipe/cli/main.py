@@ -79,7 +79,7 @@ COLD = frozenset({"launch", "agent", "warm-server", "train", "submit", "head", "
 # forked by a warm server that already listens, else run here at once, never waiting for one
 # that is still importing (the rules before training run while it starts).
 LIGHT = frozenset({"data-settings", "prepare", "attempts", "summary", "export", "sweep-trials",
-                   "sweep-table"})  # fmt: skip
+                   "sweep-table", "sweep-round"})  # fmt: skip
 
 
 # The commands of the rules that run beside a training, holding no core of their own (`threads:

@@ -187,6 +187,39 @@ def test_the_trainings_ddp_checkpoints_count_the_next_steps_wait_for_the_copy(
 
 
 @pytest.mark.usefixtures("one_rank")
+def test_a_committed_save_is_recorded_before_it_is_waited_for(tmp_path: Path) -> None:
+    """A save by time, committed in the background: the next agreement's look at the clock
+    records its step and folder in the attempt record, before any wait for it (a slot that
+    then loses a node or crashes said the step before, 0 at its first save)."""
+    spec = run_spec.resolve(default_config(), gpus=False)
+    model, optimizer = model_and_optimizer()
+    parts = checkpoint.Trainable(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    recorded: list[dict[str, Any]] = []
+    saves = run_checkpoints.Checkpoints(
+        spec, StateDir(tmp_path), distributed.Context(0, 0, 1, torch.device("cpu"), "gloo",
+                                                      "test", 1),
+        strategy.of(spec.launch), parts, config_hash="abc", steps_per_epoch=10,
+        record=lambda **changes: recorded.append(changes),
+        precision=precision.Decision("fp32", "fp32"), costs=save_costs.SaveCosts(),
+    )  # fmt: skip
+    saves.save(run_checkpoints.Position(1, 3, []), timed=True)
+    train_step(model, optimizer)  # (the step waits for the copy)
+    deadline = time.monotonic() + 60
+    while saves.store.in_flight():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert recorded == []
+    saves.due()
+    assert recorded == [{"end_step": 13, "checkpoint": "ckpt-e0001-s000003"}]
+    saves.due()  # once
+    assert len(recorded) == 1
+    saves.wait()
+    assert recorded[-1]["end_step"] == 13 and "checkpoint_seconds" in recorded[-1]
+    assert saves.store.copier is not None
+    saves.store.copier.shut()
+
+
+@pytest.mark.usefixtures("one_rank")
 def test_the_copy_buffers_are_kept_and_one_copy_is_in_flight_at_a_time(tmp_path: Path) -> None:
     model, optimizer = model_and_optimizer()
     copier = background_copy.BackgroundCopy(optimizer, torch.device("cpu"))

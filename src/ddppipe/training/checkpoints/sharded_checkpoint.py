@@ -234,6 +234,14 @@ class Store:
         committing = pending.committer is not None and pending.committer.is_alive()
         return committing or not pending.future.done()
 
+    def committed(self) -> Written | None:
+        """(Rank 0) The save in flight once its commit is done, without waiting for it (no
+        collective: :meth:`wait` still follows); None while it is written, or on other ranks."""
+        pending = self._pending
+        if pending is None or pending.committer is None or pending.committer.is_alive():
+            return None
+        return pending.outcome.get("written")
+
     def wait(self) -> Written | None:
         """Collective: wait for the save in flight, if any; on rank 0 what it cost. Raises
         CheckpointError on every rank if any rank's part (or rank 0's commit) failed."""

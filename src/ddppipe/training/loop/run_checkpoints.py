@@ -70,13 +70,21 @@ class Checkpoints:
         self.precision = precision.as_dict()  # the ranks' (ddppipe.parallel.precision)
         self.meta = provenance.meta(spec, ctx, hosts, self.precision)  # what checkpoints record
         self._saving_step = 0  # the global step of the checkpoint in flight
+        self._recorded = ""  # the folder of the last save recorded as committed (rank 0)
         self._longest_s = 0.0  # the longest save of this slot, start to commit
         self._metrics_written = -1  # the epochs of history rank 0 last wrote to the metrics
         self.clock = save_clock.SaveClock(spec.train.checkpoint_minutes)  # (rank 0's counts)
 
     def due(self) -> bool:
         """Whether a checkpoint is due by time (``train.checkpoint_minutes``) on this rank's
-        clock (only rank 0's counts: :meth:`ddppipe.training.loop.agreement.Agreement.check`)."""
+        clock (only rank 0's counts: :meth:`ddppipe.training.loop.agreement.Agreement.check`).
+        First, on rank 0, a save committed since is recorded at once (its step and folder in
+        the attempt record: a slot that ends without waiting for it, a lost node or a crash,
+        still says the step it kept; its costs are counted when it is waited for)."""
+        written = self.store.committed()
+        if written is not None and written.path.name != self._recorded:
+            self._recorded = written.path.name
+            self.record(end_step=self._saving_step, checkpoint=written.path.name)
         return self.clock.due()
 
     def snapshot(self, at: Position) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 
 from ddppipe.runstate import startup  # noqa: E402
 from tests.slurm_cluster import SlurmCluster  # noqa: E402
-from tests.slurm_fixtures import bench_cluster_refusal  # noqa: E402
+from tests.slurm_fixtures import bench_cluster_refused  # noqa: E402
 from tests.tiny import make_tiny, tiny_config  # noqa: E402
 from tests.workflow_helpers import stamps  # noqa: E402
 
@@ -165,9 +165,7 @@ def report(init: int, f: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    reason = bench_cluster_refusal()
-    if reason is not None:
-        print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
+    if bench_cluster_refused():
         return 2
     inits = args.init_seconds or [profile_init_seconds()]
     with tempfile.TemporaryDirectory(prefix="ddppipe-slurm-overhead-") as tmp:

@@ -46,7 +46,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from overhead import SHARED_MNIST, sha256sums  # noqa: E402
 
 from tests.slurm_cluster import SlurmCluster  # noqa: E402
-from tests.slurm_fixtures import bench_cluster_refusal  # noqa: E402
+from tests.slurm_fixtures import bench_cluster_refused  # noqa: E402
 
 NODES = ("pk01", "pk02")
 PARTITIONS = {
@@ -164,9 +164,7 @@ def run_sweep(cluster: SlurmCluster, work: Path, cfg: dict[str, Any]) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    reason = bench_cluster_refusal()
-    if reason is not None:
-        print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
+    if bench_cluster_refused():
         return 2
     with tempfile.TemporaryDirectory(prefix="ddppipe-sweep-packing-") as tmp:
         root = args.keep or Path(tmp)

@@ -27,6 +27,7 @@ import contextlib
 import getpass
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,13 +69,15 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
-def bench_cluster_refusal() -> str | None:
-    """Why a benchmark cannot start the test cluster here now (not root, no Slurm, another
-    test cluster running), or None if it can."""
+def bench_cluster_refused() -> bool:
+    """Whether a benchmark cannot start the test cluster here now (not root, no Slurm, another
+    test cluster running); if so, why, on stderr (the benchmark then exits 2)."""
     reason = slurm_unavailable_reason()
     if reason is None and port_listening(CTLD_PORT):
         reason = f"a test cluster already runs on this machine (port {CTLD_PORT}): wait for it"
-    return reason
+    if reason is not None:
+        print(f"cannot run the SLURM test cluster: {reason}", file=sys.stderr)
+    return reason is not None
 
 
 # The accounting cluster samples its steps' usage (jobacct_gather/linux), so sacct has their

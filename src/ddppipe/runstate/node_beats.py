@@ -11,7 +11,6 @@ it never invents one), without ``ended``, is silent: its agent is gone with its 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -19,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddppipe.core import slot
+from ddppipe.core import in_place, slot
 from ddppipe.runstate.state import StateDir
 
 BEAT_S = 1.0  # an agent's beat
@@ -59,15 +58,8 @@ def start() -> Callable[[], None]:
 
 
 def _write(path: Path, text: str) -> None:
-    """One in-place write of ``text``, padded (a shorter one overwrites a longer), then close:
-    a shared filesystem shows it to the launcher's node (close-to-open), where a renamed file
-    could stay hidden behind its cached directory (as a rank's heartbeat)."""
-    with contextlib.suppress(OSError):  # a full disk must not stop the node's training
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, f"{text}\n".encode().ljust(RECORD_BYTES), 0)
-        finally:
-            os.close(fd)
+    """One in-place write of ``text``, padded (as a rank's heartbeat: core.in_place)."""
+    in_place.write_padded(path, f"{text}\n".encode(), RECORD_BYTES)
 
 
 def _read(path: Path) -> str | None:

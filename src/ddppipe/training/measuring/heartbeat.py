@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddppipe.core import slot
+from ddppipe.core import in_place, slot
 from ddppipe.runstate.state import StateDir
 
 # Ignored by default, so nothing else of a job dies of it: torchrun's agents, srun, a
@@ -119,18 +119,13 @@ class Heart:
         record = {**self._identity, "phase": self.phase, "step": self.step, "count": self.count,
                   "slowest_step_s": self.slowest, "watched": self.watched,
                   "longest_s": dict(self.longest)}  # fmt: skip
-        return json.dumps(record).encode().ljust(RECORD_BYTES)
+        return json.dumps(record).encode()
 
     def _write(self) -> None:
-        """One in-place write, then close: a shared filesystem shows it to the launcher's node
-        (close-to-open), where a rename could stay hidden behind its cached directory."""
+        """One in-place write, then close (core.in_place): a shared filesystem shows it to the
+        launcher's node, where a rename could stay hidden behind its cached directory."""
         count, record = self.count, self._record()
-        with contextlib.suppress(OSError):  # a full disk must not stop the training
-            fd = os.open(beat_file(self.folder, self.rank), os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                os.pwrite(fd, record, 0)
-            finally:
-                os.close(fd)
+        if in_place.write_padded(beat_file(self.folder, self.rank), record, RECORD_BYTES):
             self._written = count
 
     def _run(self) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint, store_files
 from tests.conftest import run_cli
+from tests.small_disk import tmpfs
 from tests.test_checkpoint import snapshot
 from tests.test_train_ddp import cli_args
 from tests.tiny import REPO, TinyData, tiny_config
@@ -19,14 +20,9 @@ from tests.tiny import REPO, TinyData, tiny_config
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs mounted for this test (tests run as root)."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mount], check=True)
-    try:
+    """A 2 MiB tmpfs mounted for this test."""
+    with tmpfs(tmp_path / "small-disk", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "--lazy", mount], check=True)
 
 
 def test_a_save_that_does_not_fit_raises_enospc_and_keeps_the_previous(small_disk: Path) -> None:

@@ -36,6 +36,7 @@ from ddppipe.data import batches, file_digests, manifest, packed, staging
 from ddppipe.launching import resolve
 from ddppipe.reports import waste
 from ddppipe.tasks import imagefolder
+from tests import small_disk
 from tests.conftest import prepare_in_process, run_cli
 from tests.test_tasks_builtin import write_images
 from tests.tiny import default_config
@@ -326,15 +327,10 @@ def test_staging_checks_what_it_copies_and_leaves_nothing_half_done(tmp_path: Pa
         staging.staged(data, str(tmp_path / "other"), found, lambda: None)
     assert os.listdir(tmp_path / "other" / dest.parent.name) == [f".{dest.name}.lock"]
 
-    small = tmp_path / "small"  # a node-local disk too small for the data
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
-    try:
+    with small_disk.tmpfs(tmp_path / "small", "1m") as small:  # a node-local disk too small
         with pytest.raises(staging.StageError, match=r"\(0\.00 GB\) does not fit in .*small"):
             staging.staged(data, str(small), found, lambda: None)
         assert os.listdir(small / dest.parent.name) == [f".{dest.name}.lock"]
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
     with pytest.raises(staging.StageError, match=r"\$NOWHERE_SET is not set on"):
         staging.folder("$NOWHERE_SET/stage")
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddppipe.apptainer import room
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
 
 BUILD_OPTIONS = ("--fakeroot", "--force", "--mksquashfs-args", "-comp zstd -Xcompression-level 3")
@@ -69,7 +70,8 @@ def build(
     The recipe's %files paths are relative to ``context`` (the repository root). The image
     is built into a temporary file next to ``image`` and renamed only on success, so a
     failed build never leaves a half-written image where the next step would use it.
-    The wheelhouse (:func:`fill_wheelhouse`) is bound in at ``/opt/wheelhouse``.
+    The wheelhouse (:func:`fill_wheelhouse`) is bound in at ``/opt/wheelhouse``. A build that
+    would not fit on disk is refused before it starts (:mod:`ddppipe.apptainer.room`).
     ``arguments``: the ``--build-arg`` options (default :func:`build_args`; apptainer
     refuses ones the recipe does not use).
     """
@@ -87,6 +89,11 @@ def build(
     try:
         with open(log, "w") as f:
             wheels = fill_wheelhouse(context, f)
+            try:
+                room.check(wheels, image)
+            except ContainerError as e:
+                f.write(f"# refused: {e}\n")
+                raise
             bind = ["--bind", f"{wheels}:{WHEELHOUSE_IN_IMAGE}:ro"] if wheels else []
             args = build_args(context) if arguments is None else arguments
             cmd = [APPTAINER, "build", *BUILD_OPTIONS, *bind, *args, str(tmp), str(recipe)]

@@ -158,6 +158,25 @@ def test_the_watchdog_allows_an_evaluation_what_the_first_took(tmp_path: Path) -
     assert allowed.why.startswith("evaluate's after its first in the slot: 10 x its longest")
 
 
+def test_a_lost_nodes_step_is_the_one_the_ranks_heartbeats_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step the node watch kills when a node is lost: the ranks' heartbeats name it, no
+    squeue asked (job 77 is none of SLURM's: squeue would name no step); a rank that never beat
+    is left out."""
+    spec = run_spec.resolve(default_config(), False)
+    dog = watchdog.Watchdog(spec, StateDir(tmp_path / "state"), 1, "77")
+    dog.environment()
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_STEP_ID", "3")
+    heart = heartbeat.Heart(dog.folder, 0, True, False)
+    heart.beat("train", 5)
+    heart._write()
+    assert [(b.rank, b.slurm_step) for b in dog.beats()] == [(0, "77.3")]
+    assert watchdog.steps("77", dog.beats()) == ["77.3"]
+    assert watchdog.steps("77", []) == []
+
+
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [("auto", 7200.0), (3, 1200.0), (600, 1200.0), (2000, 2300.0)],

@@ -277,7 +277,7 @@ def supervise(
         reader = threading.Thread(target=_pass_on, args=(child.stderr, checks), daemon=True)
         reader.start()
     if nodes is not None:
-        nodes.start(attempt, lambda: _end_step(child, plan, nodes))
+        nodes.start(attempt, lambda: _end_step(child, plan, nodes, watch))
     try:
         code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
     finally:
@@ -399,13 +399,15 @@ def _end_hung(child: workers.Group | subprocess.Popen, plan: Plan, beats: list) 
 
 
 def _end_step(
-    child: workers.Group | subprocess.Popen, plan: Plan, nodes: node_watch.NodeWatch
-) -> None:
+    child: workers.Group | subprocess.Popen, plan: Plan, nodes: node_watch.NodeWatch,
+    watch: watchdog.Watchdog | None,
+) -> None:  # fmt: skip
     """(The node watch, a node lost) End the step: its ranks on the nodes left killed, unless
     their agents all exited (their ranks failed on the lost peer), then srun, which would wait
-    for the lost node's tasks until SLURM declares the node down."""
+    for the lost node's tasks until SLURM declares the node down. The step is the one the
+    ranks' heartbeats name (squeue's without them: it may not answer while a node is lost)."""
     if not nodes.others_ended():
-        for step in watchdog.steps(str(plan.job), []):
+        for step in watchdog.steps(str(plan.job), watch.beats() if watch is not None else []):
             watchdog.scancel(step, signal.SIGKILL)
         _wait_or_kill(child, LOST_STEP_WAIT_S)
     elif child.poll() is None:

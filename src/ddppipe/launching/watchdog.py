@@ -209,6 +209,11 @@ class Watchdog:
             self._thread.join(timeout=DUMP_WAIT_S + KILL_WAIT_S + 10)
         self._read(time.monotonic())  # the ranks' last beats (a short script's first call)
 
+    def beats(self) -> list[heartbeat.Beat]:
+        """Every rank's last heartbeat, read now (none from a rank before its first)."""
+        found = (heartbeat.Beat.read(heartbeat.beat_file(self.folder, r)) for r in self.views)
+        return [beat for beat in found if beat is not None]
+
     @property
     def watched(self) -> bool:
         """Did the watchdog watch this slot's ranks (a script: did it call the job API)?"""

@@ -138,14 +138,14 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     cfg["run"] = "mnist2n"
     cfg["task_args"] = {"mirrors": [REAL_MNIST.as_uri() + "/"], "sha256": real_mnist_sha256()}
     cfg["train"].update(epochs=1, batch_size=256, eval_batch_size=1000)
-    cfg["slurm"]["mem_mb"] = None  # the default request: 2,900 MB a node of 2 CPU processes
+    cfg["slurm"]["mem_mb"] = None  # the default request: 3,400 MB a node of 2 CPU processes
     started = time.monotonic()
     counts = tmp_path / "validations"  # tests/count_validations/sitecustomize.py
     counts.mkdir()
     sitecustomize = [str(REPO / "tests" / "count_validations"), os.environ.get("PYTHONPATH", "")]
     counting = {"PYTHONPATH": os.pathsep.join(sitecustomize),
                 "DDPPIPE_TEST_VALIDATIONS": str(counts)}  # fmt: skip
-    with nodes_enforce_memory(slurm_cluster, 2900) as node_peaks:
+    with nodes_enforce_memory(slurm_cluster, 3400) as node_peaks:
         result = snakemake_slurm(slurm_cluster, tmp_path / "wd", cfg, env=counting)
     print(
         f"(a) wall time {time.monotonic() - started:.1f}s; the nodes' cgroups peaked at "
@@ -188,7 +188,7 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     # and the slot keeps what its job asked for (scontrol), which the summary judges against.
     decided = attempt["precision"]
     assert (decided["configured"], decided["trained"]) == ("auto", precision)
-    assert training["precision"] == attempt["precision"] and attempt["mem_mb"] == 2900
+    assert training["precision"] == attempt["precision"] and attempt["mem_mb"] == 3400
     # The slot's start in parts from its job's start (ddppipe.runstate.startup): the launcher
     # (no preflight world of its own), each node's agent (no container), its ranks and their
     # checks in the training's own world
@@ -209,9 +209,12 @@ def test_real_mnist_on_two_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     assert re.search(r"communication +\d+% of a step waits for the all-reduce", summary)
     assert re.search(r"start-up +first step done [\d.]+ s after its job started: job to "
                      r"launcher [\d.]+ s, launcher", summary), summary  # fmt: skip
-    peak = re.search(r"memory peak ([\d,]+) MB a node of 2,900 MB", summary)
-    assert peak and int(peak[1].replace(",", "")) < 0.9 * 2900, summary  # no memory flag
-    assert "waste          memory" not in summary, summary
+    # The default request is safe in either precision the CPUs decide: no flag of a peak near
+    # or above it (a bf16 run's peak, ~2,150 MB, is flagged as more than it needs: its next
+    # job asks for less by itself)
+    peak = re.search(r"memory peak ([\d,]+) MB a node of 3,400 MB", summary)
+    assert peak and int(peak[1].replace(",", "")) < 0.9 * 3400, summary
+    assert "kills the job there" not in summary, summary
     # The job's end noticed within seconds of the slot's end
     # (ddppipe.slurm.executor.status_checks), not at
     # the plugin's next check: 36, 68, 110 s ... after the submission (33 s late, measured).

@@ -53,7 +53,7 @@ def sbatch_line(cfg: dict[str, Any]) -> str:
 def test_default_profile_and_config() -> None:
     assert sbatch_line(default_config()) == (
         "sbatch --parsable --job-name RUN --output LOG --export=ALL"
-        " --comment rule_train_wildcards_mnist   -t 30 --mem 2900 --nodes=1 --requeue"
+        " --comment rule_train_wildcards_mnist   -t 30 --mem 3400 --nodes=1 --requeue"
         " --ntasks=1 --cpus-per-task=2 --ntasks-per-node=1 -D /work"
     )
 

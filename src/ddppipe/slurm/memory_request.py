@@ -17,12 +17,15 @@ from typing import Any
 # A node's processes share the libraries they map (torch's, Python's) once: 537 MB of
 # file-backed pages in a CPU rank with DDP and gloo set up (RssFile, torch 2.x, 2026-11-28).
 SHARED_MB = 550
-# One CPU training process of the default run at its peak, without those libraries (measured
-# 2026-11-28, default MNIST run, 2 ranks on a 2-core AMD EPYC: the node's peak 2,238 MB, a
-# rank's 1.40 GiB): the interpreter, torch, ddppipe, gloo and DDP about 370 MB; MNIST held
-# as tensors about 135 MB; the model's states (parameters, gradients, AdamW's two moments)
-# 19 MB; its training and evaluation batches' activations and the allocator's slack the rest.
-CPU_PROCESS_MB = 850
+# One CPU training process of the default run at its peak, without those libraries, in fp32:
+# what train.precision auto trains in on a CPU without bfloat16 (AVX2), and the most a CPU
+# process of it holds. Measured 2026-11-29, real MNIST, 2 ranks a node on the SLURM test
+# cluster (2-core AMD EPYC) with torch's kernels capped at AVX2: the node's peak 2,668 MB (in
+# bf16 2,238 MB, 2026-11-28; locally 2,508 in fp32 and 2,332 in bf16): the interpreter, torch,
+# ddppipe, gloo and DDP about 370 MB; MNIST held as tensors about 135 MB; the model's states
+# (parameters, gradients, AdamW's two moments) 19 MB; its training and evaluation batches'
+# activations and the allocator's slack the rest.
+CPU_PROCESS_MB = 1060
 # A GPU process also holds its CUDA context, cuDNN, cuBLAS and NCCL on the host (docs/gpus.md).
 GPU_PROCESS_MB = 8000
 MIN_GPU_PROCESS_MB = 4000  # the least a GPU process needs: a request below it is refused

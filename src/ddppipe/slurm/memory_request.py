@@ -20,8 +20,9 @@ SHARED_MB = 550
 # One CPU training process of the default run at its peak, without those libraries, in fp32:
 # what train.precision auto trains in on a CPU without bfloat16 (AVX2), and the most a CPU
 # process of it holds. Measured 2026-11-29, real MNIST, 2 ranks a node on the SLURM test
-# cluster (2-core AMD EPYC) with torch's kernels capped at AVX2: the node's peak 2,668 MB (in
-# bf16 2,238 MB, 2026-11-28; locally 2,508 in fp32 and 2,332 in bf16): the interpreter, torch,
+# cluster (2-core AMD EPYC) with torch's kernels capped at AVX2: the node's peak 2,378 MB
+# alone, 2,668 MB beside the other tests (in bf16 2,119-2,238 MB; locally 2,508 in fp32 and
+# 2,332 in bf16): the interpreter, torch,
 # ddppipe, gloo and DDP about 370 MB; MNIST held as tensors about 135 MB; the model's states
 # (parameters, gradients, AdamW's two moments) 19 MB; its training and evaluation batches'
 # activations and the allocator's slack the rest.

@@ -341,3 +341,18 @@ def test_a_slot_continued_after_a_lost_node_too_late_to_train_requeues_its_job()
     requeued = attempts.Attempt(2, "9", 1, ["cn11", "cn13"], 0.0, outcome="time limit",
                                 start_step=150, end_step=150)  # fmt: skip
     assert not continuation.decide([lost, requeued], max_continuations=5).requeue
+
+
+def test_the_agent_leaves_no_folder_in_the_nodes_tmp(tmp_path: Path) -> None:
+    """A node's agent removes torchrun's folder of its workers' error files when it ends, here
+    after a worker failed (torchrun makes one in $TMPDIR for every step and leaves it)."""
+    tmp = tmp_path / "node-tmp"
+    tmp.mkdir()
+    script = tmp_path / "worker.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    agent = [sys.executable, "-m", "ddppipe", "agent", "--standalone", "--nnodes=1",
+             "--nproc-per-node=2", str(script)]  # fmt: skip
+    ended = subprocess.run(agent, env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert ended.returncode == 1 and "ddppipe agent: workers exited [3]" in ended.stderr
+    assert os.listdir(tmp) == []

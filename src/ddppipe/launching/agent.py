@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from ddppipe.core import env_names, memory, process_times, slot
@@ -19,6 +21,9 @@ from ddppipe.slurm.placement import Placement
 
 def run_agent(torchrun_argv: list[str]) -> int:
     """torchrun in this process, surviving SIGUSR1, passing a worker's exit 75 on.
+
+    torchrun's folder of its workers' error files (``--log-dir``; by default one it makes in
+    /tmp and leaves there, a folder a node for every step) is removed once it ended.
 
     SLURM signals every process of the step; torchrun's agent would die of SIGUSR1 (its
     default action). Ignoring it here is inherited by the workers until they install their
@@ -46,6 +51,10 @@ def run_agent(torchrun_argv: list[str]) -> int:
     if problems:  # this node's own checks, before it joins the rendezvous
         node_check.say(problems)
         return node_check.EXIT_CODE
+    logs = None
+    if not any(a.startswith(("--log-dir", "--log_dir")) for a in torchrun_argv):
+        logs = tempfile.mkdtemp(prefix="ddppipe-agent-")
+        torchrun_argv = [f"--log-dir={logs}", *torchrun_argv]
     signal.signal(preemption.stop_signal(), signal.SIG_IGN)
     os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -64,6 +73,8 @@ def run_agent(torchrun_argv: list[str]) -> int:
         return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
     finally:
         end_beats()
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
     finished_nodes.mark()
     return 0
 

@@ -1,9 +1,13 @@
 """Room on disk for an image build (ddppipe.apptainer.room): checked against real small file
-systems (tmpfs) before ``apptainer build`` starts, the refusal said with both ways out."""
+systems (tmpfs) before ``apptainer build`` starts, the refusal said with both ways out; what
+killed builds left removed first."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +58,20 @@ def test_the_need_grows_with_the_wheels_and_folders_on_one_disk_share_it(
         monkeypatch.delenv("APPTAINER_TMPDIR")
         monkeypatch.setenv("TMPDIR", str(tmp_path))  # unpacked elsewhere: the image alone fits
         room.check(wheels, image)
+
+
+def test_what_a_killed_build_left_is_removed_and_a_running_ones_kept(tmp_path: Path) -> None:
+    """A build writes ``.<image>.<host>.<pid>.building`` first: the next build removes the one
+    of an ended process of this host, not a running one's nor another host's."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    host = socket.gethostname()
+    image = tmp_path / "x.sif"
+    left = {name: tmp_path / name for name in (
+        f".x.sif.{host}.{ended}.building", f".x.sif.{host}.{os.getpid()}.building",
+        f".x.sif.other-node.{ended}.building", f".y.sif.{host}.{ended}.building",
+    )}  # fmt: skip
+    for path in left.values():
+        path.write_bytes(b"part of an image")
+    building.remove_killed_builds(image)
+    assert sorted(os.listdir(tmp_path)) == sorted(list(left)[1:])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,9 @@ from typing import Any
 
 from ddppipe.apptainer import room
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
+from ddppipe.core import system
 
+log = logging.getLogger(__name__)
 BUILD_OPTIONS = ("--fakeroot", "--force", "--mksquashfs-args", "-comp zstd -Xcompression-level 3")
 WHEELHOUSE = "build/wheels"  # below the build context: torch's wheels, shared with the host
 WHEELHOUSE_IN_IMAGE = "/opt/wheelhouse"
@@ -20,7 +24,6 @@ WHEELHOUSE_IN_IMAGE = "/opt/wheelhouse"
 def build_args(context: Path) -> list[str]:
     """``--build-arg`` options: ddppipe's version and the git commit of ``context``."""
     from ddppipe import __version__
-    from ddppipe.core import system
 
     git = system.git_commit(context)
     commit = git["commit"] or "unknown"
@@ -57,6 +60,22 @@ def fill_wheelhouse(context: Path, log: Any) -> Path | None:
     return dest
 
 
+def _building(image: Path, pid: int) -> Path:
+    """The file a build of ``image`` by process ``pid`` of this host writes first."""
+    return image.with_name(f".{image.name}.{socket.gethostname()}.{pid}.building")
+
+
+def remove_killed_builds(image: Path) -> None:
+    """The files that builds of ``image`` on this host left when killed before their end
+    removed: each is as large as the image (a build on another host sharing the folder is
+    left alone)."""
+    for path in image.parent.glob(f".{image.name}.{socket.gethostname()}.*.building"):
+        pid = path.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not system.process_alive(int(pid)):
+            log.info("removing %s, left by a build that ended before it was complete", path)
+            path.unlink(missing_ok=True)
+
+
 def build(
     recipe: Path,
     image: Path,
@@ -70,8 +89,9 @@ def build(
     The recipe's %files paths are relative to ``context`` (the repository root). The image
     is built into a temporary file next to ``image`` and renamed only on success, so a
     failed build never leaves a half-written image where the next step would use it.
-    The wheelhouse (:func:`fill_wheelhouse`) is bound in at ``/opt/wheelhouse``. A build that
-    would not fit on disk is refused before it starts (:mod:`ddppipe.apptainer.room`).
+    The wheelhouse (:func:`fill_wheelhouse`) is bound in at ``/opt/wheelhouse``. What killed
+    builds left is removed (:func:`remove_killed_builds`); a build that would not fit on disk
+    is then refused before it starts (:mod:`ddppipe.apptainer.room`).
     ``arguments``: the ``--build-arg`` options (default :func:`build_args`; apptainer
     refuses ones the recipe does not use).
     """
@@ -85,7 +105,8 @@ def build(
         )
     image.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    tmp = image.with_name(f".{image.name}.{os.getpid()}.building")
+    remove_killed_builds(image)
+    tmp = _building(image, os.getpid())
     try:
         with open(log, "w") as f:
             wheels = fill_wheelhouse(context, f)

@@ -10,6 +10,17 @@ from pathlib import Path
 from typing import Any
 
 
+def process_alive(pid: int) -> bool:
+    """Does process ``pid`` of this machine still run (one of another user's included)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def available_cpus() -> int:
     """CPUs this process may use (SLURM's allocation on this node, or the affinity mask)."""
     if "SLURM_CPUS_ON_NODE" in os.environ:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import hashing, nodelock, private
+from ddppipe.core import hashing, nodelock, private, system
 from ddppipe.core.errors import UserError
 from ddppipe.data import manifest
 
@@ -237,21 +237,11 @@ def _unmount(point: Path) -> None:
         point.rmdir()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(mine: Path) -> None:
     """The mounts that processes killed before their end left in ``mine``, removed."""
     for point in mine.glob(f"{NAME_PREFIX}*.*"):
         pid = point.suffix.lstrip(".")
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not system.process_alive(int(pid)):
             log.info("removing %s, the mount of an ended process", point)
             _unmount(point)
 

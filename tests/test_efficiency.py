@@ -19,6 +19,11 @@ def test_memory_far_below_the_request_suggests_a_request() -> None:
         "memory: the fullest node peaked at 2,100 MB of the 8,000 MB requested (26%); "
         "ask for 2700 MB: `slurm.mem_mb: 2700`"
     ]
+    sized = waste.flags(attempt(600, memory_peak_mb=2_100, cpu_s=4_000), 8_000, 30, 8, True)
+    assert sized == [  # slurm.mem_mb null: nothing to set, the next job asks for less itself
+        "memory: the fullest node peaked at 2,100 MB of the 8,000 MB requested (26%); the "
+        "run's next job asks for 2700 MB (its peak and a quarter: `slurm.mem_mb` is null)"
+    ]
 
 
 def test_a_peak_within_10_percent_of_the_request_or_above_it_is_flagged() -> None:

@@ -63,7 +63,8 @@ def efficiency(spec: RunSpec | None, attempts: list[dict[str, Any]]) -> list[Lin
     run = goodput.account(attempts)
     if run is not None:
         lines.append(("goodput", goodput.line(run)))
-    flags = waste.flags(slots[-1], held.mem_mb, held.runtime_min, held.cpus)
+    sized = spec is not None and spec.slurm.mem_mb is None  # the next job sizes itself
+    flags = waste.flags(slots[-1], held.mem_mb, held.runtime_min, held.cpus, sized)
     return lines + [("waste", flag) for flag in flags]
 
 

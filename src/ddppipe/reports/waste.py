@@ -24,19 +24,23 @@ def cpu_efficiency(cpu_s: float, wall_s: float, cpus: int) -> float | None:
 
 
 def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
-          cpus: int) -> list[str]:  # fmt: skip
+          cpus: int, mem_sized: bool = False) -> list[str]:  # fmt: skip
     """Plain-words waste warnings for one attempt record, each with its fix (``mem_mb``: a
-    node's request). A memory peak near or above the request is flagged too: not waste, the
-    risk of the OOM killer."""
+    node's request; ``mem_sized``: ddppipe's own, ``slurm.mem_mb`` null, which the run's next
+    job sizes from the peak by itself). A memory peak near or above the request is flagged
+    too: not waste, the risk of the OOM killer."""
     found: list[str] = []
     eff = attempt.get("efficiency") or {}
     wall = (attempt.get("end") or 0) - attempt.get("start", 0)
     peak = eff.get("memory_peak_mb")
     if mem_mb and peak and peak < MEMORY_USED_BELOW * mem_mb:
         suggest = memory_request.from_peak_mb(peak)
+        fix = (f"the run's next job asks for {suggest} MB (its peak and a quarter: "
+               "`slurm.mem_mb` is null)" if mem_sized
+               else f"ask for {suggest} MB: `slurm.mem_mb: {suggest}`")  # fmt: skip
         found.append(
             f"memory: the fullest node peaked at {peak:,.0f} MB of the {mem_mb:,} MB requested "
-            f"({peak / mem_mb:.0%}); ask for {suggest} MB: `slurm.mem_mb: {suggest}`"
+            f"({peak / mem_mb:.0%}); {fix}"
         )
     if mem_mb and peak and peak >= memory_request.NEAR_LIMIT * mem_mb:
         suggest = memory_request.from_peak_mb(peak)

@@ -60,8 +60,9 @@ def fill_wheelhouse(context: Path, log: Any) -> Path | None:
     return dest
 
 
-def _building(image: Path, pid: int) -> Path:
-    """The file a build of ``image`` by process ``pid`` of this host writes first."""
+def _building(image: Path, pid: int | str) -> Path:
+    """The file a build of ``image`` by process ``pid`` of this host writes first (``"*"``:
+    the pattern of every such file)."""
     return image.with_name(f".{image.name}.{socket.gethostname()}.{pid}.building")
 
 
@@ -69,7 +70,7 @@ def remove_killed_builds(image: Path) -> None:
     """The files that builds of ``image`` on this host left when killed before their end
     removed: each is as large as the image (a build on another host sharing the folder is
     left alone)."""
-    for path in image.parent.glob(f".{image.name}.{socket.gethostname()}.*.building"):
+    for path in image.parent.glob(_building(image, "*").name):
         pid = path.name.rsplit(".", 2)[-2]
         if pid.isdigit() and not system.process_alive(int(pid)):
             log.info("removing %s, left by a build that ended before it was complete", path)

@@ -177,8 +177,8 @@ def _slot(
     if plan.own_job:
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
-        queue_s, submitted = continuation.queue_seconds(job), continuation.submitted(job)
-        queue_s = 0.0 if continued else queue_s
+        queue_s = 0.0 if continued else continuation.queue_seconds(job)  # (its first slot's)
+        submitted = continuation.submitted(job)
         mem_mb, job_start = memory_request.requested_mb(job), continuation.started(job)
         left = continuation.seconds_left(job)
         if left is not None:  # None: no time limit

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from ddppipe.data import batches, packed, shards
 from ddppipe.training.loop import evaluate, stepping
@@ -55,12 +55,25 @@ def write(folder: Path, n: int) -> None:
             writer.write({"x": x[i].numpy().tobytes(), "cls": str(labels[i]).encode()})
 
 
+class Items(Dataset):
+    """A dataset's samples, read one by one."""
+
+    def __init__(self, samples: Dataset) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> Any:
+        return self.samples[i]
+
+
 def dataset(path: str, folder: Path, n: int) -> Any:
     labels = torch.arange(n) % 3
     if path == "tensors":
         return batches.Tensors(rows(n), labels, to_input)
-    if path == "map":
-        return TensorDataset(to_input(rows(n)), labels)
+    if path == "map":  # (read item by item: a TensorDataset is gathered as tensors are)
+        return Items(TensorDataset(to_input(rows(n)), labels))
     if path == "packed":
         return packed.Packed(folder / f"pack-{n}", to_input)
     return shards.Sharded(folder / f"shards-{n}", decode, window=4)
@@ -82,7 +95,7 @@ def train(net: nn.Module, data: Any, workers: int, rank: int, world: int,
     feed, ids, loss = batches.Feed(data, torch.device("cpu"), workers), [], 0.0
     for epoch in range(EPOCHS):
         for share in feed.epoch(SEED, epoch, batch, rank, world, 0):
-            loss += float(step(share))
+            loss += float(step(share)) * share.count
             ids += ids_of(share.batch[0])[: share.count]
     return ids, loss
 

@@ -11,11 +11,12 @@ import os
 import random
 import signal
 import time
+from typing import Any
 
 import numpy
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from ddppipe.data import batches, loader
 from ddppipe.training.measuring import allowances
@@ -47,6 +48,23 @@ class Draws(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return torch.tensor([torch.rand(()).item(), random.random(), numpy.random.rand()]), i
+
+
+class Rows(Dataset):
+    """Items(), also asked a batch at a time (``__getitems__``): as a batch of inputs and
+    targets (``listed``: as a list of samples, as torch's own datasets answer)."""
+
+    def __init__(self, listed: bool = False) -> None:
+        self.listed, self.asked = listed, 0
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        self.asked += 1
+        if self.listed:
+            return [(torch.full((3,), float(i)), i) for i in indices]
+        return torch.tensor(indices).float()[:, None].expand(-1, 3), torch.tensor(indices)
 
 
 def pids(feed: batches.Feed) -> list[int]:
@@ -146,3 +164,39 @@ def test_the_bound_follows_the_longest_wait_of_the_slot() -> None:
     longest = feed.source.longest_wait_s
     assert longest is not None and 0 < longest < 3.0
     assert feed.source.loader._iterator._timeout == 30.0
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        TensorDataset(torch.arange(96.0)[:, None].expand(-1, 3), torch.arange(96)),
+        Subset(
+            TensorDataset(torch.arange(200.0)[:, None].expand(-1, 3), torch.arange(200)), range(96)
+        ),
+        Rows(),
+        Rows(listed=True),
+    ],
+    ids=["TensorDataset", "Subset", "batch", "samples"],
+)
+def test_a_dataset_that_gives_batches_is_gathered_in_the_rank_in_the_same_order(
+    dataset: Dataset,
+) -> None:
+    """A TensorDataset (or a Subset of one) and a dataset with ``__getitems__`` are gathered a
+    batch at a time in the rank, however many workers were asked for (none forked, the
+    dataset asked once a batch); each step's batch, its count and total are those the
+    per-item path reads (Items(): the same samples), on a resume and at an epoch's uneven
+    last batch (96 samples, global batch 10: 6 at the end, 3 a rank), and in evaluation."""
+    feed, items = batches.Feed(dataset, CPU, workers=2), batches.Feed(Items(), CPU, workers=0)
+    for start in (0, 4):
+        got = list(feed.epoch(5, 1, 10, 1, 2, start))
+        want = list(items.epoch(5, 1, 10, 1, 2, start))
+        assert len(got) == len(want) == 10 - start
+        for share, expected in zip(got, want, strict=True):
+            assert torch.equal(share.batch[0], expected.batch[0])
+            assert share.batch[1].tolist() == expected.batch[1].tolist()
+            assert (share.count, share.total) == (expected.count, expected.total)
+    evaluated = [i for r in range(2) for _, y in feed.shard(r, 2, 10) for i in y.tolist()]
+    assert evaluated == list(range(96))
+    assert feed._loader is None  # no workers forked
+    if isinstance(dataset, Rows):
+        assert dataset.asked == 10 + 6 + 10  # a request a batch: 2 passes and evaluation

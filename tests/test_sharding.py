@@ -47,6 +47,8 @@ def test_loader_workers_are_chosen_for_the_tasks_data() -> None:
     tensors = batches.Tensors(torch.zeros(4, 2), torch.zeros(4))
     files = TensorDataset(torch.zeros(4, 2))  # (read item by item, as a folder of files is)
     assert batches.loader_workers(None, tensors, 16, 2, 2) == 0
+    assert batches.loader_workers(None, TensorDataset(torch.zeros(4, 2), torch.zeros(4)),
+                                  16, 2, 2) == 0  # fmt: skip
     assert batches.loader_workers(None, files, 16, 2, 2) == 6  # 8 CPUs each, 2 compute
     assert batches.loader_workers(None, files, 4, 2, 2) == 1  # threads take the share
     assert batches.loader_workers(3, tensors, 4, 2, 2) == 3

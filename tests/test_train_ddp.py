@@ -4,6 +4,8 @@ import dataclasses
 import json
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from ddppipe.runstate.state import StateDir
 from ddppipe.settings import config
 from ddppipe.training.checkpoints import checkpoint, sharded_checkpoint
 from ddppipe.training.loop import probes
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from tests.processes import start_guarded_launch, worker_pids
 from tests.tiny import TinyData, make_tiny, tiny_config
 
@@ -163,14 +165,35 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(
     assert_identical(weights(tmp_path / "final.pt"), weights(straight / "final.pt"))
 
 
-def test_plain_process_is_a_world_of_one(tiny: TinyData, tmp_path: Path) -> None:
-    """`ddppipe train` without a launcher is a world of one."""
-    cfg = tiny_config(tiny)
+def test_a_world_of_one_trains_unwrapped_without_host_reads_and_resumes_at_two(
+    tiny: TinyData, tmp_path: Path
+) -> None:
+    """`ddppipe train` without a launcher is a world of one: its model trains without DDP's
+    wrapper, and ddppipe's own code reads no tensor on the host inside an epoch when its
+    decisions lag as on a GPU (tests/host_reads_probe.py: 32 steps an epoch, checks at 10, 20
+    and 30; the reads at an epoch's end, its loss and evaluation, counted at its last step).
+    Its checkpoint of epoch 1 resumes at 2 ranks."""
+    cfg = tiny_config(tiny, batch_size=8, epochs=2)  # 32 steps an epoch
     cfg["launch"]["nproc_per_node"] = 1
-    result = launch(cfg, tiny, tmp_path, command="train")
+    counts, alone = tmp_path / "reads.json", tmp_path / "alone"
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.host_reads_probe", str(counts), "train",
+         *cli_args(cfg, tiny, alone)], cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
     assert "single: rank 0/1" in result.stderr
-    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["epochs"] == 1
-    assert checkpoint.load(tmp_path / "final.pt")["meta"]["world_size"] == 1
+    assert "one rank: the model trains as it is (no DistributedDataParallel)" in result.stderr
+    reads = {int(step): n for step, n in json.loads(counts.read_text()).items()}
+    assert set(reads) == {32, 64}, reads  # none in steps 1..31 and 33..63
+    assert yaml.safe_load((alone / "config.yaml").read_text())["train"]["epochs"] == 2
+    assert checkpoint.load(alone / "final.pt")["meta"]["world_size"] == 1
+    two = tmp_path / "two"
+    shutil.copytree(alone / "state" / "checkpoints" / "ckpt-e0001-s000000",
+                    two / "state" / "checkpoints" / "ckpt-e0001-s000000")  # fmt: skip
+    again = launch(tiny_config(tiny, batch_size=8, epochs=2), tiny, two)
+    assert "rank 0/2" in again.stderr and "resuming from" in again.stderr
+    history = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["epoch"], m["world_size"]) for m in history] == [(1, 1), (2, 2)]
 
 
 @pytest.mark.slow  # 20 s on 2 cores

@@ -1,6 +1,8 @@
-"""Feeding a task's datasets to the ranks: in-memory tensors, or a sharded DataLoader whose
-workers a rank keeps for the slot (:mod:`ddppipe.data.loader`) (of a dataset read item by
-item, of a pack: :mod:`ddppipe.data.packed`, a batch per read, or of shards streamed:
+"""Feeding a task's datasets to the ranks: gathered a batch at a time in the rank (tensors in
+memory: :class:`Tensors`, a ``TensorDataset``, any dataset that returns a batch for a list of
+indices: ``__getitems__``; :func:`batched`), or through a sharded DataLoader whose workers a
+rank keeps for the slot (:mod:`ddppipe.data.loader`) (of a dataset read item by item, of a
+pack: :mod:`ddppipe.data.packed`, a batch per read, or of shards streamed:
 :mod:`ddppipe.data.shards`).
 
 Every path follows :mod:`ddppipe.data.sharding`'s order: step k of an epoch trains the global
@@ -19,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
-from ddppipe.data import loader, sharding, shards
+from ddppipe.data import loader, packed, sharding, shards
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,25 +63,75 @@ class Tensors(Dataset):
         return x[0], y[0]
 
     def to(self, device: torch.device) -> Tensors:
+        """These tensors on ``device`` where they fit (a GPU's free memory, a quarter of it
+        at most: the training's own comes first); else kept in host memory, pinned for the
+        GPU, each batch copied over as it is gathered."""
+        nbytes = sum(t.numel() * t.element_size() for t in (self.inputs, self.targets))
+        if device.type == "cuda" and nbytes > torch.cuda.mem_get_info(device)[0] // 4:
+            return Tensors(self.inputs.pin_memory(), self.targets.pin_memory(), self.transform)
         return Tensors(self.inputs.to(device), self.targets.to(device), self.transform)
 
     def batch(self, indices: torch.Tensor) -> Batch:
+        indices = indices.to(self.inputs.device)
         x = self.inputs[indices]
         return (self.transform(x) if self.transform else x), self.targets[indices]
 
-    def slice(self, lo: int, hi: int) -> Tensors:
-        return Tensors(self.inputs[lo:hi], self.targets[lo:hi], self.transform)
+    def subset(self, indices: torch.Tensor) -> Tensors:
+        return Tensors(self.inputs[indices], self.targets[indices], self.transform)
+
+
+class Gathered:
+    """A dataset that returns a batch for a list of indices (``__getitems__``: a batch of
+    ``(inputs, targets)``, or a list of samples, collated here), asked in the rank."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def to(self, device: torch.device) -> Gathered:
+        return self  # (each batch is moved where it trains)
+
+    def batch(self, indices: torch.Tensor) -> Batch:
+        data = self.dataset.__getitems__(indices.tolist())
+        if isinstance(data, tuple | list) and len(data) == 2 and all(
+            isinstance(part, torch.Tensor) and len(part) == len(indices) for part in data
+        ):  # fmt: skip
+            return data[0], data[1]
+        x, y = default_collate(list(data))
+        return x, y
+
+
+def batched(dataset: Any) -> Tensors | Gathered | None:
+    """``dataset`` as a rank gathers it a batch at a time, with no DataLoader workers: tensors
+    in memory (:class:`Tensors`, a ``TensorDataset`` of inputs and targets, a ``Subset`` of
+    either), or a dataset that returns a batch for a list of indices (``__getitems__``); None
+    for one read item by item (files decoded in ``__getitem__``), and ddppipe's own readers of
+    files (a pack, shards), whose workers read beside the training."""
+    if isinstance(dataset, Tensors | Gathered):
+        return dataset
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        return Tensors(*dataset.tensors)
+    if isinstance(dataset, Subset):  # (whose __getitems__ reads item by item when its own does)
+        inner = batched(dataset.dataset)
+        if isinstance(inner, Tensors):
+            return inner.subset(torch.as_tensor(dataset.indices, dtype=torch.long))
+        return None if inner is None else Gathered(dataset)
+    if packed.is_packed(dataset) or shards.is_sharded(dataset):
+        return None
+    return Gathered(dataset) if callable(getattr(dataset, "__getitems__", None)) else None
 
 
 def in_memory(dataset: Any) -> bool:
-    """Whether a task's dataset takes the in-memory path."""
-    return isinstance(dataset, Tensors)
+    """Whether a task's dataset is gathered a batch at a time in the rank (:func:`batched`)."""
+    return batched(dataset) is not None
 
 
 def samples(dataset: Any, n: int, device: torch.device) -> Batch:
     """The first ``n`` samples of a task's dataset as one batch on ``device``."""
-    if in_memory(dataset):
-        x, y = dataset.batch(torch.arange(n, device=dataset.inputs.device))
+    if (gathered := batched(dataset)) is not None:
+        x, y = gathered.batch(torch.arange(n))
     else:
         x, y = default_collate([dataset[i] for i in range(n)])
     return x.to(device), y.to(device)
@@ -138,7 +190,7 @@ class ShardedBatches:
 
 class Feed:
     """One rank's view of a dataset: batches of an epoch (training) or its shard (evaluation),
-    read in the rank (tensors in memory; no workers) or by its :class:`loader.Loader`'s
+    gathered in the rank (:func:`batched`; no workers) or read by its :class:`loader.Loader`'s
     workers, kept from pass to pass. ``wait_bound``: the seconds the rank waits for a batch,
     from the longest wait it has seen (:func:`ddppipe.training.measuring.allowances.loader_wait_s`);
     ``seeded``: each batch's random draws seeded from the run's seed (``train.deterministic``)."""
@@ -147,8 +199,9 @@ class Feed:
         self, dataset: Any, device: torch.device, workers: int, seeded: bool = False,
         wait_bound: Callable[[float | None], float] | None = None,
     ) -> None:  # fmt: skip
-        self.in_memory = in_memory(dataset)
-        self.dataset = dataset.to(device) if self.in_memory else dataset
+        gathered = batched(dataset)
+        self.in_memory = gathered is not None
+        self.dataset = gathered.to(device) if gathered is not None else dataset
         self.device, self.workers, self.seeded = device, workers, seeded
         self.wait_bound = wait_bound
         self._loader: loader.Loader | None = None
@@ -178,16 +231,22 @@ class Feed:
         pinned = self.device.type == "cuda"  # the loader pins its batches for the GPU
         return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
 
+    def _gather(self, indices: torch.Tensor) -> Batch:
+        """(In memory) the batch of ``indices``, on the rank's device."""
+        return self._to_device(self.dataset.batch(indices))
+
     def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
               start_step: int) -> Iterator[Share]:  # fmt: skip
         """This rank's :class:`Share` of each step of ``epoch`` from ``start_step`` on."""
         n = len(self.dataset)
         if self.in_memory:
-            perm = sharding.epoch_permutation(n, seed, epoch).to(self.device)
+            perm = sharding.epoch_permutation(n, seed, epoch)
+            if isinstance(self.dataset, Tensors):  # indexed where they are (GPU or host)
+                perm = perm.to(self.dataset.inputs.device)
             for step in range(start_step, sharding.steps_per_epoch(n, global_batch)):
                 gbatch = sharding.global_batch(perm, step, global_batch)
                 local, count = sharding.local_share(gbatch, rank, world_size)
-                yield Share(self.dataset.batch(local), count, gbatch.numel())
+                yield Share(self._gather(local), count, gbatch.numel())
             return
         order = epoch_order(self.dataset, seed, epoch)
         sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
@@ -208,10 +267,8 @@ class Feed:
         """Batches of this rank's contiguous share (evaluation: every sample once overall)."""
         lo, hi = sharding.eval_range(len(self.dataset), rank, world_size)
         if self.in_memory:
-            part = self.dataset.slice(lo, hi)
-            for start in range(0, len(part), batch_size):
-                idx = torch.arange(start, min(start + batch_size, len(part)), device=self.device)
-                yield part.batch(idx)
+            for start in range(lo, hi, batch_size):
+                yield self._gather(torch.arange(start, min(start + batch_size, hi)))
             return
         parts = [(None, list(range(i, min(i + batch_size, hi)))) for i in range(lo, hi, batch_size)]
         share = self.dataset.window // max(self.workers, 1) if shards.is_sharded(

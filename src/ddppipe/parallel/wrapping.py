@@ -16,15 +16,30 @@ from ddppipe.parallel import fsdp
 log = logging.getLogger(__name__)
 
 
+def running_statistics_only(model: nn.Module) -> bool:
+    """Whether every buffer of ``model`` is a norm layer's running statistics (BatchNorm's
+    mean, variance and count: updated by a training forward, read only in evaluation)."""
+    for module in model.modules():
+        for name, _ in module.named_buffers(recurse=False):
+            if not (isinstance(module, nn.modules.batchnorm._NormBase) and name in RUNNING):
+                return False
+    return True
+
+
+RUNNING = ("running_mean", "running_var", "num_batches_tracked")
+
+
 def wrap(
     model: nn.Module, device: torch.device, strategy: str, nnodes: int, nproc_per_node: int,
-    bf16: bool = False, activation_checkpointing: bool = False,
+    bf16: bool = False, activation_checkpointing: bool = False, broadcast_buffers: bool = True,
 ) -> nn.Module:  # fmt: skip
     """What trains ``model`` (already on ``device``) in this process group: the model itself,
     sharded in place (``fsdp``, ``hsdp``), or its ``DistributedDataParallel`` wrapper (``ddp``).
 
     ``bf16``: the recipe trains in bfloat16 (FSDP: bf16 compute, fp32 gradient reduction; DDP:
     bf16 gradient all-reduce). ``nnodes`` and ``nproc_per_node`` shape hsdp's mesh.
+    ``broadcast_buffers``: DDP sends rank 0's buffers to the others before every forward (off:
+    the caller synchronises them where they are read).
     """
     if strategy not in fsdp.STRATEGIES:
         raise fsdp.ShardingError(
@@ -49,7 +64,7 @@ def wrap(
 
     # Gradients live in DDP's all-reduce buckets: no copy in or out of them per step.
     net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True)  # fmt: skip
+              gradient_as_bucket_view=True, broadcast_buffers=broadcast_buffers)  # fmt: skip
     if bf16 and world > 1:
         # bf16 training all-reduces bf16 gradients: half the bytes of every step's all-reduce
         # (DDP's compression hook; gloo and NCCL reduce bf16).

@@ -44,13 +44,14 @@ class Stepper:
         A stand-in's loss is weighted 0: the rank joins the collectives, its gradients 0."""
         loss = evaluate.loss_of(self.net, share.batch, self.loss_fn, self.dtype,
                                 self.memory_format)  # fmt: skip
-        (loss * loss_weight(share.count, share.total, self.world_size)).backward()
+        weight = loss_weight(share.count, share.total, self.world_size)
+        (loss if weight == 1 else loss * weight).backward()  # (1: an even share, no kernel)
         return loss.detach()
 
     def __call__(self, share: batches.Share) -> torch.Tensor:
-        """Train one step; the loss summed over the samples that count (0 for a stand-in)."""
+        """Train one step; its batch-mean loss (its samples that count: ``share.count``)."""
         loss = self.forward_backward(share)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss * share.count
+        return loss

@@ -10,6 +10,7 @@ checkpoint, probe its all-reduce and keep the ranks' evaluation forwards in step
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from ddppipe.training.checkpoints import background_copy, checkpoint, sharded_ch
 from ddppipe.training.loop import evaluate, optim, probes
 
 History = list[dict[str, Any]]
+log = logging.getLogger(__name__)
 
 
 class Strategy(abc.ABC):
@@ -41,6 +43,11 @@ class Strategy(abc.ABC):
             model, device, launch.strategy, launch.nnodes, launch.nproc_per_node, bf16=bf16,
             activation_checkpointing=activation_checkpointing,
         )  # fmt: skip
+
+    def settle(self, model: nn.Module) -> None:
+        """Collective: the ranks' copies of what a training forward changes made one before
+        they are read (evaluation, a checkpoint); nothing where they are one already."""
+        return None
 
     def optimizer(
         self, params: Any, recipe: run_spec.Train, device: torch.device
@@ -88,7 +95,36 @@ class Strategy(abc.ABC):
 
 
 class Replicated(Strategy):
-    """DDP: every rank holds the whole model and all-reduces its gradients."""
+    """DDP: every rank holds the whole model and all-reduces its gradients. At one rank, the
+    model itself: no wrapper, no hooks around each step; the same checkpoints (the model's
+    state, never the wrapper's), resumed at any world size.
+
+    A model whose only buffers are running statistics (BatchNorm's) has them sent from rank 0
+    where they are read (:meth:`settle`), not before every forward as DDP does by default:
+    rank 0's evolve the same either way (updated by its own batches), and every rank
+    evaluates and checkpoints rank 0's."""
+
+    _settle = False  # the buffers are rank 0's only after settle()
+
+    def wrap(self, model: nn.Module, device: torch.device, bf16: bool,
+             activation_checkpointing: bool) -> nn.Module:  # fmt: skip
+        if torch.distributed.get_world_size() == 1:
+            log.info("one rank: the model trains as it is (no DistributedDataParallel)")
+            if activation_checkpointing:
+                fsdp.checkpoint_activations(model)
+            return model
+        self._settle = wrapping.running_statistics_only(model)
+        launch = self.launch
+        return wrapping.wrap(
+            model, device, launch.strategy, launch.nnodes, launch.nproc_per_node, bf16=bf16,
+            activation_checkpointing=activation_checkpointing,
+            broadcast_buffers=not self._settle,
+        )  # fmt: skip
+
+    def settle(self, model: nn.Module) -> None:
+        if self._settle:
+            for buffer in model.buffers():
+                torch.distributed.broadcast(buffer, 0)
 
     def copier(
         self, parts: checkpoint.Trainable, device: torch.device, waited: Callable[[float], None]

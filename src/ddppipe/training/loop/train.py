@@ -14,14 +14,12 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from ddppipe import tasks
@@ -37,6 +35,7 @@ from ddppipe.training.loop import (
     determinism,
     evaluate,
     files,
+    host_reads,
     optim,
     probes,
     pruning,
@@ -47,10 +46,6 @@ from ddppipe.training.loop import (
 from ddppipe.training.measuring import allowances, efficiency, heartbeat, world_checks
 
 log = logging.getLogger(__name__)
-
-# Ranks agree on a pending stop signal, a checkpoint due by time and a non-finite loss every
-# this many steps (one tiny all-reduce: :mod:`ddppipe.training.loop.agreement`).
-SIGNAL_CHECK_EVERY = 10
 
 
 class Trainer:
@@ -81,7 +76,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.epoch, self.step = 0, 0
         self._final_eval: evaluate.Counts | None = None
-        self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch)
+        self.agreement = agreement.Agreement(ctx.device, self.steps_per_epoch, ctx.world_size)
         if ctx.is_main:
             from ddppipe.training.tracking import run_tracking
 
@@ -197,6 +192,7 @@ class Trainer:
         """Collective: save a checkpoint in the background (``wait``: until it is committed;
         ``timed``: due by time) (:meth:`run_checkpoints.Checkpoints.save`: what it costs)."""
         heartbeat.beat("checkpoint")
+        self.strategy.settle(self.model)
         return self.checkpoints.save(self._position(), wait, timed)
 
     def resume(self) -> None:
@@ -239,7 +235,6 @@ class Trainer:
         """Train the rest of the current epoch; return its seconds, or None when stopped."""
         n, batch = len(self.train_data), self.recipe.batch_size
         self.net.train()
-        loss_total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         show = self.ctx.is_main and sys.stderr.isatty()
         bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
                    disable=not show, leave=False)  # fmt: skip
@@ -249,20 +244,25 @@ class Trainer:
         start, first, aside_s = clock.mark(), self.step, 0.0  # (aside: not training)
         blocked = self.meter.saves.blocked_s  # (checkpoints' blocking: not training either)
         images = local_images = 0  # global and this rank's, this epoch in this slot
-        tracked = (0.0, 0)  # loss_total and local_images at the last tracked point
+        base = self.epoch * self.steps_per_epoch  # the global index of the epoch's step 0
+        self.agreement.start_epoch(base + first)
+        # (rank 0) the loss sum read as the agreement reads, and the last tracked point's
+        losses = host_reads.HostReads[tuple[int, int]](self.agreement.lag)
+        tracked = (0.0, 0)  # the loss sum and local_images at the last tracked point
         warm = self.meter.steps >= efficiency.WARMUP_STEPS
         warm_at, warm_images = (start if warm else None), 0
         heartbeat.beat(heartbeat.EPOCH_START)  # (until its first batch: its own allowance)
         self.meter.training_started()
         for step, share in enumerate(self.meter.fed(batches), start=first):
-            if step % SIGNAL_CHECK_EVERY == 0 and step > first:
-                if self.tracker is not None:  # the mean loss since the last point
-                    total, at = float(loss_total), self.epoch * self.steps_per_epoch + step
-                    loss = (total - tracked[0]) / (local_images - tracked[1])
-                    lr = self.scheduler.get_last_lr()[0]
-                    self._track(at, {"loss": loss, "lr": lr}, "train")
-                    tracked = (total, local_images)
+            if step % agreement.CHECK_EVERY == 0 and step > first:
                 agreed = self.agreement.check(guard, self.checkpoints.due())
+                if self.tracker is not None:  # the mean loss between two points
+                    read = losses.exchange(self.agreement.loss_sum, (base + step, local_images))
+                    if read is not None and read[1][1] > tracked[1]:
+                        ([total], (at, seen)), lr = read, self.scheduler.get_last_lr()[0]
+                        loss = (total - tracked[0]) / (seen - tracked[1])
+                        self._track(at, {"loss": loss, "lr": lr}, "train")
+                        tracked = (total, seen)
                 if agreed.stop:
                     self.step = step
                     bar.close()
@@ -272,26 +272,22 @@ class Trainer:
                 if agreed.save:  # due by time (train.checkpoint_minutes): here, mid-epoch
                     self.step = step
                     self.save_checkpoint(timed=True)
-            failures.at_step(self.epoch * self.steps_per_epoch + step + 1, self.epoch + 1)
-            heartbeat.beat(heartbeat.STEP, self.epoch * self.steps_per_epoch + step)
-            step_loss = self.train_step(share)
-            self.agreement.note(self.epoch * self.steps_per_epoch + step, step_loss)
+            failures.at_step(base + step + 1, self.epoch + 1)
+            heartbeat.beat(heartbeat.STEP, base + step)
+            self.agreement.note(self.train_step(share), share.count)
             images += share.total
             self.meter.stepped()
             if warm_at is None and self.meter.steps == efficiency.WARMUP_STEPS:
                 warm_at, warm_images = clock.mark(), images
                 aside_s += self._probe_communication(share)  # (neither warm-up nor steady)
-            loss_total += step_loss
             local_images += share.count
             bar.update()
         bar.close()
         seconds = self._account(clock, images, start, warm_at, warm_images,
                                 aside_s + self.meter.saves.blocked_s - blocked)  # fmt: skip
-        dist.all_reduce(loss_total)
         self._epoch_images = n - first * batch
-        self._epoch_loss = float(loss_total) / self._epoch_images
-        if not math.isfinite(self._epoch_loss):  # every rank sees it: agree on the first step
-            self.agreement.nonfinite_epoch()
+        # (collective; raises NonFiniteLoss on every rank at the earliest non-finite step)
+        self._epoch_loss = self.agreement.epoch_loss_sum() / self._epoch_images
         return seconds
 
     def _account(
@@ -310,6 +306,7 @@ class Trainer:
 
     def _evaluate(self) -> evaluate.Counts:
         heartbeat.beat("evaluate")
+        self.strategy.settle(self.model)
         size = self.recipe.eval_batch_size
         batches = self.test_data.shard(self.ctx.rank, self.ctx.world_size, size)
         extra = self.strategy.eval_padding(len(self.test_data), self.ctx.rank,
@@ -327,6 +324,8 @@ class Trainer:
         loads data, joins the group or resumes stops it at its first step check.
         """
         self.resume()
+        if self.tracker is not None:  # (its writer's import and file before the clock)
+            self.tracker.open(self.epoch * self.steps_per_epoch + self.step)
         process_times.mark("resumed")
         try:
             self._train_epochs(guard)
@@ -406,6 +405,7 @@ class Trainer:
     def _write_outputs(self) -> None:
         """Collective: rank 0 writes; every rank raises CheckpointError if it could not."""
         heartbeat.beat("checkpoint")
+        self.strategy.settle(self.model)
         snapshot = self.checkpoints.snapshot(self._position())
         evaluation = {**self._final_eval.summary(),  # type: ignore[union-attr]
                       "precision": str(self.dtype).removeprefix("torch."), "epochs": self.epoch,

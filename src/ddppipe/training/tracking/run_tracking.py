@@ -79,6 +79,16 @@ class Tracker:
             self._wandb = wandb_log.WandbLog(wandb, state, run_name, dict(params or {}),
                                              group, dict(tags or {}))  # fmt: skip
 
+    def open(self, step: int) -> None:
+        """Before a slot trains from global ``step`` (its checkpoint's): TensorBoard's writer
+        opened, forgetting earlier slots' points after that step (they are logged again)."""
+        if self._tensorboard is not None and self._tb_on and not self._closed:
+            try:
+                self._tensorboard.open(step + 1)
+            except Exception as e:
+                self._tb_on = False
+                log.warning("TensorBoard tracking off for this process: %s", errors.one_line(e))
+
     def log(self, step: int, values: Mapping[str, float], prefix: str = "") -> None:
         """Scalars at global ``step`` (keys like 'train/loss', 'test/accuracy', 'lr').
 

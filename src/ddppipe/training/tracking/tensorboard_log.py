@@ -31,22 +31,28 @@ _EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\.")
 
 
 class TensorBoardLog:
-    """This slot's writer into ``log_dir``, opened at the first point (its step the purge step)."""
+    """This slot's writer into ``log_dir``, opened before training (:meth:`open`) or at the
+    first point (its step the purge step)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = Path(log_dir)
         self._writer: Any = None
 
+    def open(self, purge_step: int) -> None:
+        """Open this slot's writer now (before training: its import and file are not a step's),
+        forgetting earlier slots' points from ``purge_step`` on. Raises on any error."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        _wait_to_sort_last(self.log_dir)
+        self._writer = SummaryWriter(
+            str(self.log_dir), purge_step=purge_step, max_queue=1000, flush_secs=FLUSH_SECONDS
+        )
+
     def log(self, step: int, points: dict[str, float], prefix: str = "") -> None:
         """Points at ``step``; test points are written out at once. Raises on any error."""
         if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            _wait_to_sort_last(self.log_dir)
-            self._writer = SummaryWriter(
-                str(self.log_dir), purge_step=step, max_queue=1000, flush_secs=FLUSH_SECONDS
-            )
+            self.open(step)
         for tag, value in points.items():
             self._writer.add_scalar(tag, value, global_step=step)
         if _is_test(prefix, points):

@@ -40,6 +40,8 @@ def local_share(batch: torch.Tensor, rank: int, world_size: int) -> tuple[torch.
     ranks and none is left for this rank, a stand-in counted 0: the batch's first sample, so
     the rank still runs the step's forward and backward (the collectives every rank must
     join) without training anything."""
+    if world_size == 1:
+        return batch, batch.numel()
     part = local_slice(batch, rank, world_size)
     if part.numel() == 0 and batch.numel() > 0:
         return batch[:1], 0

@@ -36,6 +36,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -155,13 +156,24 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
 @contextlib.contextmanager
 def _reaping(ranks: dict[int, socket.socket]) -> Iterator[None]:
     """While the server imports or loads (seconds it runs no loop), a rank's end is still told
-    to its launcher at once: on SIGCHLD (a delegated command's caller, a run's config check,
-    waits for it)."""
-    previous = signal.signal(signal.SIGCHLD, lambda signum, frame: _reap(ranks))
+    to its launcher within :data:`_POLL_S` (a delegated command's caller, a run's config check,
+    waits for it): a thread reaps meanwhile, the only reaper then. No SIGCHLD handler: one
+    runs inside whatever the server runs (an import), where a second signal re-entered it and
+    its error killed the server mid-import. The thread is gone before the loop goes on (the
+    server forks no rank while a thread of its own runs)."""
+    done = threading.Event()
+
+    def reap_until_done() -> None:
+        while not done.wait(_POLL_S):
+            _reap(ranks)
+
+    reaper = threading.Thread(target=reap_until_done, name="warm-reaper", daemon=True)
+    reaper.start()
     try:
         yield
     finally:
-        signal.signal(signal.SIGCHLD, previous)
+        done.set()
+        reaper.join()
     _reap(ranks)
 
 
@@ -350,16 +362,21 @@ def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str 
 def _reap(ranks: dict[int, socket.socket]) -> None:
     """Tell each launcher whose rank ended its exit status (a shell's: 128 + N for signal N).
     Only the server's ranks are waited for (a process an import or a task's code started is
-    its own to wait for)."""
+    its own to wait for); one waited for elsewhere (a task's code in the server) has lost its
+    status: told as failed (1), never as a success."""
     for pid in list(ranks):
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            done, status = pid, 0
+            log.warning("warm server: rank %d was waited for by other code in the server, its "
+                        "exit status lost: told to its launcher as 1 (failed)", pid)  # fmt: skip
+            done, status = pid, None
         if done == 0:
             continue
-        conn = ranks.pop(pid)
-        code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+        conn = ranks.pop(pid, None)
+        if conn is None:  # (told already)
+            continue
+        code = 1 if status is None else os.waitstatus_to_exitcode(status)  # -N: signal N
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
         conn.close()

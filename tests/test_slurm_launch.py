@@ -127,6 +127,46 @@ def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
     assert continuation.ending(requeued, up)
 
 
+END = "2026-12-07T12:00:00"  # the job's time limit (scontrol's local time)
+RUNNING = {"JobState": "RUNNING", "EndTime": END}
+UP = {"cn07": "MIXED", "cn08": "MIXED"}
+UNKNOWN = "stopped on SIGUSR1 (cause unknown: scontrol show job failed)"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "job", "signal_name", "outcome"),
+    [
+        # drained for maintenance, still running the job: the time limit stands
+        ({**UP, "cn08": "MIXED+DRAIN"}, RUNNING, "SIGUSR1", "time limit"),
+        ({**UP, "cn08": "ALLOCATED+DRAIN"}, RUNNING, "SIGUSR1", "time limit"),
+        ({**UP, "cn08": "DRAINING"}, RUNNING, "SIGUSR1", "time limit"),  # (sinfo's word)
+        ({**UP, "cn08": "MIXED+FAIL"}, RUNNING, "SIGUSR1", "time limit"),  # expected to fail
+        ({**UP, "cn08": "ALLOCATED+POWER_DOWN"}, RUNNING, "SIGUSR1", "time limit"),  # after it
+        # gone: down, not responding, powered down
+        ({**UP, "cn08": "DOWN+DRAIN"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "DOWN+DRAIN+NOT_RESPONDING"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "MIXED+NOT_RESPONDING"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "IDLE+POWERED_DOWN"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "DOWN+DRAIN"}, {}, "SIGUSR1", "node failure"),
+        # the job query failed ({}): unknown, not a user's signal; the node query ({}) too
+        (UP, {}, "SIGUSR1", UNKNOWN),
+        ({}, RUNNING, "SIGUSR1", "time limit"),
+        (UP, None, "SIGUSR1", "stopped on SIGUSR1"),  # outside SLURM
+        (UP, {"JobState": "RUNNING", "EndTime": "2026-12-07T13:00:00"}, "SIGUSR1",
+         "stopped on SIGUSR1"),  # an hour left: scancel --signal
+        (UP, {"JobState": "PREEMPTED", "EndTime": END}, "SIGTERM", "preempted"),
+        (UP, {"JobState": "PENDING", "EndTime": END}, "SIGTERM", "requeued by SLURM"),
+    ],
+)  # fmt: skip
+def test_how_a_slot_stopped_on_a_signal_ended(
+    nodes: dict[str, str], job: dict[str, str] | None, signal_name: str, outcome: str
+) -> None:
+    """(its nodes' states, its job's record, the signal) -> outcome; 80 s before the time
+    limit with a 60 s warning (and 30 s of slack) is a time limit's warning."""
+    now = scontrol.timestamp(END) - 80
+    assert continuation.classify(signal_name, job, nodes, 60, now=now) == outcome
+
+
 def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     tmp_path: Path,
 ) -> None:

@@ -27,7 +27,7 @@ import pytest
 
 from ddppipe.cli import main
 from ddppipe.core import env_names
-from ddppipe.launching import warm, warm_client, workers
+from ddppipe.launching import warm, warm_client, warm_reaper, workers
 
 # A rank's program (python -m probe): what it inherited, written where the test says.
 PROBE = """
@@ -430,7 +430,7 @@ def test_a_ranks_end_is_told_while_the_server_imports() -> None:
     if pid == 0:
         os._exit(3)
     ranks = {pid: server_end}
-    with warm._reaping(ranks):  # the imports: the launcher hears of the end meanwhile
+    with warm_reaper.reaping(ranks):  # the imports: the launcher hears of the end meanwhile
         ready, _, _ = select.select([launcher_end], [], [], 30)
     assert ready and json.loads(launcher_end.recv(4096)) == {"exit": 3}
     assert ranks == {}
@@ -529,7 +529,7 @@ def test_sigchld_while_reaping_runs_during_an_import_is_harmless() -> None:
             time.sleep(0.01)
     ranks = {pid: server for pid, (server, _, _) in ends.items()}
     deadline = time.monotonic() + 30
-    with warm._reaping(ranks):  # "the import": Python runs while the signals come
+    with warm_reaper.reaping(ranks):  # "the import": Python runs while the signals come
         os.kill(os.getpid(), signal.SIGCHLD)
         while ranks and time.monotonic() < deadline:
             assert sum(len(str(k)) for k in range(10_000)) == 38_890
@@ -560,8 +560,8 @@ def test_reaping_tells_each_end_once_and_survives_a_child_waited_for_elsewhere()
             time.sleep(0.01)
     pairs = {pid: socket.socketpair() for pid in pids}
     ranks = {pid: server for pid, (server, _) in pairs.items()}
-    warm._reap(ranks)
-    warm._reap(ranks)  # nothing told twice
+    warm_reaper.reap(ranks)
+    warm_reaper.reap(ranks)  # nothing told twice
     assert list(ranks) == [running]
     told = {}
     for pid in (exits, killed, taken):

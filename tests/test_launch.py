@@ -79,3 +79,25 @@ def test_launched_processes_get_the_same_omp_and_mkl_threads() -> None:
     """Snakemake exports MKL_NUM_THREADS = the job's threads; torch would let it win."""
     env = launch.thread_environment(2, {"MKL_NUM_THREADS": "8"})
     assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("2", "2")
+
+
+STOPPED = {"signal": "SIGUSR1", "checkpoint": "ckpt-e0002-s000040.pt"}
+UNFINISHED = {"signal": None, "checkpoint": None, "unfinished": ["cn08"]}
+
+
+@pytest.mark.parametrize(("code", "note", "seen_lost", "asked"), [
+    (0, None, True, False),  # every rank finished, a node lost after: finished stays finished
+    (0, None, False, False),
+    (0, UNFINISHED, False, True),  # exit 0 but cn08's finished mark missing: SLURM asked
+    (0, UNFINISHED, True, True),
+    (1, None, False, True),  # the step failed: a lost node may be why
+    (137, None, True, True),
+    (75, STOPPED, False, True),
+    (0, STOPPED, True, True),  # stopped on a signal, not finished: the lost node counts
+])  # fmt: skip
+def test_a_lost_node_ends_a_slot_only_when_it_did_not_finish(
+    code: int, note: dict | None, seen_lost: bool, asked: bool
+) -> None:
+    """(the step's exit, its stop note, a node seen lost) -> whether the slot's end is a lost
+    node's (SLURM asked): never once every rank finished."""
+    assert launch.may_be_lost(code, note, seen_lost) is asked

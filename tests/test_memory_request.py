@@ -109,3 +109,83 @@ def test_the_summary_judges_a_peak_against_the_request_of_its_own_job() -> None:
         "`slurm.mem_mb: 3400` (or leave it null: the run's next job asks for its measured "
         "peak and a quarter)"
     )
+
+
+# -- fitted to the partition's nodes ----------------------------------------------------------
+
+ERROR = memory_request.MemoryRequestError
+
+
+@pytest.mark.parametrize(("mb", "explicit", "node_mb", "per_node", "least", "asked"), [
+    (2100, False, 4000, 2, 0, 4000),  # a packed sweep's 2 trials on 4,000 MB nodes: capped
+    (6000, False, 4000, 1, 0, 4000),  # a 1-node run of 4 CPU processes: capped
+    (3400, False, 4000, 1, 0, 3400),  # fits: as sized
+    (2100, False, None, 2, 0, 4200),  # sinfo could not say: as sized
+    (4000, True, 4000, 1, 0, 4000),  # slurm.mem_mb of the nodes' size: as set
+    (16000, False, 12000, 1, 8000, 12000),  # 2 GPU processes: capped above their least
+    (4200, True, 4000, 1, 0,
+     "slurm.mem_mb 4,200 MB ask for 4,200 MB a node, but the partition's nodes have 4,000 MB "
+     "(sinfo): sbatch would refuse it. Set slurm.mem_mb to 4000 or less, or to null"),
+    (2100, True, 4000, 2, 0,
+     "2 trials a node (sweep.pack.trials_per_node) of slurm.mem_mb 2,100 MB ask for 4,200 MB "
+     "a node, but the partition's nodes have 4,000 MB (sinfo): sbatch would refuse it. Set "
+     "slurm.mem_mb to 2000 or less, or sweep.pack.trials_per_node to 1, or to null"),
+    (16000, False, 6000, 1, 8000,
+     "the partition's nodes have 6,000 MB (sinfo), less than 1 slot(s) of GPU processes need "
+     "at least (8,000 MB)"),
+])  # fmt: skip
+def test_a_request_fits_the_partitions_nodes(
+    mb: int,
+    explicit: bool,
+    node_mb: int | None,
+    per_node: int,
+    least: int,
+    asked: int | str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """(a slot's MB, slurm.mem_mb set or not, the nodes' MB, slots a node, a slot's least) ->
+    the node's --mem, or the error before any sbatch; a cap is said."""
+    if isinstance(asked, str):
+        with pytest.raises(ERROR) as refused:
+            memory_request.node_request_mb(mb, explicit, node_mb, per_node, least)
+        assert asked in str(refused.value)
+        return
+    assert memory_request.node_request_mb(mb, explicit, node_mb, per_node, least) == asked
+    capped = asked != mb * per_node
+    said = f"memory request capped at the {asked:,} MB the partition's nodes have (sinfo)"
+    assert (said in caplog.text) == capped
+
+
+# `sinfo --Node --noheader --format=NODE_FORMAT` on tests/slurm_cluster.py's cluster (its nodes
+# in both partitions, the default one marked), here with 4,000 MB nodes, and a site whose
+# default partition mixes node sizes.
+TEST_CLUSTER_SINFO = """\
+node1 debug* 4000
+node1 urgent 4000
+node2 debug* 4000
+node2 urgent 4000
+"""
+MIXED_SINFO = """\
+cn01 cpu* 64000
+cn02 cpu* 128000
+cn03 cpu* 256000+
+gpu1 gpu 512000
+"""
+
+
+@pytest.mark.parametrize(("text", "partition", "count", "node_mb"), [
+    (TEST_CLUSTER_SINFO, None, 2, 4000),  # the default partition
+    (TEST_CLUSTER_SINFO, "urgent", 1, 4000),
+    (TEST_CLUSTER_SINFO, "other", 1, None),  # no such partition: not checked
+    (MIXED_SINFO, None, 1, 256000),  # one node: the largest fits it
+    (MIXED_SINFO, None, 2, 128000),  # two nodes: the second largest
+    (MIXED_SINFO, None, 5, 64000),  # more than there are: the smallest
+    (MIXED_SINFO, "gpu", 1, 512000),
+    ("sinfo: error: ...\n", None, 1, None),
+])  # fmt: skip
+def test_the_nodes_memory_as_sinfo_says_it(
+    text: str, partition: str | None, count: int, node_mb: int | None
+) -> None:
+    from ddppipe.slurm import sinfo
+
+    assert sinfo.memory_mb(sinfo.parse_node_memory(text, partition), count) == node_mb

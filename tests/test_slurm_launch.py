@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 from ddppipe.core import slot
 from ddppipe.launching import launch, lifecycle, watchdog
 from ddppipe.parallel import node_check
-from ddppipe.runstate import attempts
+from ddppipe.runstate import attempts, failures
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec as run_spec
 from ddppipe.slurm import continuation, scontrol
@@ -125,6 +126,46 @@ def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
     assert continuation.ending(running, {**up, "cn08": "DOWN+DRAIN"})
     assert continuation.ending(running, {**up, "cn08": "IDLE+NOT_RESPONDING"})
     assert continuation.ending(requeued, up)
+
+
+END = "2026-12-07T12:00:00"  # the job's time limit (scontrol's local time)
+RUNNING = {"JobState": "RUNNING", "EndTime": END}
+UP = {"cn07": "MIXED", "cn08": "MIXED"}
+UNKNOWN = "stopped on SIGUSR1 (cause unknown: scontrol show job failed)"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "job", "signal_name", "outcome"),
+    [
+        # drained for maintenance, still running the job: the time limit stands
+        ({**UP, "cn08": "MIXED+DRAIN"}, RUNNING, "SIGUSR1", "time limit"),
+        ({**UP, "cn08": "ALLOCATED+DRAIN"}, RUNNING, "SIGUSR1", "time limit"),
+        ({**UP, "cn08": "DRAINING"}, RUNNING, "SIGUSR1", "time limit"),  # (sinfo's word)
+        ({**UP, "cn08": "MIXED+FAIL"}, RUNNING, "SIGUSR1", "time limit"),  # expected to fail
+        ({**UP, "cn08": "ALLOCATED+POWER_DOWN"}, RUNNING, "SIGUSR1", "time limit"),  # after it
+        # gone: down, not responding, powered down
+        ({**UP, "cn08": "DOWN+DRAIN"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "DOWN+DRAIN+NOT_RESPONDING"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "MIXED+NOT_RESPONDING"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "IDLE+POWERED_DOWN"}, RUNNING, "SIGUSR1", "node failure"),
+        ({**UP, "cn08": "DOWN+DRAIN"}, {}, "SIGUSR1", "node failure"),
+        # the job query failed ({}): unknown, not a user's signal; the node query ({}) too
+        (UP, {}, "SIGUSR1", UNKNOWN),
+        ({}, RUNNING, "SIGUSR1", "time limit"),
+        (UP, None, "SIGUSR1", "stopped on SIGUSR1"),  # outside SLURM
+        (UP, {"JobState": "RUNNING", "EndTime": "2026-12-07T13:00:00"}, "SIGUSR1",
+         "stopped on SIGUSR1"),  # an hour left: scancel --signal
+        (UP, {"JobState": "PREEMPTED", "EndTime": END}, "SIGTERM", "preempted"),
+        (UP, {"JobState": "PENDING", "EndTime": END}, "SIGTERM", "requeued by SLURM"),
+    ],
+)  # fmt: skip
+def test_how_a_slot_stopped_on_a_signal_ended(
+    nodes: dict[str, str], job: dict[str, str] | None, signal_name: str, outcome: str
+) -> None:
+    """(its nodes' states, its job's record, the signal) -> outcome; 80 s before the time
+    limit with a 60 s warning (and 30 s of slack) is a time limit's warning."""
+    now = scontrol.timestamp(END) - 80
+    assert continuation.classify(signal_name, job, nodes, 60, now=now) == outcome
 
 
 def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
@@ -343,16 +384,45 @@ def test_a_slot_continued_after_a_lost_node_too_late_to_train_requeues_its_job()
     assert not continuation.decide([lost, requeued], max_continuations=5).requeue
 
 
-def test_the_agent_leaves_no_folder_in_the_nodes_tmp(tmp_path: Path) -> None:
-    """A node's agent removes torchrun's folder of its workers' error files when it ends, here
-    after a worker failed (torchrun makes one in $TMPDIR for every step and leaves it)."""
+def test_a_rendezvous_timeout_is_its_own_outcome_and_says_what_to_check(
+    tmp_path: Path,
+) -> None:
+    """A node's agent whose step's other node never joins (a 2-node rendezvous, one agent,
+    join_timeout 1 s): torch's RendezvousTimeoutError is recorded as the slot's failure, its
+    outcome `rendezvous timeout` (not `crashed (exit 1)`), its cause what to check; the same
+    twice in a row does not end the run (other nodes may meet). The agent removes torchrun's
+    folder of its workers' error files as it ends (torchrun makes one in $TMPDIR for every
+    step and leaves it)."""
+    state = StateDir(tmp_path / "state")
+    env = slot.write(slot.Slot("r", str(state.root), launcher="41:cn07:1/1"), tmp_path / "s.json")
+    with socket.socket() as probe:  # a free port of this host for the rendezvous store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agent = [sys.executable, "-m", "ddppipe", "agent", "--nnodes=2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=41",
+             "--rdzv-conf=join_timeout=1", "-m", "this.never.runs"]  # fmt: skip
     tmp = tmp_path / "node-tmp"
     tmp.mkdir()
-    script = tmp_path / "worker.py"
-    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
-    agent = [sys.executable, "-m", "ddppipe", "agent", "--standalone", "--nnodes=1",
-             "--nproc-per-node=2", str(script)]  # fmt: skip
-    ended = subprocess.run(agent, env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
-    assert ended.returncode == 1 and "ddppipe agent: workers exited [3]" in ended.stderr
+    ended = subprocess.run(agent, env={**os.environ, **env, "TMPDIR": str(tmp)},
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ended.returncode == 1, ended.stderr[-3000:]
     assert os.listdir(tmp) == []
+    found = failures.first(state.failures)
+    assert found is not None and found.rendezvous
+    assert found.outcome(1) == "rendezvous timeout"
+    host = socket.gethostname()
+    said = (
+        f"{host}: the step's nodes did not all join the rendezvous at 127.0.0.1:{port} within "
+        "1 s (its join_timeout): a node's agent did not start, or cannot reach it. Check the "
+        "slot's log for another node's error before it, that every node reaches "
+        f"127.0.0.1:{port} (a firewall between nodes"
+    )
+    assert found.cause().startswith(said)
+    assert f"ddppipe agent: {said}" in ended.stderr
+    cfg = default_config()
+    spec = run_spec.resolve(cfg, gpus=False)
+    for _ in range(2):  # the same rendezvous timeout in two slots in a row
+        attempts.begin(state, "41", 0, ["cn07", "cn08"])
+        assert lifecycle._failed(spec, state, 1) == 1
+    assert [a.outcome for a in attempts.load(state)] == ["rendezvous timeout"] * 2
+    assert failures.refusal(state, failures.identity(spec)) is None  # retried

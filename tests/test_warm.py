@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 
 from ddppipe.cli import main
 from ddppipe.core import env_names
-from ddppipe.launching import warm, warm_client, workers
+from ddppipe.launching import warm, warm_client, warm_reaper, workers
 
 # A rank's program (python -m probe): what it inherited, written where the test says.
 PROBE = """
@@ -429,7 +430,142 @@ def test_a_ranks_end_is_told_while_the_server_imports() -> None:
     if pid == 0:
         os._exit(3)
     ranks = {pid: server_end}
-    with warm._reaping(ranks):  # the imports: the launcher hears of the end meanwhile
+    with warm_reaper.reaping(ranks):  # the imports: the launcher hears of the end meanwhile
         ready, _, _ = select.select([launcher_end], [], [], 30)
     assert ready and json.loads(launcher_end.recv(4096)) == {"exit": 3}
     assert ranks == {}
+
+
+# -- a server that dies, a storm of SIGCHLD ---------------------------------------------------
+
+# A server whose import (before it listens, or after: the rest of a rank's imports) takes
+# until the test ends it: by SIGKILL, or by an error raised inside the import (as the
+# re-entered SIGCHLD handler's KeyError did, inside sympy's import).
+DYING_SERVER = """
+import os, sys, time
+from pathlib import Path
+from ddppipe.launching import warm
+
+path, marker, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+
+def slow_import():
+    marker.write_text("importing")
+    while marker.read_text() != "fail":
+        time.sleep(0.02)
+    raise KeyError(1234)
+
+if where == "preload":
+    warm.serve(path, slow_import)
+else:
+    warm.serve(path, lambda: (), ahead=slow_import)
+"""
+
+
+@pytest.mark.parametrize(("where", "death"), [("preload", "kill"), ("ahead", "error")])
+def test_a_launcher_starts_cold_at_once_when_its_server_dies_importing(
+    tmp_path: Path, where: str, death: str
+) -> None:
+    """The server dies inside an import, before it listens (SIGKILL: it stays a zombie, its
+    caller holds it) or after (an error: it removes its socket): a launcher waiting for it
+    starts its rank cold within a second, not after READY_TIMEOUT_S (120 s), and so does the
+    next one."""
+    path = warm.local_socket(f"ddppipe-warm-dying-{os.getpid()}.sock")
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", DYING_SERVER, str(path), str(marker), where],
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() or (where == "ahead" and not path.is_socket()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        env = {**os.environ, env_names.WARM_SOCKET: str(path), env_names.WARM_SERVER: str(proc.pid)}
+        command = [sys.executable, "-m", "ddppipe", "resolve-config"]
+        result: list[object] = []
+        waiting = threading.Thread(target=lambda: result.append(warm_client.spawn(command, env)))
+        waiting.start()
+        time.sleep(0.3)  # the launcher waits for the server (or for its answer)
+        assert waiting.is_alive()
+        died = time.monotonic()
+        if death == "kill":
+            proc.kill()
+        else:
+            marker.write_text("fail")
+        waiting.join(timeout=30)
+        assert result == [None] and time.monotonic() - died < 1.5  # cold, at once
+        began = time.monotonic()
+        assert warm_client.spawn(command, env) is None  # the next launcher: cold at once
+        assert time.monotonic() - began < 0.5
+        assert Path(f"/proc/{proc.pid}").exists()  # a zombie still: its caller holds it
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    if death == "error":
+        assert proc.stderr is not None and "KeyError: 1234" in proc.stderr.read().decode()
+
+
+class SignalOnSend(socket.socket):
+    """A launcher's connection whose server end sends the server SIGCHLD as it tells the
+    rank's exit: the signal arrives while reaping runs, every time."""
+
+    def sendall(self, data: bytes, flags: int = 0) -> None:
+        os.kill(os.getpid(), signal.SIGCHLD)
+        super().sendall(data, flags)
+
+
+def test_sigchld_while_reaping_runs_during_an_import_is_harmless() -> None:
+    """While the server imports, SIGCHLD comes as two ended ranks are reaped (a handler reaping
+    inside the import was re-entered: the inner call reaped the rank the outer one was still
+    to visit, which then raised KeyError inside the import): the import goes on, each launcher
+    hears its own rank's exit once."""
+    ends = {}
+    for code in (3, 4):
+        server_end, launcher_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(code)
+        ends[pid] = (SignalOnSend(fileno=server_end.detach()), launcher_end, code)
+    for pid in ends:  # both ended, not yet waited for
+        while not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+            time.sleep(0.01)
+    ranks = {pid: server for pid, (server, _, _) in ends.items()}
+    deadline = time.monotonic() + 30
+    with warm_reaper.reaping(ranks):  # "the import": Python runs while the signals come
+        os.kill(os.getpid(), signal.SIGCHLD)
+        while ranks and time.monotonic() < deadline:
+            assert sum(len(str(k)) for k in range(10_000)) == 38_890
+    assert ranks == {}
+    for _, launcher_end, code in ends.values():
+        launcher_end.settimeout(5)
+        assert launcher_end.recv(4096) == json.dumps({"exit": code}).encode() + b"\n"  # once
+        launcher_end.close()
+
+
+def test_reaping_tells_each_end_once_and_survives_a_child_waited_for_elsewhere() -> None:
+    """(rank's state) -> what its launcher is told: running -> nothing yet; exit 4 -> 4;
+    SIGKILL -> -9; waited for by other code already (its status lost) -> 1, never 0."""
+    pids = []
+    for action in ("run", "exit", "kill", "taken"):
+        pid = os.fork()
+        if pid == 0:
+            if action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if action == "run":
+                time.sleep(30)
+            os._exit(4 if action == "exit" else 0)
+        pids.append(pid)
+    running, exits, killed, taken = pids
+    os.waitpid(taken, 0)  # another wait got it first
+    for pid in (exits, killed):
+        while not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+            time.sleep(0.01)
+    pairs = {pid: socket.socketpair() for pid in pids}
+    ranks = {pid: server for pid, (server, _) in pairs.items()}
+    warm_reaper.reap(ranks)
+    warm_reaper.reap(ranks)  # nothing told twice
+    assert list(ranks) == [running]
+    told = {}
+    for pid in (exits, killed, taken):
+        told[pid] = json.loads(pairs[pid][1].recv(4096))
+    assert told == {exits: {"exit": 4}, killed: {"exit": -9}, taken: {"exit": 1}}
+    os.kill(running, signal.SIGKILL)
+    os.waitpid(running, 0)

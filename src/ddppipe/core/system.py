@@ -11,14 +11,22 @@ from typing import Any
 
 
 def process_alive(pid: int) -> bool:
-    """Does process ``pid`` of this machine still run (one of another user's included)?"""
+    """Does process ``pid`` of this machine still run (one of another user's included)? A
+    zombie does not: it ended, its parent has not waited for it yet (a warm server whose
+    caller holds it until the call's end)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:  # (ended since)
+        return False
+    except OSError:  # (/proc hides it: it exists)
         return True
-    return True
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")  # the state after the name
 
 
 def available_cpus() -> int:

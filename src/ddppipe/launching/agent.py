@@ -58,6 +58,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
     signal.signal(preemption.stop_signal(), signal.SIG_IGN)
     os.environ[env_names.UNDER_AGENT] = "1"  # workers that stop on a signal exit 0
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
     process_times.mark("imported")  # the workers' start-up counts from the agent's
@@ -71,12 +72,34 @@ def run_agent(torchrun_argv: list[str]) -> int:
         codes = {f.exitcode for f in e.failures.values()}
         print(f"{e}\nddppipe agent: workers exited {sorted(codes)}", file=sys.stderr)
         return preemption.EXIT_CODE if preemption.EXIT_CODE in codes else 1
+    except RendezvousError as e:  # the nodes did not meet: no rank of the user's code ran
+        failure = record_rendezvous(type(e).__name__, endpoint, _join_timeout(torchrun_argv))
+        print(f"ddppipe agent: {failure.cause()}", file=sys.stderr)
+        return 1
     finally:
         end_beats()
         if logs is not None:
             shutil.rmtree(logs, ignore_errors=True)
     finished_nodes.mark()
     return 0
+
+
+def _join_timeout(torchrun_argv: list[str]) -> int | None:
+    """torchrun's rendezvous join timeout in ``torchrun_argv`` (``--rdzv-conf=join_timeout=N``),
+    None where it is not given."""
+    conf = [a.removeprefix("--rdzv-conf=") for a in torchrun_argv if a.startswith("--rdzv-conf=")]
+    items = dict(item.partition("=")[::2] for item in ",".join(conf).split(",") if item)
+    value = items.get("join_timeout", "")
+    return int(value) if value.isdigit() else None
+
+
+def record_rendezvous(error_type: str, endpoint: str, timeout_s: int | None) -> failures.Failure:
+    """(The node's agent) Its failed rendezvous (torch's ``error_type``), recorded in the slot's
+    failures folder in the workers' last start (:func:`failures.rendezvous_failed`)."""
+    found = slot.read()
+    folder = StateDir(Path(found.state)).failures if found else None
+    restart = max((f.restart for f in failures.read_all(folder)), default=0) if folder else 0
+    return failures.rendezvous_failed(folder, error_type, endpoint, timeout_s, restart)
 
 
 def record_killed(exit_codes: dict[int, int], oom_kills_before: int | None) -> None:

@@ -375,11 +375,25 @@ def _stop_note(
     if watch is not None and watch.hang is not None:
         note = {"signal": None, "checkpoint": None, "attempt": attempt,
                 "hung": watch.hang.as_dict()}  # fmt: skip
-    ended_badly = code != 0 or (note is not None and note.get("unfinished"))
-    if nodes is not None and (nodes.lost or ended_badly) and nodes.check(ask_slurm=True):
+    if nodes is None:
+        return note
+    if may_be_lost(code, note, bool(nodes.lost)) and nodes.check(ask_slurm=True):
         note = {"signal": None, "checkpoint": None, "attempt": attempt, "lost": nodes.lost,
                 "detail": nodes.why}  # fmt: skip
+    elif nodes.lost:
+        log.warning("node(s) %s lost after every rank finished: the slot stays finished (%s)",
+                    ", ".join(nodes.lost), nodes.why)  # fmt: skip
     return note
+
+
+def may_be_lost(code: int, note: dict | None, seen_lost: bool) -> bool:
+    """Is a lost node to be asked about as the step's end (exit ``code``, its stop ``note``
+    so far, a node ``seen_lost`` by the node watch)? Never for a finished slot (exit 0, every
+    node's finished mark, no stop: ``note`` None), whatever its nodes did after; else when a
+    node was seen lost, the step failed, or a node's finished mark is missing."""
+    if code == 0 and note is None:
+        return False
+    return seen_lost or code != 0 or bool(note and note.get("unfinished"))
 
 
 def _pids(child: workers.Group | subprocess.Popen) -> list[int]:

@@ -289,6 +289,7 @@ def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
         before = history[-2].failure if len(history) > 1 else None
         same = before is not None and failures.Failure(**before).signature == failure.signature
         same = same and not (failure.signal and failure.step is None)  # a kill at no known step
+        same = same and not failure.rendezvous  # the nodes', not the code's: other nodes may meet
         final = f"slots {len(history) - 1} and {len(history)} failed the same way" if same else None
     if final is not None:
         failures.finalize(state, failure, failures.identity(spec), final)

@@ -37,13 +37,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ddppipe.core import env_names, private
 from ddppipe.core.errors import UserError
+from ddppipe.launching import warm_reaper
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,6 @@ SERVED = frozenset({"ddppipe", "ddppipe.training.script.run_script"})
 FOLDER_PREFIX = "ddppipe-warm-"  # a private folder made for a socket (mkdtemp), removed after
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
-_POLL_S = 0.05
 # ``ahead`` is imported once no request came for this long: callers that waited for the server
 # (polling every 50 ms) are forked first; one that comes during the imports waits for them.
 _SETTLE_S = 0.2
@@ -99,7 +99,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
         """``ahead`` imported (once), before the first training rank is forked."""
         nonlocal ahead, cuda_at_start
         if ahead is not None:
-            with _reaping(ranks):
+            with warm_reaper.reaping(ranks):
                 names = ", ".join(m.__name__ for m in ahead())
             ahead = None
             _check_no_cuda()
@@ -116,7 +116,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
     try:
         while not stop and os.getppid() == parent:
             watched = [c for p, c in ranks.items() if p not in orphans]
-            readable, _, _ = select.select([listener, *watched], [], [], _POLL_S)
+            readable, _, _ = select.select([listener, *watched], [], [], warm_reaper.POLL_S)
             for conn in readable:
                 if conn is listener:
                     trains = _accept(listener, ranks, cold, import_ahead) or trains
@@ -126,13 +126,13 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
                     orphans.add(pid)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-            _reap(ranks)
+            warm_reaper.reap(ranks)
             orphans &= ranks.keys()
             if ahead is not None and not readable:
                 if time.monotonic() - last_request >= _SETTLE_S:
                     import_ahead()
             elif pending and not readable:
-                with _reaping(ranks):
+                with warm_reaper.reaping(ranks):
                     pending, loaded = _keep_data(pending)
                 if loaded is not None and cold is None and cuda_touched(cuda_at_start):
                     cold = (f"loading the datasets of {loaded.get('task')} touched CUDA (pinned "
@@ -140,7 +140,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
                             "use CUDA")  # fmt: skip
                     log.warning("warm server: %s; every rank starts cold", cold)
             elif later is not None and trains and not readable:
-                with _reaping(ranks):
+                with warm_reaper.reaping(ranks):
                     log.info("imported for later commands: %s",
                              ", ".join(m.__name__ for m in later()))  # fmt: skip
                 later = None
@@ -150,19 +150,6 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _reaping(ranks: dict[int, socket.socket]) -> Iterator[None]:
-    """While the server imports or loads (seconds it runs no loop), a rank's end is still told
-    to its launcher at once: on SIGCHLD (a delegated command's caller, a run's config check,
-    waits for it)."""
-    previous = signal.signal(signal.SIGCHLD, lambda signum, frame: _reap(ranks))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGCHLD, previous)
-    _reap(ranks)
 
 
 def _keep_data(
@@ -345,24 +332,6 @@ def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str 
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     ranks[pid] = conn
     return training
-
-
-def _reap(ranks: dict[int, socket.socket]) -> None:
-    """Tell each launcher whose rank ended its exit status (a shell's: 128 + N for signal N).
-    Only the server's ranks are waited for (a process an import or a task's code started is
-    its own to wait for)."""
-    for pid in list(ranks):
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done, status = pid, 0
-        if done == 0:
-            continue
-        conn = ranks.pop(pid)
-        code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
-        with contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
-        conn.close()
 
 
 def _die_with_server() -> None:

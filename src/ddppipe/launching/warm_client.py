@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import env_names
+from ddppipe.core import env_names, system
 from ddppipe.launching.warm import SERVED
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,12 @@ def usable(command: list[str], env: Mapping[str, str], wait: bool = True) -> boo
 
 def _listening(path: Path, server: str | None) -> bool:
     """Whether a server listens on ``path``; while its process ``server`` lives and has not
-    bound it yet (it imports torch first), wait for it."""
+    bound it yet (it imports torch first), wait for it. A server that died while importing
+    (a zombie until the call that started it ends) is seen within :data:`_POLL_S`: the
+    rank starts cold at once, not after :data:`READY_TIMEOUT_S`."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not path.is_socket():
-        alive = server is not None and server.isdigit() and Path(f"/proc/{server}").exists()
+        alive = server is not None and server.isdigit() and system.process_alive(int(server))
         if not alive or time.monotonic() > deadline:
             return False
         time.sleep(_POLL_S)
@@ -67,6 +69,8 @@ class Rank:
         assert answer is not None  # (no timeout: a message, or the server's end)
         if "refused" in answer:
             raise ValueError(f"the warm server refused the rank: {answer['refused']}")
+        if "pid" not in answer:
+            raise OSError("the warm server ended before it forked the rank")
         self.pid: int = answer["pid"]
         self.returncode: int | None = None
 

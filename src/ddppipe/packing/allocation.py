@@ -83,6 +83,14 @@ class Allocation:
     def gpus_per_node(self) -> int:
         return self.trial.gpus_per_node * self.pack.trials_per_node
 
+    @property
+    def mem_mb(self) -> int:
+        """A node's memory: ``pack.trials_per_node`` trials' requests, fitted to the partition's
+        nodes (each trial's share capped; ``slurm.mem_mb`` above it refused before any sbatch:
+        :meth:`ddppipe.slurm.request.Request.fitted_mem_mb`)."""
+        return self.trial.fitted_mem_mb(self.trial.mem_mb, self.pack.trials_per_node,
+                                        self.pack.nodes)  # fmt: skip
+
     def sbatch(self, pool: Pool, workdir: str) -> list[str]:
         """The ``sbatch`` command line of one allocation: a ``ddppipe pack-worker`` on each
         node, its output in the pool's ``allocations/``."""
@@ -92,7 +100,7 @@ class Allocation:
             "--nodes": str(self.pack.nodes),
             "--ntasks-per-node": "1",
             "--cpus-per-task": str(self.cpus_per_node),
-            "--mem": f"{self.trial.mem_mb * self.pack.trials_per_node}M",
+            "--mem": f"{self.mem_mb}M",
             "--time": str(self.pack.time_min),
             "--partition": slurm.partition,
             "--account": slurm.account,

@@ -113,8 +113,9 @@ class Pipeline:
         return launch.job_threads(self.runs.spec(wildcards.run))
 
     def train_resources(self) -> dict[str, Any]:
-        """Rule train's SLURM resources, each a function of the run (its request)."""
-        return request.train_resources(self.runs)
+        """Rule train's SLURM resources, each a function of the run (its request; on SLURM
+        its memory fitted to the partition's nodes)."""
+        return request.train_resources(self.runs, self.on_slurm())
 
     def run_states(self) -> list[run_state.StateDir]:
         """The state folders of every run this workflow may train (the main run, the

@@ -45,6 +45,8 @@ from ddppipe.settings.run_spec import RunSpec
 
 TORCH_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun's agent for each worker
 NONFINITE = "NonFiniteLoss"
+AGENT_RANK = -1  # the rank of a node's agent's own failure (no rank of it started)
+RENDEZVOUS_TIMEOUT = "rendezvous timeout"  # the outcome of torch's RendezvousTimeoutError
 TRACEBACK_LINES = 60  # the record keeps the innermost lines of a traceback
 
 
@@ -87,10 +89,19 @@ class Failure:
         """Out of memory or killed: the cause, before any other rank's follow-on error."""
         return self.memory is not None or self.signal is not None
 
+    @property
+    def rendezvous(self) -> bool:
+        """A node's agent failed its rendezvous (:func:`rendezvous_failed`): no code of the
+        user's ran, the nodes did not meet."""
+        return self.rank == AGENT_RANK and self.type.startswith("Rendezvous")
+
     def outcome(self, code: int) -> str:
         """The slot's outcome for this failure and the launcher's exit status ``code``."""
         if self.nonfinite:
             return self.message
+        if self.rendezvous:
+            timeout = self.type == "RendezvousTimeoutError"
+            return RENDEZVOUS_TIMEOUT if timeout else f"rendezvous failed ({self.type})"
         if self.out_of_memory:
             return out_of_memory.OUTCOME
         if self.signal is not None:
@@ -111,6 +122,8 @@ class Failure:
         tasks/x.py:31 (in forward), step 8 (epoch 1)``; a non-finite loss names its step."""
         if self.nonfinite:
             return self.message
+        if self.rendezvous:
+            return f"{self.host}: {self.message}"
         where = f" at {self.frame}" if self.frame else ""
         when = f", step {self.step} (epoch {self.epoch})" if self.step is not None else ""
         if self.memory is not None:
@@ -231,6 +244,38 @@ def killed(folder: Path, rank: int, signum: int, restart: int, step: int | None 
     if not (Path(folder) / f"restart{restart}-rank{rank}.json").exists():
         with contextlib.suppress(OSError):
             _write(Path(folder), failure)
+    return failure
+
+
+def rendezvous_failed(folder: Path | None, error_type: str, endpoint: str,
+                      timeout_s: int | None, restart: int) -> Failure:  # fmt: skip
+    """(A node's agent) Record in ``folder`` (None: nowhere) that torchrun's rendezvous at
+    ``endpoint`` failed with torch's ``error_type`` (``RendezvousTimeoutError`` after
+    ``timeout_s``, its join timeout, or another ``RendezvousError``) in start ``restart``:
+    what happened and what to check."""
+    where = endpoint or "the step's first node"
+    if error_type == "RendezvousTimeoutError":
+        within = f" within {timeout_s} s (its join_timeout)" if timeout_s else ""
+        what = (f"the step's nodes did not all join the rendezvous at {where}{within}: a node's "
+                "agent did not start, or cannot reach it")  # fmt: skip
+    else:
+        what = f"the rendezvous at {where} failed ({error_type})"
+    message = (
+        f"{what}. Check the slot's log for another node's error before it, that every node "
+        f"reaches {where} (a firewall between nodes, its name resolving to an address the "
+        "others reach; slurm.rendezvous_host names another) and that all of the step's "
+        "nodes started (sacct)"
+    )
+    host = socket.gethostname()
+    failure = Failure(
+        rank=AGENT_RANK, host=host, time=time.time(), type=error_type, message=message,
+        frame=None, step=None, epoch=None, restart=restart, traceback="",
+    )  # fmt: skip
+    if folder is not None:
+        path = Path(folder) / f"restart{restart}-rank{AGENT_RANK}-{host}.json"
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_json(path, asdict(failure))
     return failure
 
 

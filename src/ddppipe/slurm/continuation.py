@@ -24,9 +24,19 @@ TIME_LIMIT_SLACK_S = 30
 REQUEUED_BY_SLURM = ("preempted", "node failure", "requeued by SLURM", "ended by SLURM")
 # States of a job that SLURM has put back in the queue (its nodes' states may be unknown).
 REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
-# A failed node's processes are gone (a drained one's run on: draining waits for its jobs).
-FAILED_NODE_STATES = ("DOWN", "FAIL", "NOT_RESPONDING")
-BAD_NODE_STATES = (*FAILED_NODE_STATES, "DRAIN")
+# A node's scontrol State is a base state and flags joined by "+" (SLURM 22.05: MIXED+DRAIN,
+# DOWN+DRAIN+NOT_RESPONDING, IDLE+POWERED_DOWN). A failed node's processes are gone: down, not
+# responding, powered down or powering down. A drained node's run on (DRAIN: administrators
+# drain nodes with running jobs for maintenance, and draining waits for them), as do a node's
+# that an administrator expects to fail (FAIL) and one asked to power down after its jobs
+# (POWER_DOWN): neither makes a stop a node failure.
+FAILED_NODE_STATES = frozenset({"DOWN", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN"})
+# A launcher killed without a word (:func:`lost`): a drained or failing node names it too
+# (SLURM drains a node whose processes it could not kill).
+BAD_NODE_STATES = FAILED_NODE_STATES | {"DRAIN", "FAIL"}
+# The outcome of a stop whose job SLURM could not say (its query failed): not a time limit, not a
+# user's signal either.
+UNKNOWN_CAUSE = "cause unknown: scontrol show job failed"
 
 
 def ending(job: dict[str, str], nodes: dict[str, str]) -> bool:
@@ -41,13 +51,17 @@ def ending(job: dict[str, str], nodes: dict[str, str]) -> bool:
 
 
 def failed_nodes(nodes: dict[str, str]) -> list[str]:
-    """The nodes of ``nodes`` (scontrol states) that SLURM sees failed: down, not responding."""
+    """The nodes of ``nodes`` (scontrol states) that SLURM sees failed: down, not responding,
+    powered down (:data:`FAILED_NODE_STATES`; a drained one is not)."""
     return _nodes_in(nodes, FAILED_NODE_STATES)
 
 
-def _nodes_in(nodes: dict[str, str], states: tuple[str, ...]) -> list[str]:
-    """The nodes whose scontrol ``State`` (e.g. ``DOWN+DRAIN``) has one of ``states``."""
-    return [n for n, state in nodes.items() if any(s in state for s in states)]
+def _nodes_in(nodes: dict[str, str], states: frozenset[str]) -> list[str]:
+    """The nodes whose scontrol ``State`` (e.g. ``DOWN+DRAIN``) has one of ``states`` as its
+    base state or a flag (whole words: ``POWER_DOWN`` is not ``DOWN``; sinfo's marks such as
+    ``down*`` ignored)."""
+    return [n for n, state in nodes.items()
+            if {w.rstrip("*~#!%$@^-") for w in state.upper().split("+")} & states]  # fmt: skip
 
 
 def seconds_left(job: dict[str, str], now: float | None = None) -> float | None:
@@ -99,13 +113,16 @@ def classify(
 ) -> str:
     """How a slot that stopped on ``signal_name`` ended, from what SLURM says right after.
 
-    ``job`` is the job's scontrol record (None outside SLURM), ``nodes`` its nodes' states.
+    ``job`` is the job's scontrol record (None outside SLURM; empty: its query failed, the
+    cause is unknown), ``nodes`` its nodes' states (a drained node is no failure).
     """
     signal_name = signal_name or "a signal"
     if job is None:
         return f"stopped on {signal_name}"
-    if _nodes_in(nodes, BAD_NODE_STATES):
+    if _nodes_in(nodes, FAILED_NODE_STATES):
         return "node failure"
+    if not job:
+        return f"stopped on {signal_name} ({UNKNOWN_CAUSE})"
     if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
         return "preempted"
     if job.get("JobState") in REQUEUED_STATES:

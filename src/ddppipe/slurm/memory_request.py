@@ -5,14 +5,20 @@ measured its peak (the fullest node's, as the job's cgroup counts it: its attemp
 :mod:`ddppipe.training.measuring.efficiency`), later submissions ask for that peak instead
 (after a slot the OOM killer killed at its request: for more than that request).
 Both with the same margin (:data:`HEADROOM`): a cluster that enforces the request
-(``ConstrainRAMSpace``) kills a job whose node goes above it.
+(``ConstrainRAMSpace``) kills a job whose node goes above it. Either is capped at what the
+partition's nodes have (:func:`node_request_mb`): sbatch refuses a request no node can hold.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from typing import Any
+
+from ddppipe.core.errors import UserError
+
+log = logging.getLogger(__name__)
 
 # A node's processes share the libraries they map (torch's, Python's) once: 537 MB of
 # file-backed pages in a CPU rank with DDP and gloo set up (RssFile, torch 2.x, 2026-11-28).
@@ -82,3 +88,40 @@ def requested_mb(job: dict[str, str]) -> int | None:
     if unit not in UNITS_MB or not value[:-1].replace(".", "", 1).isdigit():
         return int(value) if value.isdigit() else None
     return round(float(value[:-1]) * UNITS_MB[unit])
+
+
+class MemoryRequestError(ValueError, UserError):
+    """``slurm.mem_mb`` asks for more than the partition's nodes have."""
+
+
+def node_request_mb(mb: int, explicit: bool, node_mb: int | None, per_node: int = 1,
+                    least_mb: int = 0) -> int:  # fmt: skip
+    """A node's ``--mem`` for ``per_node`` slots (a job: 1; a packed allocation:
+    ``sweep.pack.trials_per_node``) of ``mb`` each, fitted to ``node_mb``, what the
+    partition's nodes have (:mod:`ddppipe.slurm.sinfo`; None: unknown, asked as is). Above
+    it, ddppipe's own figure (an estimate, a measured peak) is capped at it, each slot getting
+    its share, and said; ``slurm.mem_mb`` (``explicit``) is refused, as is a node with less
+    than the ``least_mb`` a slot's GPU processes need."""
+    wanted = mb * per_node
+    if node_mb is None or wanted <= node_mb:
+        return wanted
+    if explicit:
+        slots = f"{per_node} trials a node (sweep.pack.trials_per_node) of " if per_node > 1 else ""
+        fewer = (f", or sweep.pack.trials_per_node to {max(1, node_mb // mb)}"
+                 if per_node > 1 else "")  # fmt: skip
+        raise MemoryRequestError(
+            f"{slots}slurm.mem_mb {mb:,} MB ask for {wanted:,} MB a node, but the partition's "
+            f"nodes have {node_mb:,} MB (sinfo): sbatch would refuse it. Set slurm.mem_mb to "
+            f"{node_mb // per_node} or less{fewer}, or to null (sized to fit), or choose a "
+            "partition with larger nodes (slurm.partition)"
+        )
+    if node_mb < least_mb * per_node:
+        raise MemoryRequestError(
+            f"the partition's nodes have {node_mb:,} MB (sinfo), less than {per_node} slot(s) "
+            f"of GPU processes need at least ({least_mb * per_node:,} MB): choose a partition "
+            "with larger nodes (slurm.partition), or fewer processes or trials a node"
+        )
+    share = f", {node_mb // per_node:,} MB a trial" if per_node > 1 else ""
+    log.warning("memory request capped at the %s MB the partition's nodes have (sinfo)%s: "
+                "ddppipe sized it %s MB", f"{node_mb:,}", share, f"{wanted:,}")  # fmt: skip
+    return node_mb

@@ -22,7 +22,7 @@ from ddppipe.runstate.state import StateDir
 from ddppipe.settings import layout, run_spec
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.settings.runs import Runs
-from ddppipe.slurm import memory_request
+from ddppipe.slurm import memory_request, sinfo
 from ddppipe.slurm.placement import Placement
 from ddppipe.slurm.scontrol import job_id
 
@@ -150,6 +150,16 @@ class Request:
         if self.slurm.mem_mb or peak is None:
             return self.mem_mb
         return max(self.least_mem_mb, memory_request.from_peak_mb(peak))
+
+    def fitted_mem_mb(self, mem_mb: int, per_node: int = 1, nodes: int | None = None) -> int:
+        """A node's ``--mem`` for ``per_node`` slots of ``mem_mb`` each, on ``nodes`` nodes (None:
+        the job's), fitted to what the partition's nodes have
+        (:func:`memory_request.node_request_mb`, sinfo read once): ddppipe's own figure capped,
+        ``slurm.mem_mb`` above it refused."""
+        node_mb = sinfo.memory_mb(sinfo.node_memory(self.partition), nodes or self.allocated_nodes)
+        return memory_request.node_request_mb(
+            mem_mb, bool(self.slurm.mem_mb), node_mb, per_node, self.least_mem_mb
+        )
 
     @property
     def least_mem_mb(self) -> int:
@@ -293,20 +303,24 @@ def step_rendezvous(env: dict[str, str] | os._Environ) -> str:
     return f"{first_host(nodelist)}:{step_port(int(job), int(step) if step.isdigit() else 0)}"
 
 
-def train_resources(runs: Runs) -> dict[str, Callable[[Any], Any]]:
+def train_resources(runs: Runs, on_slurm: bool = False) -> dict[str, Callable[[Any], Any]]:
     """The train rule's resources, each a function of the job's ``run`` wildcard.
 
     A scaling-study point or a sweep's trial asks for its own nodes, CPUs, time, ...
     (:meth:`ddppipe.settings.runs.Runs.spec`, the run resolved once). The base run's request is
     checked here, so a bad one fails when the Snakefile is read. With ``slurm.mem_mb`` null, a
     run whose earlier slot measured its memory (``results/<run>/state``) asks for that peak
-    with a margin (:meth:`Request.measured_mem_mb`).
+    with a margin (:meth:`Request.measured_mem_mb`). ``on_slurm``: the memory fits the
+    partition's nodes (:meth:`Request.fitted_mem_mb`).
     """
 
     def request(run: str) -> dict[str, Any]:
         request = Request.from_spec(runs.spec(run))
         history = attempts.read(StateDir(layout.RunLayout(run).state).attempts)
-        return {**request.resources(), "mem_mb": request.measured_mem_mb(history)}
+        mem_mb = request.measured_mem_mb(history)
+        if on_slurm:
+            mem_mb = request.fitted_mem_mb(mem_mb)
+        return {**request.resources(), "mem_mb": mem_mb}
 
     by_run = {runs.base["run"]: request(runs.base["run"])}
 

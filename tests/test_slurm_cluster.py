@@ -115,6 +115,25 @@ def test_impossible_request_fails_at_submit(slurm_cluster: SlurmCluster) -> None
     assert time.monotonic() - started < 10
 
 
+def test_a_memory_request_above_the_nodes_is_refused_and_sinfo_says_theirs(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """What ddppipe fits its --mem to (ddppipe.slurm.sinfo): each node's memory in the default
+    partition and in a named one, parsed from this SLURM's own sinfo; sbatch refuses 1 MB
+    more than a node has."""
+    from ddppipe.slurm import sinfo
+
+    argv = ["sinfo", "--Node", "--noheader", f"--format={sinfo.NODE_FORMAT}"]
+    text = slurm_cluster.run(argv, timeout=30).stdout
+    nodes = {node: slurm_cluster.memory_mb for node in slurm_cluster.nodes}
+    assert sinfo.parse_node_memory(text, None) == nodes  # (the default partition: short)
+    assert sinfo.parse_node_memory(text, "train") == nodes
+    too_much = ["sbatch", f"--mem={slurm_cluster.memory_mb + 1}", "--wrap", "true"]
+    result = slurm_cluster.run(too_much, check=False, timeout=30)
+    assert result.returncode != 0
+    assert "Memory specification can not be satisfied" in result.stderr
+
+
 def test_tcp_rendezvous_across_nodes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     script = tmp_path / "rendezvous.py"
     script.write_text(RENDEZVOUS)

@@ -116,6 +116,32 @@ def test_a_killed_slot_loses_only_its_last_seconds(tmp_path: Path) -> None:
     assert [step for step, _ in scalars(tmp_path / "tensorboard", "train/loss")] == [0, 1, 2, 3, 4]
 
 
+def test_the_event_file_is_opened_once_a_slot_not_once_a_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard's stub filesystem opens the event file for each record it appends (one
+    open and close a point on the shared filesystem); a slot's writer keeps one open: 300
+    points, no open after the writer's, every point read back."""
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    opened: list[str] = []
+    real_open = gfile.io.open
+
+    def counting_open(name: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(gfile.io, "open", counting_open)
+    tracker = run_tracking.Tracker(tmp_path / "tensorboard", StateDir(tmp_path / "state"))
+    tracker.open(0)
+    before = len(opened)
+    for step in range(1, 151):
+        tracker.log(step, {"loss": float(step), "lr": 0.1}, prefix="train")
+    tracker.close()
+    assert opened[before:] == []
+    assert [s for s, _ in scalars(tmp_path / "tensorboard", "train/loss")] == list(range(1, 151))
+
+
 @pytest.mark.slow  # 16 s on 2 cores
 def test_mlflow_slots_continue_one_run(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,9 +101,52 @@ def test_ranks_exchange_their_nodes_problems_before_any_exits(
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert found == {0: [said[0], said[1]], 1: [said[0], said[1]]}
+    assert found == {0: {1: said[1]}, 1: {1: said[1]}}
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # another launcher: no store
     assert node_check._exchanged(said[1], 1, 2, 30) is None
+
+
+class Counted:
+    """A store's client that counts its requests."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.requests = store, 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        def counted(*args: Any) -> Any:
+            self.requests += 1
+            return method(*args)
+
+        return counted
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_the_exchange_asks_the_store_a_few_times_a_rank_whatever_the_world(world: int) -> None:
+    """Each of ``world`` ranks (threads, a client each) through a real TCPStore: every rank
+    learns the two failing ranks' problems in 7 requests (a fit rank) or 9 (a failing one),
+    and the one that made the count whole one more, at 4 ranks as at 8 (it was a request per
+    rank of the world for every rank: world²)."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    failing = {1: ["cn01: GPU 0 is not usable"], 3: ["cn03: GPU 1 is not usable"]}
+    found: dict[int, dict[int, list[str]]] = {}
+    asked: dict[int, int] = {}
+
+    def rank(r: int) -> None:
+        client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+        store = Counted(dist.PrefixStore("ddppipe/node-check/0/", client))
+        found[r] = node_check.exchange(store, failing.get(r, []), r, world, 60)
+        asked[r] = store.requests
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert found == {r: failing for r in range(world)}
+    over = {r: n - (9 if r in failing else 7) for r, n in asked.items()}
+    assert sorted(over.values()) == [0] * (world - 1) + [1], asked
 
 
 def _rank_of_two(monkeypatch: pytest.MonkeyPatch, rank: int) -> dist.TCPStore:
@@ -131,7 +175,12 @@ def test_a_problem_only_a_later_local_rank_found_is_said_once(
     monkeypatch.setattr(node_check, "device_check", lambda *a: ("", [problem]))
     for rank_0, said in (([], [f"preflight: {problem}"]), ([problem], [])):
         store = _rank_of_two(monkeypatch, 1)
-        dist.PrefixStore("ddppipe/node-check/0/", store).set("0", json.dumps(rank_0))
+        reported = dist.PrefixStore("ddppipe/node-check/0/", store)  # (rank 0's report)
+        if rank_0:
+            reported.set("0", json.dumps(rank_0))
+            reported.append("failing", "0,")
+        reported.set("reported/0", "")
+        reported.add("reported", 1)
         with pytest.raises(node_check.NodeUnfit, match=r"GPU 1 \(X\) is not supported"):
             node_check.before_joining("gpu", "fp32", 30)
         err = capfd.readouterr().err

@@ -30,6 +30,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from ddppipe.core import slot
 from ddppipe.core.errors import UserError
@@ -129,17 +130,17 @@ def before_joining(use: devices.Use, precision: str, timeout_s: float) -> None:
         problems = mine
     else:
         if env.local_rank != 0:
-            lower = {p for found in per_rank[: env.rank] for p in found}
+            lower = {p for r, found in per_rank.items() if r < env.rank for p in found}
             say([p for p in mine if p not in lower])
-        problems = [p for found in per_rank for p in found]
+        problems = [p for _, found in sorted(per_rank.items()) for p in found]
     if problems:
         raise NodeUnfit("; ".join(dict.fromkeys(p.splitlines()[0] for p in problems)))
 
 
-def _exchanged(mine: list[str], rank: int, world: int, timeout_s: float) -> list[list[str]] | None:
-    """Every rank's problems (by rank), through the store torchrun's agents serve (each rank's
-    set, then all awaited); None without one (another launcher, a world of one). NodeUnfit
-    naming the ranks that did not answer within ``timeout_s``."""
+def _exchanged(mine: list[str], rank: int, world: int,
+               timeout_s: float) -> dict[int, list[str]] | None:  # fmt: skip
+    """The problems of every rank that found one (by rank), through the store torchrun's
+    agents serve (:func:`exchange`); None without one (another launcher, a world of one)."""
     env = os.environ
     if world < 2 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -149,19 +150,39 @@ def _exchanged(mine: list[str], rank: int, world: int, timeout_s: float) -> list
     client = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
                            timeout=timeout)  # fmt: skip
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted group asks afresh
-    store = dist.PrefixStore(f"ddppipe/node-check/{restart}/", client)
-    store.set(str(rank), json.dumps(mine))
-    keys = [str(r) for r in range(world)]
+    return exchange(dist.PrefixStore(f"ddppipe/node-check/{restart}/", client), mine, rank,
+                    world, timeout_s)  # fmt: skip
+
+
+def exchange(store: Any, mine: list[str], rank: int, world: int,
+             timeout_s: float) -> dict[int, list[str]]:  # fmt: skip
+    """The problems of every rank that found one (by rank), in a few requests a rank to
+    ``store`` whatever the world's size: each rank marks itself reported and adds itself to
+    the count (a rank with problems sets them and appends itself to the failing list); the
+    rank that makes the count whole says so; each then reads the failing list, and the
+    problems of those ranks only. NodeUnfit naming the ranks that did not report within
+    ``timeout_s`` (their marks read then, one by one)."""
+    import torch.distributed as dist
+
+    if mine:
+        store.set(str(rank), json.dumps(mine))
+        store.append("failing", f"{rank},")
+    store.set(f"reported/{rank}", "")
+    if store.add("reported", 1) == world:
+        store.set("all-reported", "")
     try:
-        store.wait(keys, timeout)
+        store.wait(["all-reported"], datetime.timedelta(seconds=timeout_s))
     except dist.DistStoreError as e:
         silent = []
         with contextlib.suppress(dist.DistError):  # (the agent's store gone: none named)
-            silent = [k for k in keys if not store.check([k])]
+            silent = [str(r) for r in range(world) if not store.check([f"reported/{r}"])]
         raise NodeUnfit(
             f"{socket.gethostname()} rank {rank}: rank(s) {', '.join(silent) or '?'} of "
             f"{world} did not report their node's checks within {timeout_s:.0f} s: their "
             "processes failed or hang before joining (their node's lines and the step's "
             "stderr say which)"
         ) from e
-    return [json.loads(store.get(key)) for key in keys]
+    if not store.check(["failing"]):
+        return {}
+    failing = sorted({int(r) for r in store.get("failing").decode().split(",") if r})
+    return {r: json.loads(store.get(str(r))) for r in failing}

@@ -244,3 +244,64 @@ def test_the_worlds_checks_on_a_world_of_one() -> None:
     assert peak["gflops"][ME] > 0.1
     assert 0.5 <= meter.seconds["checks"] < 30  # (the GEMM alone measures for 0.5 s)
     assert world_checks.bus_bandwidth(16 * 2**20, 4, 0.01) == pytest.approx(2.52e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "rounds"),
+    [
+        (1, []),
+        (2, [[(0, 1)]]),
+        (3, [[(0, 1)], [(1, 2)], [(0, 2)]]),  # every pair, as before
+        (4, [[(0, 1), (2, 3)], [(1, 2), (0, 3)]]),
+        (5, [[(0, 1), (2, 3)], [(1, 2), (3, 4)], [(0, 4)]]),
+    ],
+)
+def test_the_world_checks_time_each_node_with_its_ring_neighbours_in_rounds(
+    nodes: int, rounds: list[list[tuple[int, int]]]
+) -> None:
+    assert world_checks.ring_rounds(nodes) == rounds
+
+
+def test_a_ring_of_any_size_has_a_pair_a_node_in_at_most_3_rounds() -> None:
+    for nodes in (6, 7, 64, 511, 2048):
+        rounds = world_checks.ring_rounds(nodes)
+        pairs = [pair for r in rounds for pair in r]
+        assert len(rounds) <= 3 and len(pairs) == len(set(pairs)) == nodes
+        for r in rounds:  # no node in two pairs of a round: they run at once
+            members = [node for pair in r for node in pair]
+            assert len(members) == len(set(members))
+        assert {node for pair in pairs for node in pair} == set(range(nodes))
+
+
+def test_a_pair_far_below_the_median_is_named_slow() -> None:
+    gbs = {"a<->b": 10e9, "b<->c": 9e9, "c<->d": 4e9, "a<->d": 11e9}
+    assert world_checks.slow_pairs(gbs) == ["c<->d at 40% of the median"]
+    assert world_checks.slow_pairs({"a<->b": 10e9, "b<->a": 1e9}) == []  # (no median of 2)
+
+
+def _ring_rank(rank: int, world: int, folder: str) -> None:
+    """A rank of ``world`` alone on its node (its own host name as the checks see it)."""
+    import types
+
+    world_checks.socket = types.SimpleNamespace(gethostname=lambda: f"cn{rank:02d}")  # type: ignore[assignment]
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
+                            world_size=world)  # fmt: skip
+    ctx = distributed.Context(rank, 0, world, torch.device("cpu"), "gloo", "test", 1)
+    report = world_checks.run(ctx, "fp32")
+    if rank == 0:
+        Path(folder, "line").write_text(report.line)
+    dist.destroy_process_group()
+
+
+def test_three_nodes_time_their_ring_pairs_in_rounds_of_their_own(tmp_path: Path) -> None:
+    """3 ranks on 3 nodes (processes forked from this one): each round's pair makes its
+    group alone (a node outside it makes one of itself, so that torch names the next round's
+    groups alike on both of its ranks: without that, the second round hung) and every pair's
+    bus bandwidth is in rank 0's line."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_ring_rank, args=(3, str(tmp_path)), nprocs=3, start_method="fork")
+    line = (tmp_path / "line").read_text()
+    pairs = "; ".join(rf"{pair}: [\d.]+ GB/s" for pair in ("cn00<->cn01", "cn00<->cn02",
+                                                          "cn01<->cn02"))  # fmt: skip
+    assert re.search(rf"world \(3 ranks\): [\d.]+ GB/s; {pairs}; GEMM peak", line), line

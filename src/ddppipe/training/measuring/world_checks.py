@@ -88,26 +88,67 @@ def run(ctx: Context, precision: str) -> Report:
     dist.all_gather_object(hosts, socket.gethostname())
     tensor = torch.ones(BANDWIDTH_BYTES // 4, device=device)
     overall = _figure(f"world ({world} ranks)", world, _timed_allreduce(tensor))
-    pairs: list[str] = []  # measured by the pair's first rank
-    for a, b in itertools.combinations(list(dict.fromkeys(hosts)), 2):
-        ranks = [r for r, h in enumerate(hosts) if h in (a, b)]
-        group = dist.new_group(ranks)  # collective: every rank creates every group
-        if rank in ranks:
+    nodes = list(dict.fromkeys(hosts))
+    pairs: list[tuple[int, int, float]] = []  # (node, node, bus bandwidth) by the pair's first rank
+    node = nodes.index(hosts[rank])
+    for round_pairs in ring_rounds(len(nodes)):
+        # Only a pair's ranks make its group, so the round's pairs run at once. Every rank
+        # makes one group a round (its pair's, else one of itself): torch names a group made
+        # so from its ranks and how many groups each of them made before, which must agree.
+        mine = next(((i, j) for i, j in round_pairs if node in (i, j)), None)
+        ranks = [r for r, h in enumerate(hosts) if mine and h in (nodes[mine[0]], nodes[mine[1]])]
+        group = dist.new_group(ranks or [rank], use_local_synchronization=True)
+        if mine is not None:
             seconds = _timed_allreduce(tensor, group)
             if rank == ranks[0]:
-                pairs.append(_figure(f"{a}<->{b}", len(ranks), seconds))
-            dist.destroy_process_group(group)  # (not kept through the training)
-    gathered: list[list[str]] = [[] for _ in range(world)]
+                pairs.append((*mine, bus_bandwidth(BANDWIDTH_BYTES, len(ranks), seconds)))
+        dist.destroy_process_group(group)  # (not kept through the training)
+    gathered: list[list[tuple[int, int, float]]] = [[] for _ in range(world)]
     dist.all_gather_object(gathered, pairs)
     nodes_peak = _gemm_peaks(device, precision, world)
     line = f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok ({ctx.backend} on {device})"
     if rank != 0:
         return Report(line, None)
-    line += "; bus bandwidth " + "; ".join([overall, *itertools.chain(*gathered)])
+    measured = sorted(itertools.chain(*gathered))
+    line += "; bus bandwidth " + "; ".join(
+        [overall, *(f"{nodes[i]}<->{nodes[j]}: {gbs / 1e9:.2f} GB/s" for i, j, gbs in measured)]
+    )
+    if slow := slow_pairs({f"{nodes[i]}<->{nodes[j]}": gbs for i, j, gbs in measured}):
+        line += "; slow: " + ", ".join(slow)
+        log.warning("checks: node pairs far below the median bus bandwidth: %s", ", ".join(slow))
     line += f"; GEMM peak ({precision}): " + "; ".join(
         f"{host} {gflops:,.0f} GFLOP/s" for host, gflops in nodes_peak.items()
     )
     return Report(line, {"precision": precision, "gflops": nodes_peak})
+
+
+def ring_rounds(nodes: int) -> list[list[tuple[int, int]]]:
+    """The node pairs the checks time, as rounds whose pairs run at once (no node in two of a
+    round): each node with its neighbours on a ring, so a slow link or node shows in two
+    pairs; ``nodes`` pairs in at most 3 rounds (1 for 2 nodes), not every pair one by one."""
+    if nodes < 2:
+        return []
+    ring = {tuple(sorted((i, (i + 1) % nodes))) for i in range(nodes)}
+    rounds = [[(i, j) for i, j in sorted(ring) if j == i + 1 and i % 2 == parity]
+              for parity in (0, 1)]  # fmt: skip
+    wrap = [(i, j) for i, j in sorted(ring) if j != i + 1]  # (0, n-1)
+    if wrap and nodes % 2 == 0:
+        rounds[1].append(wrap.pop())  # (an even ring's wrap pair meets neither's round-1 pair)
+    return [r for r in [*rounds, wrap] if r]
+
+
+SLOW_SHARE = 0.5  # a pair below this share of the median bus bandwidth is named slow
+
+
+def slow_pairs(bandwidths: dict[str, float]) -> list[str]:
+    """The pairs whose bus bandwidth is below :data:`SLOW_SHARE` of the pairs' median, with
+    their share of it (3 pairs at least: fewer have no median to speak of)."""
+    if len(bandwidths) < 3:
+        return []
+    ordered = sorted(bandwidths.values())
+    median = ordered[len(ordered) // 2]
+    return [f"{pair} at {gbs / median:.0%} of the median" for pair, gbs in bandwidths.items()
+            if median > 0 and gbs < SLOW_SHARE * median]  # fmt: skip
 
 
 def _timed_allreduce(tensor: Any, group: Any = None) -> float:

@@ -216,7 +216,7 @@ def _check(base: Path, work: Path, packed: Path, log: Path, timeout_s: float) ->
 
 def _squash(site: Path, packed: Path, log: Path) -> None:
     """``mksquashfs`` ``site`` into ``packed`` (the shared, deterministic arguments: every
-    file readable, owner root, whatever the umask it was written under)."""
+    file readable, owner root, whatever the umask it was written under); removed if it fails."""
     from ddppipe.data.squashfs import MKSQUASHFS, MKSQUASHFS_ARGS, version_problem
 
     tool = shutil.which(MKSQUASHFS)
@@ -236,8 +236,10 @@ def _squash(site: Path, packed: Path, log: Path) -> None:
                            stderr=subprocess.STDOUT, check=True,
                            timeout=SQUASH_TIMEOUT_S)  # fmt: skip
     except subprocess.CalledProcessError as e:
+        packed.unlink(missing_ok=True)
         raise ContainerError(f"mksquashfs {site} failed (exit {e.returncode}); log: {log}") from e
     except subprocess.TimeoutExpired as e:
+        packed.unlink(missing_ok=True)
         raise ContainerError(
             f"mksquashfs {site} did not end within {SQUASH_TIMEOUT_S:g} s (a slow or full "
             f"filesystem at {packed.parent}?); log: {log}"

@@ -70,7 +70,7 @@ def needs(members: dict[str, bytes | None]) -> dict[str, object]:
                     for r in system.get("requires", LEGACY_BACKEND)]  # fmt: skip
     return {
         "native": [p for p in paths if p.endswith(NATIVE + CUDA)],
-        "cuda": [p for p in paths if p.endswith(CUDA)] or ("CUDAExtension" in text),
+        "cuda": any(p.endswith(CUDA) for p in paths) or "CUDAExtension" in text,
         "torch": bool(USES_TORCH.search(text)),
         "requires": sorted({r for r in requires if r}),
     }

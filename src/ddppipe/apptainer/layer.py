@@ -2,11 +2,14 @@
 image into a folder, squashed into a small SquashFS file bound over the image on every node.
 
 The image's own pip resolves the requirements with the image's installed distributions as
-constraints (nothing it has is upgraded or shadowed) and installs only what the image lacks
-(``pip install --target``, its byte-code compiled as found where it is bound); the folder is
-packed with ``mksquashfs`` (deterministic: owner root, every time 0, byte-code checked by
-hash) into a temporary file renamed into place when
-complete, so a failed build leaves nothing. Training binds it read-only at
+constraints of every pip call and every build (nothing it has is upgraded or shadowed, and a
+source package's build uses the image's torch: no build isolation) and installs only what the
+image lacks (``pip install --target``, its byte-code compiled as found where it is bound); a
+source package the image cannot build is refused before its build
+(:mod:`~ddppipe.apptainer.layer_checks`). The folder is packed with ``mksquashfs``
+(deterministic: owner root, every time 0, modes 0644/0755, byte-code checked by hash), the
+packed file checked in the image as the ranks bind it (every module imported, namespaces
+whole) and renamed into place: a failed build leaves nothing. Training binds it read-only at
 :data:`~ddppipe.apptainer.running.TASK_SITE` (:func:`ddppipe.apptainer.running.exec_prefix`).
 """
 

@@ -96,9 +96,17 @@ def torch_version() -> str | None:
     return None
 
 
+def _bdist_wheel() -> bool:
+    """Whether the image's setuptools builds wheels itself (70.1 and newer): a build that
+    still lists ``wheel`` needs no wheel package then."""
+    found = re.match(r"(\d+)\.(\d+)", _installed("setuptools") or "0.0")
+    return found is not None and (int(found[1]), int(found[2])) >= (70, 1)
+
+
 def lacking(need: dict[str, object]) -> list[str]:
     """What this image lacks to build a source distribution that needs ``need``."""
-    missing = [f"{r} (its build requirement)" for r in need["requires"] if not _installed(r)]
+    missing = [f"{r} (its build requirement)" for r in need["requires"]
+               if not _installed(r) and not (r == "wheel" and _bdist_wheel())]  # fmt: skip
     if need["native"] or need["cuda"]:
         compilers = {"C++ compiler": os.environ.get("CXX", "c++"),
                      "C compiler": os.environ.get("CC", "cc")}  # fmt: skip

@@ -564,7 +564,7 @@ def test_task_with_an_image_only_package_on_slurm(
     own: the local run's, which the other tests read, stays as it was whatever the order."""
     w = task_layer_run.workdir
     shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep_slurm.py")
-    cfg = blobs_config(task_layer_run.cfg, "blobs-slurm", BLOBFMT)
+    cfg = blobs_config(task_layer_run.cfg, "blobs-slurm", *LISTED)
     cfg["task"] = "mytasks/blobsdep_slurm.py"
     cfg = on_cluster(cfg, slurm_cluster, nodes=2, procs=1)
     start = time.monotonic()

@@ -44,13 +44,15 @@ SQUASH_TIMEOUT_S = 600  # mksquashfs of a layer's folder (seconds)
 
 # Run by the image's shell in the build's folder ($1): what the image has (base.txt), a
 # constraint of every pip call and of every build (PIP_CONSTRAINT reaches build environments,
-# --constraint does not); what the requirements add to it (pip's dry-run report); the source
-# distributions among that checked before any is built (layer_checks.py: what their build
-# needs and the image lacks refuses them); only that installed into site/ (--no-deps: the
-# resolution is done), its byte-code compiled as found where it is bound ($2: pip's would name
-# its temporary folder, a build's own). Builds run without isolation, in the image's own
-# environment: an extension is compiled against the image's torch, never a newer one from the
-# index.
+# --constraint does not); what the requirements add to it (pip's dry-run report), wheels and
+# source distributions; the source distributions read before any is built (layer_checks.py:
+# what their build needs and the image lacks refuses them), then built without isolation, in
+# the image's own environment (an extension compiles against the image's torch, never a newer
+# one from the index) and never from pip's cache of wheels (one built against another image's
+# torch); only that installed into site/ (--no-deps: the resolution is done; the built ones
+# found by name, as pip records an index's and not a file's path), its byte-code
+# compiled as found where it is bound ($2: pip's would name its temporary folder, a build's
+# own).
 SCRIPT = r"""set -eu
 cd "$1"
 python -m pip list --format=freeze > base.txt
@@ -84,13 +86,15 @@ if [ -s sources.txt ]; then
     python -m pip download --quiet --no-deps --no-build-isolation --use-pep517 \
         --no-binary :all: --dest sdists --requirement sources.txt
 fi
+mkdir site built
 if [ -n "$(ls sdists)" ]; then
     python layer_checks.py sources sdists
+    python -m pip wheel --quiet --no-deps --no-build-isolation --use-pep517 --no-cache-dir \
+        --wheel-dir built sdists/*
 fi
-mkdir site
 if [ -s pins.txt ]; then
-    python -m pip install --quiet --no-deps --no-build-isolation --use-pep517 --no-compile \
-        --target site --requirement pins.txt
+    python -m pip install --quiet --no-deps --no-compile --target site --find-links built \
+        --only-binary :all: --requirement pins.txt
     python -m compileall -q --invalidation-mode checked-hash -s site -p "$2" site ||
         echo "ddppipe: files above that do not compile are left without byte-code (as pip does)"
 fi

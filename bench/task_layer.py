@@ -26,6 +26,7 @@ import atexit
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +34,6 @@ from pathlib import Path
 from ddppipe.apptainer import running
 from ddppipe.apptainer.layer import build_layer
 from ddppipe.apptainer.tool import ContainerError
-from tests.local_wheel import blobfmt_wheels, cppext_sdist, torchver_sdist
 
 BEFORE = """\
 Bootstrap: localimage
@@ -108,6 +108,9 @@ def main() -> None:
     parser.add_argument("--local", action="store_true", help="the tests' packages, no index")
     args = parser.parse_args()
     if args.local:  # (in /tmp: visible in the image)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.local_wheel import blobfmt_wheels, cppext_sdist, torchver_sdist
+
         folder = Path(tempfile.mkdtemp(prefix="ddppipe-bench-packages-"))
         atexit.register(shutil.rmtree, folder, True)
         blobfmt_wheels(folder, "1.1")

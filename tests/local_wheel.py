@@ -78,8 +78,15 @@ def blobfmt_wheels(folder: Path, *versions: str) -> Path:
     return folder
 
 
-# torchver: a source distribution whose build imports torch (as a PyTorch extension's does)
-# and writes the version it built against into the package (as an extension's ABI records it).
+# torchver: a source distribution whose build requires and imports torch (as a PyTorch
+# extension's does) and writes the version it built against into the package (as an
+# extension's ABI records it). In an isolated build, pip would install the newest torch of the
+# index for it (none without one).
+TORCHVER_PYPROJECT = """\
+[build-system]
+requires = ["setuptools", "torch"]
+build-backend = "setuptools.build_meta"
+"""
 TORCHVER_SETUP = """\
 import os
 
@@ -94,9 +101,10 @@ setup(name="torchver", version="1.0", packages=["torchver"])
 
 
 def torchver_sdist(folder: Path) -> Path:
-    """``folder/torchver-1.0.tar.gz``: its build imports torch; ``torchver.TORCH`` the
-    version it imported."""
+    """``folder/torchver-1.0.tar.gz``: its build requires and imports torch;
+    ``torchver.TORCH`` the version it imported."""
     return sdist_of(folder, "torchver", "1.0", {
+        "pyproject.toml": TORCHVER_PYPROJECT,
         "setup.py": TORCHVER_SETUP,
         "torchver/__init__.py": "from torchver._built import TORCH\n",
     })  # fmt: skip

@@ -9,23 +9,31 @@ packages as constraints: the recipe below, as ddppipe wrote it until then),
 then the same first process in it.
 
     python bench/task_layer.py --image results/images/ddppipe.sif [--package humanize==4.17.0]
-        [--before] [--repeat 3]
+        [--before] [--repeat 3] [--local]
 
 The package comes from PyPI (or the host's PIP_INDEX_URL / PIP_FIND_LINKS), downloaded by
-every build (an empty pip cache each, as a first build has).
+every build (an empty pip cache each, as a first build has); with ``--local`` from the tests'
+own packages instead (tests/local_wheel.py), no index: ``blobfmt==1.1`` a pure-Python wheel,
+``torchver==1.0`` a source distribution whose build imports torch (built in the image against
+its torch), ``cppext==1.0`` a C++ extension over torch's headers (refused where the image has
+no compiler: the seconds until the refusal).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from ddppipe.apptainer import running
 from ddppipe.apptainer.layer import build_layer
+from ddppipe.apptainer.tool import ContainerError
 
 BEFORE = """\
 Bootstrap: localimage
@@ -69,7 +77,11 @@ def after(base: Path, package: str, work: Path) -> tuple[float, float, int]:
     os.environ["PIP_CACHE_DIR"] = str(work / "pip-cache")  # empty: the package downloaded
     layer = work / "task.layer.sqfs"
     start = time.monotonic()
-    info = build_layer(base, [package], layer, work / "layer.log")
+    try:
+        info = build_layer(base, [package], layer, work / "layer.log")
+    except ContainerError as e:
+        print(f"refused after {time.monotonic() - start:.1f} s: {str(e).splitlines()[1]}")
+        return time.monotonic() - start, float("nan"), 0
     built = time.monotonic() - start
     return built, first_process(base, layer, module_of(package)), info["size_bytes"]
 
@@ -93,7 +105,18 @@ def main() -> None:
     parser.add_argument("--package", default="humanize==4.17.0")
     parser.add_argument("--before", action="store_true", help="also the derived image, once")
     parser.add_argument("--repeat", type=int, default=3, help="layers to build")
+    parser.add_argument("--local", action="store_true", help="the tests' packages, no index")
     args = parser.parse_args()
+    if args.local:  # (in /tmp: visible in the image)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.local_wheel import blobfmt_wheels, cppext_sdist, torchver_sdist
+
+        folder = Path(tempfile.mkdtemp(prefix="ddppipe-bench-packages-"))
+        atexit.register(shutil.rmtree, folder, True)
+        blobfmt_wheels(folder, "1.1")
+        torchver_sdist(folder)
+        cppext_sdist(folder)
+        os.environ.update(PIP_FIND_LINKS=str(folder), PIP_NO_INDEX="1")
     size = args.image.stat().st_size / 2**30
     print(f"# {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
           f"base {args.image} ({size:.1f} GiB), {args.package}")  # fmt: skip

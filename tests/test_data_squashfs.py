@@ -48,14 +48,24 @@ def test_the_same_content_gives_the_same_image_and_a_failed_write_leaves_nothing
 ) -> None:
     root = tmp_path / "images"
     write_images(root, per_class=3)
+    (root / "red" / "convert.sh").write_text("#!/bin/sh\n")
+    (root / "red" / "convert.sh").chmod(0o755)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = squashfs.write(root, tmp_path / "a", "root")
     assert IMAGE_NAME.fullmatch(first), first
-    for image in root.glob("*/*.png"):  # other times, the same content
+    for image in root.glob("*/*.png"):  # other times and modes (umask 077's), the same content
         os.utime(image, (1_000_000, 1_000_000))
+        image.chmod(0o600)
+        image.parent.chmod(0o700)
+    (root / "red" / "convert.sh").chmod(0o700)
     assert squashfs.write(root, tmp_path / "b", "root") == first
     assert os.listdir(tmp_path / "b") == [first]
+    listed = subprocess.run(["unsquashfs", "-lls", str(tmp_path / "b" / first)],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    modes = {" ".join(line.split()[:2]) for line in listed.splitlines() if "squashfs-root" in line}
+    assert modes == {"drwxr-xr-x root/root", "-rw-r--r-- root/root", "-rwxr-xr-x root/root"}
+    assert "-rwxr-xr-x root/root" in next(x for x in listed.splitlines() if "convert.sh" in x)
     (root / "red" / "000.png").write_bytes(b"other")
     second = squashfs.write(root, tmp_path / "b", "root")
     assert second != first and os.listdir(tmp_path / "b") == [second]  # the old one removed

@@ -1,8 +1,9 @@
 """The task's own packages as a layer over the image (``container.requirements``): the list
 pinned and named by its hash, pip's settings in the image, and one real layer (a task file that
-imports blobfmt, a local wheel: tests/local_wheel.py) through the whole local DAG and on the
-SLURM test cluster, over the image tests/test_container.py's tests use (built once a session:
-tests/container_fixtures.py).
+imports blobfmt, a local wheel, beside torchver, a local sdist whose build imports torch:
+tests/local_wheel.py) through the whole local DAG and on the SLURM test cluster, over the
+image tests/test_container.py's tests use (built once a session: tests/container_fixtures.py);
+layers the image cannot build or import refused, leaving nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ddppipe.apptainer import binds, identity, layer, requirements, running, tool
+from ddppipe.apptainer import binds, identity, layer, layer_checks, requirements, running, tool
 from ddppipe.core import hashing
 from ddppipe.parallel import software
 from ddppipe.reproduce import checks, command
@@ -38,7 +39,7 @@ from tests.container_fixtures import (
     sources_edited_since,
     work_locked,
 )
-from tests.local_wheel import blobfmt_wheels
+from tests.local_wheel import blobfmt_wheels, cppext_sdist, torchver_sdist, wheel_of
 from tests.slurm_cluster import SlurmCluster
 from tests.test_slurm import logs, on_cluster, snakemake_slurm
 from tests.tiny import REPO
@@ -200,10 +201,70 @@ def test_a_layer_whose_packing_times_out_leaves_nothing(
     )
 
 
+SETUP = b"from setuptools import setup\nsetup()\n"
+TORCH_SETUP = b"import torch\nfrom setuptools import setup\n"
+CUDA_SETUP = b"from torch.utils.cpp_extension import CUDAExtension\n"
+HATCH = b'[build-system]\nrequires = ["hatchling>=1.18", "torch==2.5.1"]\n'
+
+
+@pytest.mark.parametrize(
+    ("members", "native", "cuda", "torch", "requires"),
+    [  # (a source distribution's files: setup.py's and pyproject.toml's text, others None)
+        ({"setup.py": SETUP, "p/__init__.py": None}, [], False, False, ["setuptools"]),
+        ({"setup.py": TORCH_SETUP, "p/__init__.py": None}, [], False, True, ["setuptools"]),
+        ({"setup.py": TORCH_SETUP, "p/ops.cpp": None, "p/a.h": None}, ["p/ops.cpp"], False, True,
+         ["setuptools"]),
+        ({"setup.py": SETUP, "p/fast.pyx": None, "p/c.c": None}, ["p/c.c", "p/fast.pyx"], False,
+         False, ["setuptools"]),
+        ({"setup.py": CUDA_SETUP, "p/k.cu": None, "p/k.cpp": None}, ["p/k.cpp", "p/k.cu"], True,
+         True, ["setuptools"]),
+        ({"pyproject.toml": HATCH, "p/__init__.py": None}, [], False, True, ["hatchling", "torch"]),
+    ],
+)  # fmt: skip
+def test_what_a_source_distributions_build_needs(
+    members: dict[str, bytes | None], native: list[str], cuda: bool, torch: bool,
+    requires: list[str],
+) -> None:  # fmt: skip
+    """Read before pip builds it in the image: its sources to compile (a compiler and Python's
+    headers), CUDA's (nvcc), whether its build imports torch (the image's), its build
+    requirements (without isolation: the image's)."""
+    assert layer_checks.needs(members) == {
+        "native": native, "cuda": cuda, "torch": torch, "requires": requires
+    }  # fmt: skip
+
+
+def test_the_modules_a_layer_installs_and_their_packages(tmp_path: Path) -> None:
+    """What the import check imports: each top-level module or package, the modules below a
+    namespace folder (no __init__.py), nothing of a data folder, scripts or metadata; named
+    by the package whose RECORD lists it."""
+    files = {
+        "blobfmt/__init__.py": "", "blobfmt/x.py": "", "six.py": "",
+        "_ops.cpython-311-x86_64-linux-gnu.so": "", "nvidia/ddpsplit/__init__.py": "",
+        "nvidia/ddpsplit/lib/libx.so": "", "share/doc/README": "", "bin/tool": "",
+        "blobfmt-1.0.dist-info/METADATA": "Name: blobfmt\nVersion: 1.0\n",
+        "blobfmt-1.0.dist-info/RECORD": "blobfmt/__init__.py,,\nblobfmt/x.py,,\n",
+        "nvidia_ddpsplit-2.0.dist-info/METADATA": "Name: nvidia-ddpsplit\nVersion: 2.0\n",
+        "nvidia_ddpsplit-2.0.dist-info/RECORD": "nvidia/ddpsplit/__init__.py,sha256=x,0\n",
+    }  # fmt: skip
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert {k: str(v.relative_to(tmp_path)) for k, v in layer_checks.units(tmp_path).items()} == {
+        "_ops": "_ops.cpython-311-x86_64-linux-gnu.so", "blobfmt": "blobfmt",
+        "nvidia.ddpsplit": "nvidia/ddpsplit", "six": "six.py",
+    }  # fmt: skip
+    assert layer_checks.owners(tmp_path) == {
+        "blobfmt": "blobfmt==1.0",
+        "nvidia": "nvidia-ddpsplit==2.0",
+    }
+
+
 # -- a task whose package is only in its layer, over the image built by the DAG ----------------
 
 BLOBSDEP = REPO / "tests" / "data" / "blobsdep.py"  # a user's task file: it imports blobfmt
 BLOBFMT = "blobfmt==1.0"  # in neither the tests' environment nor the base image: a local wheel
+TORCHVER = "torchver==1.0"  # a local sdist whose build imports torch: built in the image
+LISTED = [BLOBFMT, TORCHVER]  # the run's container.requirements
 # Every rule but build_image: the base image stays as the session built it, even if a source
 # of ddppipe changes meanwhile (someone working in this checkout while the tests run).
 # (--allowed-rules takes every word after it: targets go before it.)
@@ -237,18 +298,19 @@ def blobs_config(base: dict[str, Any], run: str, *reqs: str) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def task_layer_run(image_run: ImageRun, tmp_path_factory: pytest.TempPathFactory) -> TaskLayerRun:
     """`snakemake --cores 2` of a task file that imports blobfmt, with container.requirements:
-    [blobfmt==1.0] (a local wheel: pip's --find-links, no index): the layer built once, then
-    the whole local DAG, with Python's import profile (PYTHONPROFILEIMPORTTIME) in every rule's
-    log."""
+    [blobfmt==1.0, torchver==1.0] (a local wheel and sdist: pip's --find-links, no index): the
+    layer built once, then the whole local DAG, with Python's import profile
+    (PYTHONPROFILEIMPORTTIME) in every rule's log."""
     assert importlib.util.find_spec("blobfmt") is None, "blobfmt must be absent from the host"
     w = image_run.workdir
     env = {"PIP_FIND_LINKS": str(w / "wheels"), "PIP_NO_INDEX": "1"}
 
     def build(_: Path) -> dict[str, Any]:
         blobfmt_wheels(w / "wheels", "1.0", "1.1")
+        torchver_sdist(w / "wheels")
         (w / "mytasks").mkdir()
         shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep.py")
-        cfg = blobs_config(image_run.cfg, "blobs", BLOBFMT)
+        cfg = blobs_config(image_run.cfg, "blobs", *LISTED)
         start = time.monotonic()
         with work_locked(tmp_path_factory):
             result = snakemake(w, cfg, "--cores", "2", "-p", *BUT_THE_BASE_IMAGE,
@@ -257,7 +319,7 @@ def task_layer_run(image_run: ImageRun, tmp_path_factory: pytest.TempPathFactory
                 "seconds": time.monotonic() - start}  # fmt: skip
 
     found = across_workers.once(tmp_path_factory, "task-layer", build)
-    path = str(requirements.layer_path(IMAGE, [BLOBFMT]))
+    path = str(requirements.layer_path(IMAGE, LISTED))
     return TaskLayerRun(w, found["cfg"], path, found["output"], found["seconds"], env)
 
 
@@ -277,8 +339,9 @@ def test_task_with_an_image_only_package_trains_over_its_layer(
     """Every step that imports the task ran in the image with the task's layer bound over it
     (the host has no blobfmt): prepare_data, write_config and the ranks; the other rules on
     the host, without torch. The layer's info records the list, what it installed (only what
-    the image lacks) and the base image; the provenance the layer and the image, which
-    `ddppipe reproduce` checks."""
+    the image lacks), what it built from source against which torch (torchver, built against
+    the image's torch, not one from an index) and the base image; the provenance the layer and
+    the image, which `ddppipe reproduce` checks."""
     run, w, found = task_layer_run, task_layer_run.workdir, task_layer_run.layer
     where = where_rules_ran(run.output, found)
     print(f"the layer (blobfmt) + the whole DAG: {run.seconds:.0f} s")
@@ -309,8 +372,11 @@ def test_task_with_an_image_only_package_trains_over_its_layer(
     info = json.loads((w / identity.info_path(found)).read_text())
     base = json.loads((w / identity.info_path(IMAGE)).read_text())
     assert info["path"] == found and info["sha256"] == identity.sha256(w / found)
-    assert info["requirements"] == [BLOBFMT] and info["installed"] == [BLOBFMT]
+    assert info["requirements"] == LISTED and info["installed"] == LISTED
     assert info["base"] == {"path": IMAGE, "sha256": base["sha256"]}
+    torch_built = base["labels"]["ddppipe.torch.version"]  # e.g. 2.14.1+cu130
+    assert info["from_source"] == [{"package": TORCHVER, "compiled": False, "torch": torch_built}]
+    assert squashed(w / found, "torchver/_built.py") == f"TORCH = {torch_built!r}\n"
     assert info["size_bytes"] == (w / found).stat().st_size < 2**20
     assert "ddppipe.requirements" not in identity.labels(w / IMAGE)  # the image unchanged
     # The run's identity and provenance: the task file's SHA-256, the image and its layer.
@@ -324,7 +390,9 @@ def test_task_with_an_image_only_package_trains_over_its_layer(
     assert image["path"] == IMAGE and image["sha256"] == base["sha256"]
     assert image["layer"] == info
     # rank 0 saw the image's packages and the layer's: the packages the record names
-    assert record["software"]["packages"] == {**identity.packages(base["labels"]), "blobfmt": "1.0"}
+    assert record["software"]["packages"] == {
+        **identity.packages(base["labels"]), "blobfmt": "1.0", "torchver": "1.0"
+    }  # fmt: skip
     # `ddppipe reproduce`'s checks of the image, its layer and their packages
     old = os.getcwd()
     try:
@@ -375,7 +443,8 @@ def test_a_layer_that_cannot_be_installed_names_the_image_and_leaves_nothing(
 ) -> None:
     """A version no index has: the error says the image's packages are kept and what to do;
     no layer nor half-built folder is left where the next step would look. The run's list
-    built again gives the same bytes."""
+    built again under `umask 077` (pip writes 0600 and 0700 files) gives the same bytes:
+    every file root's and readable by every user, as a kernel mount needs."""
     w, env = task_layer_run.workdir, task_layer_run.env
     dest = tmp_path / "images" / "x.layer.sqfs"
     with pytest.MonkeyPatch.context() as patch:
@@ -388,13 +457,83 @@ def test_a_layer_that_cannot_be_installed_names_the_image_and_leaves_nothing(
     assert "No matching distribution found for blobfmt==9.9" in str(error.value)
     assert list(dest.parent.iterdir()) == []
     # The same list built again: the same bytes (its byte-code names /opt/task-site, where it
-    # is bound, not pip's temporary folder of the build)
+    # is bound, not pip's temporary folder of the build), whatever the umask
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
-        again = layer.build_layer(w / IMAGE, [BLOBFMT], dest, tmp_path / "again.log")
+        umask = os.umask(0o077)
+        try:
+            again = layer.build_layer(w / IMAGE, LISTED, dest, tmp_path / "again.log")
+        finally:
+            os.umask(umask)
     built = json.loads((w / identity.info_path(task_layer_run.layer)).read_text())
     assert again["sha256"] == built["sha256"]
+    listed = subprocess.run(["unsquashfs", "-lls", str(dest)], capture_output=True, text=True,
+                            check=True).stdout.splitlines()  # fmt: skip
+    modes = {line.split()[0] + " " + line.split()[1] for line in listed if "squashfs-root" in line}
+    assert modes == {"drwxr-xr-x root/root", "-rw-r--r-- root/root"}, listed
+
+
+def squashed(image: Path, path: str) -> str:
+    """The text of the file ``path`` in the SquashFS file ``image``."""
+    return subprocess.run(["unsquashfs", "-cat", str(image), path], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+
+
+def failed_layer(task_layer_run: TaskLayerRun, folder: Path, *reqs: str) -> str:
+    """The error of building ``reqs`` (local packages in ``folder``, the run's beside them)
+    over the run's image; asserted to leave nothing beside the layer."""
+    dest = folder / "images" / "x.layer.sqfs"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIP_NO_INDEX", "1")
+        patch.setenv("PIP_FIND_LINKS", f"{folder} {task_layer_run.env['PIP_FIND_LINKS']}")
+        with pytest.raises(tool.ContainerError) as error:
+            layer.build_layer(task_layer_run.workdir / IMAGE, list(reqs), dest, folder / "l.log")
+    assert list(dest.parent.iterdir()) == []
+    return str(error.value)
+
+
+def test_a_source_package_the_image_cannot_compile_is_refused_before_its_build(
+    task_layer_run: TaskLayerRun, tmp_path: Path
+) -> None:
+    """A C++ extension over torch's headers, as a source distribution only: the image has no
+    compiler, so the build is refused before it starts, naming the package and each thing the
+    image lacks (not pip's compiler error minutes in, nor a layer that fails at import)."""
+    cppext_sdist(tmp_path)
+    message = failed_layer(task_layer_run, tmp_path, "cppext==1.0", BLOBFMT)
+    assert "a source distribution pip would build in " in message
+    assert (
+        "  cppext==1.0: a source distribution (to compile: cppext/ops.cpp; its build imports "
+        "torch), and the image lacks a C++ compiler (c++); a C compiler (cc); Python's headers "
+        "(/usr/include/python3.11/Python.h: python3-dev)\n"
+    ) in message, message
+    assert "`apt-get install -y g++ python3-dev` in %post" in message
+
+
+def test_a_layer_that_cannot_import_or_hides_half_a_namespace_is_never_used(
+    task_layer_run: TaskLayerRun, tmp_path: Path
+) -> None:
+    """The layer's modules imported in the image with the layer bound, as every rank's: one
+    that fails names itself and its package; a namespace the image also has (google, nvidia:
+    no __init__.py in the image) imports both halves, or is named when the layer's
+    __init__.py hides the image's. Nothing is left."""
+    wheel_of(
+        tmp_path, "badimport", "1.0", {"badimport.py": "raise ImportError('no libfoo.so.1')\n"}
+    )
+    wheel_of(tmp_path, "nvidia-ddpsplit", "1.0", {"nvidia/ddpsplit/__init__.py": "X = 1\n"})
+    old_style = {"google/__init__.py": "", "google/ddpold/__init__.py": "X = 1\n"}  # regular
+    wheel_of(tmp_path, "google-ddpold", "1.0", old_style)
+    message = failed_layer(task_layer_run, tmp_path, "badimport==1.0", "google-ddpold==1.0",
+                           "nvidia-ddpsplit==1.0")  # fmt: skip
+    site = "/opt/venv/lib/python3.11/site-packages"
+    reasons = message.split(":\n", 1)[1].split("\nA package that")[0].splitlines()
+    assert reasons == [  # (nvidia.ddpsplit: both halves on nvidia.__path__, nothing to say)
+        f"  the namespace google is split between the layer (/opt/task-site/google, from "
+        f"google-ddpold==1.0) and the image ({site}/google), and Python imports only one half: "
+        f"{site}/google hidden (an __init__.py in /opt/task-site/google)",
+        "  badimport (from badimport==1.0) cannot be imported: ImportError: no libfoo.so.1",
+    ], message
+    assert message.startswith("container.requirements: not used: the layer cannot be imported")
 
 
 def test_a_package_the_image_lacks_is_named_with_both_fixes(task_layer_run: TaskLayerRun) -> None:
@@ -425,7 +564,7 @@ def test_task_with_an_image_only_package_on_slurm(
     own: the local run's, which the other tests read, stays as it was whatever the order."""
     w = task_layer_run.workdir
     shutil.copy2(BLOBSDEP, w / "mytasks" / "blobsdep_slurm.py")
-    cfg = blobs_config(task_layer_run.cfg, "blobs-slurm", BLOBFMT)
+    cfg = blobs_config(task_layer_run.cfg, "blobs-slurm", *LISTED)
     cfg["task"] = "mytasks/blobsdep_slurm.py"
     cfg = on_cluster(cfg, slurm_cluster, nodes=2, procs=1)
     start = time.monotonic()

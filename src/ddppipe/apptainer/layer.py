@@ -2,11 +2,14 @@
 image into a folder, squashed into a small SquashFS file bound over the image on every node.
 
 The image's own pip resolves the requirements with the image's installed distributions as
-constraints (nothing it has is upgraded or shadowed) and installs only what the image lacks
-(``pip install --target``, its byte-code compiled as found where it is bound); the folder is
-packed with ``mksquashfs`` (deterministic: owner root, every time 0, byte-code checked by
-hash) into a temporary file renamed into place when
-complete, so a failed build leaves nothing. Training binds it read-only at
+constraints of every pip call and every build (nothing it has is upgraded or shadowed, and a
+source package's build uses the image's torch: no build isolation) and installs only what the
+image lacks (``pip install --target``, its byte-code compiled as found where it is bound); a
+source package the image cannot build is refused before its build
+(:mod:`~ddppipe.apptainer.layer_checks`). The folder is packed with ``mksquashfs``
+(deterministic: owner root, every time 0, modes 0644/0755, byte-code checked by hash), the
+packed file checked in the image as the ranks bind it (every module imported, namespaces
+whole) and renamed into place: a failed build leaves nothing. Training binds it read-only at
 :data:`~ddppipe.apptainer.running.TASK_SITE` (:func:`ddppipe.apptainer.running.exec_prefix`).
 """
 
@@ -22,10 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ddppipe.apptainer import layer_checks
 from ddppipe.apptainer.binds import bind_args
 from ddppipe.apptainer.identity import info_path, sha256
 from ddppipe.apptainer.requirements import pinned
-from ddppipe.apptainer.running import TASK_SITE
+from ddppipe.apptainer.running import TASK_SITE, layer_bound
 from ddppipe.apptainer.tool import APPTAINER, ContainerError
 
 # The host's pip settings that reach the image's pip (a mirror, a local folder of wheels, its
@@ -38,33 +42,69 @@ CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
 CONFLICT = 3  # the script's exit status when the requirements conflict with the image
 SQUASH_TIMEOUT_S = 600  # mksquashfs of a layer's folder (seconds)
 
-# Run by the image's shell in the build's folder ($1): what the image has (base.txt), what
-# the requirements add to it (pip's dry-run report, the image's packages as constraints), only
-# that installed into site/ (--no-deps: the resolution is done), its byte-code compiled as
-# found where it is bound ($2: pip's would name its temporary folder, a build's own), then pip
-# check of the image with the layer on its path.
+# Run by the image's shell in the build's folder ($1): what the image has (base.txt), a
+# constraint of every pip call and of every build (PIP_CONSTRAINT reaches build environments,
+# --constraint does not); what the requirements add to it (pip's dry-run report), wheels and
+# source distributions; the source distributions read before any is built (layer_checks.py:
+# what their build needs and the image lacks refuses them), then built without isolation, in
+# the image's own environment (an extension compiles against the image's torch, never a newer
+# one from the index) and never from pip's cache of wheels (one built against another image's
+# torch); only that installed into site/ (--no-deps: the resolution is done; the built ones
+# found by name, as pip records an index's and not a file's path), its byte-code
+# compiled as found where it is bound ($2: pip's would name its temporary folder, a build's
+# own).
 SCRIPT = r"""set -eu
 cd "$1"
 python -m pip list --format=freeze > base.txt
-if ! python -m pip install --dry-run --quiet --report report.json \
-        --constraint base.txt --requirement requirements.txt; then
+export PIP_CONSTRAINT="$PWD/base.txt"
+if ! python -m pip install --dry-run --quiet --no-build-isolation --use-pep517 \
+        --report report.json --requirement requirements.txt; then
     echo "ddppipe: container.requirements cannot be installed over the image's own packages" \
         "(base.txt: kept at these versions)" >&2
     exit 3
 fi
-python - > pins.txt <<'EOF'
+python - <<'EOF'
 import json
+import os
+import shutil
+from urllib.parse import unquote, urlparse
 
-for item in json.load(open("report.json"))["install"]:
-    print(f"{item['metadata']['name']}=={item['metadata']['version']}")
+os.mkdir("sdists")
+with open("pins.txt", "w") as pins, open("sources.txt", "w") as sources:
+    for item in json.load(open("report.json"))["install"]:
+        pin = f"{item['metadata']['name']}=={item['metadata']['version']}\n"
+        pins.write(pin)
+        url = urlparse(item["download_info"]["url"])
+        if url.path.endswith(".whl"):
+            continue
+        if url.scheme == "file":  # (a local folder of packages: read where it is)
+            shutil.copy(unquote(url.path), "sdists")
+        else:
+            sources.write(pin)
 EOF
-mkdir site
+if [ -s sources.txt ]; then
+    python -m pip download --quiet --no-deps --no-build-isolation --use-pep517 \
+        --no-binary :all: --dest sdists --requirement sources.txt
+fi
+mkdir site built
+if [ -n "$(ls sdists)" ]; then
+    python layer_checks.py sources sdists
+    python -m pip wheel --quiet --no-deps --no-build-isolation --use-pep517 --no-cache-dir \
+        --wheel-dir built sdists/*
+fi
 if [ -s pins.txt ]; then
-    python -m pip install --quiet --no-deps --no-compile --target site --requirement pins.txt
+    python -m pip install --quiet --no-deps --no-compile --target site --find-links built \
+        --only-binary :all: --requirement pins.txt
     python -m compileall -q --invalidation-mode checked-hash -s site -p "$2" site ||
         echo "ddppipe: files above that do not compile are left without byte-code (as pip does)"
 fi
-PYTHONPATH="$PWD/site" python -m pip check
+"""
+# Run by the image's shell with the packed layer bound at $2, first on Python's path: every
+# top-level module it installs imported, the namespaces it shares with the image whole
+# (layer_checks.py, from the build's folder $1), then pip check of the image with it.
+CHECK = r"""set -eu
+python "$1/layer_checks.py" imports "$2"
+cd / && python -m pip check
 """
 
 
@@ -104,20 +144,37 @@ def _tail(log: Path, lines: int = 25) -> str:
     return "(no log)"
 
 
+def _run(cmd: list[str], name: str, log: Path, timeout_s: float) -> int:
+    """Run ``cmd`` (``apptainer exec ... IMAGE /bin/sh -c`` :data:`SCRIPT` or :data:`CHECK`,
+    its ``name``, and 3 arguments), its output to ``log``; its exit status."""
+    with open(log, "a") as out:
+        out.write(f"# {' '.join(cmd[:-6])} /bin/sh -c {name} {' '.join(cmd[-3:])}\n")
+        out.flush()
+        try:
+            return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  check=False).returncode  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise ContainerError(
+                f"the layer's {name} in {cmd[-7]} timed out after {timeout_s:.0f} s; log: {log}"
+            ) from e
+
+
+def _refused(work: Path, log: Path, doing: str, instead: str) -> ContainerError:
+    """The error of a refusal by layer_checks.py: each reason (refused.txt), what to do."""
+    reasons = (work / layer_checks.REFUSAL).read_text().splitlines()
+    return ContainerError(
+        f"container.requirements: {doing}:\n"
+        + "".join(f"  {r}\n" for r in reasons)
+        + instead
+        + f"\nLog: {log}"
+    )
+
+
 def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
     """Run :data:`SCRIPT` in ``base`` on ``work`` (its requirements.txt), the output to ``log``."""
     cmd = [APPTAINER, "exec", "--cleanenv", *bind_args(work, work), *_environment(work),
            str(base), "/bin/sh", "-c", SCRIPT, "layer", str(work), TASK_SITE]  # fmt: skip
-    with open(log, "a") as out:
-        out.write(f"# {' '.join(cmd[:-6])} /bin/sh -c SCRIPT layer {work} {TASK_SITE}\n")
-        out.flush()
-        try:
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                check=False).returncode  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            raise ContainerError(
-                f"pip in {base} timed out after {timeout_s:.0f} s; log: {log}"
-            ) from e
+    rc = _run(cmd, "SCRIPT", log, timeout_s)
     if rc == CONFLICT:
         raise ContainerError(
             f"container.requirements cannot be installed over the image {base}'s own packages "
@@ -127,6 +184,16 @@ def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
             f"Log: {log}\n--- last lines ---\n"
             f"{_tail(log)}"
         )
+    if rc == layer_checks.REFUSED:
+        raise _refused(
+            work, log, f"not built: a source distribution pip would build in {base} cannot be "
+            "built there (nothing was compiled)",
+            "Pin a version that has a wheel for the image's Python and platform (`pip download "
+            "--only-binary :all: NAME==VERSION` tells), or build your own image with what is "
+            "missing (container.recipe: a copy of containers/ddppipe.def with e.g. `apt-get "
+            "install -y g++ python3-dev` in %post, or a CUDA devel base for nvcc), where the "
+            "package can be installed in %post too.",
+        )  # fmt: skip
     if rc != 0:
         raise ContainerError(
             f"installing container.requirements in {base} failed (exit {rc}); log: {log}\n"
@@ -134,8 +201,29 @@ def _install(base: Path, work: Path, log: Path, timeout_s: float) -> None:
         )
 
 
-def _squash(site: Path, layer: Path, log: Path) -> None:
-    """``mksquashfs`` ``site`` into ``layer``: a temporary file beside it, renamed when complete."""
+def _check(base: Path, work: Path, packed: Path, log: Path, timeout_s: float) -> None:
+    """Run :data:`CHECK` in ``base`` with the layer ``packed`` bound as training binds it."""
+    cmd = [APPTAINER, "exec", "--cleanenv", *bind_args(work, work), *layer_bound(packed),
+           str(base), "/bin/sh", "-c", CHECK, "check", str(work), TASK_SITE]  # fmt: skip
+    rc = _run(cmd, "CHECK", log, timeout_s)
+    if rc == layer_checks.REFUSED:
+        raise _refused(
+            work, log, f"not used: the layer cannot be imported as every rank would, in {base} "
+            f"with the layer at {TASK_SITE} first on Python's path",
+            "A package that is split with the image, or needs what the image lacks (a system "
+            "library, a newer package the image pins), belongs in your own image "
+            "(container.recipe): install it there in %post.",
+        )  # fmt: skip
+    if rc != 0:
+        raise ContainerError(
+            f"container.requirements: the layer breaks the image's packages (pip check, exit "
+            f"{rc}); log: {log}\n--- last lines ---\n{_tail(log)}"
+        )
+
+
+def _squash(site: Path, packed: Path, log: Path) -> None:
+    """``mksquashfs`` ``site`` into ``packed`` (the shared, deterministic arguments: every
+    file readable, owner root, whatever the umask it was written under); removed if it fails."""
     from ddppipe.data.squashfs import MKSQUASHFS, MKSQUASHFS_ARGS, version_problem
 
     tool = shutil.which(MKSQUASHFS)
@@ -149,33 +237,29 @@ def _squash(site: Path, layer: Path, log: Path) -> None:
                               "install the packages in the image's recipe instead")  # fmt: skip
     if problem:
         raise ContainerError(problem)
-    fd, name = tempfile.mkstemp(prefix=f".{layer.name}.", suffix=".tmp", dir=layer.parent)
-    os.close(fd)
-    tmp = Path(name)
     try:
         with open(log, "a") as out:
-            subprocess.run([tool, str(site), str(tmp), *MKSQUASHFS_ARGS], stdout=out,
+            subprocess.run([tool, str(site), str(packed), *MKSQUASHFS_ARGS], stdout=out,
                            stderr=subprocess.STDOUT, check=True,
                            timeout=SQUASH_TIMEOUT_S)  # fmt: skip
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, layer)
     except subprocess.CalledProcessError as e:
+        packed.unlink(missing_ok=True)
         raise ContainerError(f"mksquashfs {site} failed (exit {e.returncode}); log: {log}") from e
     except subprocess.TimeoutExpired as e:
+        packed.unlink(missing_ok=True)
         raise ContainerError(
             f"mksquashfs {site} did not end within {SQUASH_TIMEOUT_S:g} s (a slow or full "
-            f"filesystem at {layer.parent}?); log: {log}"
+            f"filesystem at {packed.parent}?); log: {log}"
         ) from e
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def build_layer(
     base: str | Path, reqs: list[str], layer: str | Path, log: str | Path, timeout_s: float = 1800
 ) -> dict[str, Any]:
     """Install the pinned ``reqs`` over the image ``base`` into the SquashFS file ``layer``,
-    atomically; its info: path, SHA-256, size, the requirements, what it installed, and the
-    base image's path and SHA-256 (from its info JSON when there is one)."""
+    checked in the image and renamed into place, atomically; its info: path, SHA-256, size,
+    the requirements, what it installed, what was built from source (against which torch), and
+    the base image's path and SHA-256 (from its info JSON when there is one)."""
     reqs = pinned(reqs)
     if not reqs:
         raise ContainerError("no requirements to add: train in the base image itself")
@@ -190,14 +274,21 @@ def build_layer(
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"# the layer {layer}: {' '.join(reqs)} over {base}\n")
     work = Path(tempfile.mkdtemp(prefix=f".{layer.name}.", suffix=".build", dir=layer.parent))
+    packed = work / "layer.sqfs"  # renamed into place once checked
     try:
         (work / "requirements.txt").write_text("".join(f"{r}\n" for r in reqs))
+        shutil.copyfile(layer_checks.__file__, work / "layer_checks.py")
         ca = _ca_bundle()
         if ca is not None:
             shutil.copyfile(ca, work / "ca.crt")
         _install(base.resolve(), work.resolve(), log, timeout_s)
         added = installed(work / "site")
-        _squash(work / "site", layer, log)
+        sources = work / "sources.json"
+        built = json.loads(sources.read_text()) if sources.is_file() else []
+        _squash(work / "site", packed, log)
+        _check(base.resolve(), work.resolve(), packed.resolve(), log, timeout_s)
+        os.chmod(packed, 0o444)
+        os.replace(packed, layer)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
@@ -206,5 +297,6 @@ def build_layer(
         "size_bytes": layer.stat().st_size,
         "requirements": reqs,
         "installed": added,
+        "from_source": built,
         "base": {"path": str(base), "sha256": base_sha},
     }

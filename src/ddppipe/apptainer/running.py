@@ -40,8 +40,12 @@ def layer_args(container: Container) -> list[str]:
     first on Python's path, the user's site (``~/.local``) off so it cannot shadow it; none
     without requirements."""
     layer = task_layer(container)
-    if layer is None:
-        return []
+    return [] if layer is None else layer_bound(layer)
+
+
+def layer_bound(layer: str | Path) -> list[str]:
+    """The ``apptainer exec`` options binding the SquashFS file ``layer`` as the task's layer
+    (:func:`layer_args`; the layer's own check before it is used)."""
     return [*bind_args(layer, TASK_SITE, ("ro", "image-src=/")), "--env",
             f"PYTHONPATH={TASK_SITE}", "--env", "PYTHONNOUSERSITE=1"]  # fmt: skip
 

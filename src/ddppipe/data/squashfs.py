@@ -5,7 +5,8 @@ its users share; an image is one file. ``ddppipe prepare`` writes the folder a t
 one its ``FOLDER_ARG`` names: ``imagefolder``'s ``task_args.root``, the images as files,
 undecoded) into the data folder as ``<arg>-<digest>.sqfs``, named by the image's own SHA-256,
 and records it in the data manifest (``"squashfs": {"image": ..., "arg": ...}``). The image is
-deterministic (files sorted, owner root, every time 0): the same content gives the same name.
+deterministic (files sorted, owner root, every time 0, modes 0644 and 0755 whatever the
+umask): the same content gives the same name.
 
 Training reads it where the task expects its folder, the task's code unchanged:
 
@@ -51,8 +52,13 @@ SUFFIX = ".sqfs"
 KEY = "squashfs"  # the data manifest's record of the image
 # Deterministic: no append to an old image, every file owned by root, every time (the image's
 # and its files') 0, no extended attributes; mksquashfs sorts each folder's entries itself.
+# Readable by every user whatever the umask the folder was written under (pip under `umask
+# 077` writes 0600 and 0700, which root's ownership would make unreadable where Apptainer
+# mounts the image with the kernel): files 0644, folders and executables 0755. The arguments
+# of every image ddppipe packs: a data folder's, a task's layer (ddppipe.apptainer.layer).
+MODES = "chmod(a=rX,u+w)@true"  # X: executable where a folder or executable by anyone
 MKSQUASHFS_ARGS = ("-noappend", "-all-root", "-mkfs-time", "0", "-all-time", "0",
-                   "-no-xattrs", "-no-progress", "-quiet")  # fmt: skip
+                   "-no-xattrs", "-action", MODES, "-no-progress", "-quiet")  # fmt: skip
 MKSQUASHFS, UNSQUASHFS, SQUASHFUSE = "mksquashfs", "unsquashfs", "squashfuse"
 MKSQUASHFS_MIN = (4, 4)  # -mkfs-time and -all-time (RHEL 8 ships 4.3)
 # In this user's private folder: sqfs-<digest>.<pid> a process's mount, sqfs-<digest> the

@@ -128,18 +128,18 @@ class Pair:
     workload: str
     ranks: int
     round: int
-    ddppipe: Figures
+    ours: Figures  # ddppipe's
     plain: Figures
 
     @property
     def ratio(self) -> float:
-        return self.ddppipe.samples_per_s / self.plain.samples_per_s
+        return self.ours.samples_per_s / self.plain.samples_per_s
 
     @property
     def own_estimate_ms(self) -> float:
         """ddppipe's step less its data wait and the plain loop's forward/backward and
         optimizer: the loop's own work, estimated."""
-        rest = self.ddppipe.step_ms - self.ddppipe.data_ms
+        rest = self.ours.step_ms - self.ours.data_ms
         return rest - self.plain.parts_ms["fwd_bwd"] - self.plain.parts_ms["optim"]
 
 
@@ -390,7 +390,7 @@ def table(pairs: list[Pair]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in pairs:
-        d, q = p.ddppipe, p.plain
+        d, q = p.ours, p.plain
         comm = d.parts_ms.get("allreduce_exposed")
         rest = f"{d.parts_ms['rest']:.2f}" + (f" (all-reduce {comm:.2f})" if comm else "")
         lines.append(

@@ -434,6 +434,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.ranks = args.ranks or [1, 2]
     if args.mlp_samples % 256 or args.cnn_samples % 128:
         ap.error("--mlp-samples must be a multiple of 256, --cnn-samples of 128")
+    if min(args.mlp_samples // 256, args.cnn_samples // 128) < 2 * WARMUP_STEPS:
+        ap.error(f"too few samples: at least {2 * WARMUP_STEPS} steps, half of them steady")
     return args
 
 

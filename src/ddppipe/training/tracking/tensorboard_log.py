@@ -52,10 +52,15 @@ class TensorBoardLog:
 
     def log(self, step: int, points: dict[str, float], prefix: str = "") -> None:
         """Points at ``step``; test points are written out at once. Raises on any error."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         if self._writer is None:
             self.open(step)
-        for tag, value in points.items():
-            self._writer.add_scalar(tag, value, global_step=step)
+        # One event of every point (add_scalar makes one each, at ~0.1 ms apiece: a point of
+        # train loss and learning rate every 10 steps cost a short step several percent).
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))
+                                 for tag, value in points.items()])  # fmt: skip
+        self._writer._get_file_writer().add_summary(summary, step)
         if _is_test(prefix, points):
             self._writer.flush()
 

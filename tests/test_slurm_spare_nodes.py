@@ -4,15 +4,15 @@ on a SLURM cluster of its own: three nodes ``cn[11-13]``, the runs in partition 
 Three runs train side by side, one rank a node (each job takes one of a node's four CPUs): a
 2-node run with one spare node (a 3-node job), a 2-node run with ``min_nodes: 1`` (a 2-node
 job) and a 2-node run with neither. All are held mid-epoch 2 (their task waits while a file
-exists), then the node their steps share, no job's batch node, is killed as a node dies: its
-slurmd and every process on it; they are released once SLURM has declared it down (a job
-submitted without ``--no-kill`` ends then). The first two go on in their jobs, with no new
-submission, both from the epoch-1 checkpoint: the spare run (its rank 0 on the lost node: its
-other rank fails on the lost peer at once, so it goes on before SLURM's word) on its node
-left and the spare (its job's first node, idle until then), the other on its first node
-alone. The third,
-submitted without ``--no-kill``, is ended by SLURM and requeued (its profile's
-``--requeue``): the same job resumes on cn11 and cn13.
+exists) with their epoch-1 checkpoint committed, then the node their steps share, no job's
+batch node, is killed as a node dies: its slurmd and every process on it; they are released
+once SLURM has declared it down (a job submitted without ``--no-kill`` ends then). The first
+two go on in their jobs, with no new submission, both from the epoch-1 checkpoint: the spare
+run (its rank 0 on the lost node: its other rank fails on the lost peer at once, so it goes
+on before SLURM's word) on its node left and the spare (its job's first node, idle until
+then), the other on its first node alone. The third, submitted without ``--no-kill``, is
+ended by SLURM and requeued (its profile's ``--requeue``): the same job resumes on cn11 and
+cn13.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ HOLD_AFTER = STEPS_PER_EPOCH + 10  # each rank waits at epoch 2's 11th step whil
 # forward calls, holds first; the other rank waits for it in the step's all-reduce).
 TASK = points_task(dim=16, hidden=32, noise=1.0, hold_after=HOLD_AFTER)
 FINAL = "results/points/train/final.pt"
+EPOCH_1 = "results/points/state/checkpoints/ckpt-e0001-s000000"
 
 
 def points_config(cluster: SlurmCluster, **slurm: Any) -> dict[str, Any]:
@@ -101,6 +102,10 @@ def runs(slurm_slot: SlurmSlot, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 wd = root / name
                 _poll(lambda wd=wd: (wd / "held-0").exists(), proc, 600,  # rank 1 then waits
                       f"the {name} run held in epoch 2", out)  # fmt: skip
+                # (its epoch-1 checkpoint is written in the background: committed by now?
+                # epoch 2's first 10 steps take milliseconds, the save longer)
+                _poll(lambda wd=wd: (wd / EPOCH_1 / "COMMITTED").is_file(), proc, 120,
+                      f"the {name} run's epoch-1 checkpoint committed", out)  # fmt: skip
             steps = {name: attempts(root / name)[0]["nodes"] for name in procs}
             shared = set(NODES).intersection(*steps.values()) - {NODES[0]}  # (the batch nodes)
             assert len(shared) == 1, f"no node to kill: {steps}"

@@ -6,6 +6,7 @@ and a script's ``job.shard()`` both call :func:`wrap`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -63,8 +64,11 @@ def wrap(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # Gradients live in DDP's all-reduce buckets: no copy in or out of them per step.
+    # (torch 2.14 renamed the setting: forward_sync_buffers; the old name warns there)
+    renamed = "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    sync = {"forward_sync_buffers" if renamed else "broadcast_buffers": broadcast_buffers}
     net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              gradient_as_bucket_view=True, broadcast_buffers=broadcast_buffers)  # fmt: skip
+              gradient_as_bucket_view=True, **sync)  # fmt: skip
     if bf16 and world > 1:
         # bf16 training all-reduces bf16 gradients: half the bytes of every step's all-reduce
         # (DDP's compression hook; gloo and NCCL reduce bf16).

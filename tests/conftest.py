@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny generated data, a loopback HTTP mirror, and running the CLI."""
+"""Shared fixtures: tiny generated data, a loopback HTTP mirror, a process group of this
+process alone, and running the CLI."""
 
 from __future__ import annotations
 
@@ -121,6 +122,18 @@ def shared_build(
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A process group of this process alone (gloo)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -7,26 +7,16 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ddppipe.runstate import failures, preemption
 from ddppipe.training.loop import agreement
 
+pytestmark = pytest.mark.usefixtures("one_rank")
 CPU = torch.device("cpu")
 NAN = math.nan
-
-
-@pytest.fixture(autouse=True)
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Signals(preemption.Guard):

@@ -26,16 +26,6 @@ from tests.tiny import default_config
 SLOW_S = 0.2  # the worker's copy takes at least this long once the step is reached
 
 
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    """A process group of this process alone (gloo)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def model_and_optimizer(device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer]:
     """A model with BatchNorm (buffers its forward changes) and Adam, one step trained."""
     torch.manual_seed(0)

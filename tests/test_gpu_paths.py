@@ -29,7 +29,7 @@ from ddppipe.packing import worker
 from ddppipe.settings import config
 from ddppipe.training.measuring import allowances
 from tests.conftest import run_cli
-from tests.test_background_copy import holds_its_step, one_rank  # noqa: F401 (a fixture)
+from tests.test_background_copy import holds_its_step
 from tests.test_fsdp import ARGS as LM_ARGS
 from tests.test_fsdp import lm_data  # noqa: F401 (a fixture)
 from tests.test_reproduce import train_and_export

@@ -7,13 +7,11 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ddppipe.core import system
 from ddppipe.launching import resolve
@@ -111,16 +109,6 @@ def test_the_fast_preset_leaves_cpu_precision_to_the_ranks_and_keeps_a_users() -
     assert presets.resolve(train, 2, gpus=True)["precision"] == "bf16"  # the gpu recipe
     for asked in ("bf16", "fp32"):
         assert presets.resolve({**train, "precision": asked}, 2, gpus=False)["precision"] == asked
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    """A process group of this process alone (gloo)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_rank")

@@ -124,7 +124,10 @@ def batched(dataset: Any) -> Tensors | Gathered | None:
 
 
 def in_memory(dataset: Any) -> bool:
-    """Whether a task's dataset is gathered a batch at a time in the rank (:func:`batched`)."""
+    """Whether a task's dataset is gathered a batch at a time in the rank (:func:`batched`;
+    a Subset's answer is its dataset's, without copying its share of the tensors)."""
+    if isinstance(dataset, Subset):
+        return in_memory(dataset.dataset)
     return batched(dataset) is not None
 
 

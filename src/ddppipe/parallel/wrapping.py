@@ -17,6 +17,11 @@ from ddppipe.parallel import fsdp
 log = logging.getLogger(__name__)
 
 
+# A norm layer's running statistics (BatchNorm's): updated by a training forward, read only in
+# evaluation.
+RUNNING = ("running_mean", "running_var", "num_batches_tracked")
+
+
 def running_statistics_only(model: nn.Module) -> bool:
     """Whether every buffer of ``model`` is a norm layer's running statistics (BatchNorm's
     mean, variance and count: updated by a training forward, read only in evaluation)."""
@@ -25,9 +30,6 @@ def running_statistics_only(model: nn.Module) -> bool:
             if not (isinstance(module, nn.modules.batchnorm._NormBase) and name in RUNNING):
                 return False
     return True
-
-
-RUNNING = ("running_mean", "running_var", "num_batches_tracked")
 
 
 def wrap(

@@ -220,8 +220,14 @@ def record(error: BaseException) -> None:
         print(f"ddppipe: could not record this rank's failure ({e})", file=sys.stderr)
 
 
+def _path(folder: Path, restart: int, rank: int, host: str) -> Path:
+    """The record of ``rank`` in start ``restart`` (a node's agent's: one a node)."""
+    node = f"-{host}" if rank == AGENT_RANK else ""
+    return Path(folder) / f"restart{restart}-rank{rank}{node}.json"
+
+
 def _write(folder: Path, failure: Failure) -> None:
-    path = folder / f"restart{failure.restart}-rank{failure.rank}.json"
+    path = _path(folder, failure.restart, failure.rank, failure.host)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_json(path, asdict(failure))
 
@@ -241,7 +247,7 @@ def killed(folder: Path, rank: int, signum: int, restart: int, step: int | None 
         message=f"killed by {name}", frame=None, step=step, epoch=None, restart=restart,
         traceback="", memory=out_of_memory.killed_figures(oom_killer), signal=name,
     )  # fmt: skip
-    if not (Path(folder) / f"restart{restart}-rank{rank}.json").exists():
+    if not _path(folder, restart, rank, failure.host).exists():
         with contextlib.suppress(OSError):
             _write(Path(folder), failure)
     return failure
@@ -272,10 +278,8 @@ def rendezvous_failed(folder: Path | None, error_type: str, endpoint: str,
         frame=None, step=None, epoch=None, restart=restart, traceback="",
     )  # fmt: skip
     if folder is not None:
-        path = Path(folder) / f"restart{restart}-rank{AGENT_RANK}-{host}.json"
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic.write_json(path, asdict(failure))
+            _write(Path(folder), failure)
     return failure
 
 

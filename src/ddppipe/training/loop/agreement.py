@@ -83,9 +83,7 @@ class Agreement:
         if n == 0:
             return
         losses = self._losses[:n]
-        counts = torch.tensor(self._counts, dtype=torch.float64)
-        if self.device.type == "cuda":
-            counts = counts.pin_memory().to(self.device, non_blocking=True)
+        counts = host_reads.to_device(self._counts, torch.float64, self.device)
         self.loss_sum.add_(torch.dot(losses.double(), counts))
         bad = ~torch.isfinite(losses)
         at = torch.where(bad.any(), bad.int().argmax() + self._start, ALL_FINITE)
@@ -103,9 +101,8 @@ class Agreement:
         loss was non-finite (the earliest such step). ``lag`` checks late unless ``at_once``."""
         self._fold()
         due = int(save_due and dist.get_rank() == 0)
-        flag = torch.tensor([int(guard.requested()), guard.received or 0, due])
-        if self.device.type == "cuda":
-            flag = flag.pin_memory().to(self.device, non_blocking=True)
+        flag = host_reads.to_device([int(guard.requested()), guard.received or 0, due],
+                                    torch.int64, self.device)  # fmt: skip
         # MAX of the negated index: the earliest step
         flag = torch.cat([flag, (-self._first_nonfinite).view(1)])
         if self.world_size > 1:

@@ -24,6 +24,17 @@ def lag_for(device: torch.device) -> int:
     return 1 if device.type == "cuda" else 0
 
 
+def to_device(values: list[int] | list[float], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:  # fmt: skip
+    """Host ``values`` as a tensor on ``device``, the host not waiting for it: on a GPU
+    through pinned memory, copied behind the queued kernels (a plain copy from pageable memory
+    waits for them)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
 class HostReads(Generic[T]):
     """The values of tensors posted one exchange after another, ``lag`` exchanges late; each
     with the ``tag`` posted beside it (what the values are of)."""

@@ -36,12 +36,14 @@ class Strategy(abc.ABC):
         self.launch = launch
 
     def wrap(self, model: nn.Module, device: torch.device, bf16: bool,
-             activation_checkpointing: bool) -> nn.Module:  # fmt: skip
+             activation_checkpointing: bool,
+             broadcast_buffers: bool = True) -> nn.Module:  # fmt: skip
         """Collective: what trains ``model`` (on ``device``) (:func:`wrapping.wrap`)."""
         launch = self.launch
         return wrapping.wrap(
             model, device, launch.strategy, launch.nnodes, launch.nproc_per_node, bf16=bf16,
             activation_checkpointing=activation_checkpointing,
+            broadcast_buffers=broadcast_buffers,
         )  # fmt: skip
 
     def settle(self, model: nn.Module) -> None:
@@ -107,19 +109,16 @@ class Replicated(Strategy):
     _settle = False  # the buffers are rank 0's only after settle()
 
     def wrap(self, model: nn.Module, device: torch.device, bf16: bool,
-             activation_checkpointing: bool) -> nn.Module:  # fmt: skip
+             activation_checkpointing: bool,
+             broadcast_buffers: bool = True) -> nn.Module:  # fmt: skip
         if torch.distributed.get_world_size() == 1:
             log.info("one rank: the model trains as it is (no DistributedDataParallel)")
             if activation_checkpointing:
                 fsdp.checkpoint_activations(model)
             return model
         self._settle = wrapping.running_statistics_only(model)
-        launch = self.launch
-        return wrapping.wrap(
-            model, device, launch.strategy, launch.nnodes, launch.nproc_per_node, bf16=bf16,
-            activation_checkpointing=activation_checkpointing,
-            broadcast_buffers=not self._settle,
-        )  # fmt: skip
+        return super().wrap(model, device, bf16, activation_checkpointing,
+                            broadcast_buffers=not self._settle)  # fmt: skip
 
     def settle(self, model: nn.Module) -> None:
         if self._settle:

@@ -37,7 +37,8 @@ def test_srun_torchrun_command() -> None:
         "--cpus-per-task=2", "--kill-on-bad-exit=1", "--export=ALL", "--gres=gpu:2",
         sys.executable, "-m", "ddppipe", "agent", "--nnodes=2", "--nproc-per-node=2",
         "--rdzv-backend=c10d", "--rdzv-id=1234",
-        "--rdzv-conf=join_timeout=120", "--max-restarts=3", "-m", "ddppipe", "train", "--config=c",
+        "--rdzv-conf=join_timeout=120,keep_alive_interval=5", "--max-restarts=3", "-m", "ddppipe",
+        "train", "--config=c",
     ]  # fmt: skip
 
 

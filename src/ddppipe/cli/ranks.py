@@ -66,9 +66,9 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def preflight_allreduce(use: str, precision: str, peak_out: Path | None) -> NoReturn:
+def preflight_allreduce(use: str, precision: str, peak_out: Path | None, nodes: int) -> NoReturn:
     """``ddppipe preflight-allreduce``: all-reduce, bandwidth and GEMM peak on this rank."""
     from ddppipe.launching import preflight
 
-    print(f"preflight: {preflight.allreduce(use, precision, peak_out)}", flush=True)
+    print(f"preflight: {preflight.allreduce(use, precision, peak_out, nodes)}", flush=True)
     _exit_now(0)  # a gloo rank like the training's (train)

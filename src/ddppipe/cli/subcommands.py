@@ -237,6 +237,7 @@ COMMANDS: tuple[Command, ...] = (
             "peak",
         ),
         arg("--peak-out", type=Path, help="(rank 0) write the nodes' peaks here (JSON)"),
+        arg("--nodes", type=int, default=1, help="the world's nodes (its join timeout grows)"),
     ),
     command(
         "evaluate",

@@ -89,7 +89,7 @@ def plan(
     env: Mapping[str, str] | None = None,
     hosts: list[str] | None = None,
     max_restarts: int | None = None,
-    join_timeout_s: int = slurm_request.RDZV_JOIN_TIMEOUT_S,
+    join_timeout_s: int | None = None,
     program: list[str] | None = None,
     data: Path | None = None,
     exclude: Collection[str] = (),

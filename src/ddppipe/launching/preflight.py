@@ -20,13 +20,10 @@ from ddppipe.apptainer import running
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.launching import launch
-from ddppipe.parallel import devices, node_check
+from ddppipe.parallel import devices, node_check, startup_limits
 from ddppipe.parallel.precision import for_world as decide_precision
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.training.measuring import world_checks
-
-STEP_TIMEOUT_S = 90
-ALLREDUCE_JOIN_TIMEOUT_S = 30
 
 
 class PreflightError(RuntimeError, UserError):
@@ -40,13 +37,15 @@ class PreflightError(RuntimeError, UserError):
         self.nodes = nodes or []
 
 
-def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None) -> str:
-    """(A rank of the command's world) Join as training does and make the world's checks
-    (:func:`ddppipe.training.measuring.world_checks.run`) in the training's precision, as its
-    ranks decide it. Rank 0's line holds the figures; it writes the peaks to ``peak_out``."""
+def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None,
+              nodes: int = 1) -> str:  # fmt: skip
+    """(A rank of the command's world, on ``nodes`` nodes) Join as training does and make the
+    world's checks (:func:`ddppipe.training.measuring.world_checks.run`) in the training's
+    precision, as its ranks decide it. Rank 0's line holds the figures; it writes the peaks to
+    ``peak_out``."""
     from ddppipe.parallel import distributed
 
-    ctx = distributed.setup(use, ALLREDUCE_JOIN_TIMEOUT_S)
+    ctx = distributed.setup(use, startup_limits.preflight_join_s(nodes))
     try:
         trained = decide_precision(precision, ctx.device).trained  # as training decides it
         report = world_checks.run(ctx, trained)
@@ -58,14 +57,18 @@ def allreduce(use: devices.Use, precision: str, peak_out: Path | None = None) ->
 
 
 def _step(
-    command: list[str], env: dict[str, str], what: str, hosts: list[str] | None = None
-) -> str:
+    command: list[str], env: dict[str, str], what: str, nodes: int,
+    hosts: list[str] | None = None,
+) -> str:  # fmt: skip
+    limit = startup_limits.preflight_step_s(nodes)
     try:
         result = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=False
+            command, env=env, capture_output=True, text=True, timeout=limit, check=False
         )
     except subprocess.TimeoutExpired as e:
-        raise PreflightError(f"preflight {what}: no answer within {STEP_TIMEOUT_S}s") from e
+        raise PreflightError(
+            f"preflight {what}: no answer within {limit}s (its limit on {nodes} nodes)"
+        ) from e
     if result.returncode != 0:
         output = (result.stdout + result.stderr).splitlines()
         lines = [ln for ln in output if "preflight" in ln or "error" in ln.lower()]
@@ -78,8 +81,10 @@ def _step(
 
 
 def run(spec: RunSpec, plan: launch.Plan) -> str:
-    """Both checks on the job's nodes, one srun step each; raise PreflightError."""
+    """Both checks on the job's nodes, one srun step each, their limits grown with the nodes
+    (:mod:`ddppipe.parallel.startup_limits`); raise PreflightError."""
     request, job = plan.request, str(plan.job)
+    nodes = request.nodes
     use = spec.device
     precision = spec.train.precision
     node_args = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
@@ -89,10 +94,12 @@ def run(spec: RunSpec, plan: launch.Plan) -> str:
         "-m", "ddppipe", "preflight-node", *node_args, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip
-    out = _step(node_step, plan.env, "node check", plan.hosts)
+    out = _step(node_step, plan.env, "node check", nodes, plan.hosts)
     allreduce_plan = launch.plan(
-        spec, ["preflight-allreduce", f"--use={use}", f"--precision={precision}"],
-        plan.env, plan.hosts, max_restarts=0, join_timeout_s=ALLREDUCE_JOIN_TIMEOUT_S,
+        spec, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
+               f"--nodes={nodes}"],
+        plan.env, plan.hosts, max_restarts=0,
+        join_timeout_s=startup_limits.preflight_join_s(nodes),
     )  # fmt: skip
-    out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce")
+    out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce", nodes)
     return out

@@ -16,6 +16,7 @@ from typing import Any
 
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist, step_port
+from ddppipe.parallel import startup_limits
 from ddppipe.runstate import attempts
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
@@ -31,7 +32,6 @@ RESOURCE_KEYS = (
     "nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_partition", "slurm_account",
     "constraint", "qos", "mpi", "gres", "tasks_per_gpu", "slurm_extra",
 )  # fmt: skip
-RDZV_JOIN_TIMEOUT_S = 120
 
 
 class SlurmRequestError(ValueError, UserError):
@@ -266,14 +266,17 @@ class Request:
         self,
         job_id: str,
         max_restarts: int | None = None,
-        join_timeout_s: int = RDZV_JOIN_TIMEOUT_S,
+        join_timeout_s: int | None = None,
     ) -> list[str]:
-        """torchrun options in job ``job_id``: a c10d rendezvous across its nodes.
+        """torchrun options in job ``job_id``: a c10d rendezvous across its nodes, its join
+        timeout ``join_timeout_s`` (None: for its nodes) and its keep-alive interval for its
+        nodes (:mod:`ddppipe.parallel.startup_limits`).
 
         The rendezvous endpoint is ``slurm.rendezvous_host`` when set; otherwise ``ddppipe
         agent`` takes the first node of its own step (:func:`step_rendezvous`).
         """
         restarts = self.launch.max_restarts if max_restarts is None else max_restarts
+        join = join_timeout_s or startup_limits.join_timeout_s(self.nodes)
         common = [f"--nnodes={self.nodes}", f"--nproc-per-node={self.procs_per_node}"]
         endpoint = (
             [f"--rdzv-endpoint={self.rendezvous_host}:{job_port(int(job_id))}"]
@@ -285,7 +288,8 @@ class Request:
             "--rdzv-backend=c10d",
             *endpoint,
             f"--rdzv-id={job_id}",
-            f"--rdzv-conf=join_timeout={join_timeout_s}",
+            f"--rdzv-conf=join_timeout={join},"
+            f"keep_alive_interval={startup_limits.keep_alive_s(self.nodes)}",
             f"--max-restarts={restarts}",
         ]
 

@@ -433,7 +433,7 @@ def train(spec: run_spec.RunSpec, paths: files.Paths, guard: preemption.Guard) -
     if spec.train.deterministic:  # before CUDA starts: cuBLAS reads its workspace setting
         determinism.enable()
     # (above every allowance of the hang watchdog: it names a hang before torch aborts it)
-    timeout_s = allowances.collective_timeout_s(spec.launch.hang_timeout_s)
+    timeout_s = allowances.collective_timeout_s(spec.launch.hang_timeout_s, spec.launch.nnodes)
     if world_checks.wanted():  # its node's own checks first: a GPU it cannot use never joins
         node_check.before_joining(spec.device, spec.train.precision, timeout_s)
     ctx = distributed.setup(spec.device, timeout_s)

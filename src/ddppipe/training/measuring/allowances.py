@@ -9,6 +9,9 @@ longest occurrence so far, never less than a step's allowance nor more than the 
 A hang at an epoch's start is then named in about two minutes, not ten (and the rank names a
 DataLoader worker that stopped delivering sooner still: :func:`loader_wait_s`).
 
+Start-up's bound grows with the run's nodes (:mod:`ddppipe.parallel.startup_limits`); the
+others do not.
+
 A collective that waits longer than the process group's timeout is aborted by torch (NCCL's
 watchdog: SIGABRT, nothing recorded), so the timeout must leave the hang watchdog time to see
 the hang, dump every rank's stack and name it (:func:`collective_timeout_s`).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddppipe.parallel import startup_limits
 from ddppipe.training.measuring import heartbeat
 
 # auto: a step may take this many times the slowest step seen in the slot, and at least
@@ -26,11 +30,11 @@ from ddppipe.training.measuring import heartbeat
 # FIRST_STEPS_S.
 AUTO_FACTOR, AUTO_FLOOR_S, FIRST_STEPS_S = 10.0, 120.0, 600.0
 # The phases that legitimately take long, each never less than a step's allowance:
-# start-up (imports, the rendezvous, the process group, the model), data (the task's
-# datasets), evaluation, an epoch's start (its loader's first batch), checkpoints (also
-# loading one, and the final outputs).
+# start-up (imports, the rendezvous, the process group, the model: at one node, growing with
+# the nodes, :func:`fixed_bound`), data (the task's datasets), evaluation, an epoch's start
+# (its loader's first batch), checkpoints (also loading one, and the final outputs).
 PHASE_ALLOWANCE_S = {
-    "start-up": 600.0,
+    "start-up": float(startup_limits.START_UP[0]),
     "data": 900.0,
     "evaluate": 600.0,
     "checkpoint": 600.0,
@@ -71,10 +75,18 @@ class Allowance:
     why: str
 
 
+def fixed_bound(phase: str, nodes: int = 1) -> float:
+    """``phase``'s fixed bound in a run on ``nodes`` nodes (start-up's grows with them)."""
+    if phase == "start-up":
+        return float(startup_limits.start_up_s(nodes))
+    return PHASE_ALLOWANCE_S.get(phase, FIRST_STEPS_S)
+
+
 def allowance(setting: float | str, phase: str, slowest_step_s: float | None,
-              longest_s: float | None = None) -> Allowance:  # fmt: skip
-    """How long a rank in ``phase`` may go without progress; ``longest_s``: the longest it
-    went without progress in an earlier occurrence of ``phase`` in the slot (None: none)."""
+              longest_s: float | None = None, nodes: int = 1) -> Allowance:  # fmt: skip
+    """How long a rank in ``phase`` may go without progress in a run on ``nodes`` nodes;
+    ``longest_s``: the longest it went without progress in an earlier occurrence of ``phase``
+    in the slot (None: none)."""
     step = step_allowance(setting, slowest_step_s)
     if setting != "auto":
         step_why = "launch.hang_timeout_s"
@@ -84,7 +96,7 @@ def allowance(setting: float | str, phase: str, slowest_step_s: float | None,
         step_why = f"{AUTO_FACTOR:.0f} x the slowest step of the slot, {slowest_step_s:.2f} s"
     if phase == heartbeat.STEP:
         return Allowance(step, f"a step's: {step_why}")
-    fixed = PHASE_ALLOWANCE_S.get(phase, FIRST_STEPS_S)
+    fixed = fixed_bound(phase, nodes)
     if phase in RECURRING and longest_s is not None and AUTO_FACTOR * longest_s < fixed:
         after = f"{phase}'s after its first in the slot"
         if AUTO_FACTOR * longest_s <= step:
@@ -107,11 +119,12 @@ def loader_wait_s(setting: float | str, longest_wait_s: float | None) -> float:
     return max(LOADER_FLOOR_S, AUTO_FACTOR * longest_wait_s)
 
 
-def collective_timeout_s(setting: float | str) -> float:
-    """The process group's timeout under ``launch.hang_timeout_s`` ``setting``: the longest
-    allowance of any phase, plus the time the watchdog takes to name a hang (a number), or
-    :data:`AUTO_COLLECTIVE_S` (``auto``: the step's allowance follows the steps)."""
-    longest = max(PHASE_ALLOWANCE_S.values())
+def collective_timeout_s(setting: float | str, nodes: int = 1) -> float:
+    """The process group's timeout under ``launch.hang_timeout_s`` ``setting`` in a run on
+    ``nodes`` nodes: the longest allowance of any phase, plus the time the watchdog takes to
+    name a hang (a number), or :data:`AUTO_COLLECTIVE_S` (``auto``: the step's allowance
+    follows the steps)."""
+    longest = max(fixed_bound(phase, nodes) for phase in PHASE_ALLOWANCE_S)
     if setting == "auto":
         return max(AUTO_COLLECTIVE_S, longest + NAMING_S)
     return max(float(setting), longest) + NAMING_S

@@ -380,3 +380,19 @@ def test_the_torchrun_agent_records_its_killed_ranks(
     assert (found.rank, found.signal, found.restart) == (3, "SIGKILL", 2)
     assert found.outcome(1) == "killed by SIGKILL"
     assert {f.rank for f in failures.read_all(folder)} == {0, 3}
+
+
+def test_an_agent_takes_the_last_start_from_the_records_names_alone(tmp_path: Path) -> None:
+    """A node's agent reads no rank's record to know the workers' last start: the names in
+    the failures folder say it (a torn record or another node's agent's counts too)."""
+    folder = tmp_path / "failures"
+    assert failures.last_restart(folder) == 0  # no folder yet
+    folder.mkdir()
+    for name, text in [
+        ("restart1-rank0.json", "{}"),
+        ("restart2-rank7.json", ""),
+        ("restart3-rank-1-cn02.json", "not json"),
+        ("restart9.txt", ""),
+    ]:
+        (folder / name).write_text(text)
+    assert failures.last_restart(folder) == 3

@@ -98,7 +98,7 @@ def record_rendezvous(error_type: str, endpoint: str, timeout_s: int | None) -> 
     failures folder in the workers' last start (:func:`failures.rendezvous_failed`)."""
     found = slot.read()
     folder = StateDir(Path(found.state)).failures if found else None
-    restart = max((f.restart for f in failures.read_all(folder)), default=0) if folder else 0
+    restart = failures.last_restart(folder) if folder else 0
     return failures.rendezvous_failed(folder, error_type, endpoint, timeout_s, restart)
 
 
@@ -113,7 +113,7 @@ def record_killed(exit_codes: dict[int, int], oom_kills_before: int | None) -> N
     folder = StateDir(Path(found.state)).failures
     now = memory.oom_kills()
     oom = now is not None and oom_kills_before is not None and now > oom_kills_before
-    restart = max((f.restart for f in failures.read_all(folder)), default=0)
+    restart = failures.last_restart(folder)
     for rank, code in sorted(exit_codes.items()):
         if code < 0:
             failures.killed(folder, rank, -code, restart, oom_killer=oom)

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import sys
 import sysconfig
@@ -288,6 +289,21 @@ def clear(state: StateDir) -> None:
     if state.failures.is_dir():
         for path in state.failures.glob("*.json"):
             path.unlink(missing_ok=True)
+
+
+_NAME = re.compile(r"restart(\d+)-rank-?\d+(-.+)?\.json")
+
+
+def last_restart(folder: Path) -> int:
+    """The worker group's last start that left a record in ``folder`` (0: none), from the
+    records' names: one listing of the folder, no record read (each node's agent asks: a read
+    of every rank's record by every agent is nodes x ranks reads)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:  # (no folder yet: no record)
+        return 0
+    starts = (int(m[1]) for m in map(_NAME.fullmatch, names) if m)
+    return max(starts, default=0)
 
 
 def read_all(folder: Path) -> list[Failure]:

@@ -126,7 +126,7 @@ def holds_its_step(device: str, folder: Path) -> None:
                                      copier=copier)  # fmt: skip
     expected = cloned(sharded_checkpoint.tensors_of(model, optimizer))
     with held_until_a_step(copier):
-        store.save(state(), sharded_checkpoint.tensors_of(model, optimizer))
+        store.save(state(), sharded_checkpoint.tensors_of(model, optimizer), {})
         assert store.in_flight()  # returned before the copy
         train_step(model, optimizer)  # forward, backward, then the step: it waits for the copy
         assert len(waits) == 1 and waits[0] >= SLOW_S * 0.9

@@ -88,7 +88,10 @@ def test_both_strategies_write_sharded_checkpoints_and_full_weights(
         stored = sharded_checkpoint.Store(folder).paths()
         assert [p.name for p in stored] == [E1, "ckpt-e0002-s000000"], strategy
         parts = sorted(p.name for p in stored[-1].iterdir())
-        assert parts == [".metadata", "COMMITTED", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+        # every fsdp rank writes its shards; under ddp rank 0 alone the (replicated) tensors;
+        # each rank its own RNG streams
+        tensors = ["__0_0.distcp", "__1_0.distcp"] if strategy == "fsdp" else ["__0_0.distcp"]
+        assert parts == [".metadata", "COMMITTED", *tensors, "rng-0.pt", "rng-1.pt", "state.pt"]
         final = checkpoint.load(run_dir / "final.pt")
         assert final["meta"]["strategy"] == strategy and final["meta"]["world_size"] == 2
         weights = torch.load(run_dir / "model.pt", weights_only=True)  # full, unsharded

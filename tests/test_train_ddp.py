@@ -94,6 +94,7 @@ def test_two_process_torchrun_writes_metrics_and_checkpoints(straight: Path) -> 
     assert len(snap["rng"]) == 2
     stored = sharded_checkpoint.Store(straight / "state" / "checkpoints").paths()
     assert [p.name for p in stored] == ["ckpt-e0001-s000000", "ckpt-e0002-s000000"]
+    assert sharded_checkpoint.read_state(stored[-1])["rng"] == 2  # (each rank's in its file)
 
 
 def test_the_slot_records_where_its_time_went(straight: Path) -> None:

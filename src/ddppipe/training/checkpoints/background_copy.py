@@ -124,6 +124,11 @@ class BackgroundCopy:
         self._copy = self._worker.submit(self._take, skeleton, tensors, later, taken, started)
         return self._copy
 
+    @property
+    def held_bytes(self) -> int:
+        """The host memory its kept buffers hold (pinned on a GPU): the state it copies."""
+        return sum(b.numel() * b.element_size() for b in self._buffers)
+
     def _buffer(self, i: int, tensor: torch.Tensor) -> torch.Tensor:
         """The kept CPU buffer of the ``i``-th tensor (allocated anew if its shape changed)."""
         while len(self._buffers) <= i:

@@ -1,15 +1,22 @@
 """Sharded checkpoints (``torch.distributed.checkpoint``): every rank writes its part in the
 background while training goes on; a checkpoint counts only once all of it is written.
 
-A checkpoint is a folder ``ckpt-eEEEE-sSSSSSS/`` holding DCP's files (``.metadata`` and each
-rank's ``*.distcp``: weights and optimizer state, sharded or not), ``state.pt`` (what is not a
-tensor of the model or optimizer: epoch, step, scheduler, every rank's RNG, history, meta,
-config hash) and the marker ``COMMITTED``. It is written as ``ckpt-….saving/``; when rank 0's
-save has completed (DCP's metadata is written after every rank reported its part written),
-rank 0 writes ``state.pt`` (serialized when the save began), the marker, and renames the
-folder into place. So a process killed during a save
-leaves a ``.saving`` folder, never a checkpoint that is picked; the next save or resume removes
-it. Being written in parts, a checkpoint loads at any world size and either strategy.
+A checkpoint is a folder ``ckpt-eEEEE-sSSSSSS/`` holding DCP's files (``.metadata`` and the
+writing ranks' ``*.distcp``: weights and optimizer state, sharded or not), each rank's RNG
+streams in a file of its own (``rng-<rank>.pt``: written by that rank, read back by it alone;
+never gathered), ``state.pt`` (what is not a tensor: epoch, step, scheduler, how many ranks
+saved streams, history, meta, config hash) and the marker ``COMMITTED``. It is written as
+``ckpt-….saving/``; when rank 0's save has completed (DCP's metadata is written after every
+writing rank reported its part written) and every rank said its streams are written, rank 0
+writes ``state.pt`` (serialized when the save began), the marker, and renames the folder into
+place. So a process killed during a save leaves a ``.saving`` folder, never a checkpoint that
+is picked; the next save or resume removes it. Being written in parts, a checkpoint loads at
+any world size and either strategy.
+
+Where every rank holds the same tensors (DDP: ``replicated``), rank 0 alone copies and writes
+them (DCP without collectives), and a resume has rank 0 alone read them and broadcast them:
+the state is held in host memory, written and read once a job, not once a rank. Sharded
+tensors (FSDP2) are written and read by every rank, each its own part.
 
 Before its write, a save copies its tensors into CPU memory (DCP's staging): on the training
 thread (DCP's stager: FSDP's shards), or, given a
@@ -32,6 +39,7 @@ import os
 import shutil
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +56,7 @@ FORMAT = 2
 SAVING = ".saving"  # suffix of a folder being written
 COMMITTED = "COMMITTED"  # the marker of a complete checkpoint
 STATE = "state.pt"  # its non-tensor state
+STREAMS = "rng-{rank}.pt"  # a rank's RNG streams
 REQUIRED_KEYS = frozenset(checkpoint.REQUIRED_KEYS - {"model", "optimizer"})
 
 
@@ -63,6 +72,33 @@ _FAILED = _failed_types()
 def folder_name(epoch: int, step: int) -> str:
     """``epoch`` completed epochs plus ``step`` steps into the next one."""
     return store_files.stem(epoch, step)
+
+
+def write_streams(folder: Path, rank: int, streams: Any) -> str | None:
+    """Write rank ``rank``'s RNG ``streams`` into the checkpoint folder being saved (one file,
+    made durable; the folder's rename makes it part of a checkpoint); the rank's message if it
+    could not."""
+    path = folder / STREAMS.format(rank=rank)
+    try:
+        with open(path, "wb") as f:
+            f.write(checkpoint.serialized(streams))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        named = e if e.filename is not None else OSError(e.errno, e.strerror, str(path))
+        return store_files.write_failure(named, rank)
+    return None
+
+
+def read_streams(path: Path, rank: int) -> Any:
+    """Rank ``rank``'s RNG streams in checkpoint ``path``; None where they cannot be read."""
+    try:
+        return torch.load(path / STREAMS.format(rank=rank), map_location="cpu",
+                          weights_only=True)  # fmt: skip
+    except Exception as e:  # torch raises many types for a damaged file
+        log.warning("%s: rank %d's RNG streams unreadable (%s: %s)", path, rank,
+                    type(e).__name__, e)  # fmt: skip
+        return None
 
 
 @dataclass
@@ -95,9 +131,11 @@ class _Pending:
 
     name: str
     started: float
-    future: Any  # concurrent.futures.Future of dcp.async_save's write
+    future: Any  # concurrent.futures.Future of dcp.async_save's write (done: none here)
     copied: tuple[float, float] | None  # the copy's start and end; None: the copier's times
     state: bytes  # rank 0's non-tensor state, serialized at the save (written by the commit)
+    failed: str | None  # this rank's streams not written: why
+    others_failed: bool  # (rank 0) another rank's streams not written: no commit
     committer: threading.Thread | None = None  # rank 0's
     outcome: dict[str, Any] = field(default_factory=dict)  # rank 0's: Written, or error
 
@@ -109,11 +147,15 @@ class Store:
     (``dist.new_group(backend="gloo")``): the save's collectives run in a thread, and sharing the
     training's group with them can deadlock against the training's own collectives.
     ``copier``: the saves' tensors copied off the training thread (else on it, by DCP).
+    ``replicated``: every rank holds the same tensors (DDP): rank 0 alone copies, writes and
+    reads them (the others' copier unused: give them none).
     """
 
     def __init__(self, folder: Path, keep: int = 2, group: Any = None,
-                 copier: background_copy.BackgroundCopy | None = None) -> None:  # fmt: skip
+                 copier: background_copy.BackgroundCopy | None = None,
+                 replicated: bool = False) -> None:  # fmt: skip
         self.folder, self.keep, self.group, self.copier = Path(folder), keep, group, copier
+        self.replicated = replicated
         self._pending: _Pending | None = None
         self._staging: Any = None  # DCP's stager, created at the first save
 
@@ -157,11 +199,17 @@ class Store:
                 store_files.remove_if_temporary(path)
 
     # -- saving (collective) --------------------------------------------------------------
-    def save(self, state: dict[str, Any], tensors: dict[str, Any]) -> str:
-        """Collective: start writing a checkpoint of ``state`` (non-tensor, complete on rank 0)
-        and ``tensors`` (every rank's: its state dicts of model and optimizer); returns its
-        name at once, its tensors' copy still being taken where there is a ``copier``. Waits
-        for a previous save first (one in flight at a time)."""
+    @property
+    def writes_tensors(self) -> bool:
+        """Whether this rank writes tensors (rank 0 alone where they are ``replicated``)."""
+        return not self.replicated or dist.get_rank() == 0
+
+    def save(self, state: dict[str, Any], tensors: dict[str, Any], streams: Any) -> str:
+        """Collective: start writing a checkpoint of ``state`` (non-tensor, complete on rank 0),
+        ``tensors`` (every rank's: its state dicts of model and optimizer; only rank 0's where
+        ``replicated``) and this rank's RNG ``streams`` (written now, to a file of its own);
+        returns its name at once, its tensors' copy still being taken where there is a
+        ``copier``. Waits for a previous save first (one in flight at a time)."""
         self.wait()
         name = folder_name(state["epoch"], state["step"])
         started = time.perf_counter()
@@ -172,16 +220,29 @@ class Store:
             saving.mkdir(parents=True)
 
         checkpoint.rank0_writes(prepare)  # every rank waits for the folder (and its outcome)
-        main = dist.get_rank() == 0  # (its state is complete; written with the commit)
+        rank = dist.get_rank()
+        main = rank == 0  # (its state is complete; written with the commit)
+        failed = write_streams(saving, rank, streams)
+        # whether each rank's are written, to rank 0 (its gloo group: no save uses it now)
+        said = [torch.zeros(1, dtype=torch.uint8) for _ in range(dist.get_world_size())]
+        flag = torch.tensor([failed is not None], dtype=torch.uint8)
+        dist.gather(flag, said if main else None, dst=0, group=self.group)
         serialized = checkpoint.serialized({**state, "format": FORMAT}) if main else b""
-        import torch.distributed.checkpoint as dcp
+        future: Any = Future()
+        copied = None
+        if self.writes_tensors:
+            import torch.distributed.checkpoint as dcp
 
-        copying = time.perf_counter()
-        saved = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group,
-                               async_stager=self.copier or self._stager())  # fmt: skip
-        copied = None if self.copier else (copying, time.perf_counter())  # (DCP's: here)
-        future = getattr(saved, "upload_completion", saved)  # (an AsyncSaveResponse: copier)
-        pending = _Pending(name, started, future, copied, serialized)
+            copying = time.perf_counter()
+            saved = dcp.async_save(tensors, checkpoint_id=str(saving), process_group=self.group,
+                                   async_stager=self.copier or self._stager(),
+                                   no_dist=self.replicated)  # fmt: skip
+            copied = None if self.copier else (copying, time.perf_counter())  # (DCP's: here)
+            future = getattr(saved, "upload_completion", saved)  # (an AsyncSaveResponse)
+        else:
+            future.set_result(None)  # (rank 0 writes the tensors)
+        others = main and any(bool(f) for r, f in enumerate(said) if r != rank)
+        pending = _Pending(name, started, future, copied, serialized, failed, others)
         if main:
             pending.committer = threading.Thread(
                 target=self._commit, args=(pending,), name="checkpoint-commit", daemon=True
@@ -208,6 +269,9 @@ class Store:
         marker, the rename, the pruning."""
         try:
             pending.future.result()
+            if pending.failed is not None or pending.others_failed:
+                pending.outcome = {"streams": False}  # (each rank reports its own failure)
+                return
             saving, final = self.folder / (pending.name + SAVING), self.folder / pending.name
             checkpoint.save(pending.state, saving / STATE)  # (disk full named)
             atomic.write_text(saving / COMMITTED, f"{time.time():.3f}\n")
@@ -248,11 +312,11 @@ class Store:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        error, saving = None, self.folder / (pending.name + SAVING)
+        error, saving = pending.failed, self.folder / (pending.name + SAVING)
         try:
             pending.future.result()
         except _FAILED as e:
-            error = _failure(e, dist.get_rank(), saving)
+            error = error or _failure(e, dist.get_rank(), saving)
         if pending.committer is not None:
             pending.committer.join()
             failed = pending.outcome.get("error")
@@ -271,17 +335,73 @@ class Store:
 
     # -- loading (collective) -------------------------------------------------------------
     def load(self, path: Path, tensors: dict[str, Any]) -> None:
-        """Collective: read a checkpoint's tensors into ``tensors`` in place (resharded to
-        this world size and these state dicts' layout)."""
+        """Collective: read a checkpoint's tensors into ``tensors`` (resharded to this world
+        size and these state dicts' layout): each rank its part, or (``replicated``) rank 0
+        all of it, then broadcast to the others (:func:`from_rank0`)."""
         import torch.distributed.checkpoint as dcp
 
-        try:
-            dcp.load(tensors, checkpoint_id=str(path), process_group=self.group)
-        except Exception as e:
-            raise checkpoint.CheckpointError(
-                f"{path}: unreadable sharded checkpoint ({type(e).__name__}: {e}); move it "
-                "out of the folder to resume from the one before"
-            ) from e
+        def read() -> None:
+            try:
+                dcp.load(tensors, checkpoint_id=str(path), process_group=self.group,
+                         no_dist=self.replicated)  # fmt: skip
+            except Exception as e:
+                raise checkpoint.CheckpointError(
+                    f"{path}: unreadable sharded checkpoint ({type(e).__name__}: {e}); move "
+                    "it out of the folder to resume from the one before"
+                ) from e
+
+        if not self.replicated:
+            read()
+            return
+        error: checkpoint.CheckpointError | None = None
+        failure: list[str | None] = [None]  # rank 0's message, broadcast
+        if dist.get_rank() == 0:
+            try:
+                read()
+            except checkpoint.CheckpointError as e:
+                error, failure[0] = e, str(e)
+        dist.broadcast_object_list(failure, src=0)
+        if failure[0] is not None:
+            raise error or checkpoint.CheckpointError(failure[0])
+        from_rank0(tensors)
+
+
+def from_rank0(state: dict[str, Any]) -> None:
+    """Collective: rank 0's ``state`` (nested dicts and lists) on every rank: its tensors on
+    the process group's device broadcast in place, one by one; its other values (and tensors
+    elsewhere: an optimizer's step counts on the CPU) in one object broadcast."""
+    device = _group_device()
+    leaves: list[tuple[Any, Any]] = []
+    _leaves(state, leaves)
+    others: dict[int, Any] = {}
+    for i, (holder, key) in enumerate(leaves):
+        value = holder[key]
+        if isinstance(value, torch.Tensor) and value.device == device:
+            dist.broadcast(value, src=0)
+        else:
+            others[i] = value
+    sent = [others]
+    dist.broadcast_object_list(sent, src=0, device=device)
+    for i, value in sent[0].items():
+        holder, key = leaves[i]
+        holder[key] = value
+
+
+def _leaves(state: Any, found: list[tuple[Any, Any]]) -> None:
+    """Append (container, key) of each value in ``state`` that is not a dict or list."""
+    items = state.items() if isinstance(state, dict) else enumerate(state)
+    for key, value in items:
+        if isinstance(value, dict | list):
+            _leaves(value, found)
+        else:
+            found.append((state, key))
+
+
+def _group_device() -> torch.device:
+    """The device the default process group's collectives take (NCCL's GPU, else the CPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 KEEPS_STAGER = (2, 14)  # the first torch whose async_save leaves a stager it is given open

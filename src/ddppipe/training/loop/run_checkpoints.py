@@ -62,9 +62,15 @@ class Checkpoints:
         # Saved in the background: their collectives have a group of their own (sharing the
         # training's can deadlock against its collectives).
         group = dist.new_group(backend="gloo")
-        copier = strategy.copier(parts, ctx.device, costs.gated)  # (DDP: off the training thread)
+        # (DDP: every rank's tensors the same, copied off the training thread by rank 0 alone)
+        replicated = not strategy.sharded
+        copier = (
+            strategy.copier(parts, ctx.device, costs.gated)
+            if ctx.is_main or not replicated
+            else None
+        )
         self.store = sharded_checkpoint.Store(state.checkpoints, spec.train.keep_checkpoints,
-                                              group, copier)  # fmt: skip
+                                              group, copier, replicated)  # fmt: skip
         hosts: list[str] = [""] * ctx.world_size
         dist.all_gather_object(hosts, socket.gethostname())
         self.precision = precision.as_dict()  # the ranks' (ddppipe.parallel.precision)
@@ -96,10 +102,10 @@ class Checkpoints:
                                    self._rng_streams(), at.history, self.meta)  # fmt: skip
 
     def _rng_streams(self) -> list[Any]:
-        """Every rank's RNG state (rank 0's list complete)."""
-        streams: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(streams, rng.state(self.ctx.device))
-        return streams
+        """Every rank's RNG state, gathered on rank 0 (elsewhere an empty list)."""
+        streams: list[Any] | None = [None] * self.ctx.world_size if self.ctx.is_main else None
+        dist.gather_object(rng.state(self.ctx.device), streams, dst=0)
+        return streams or []
 
     def save(self, at: Position, wait: bool = False, timed: bool = False) -> Path | None:
         """Every rank starts writing its part of a sharded checkpoint, in the background
@@ -111,10 +117,12 @@ class Checkpoints:
         self._written(self.store.wait())  # the previous one first: one in flight at a time
         if queued:
             self.costs.waited_for_previous(time.perf_counter() - started)
+        # ("rng": how many ranks saved their streams, each rank's in a file of its own)
         state = {"config_hash": self.config_hash, "epoch": at.epoch, "step": at.step,
-                 "scheduler": self.parts.scheduler.state_dict(), "rng": self._rng_streams(),
+                 "scheduler": self.parts.scheduler.state_dict(), "rng": self.ctx.world_size,
                  "history": at.history, "meta": self.meta}  # fmt: skip
-        name = self.store.save(state, self.strategy.tensors(self.parts))
+        tensors = self.strategy.tensors(self.parts) if self.store.writes_tensors else {}
+        name = self.store.save(state, tensors, rng.state(self.ctx.device))
         self.clock.restart()  # the next by time counts from this one's start
         self._saving_step = at.epoch * self.steps_per_epoch + at.step
         if self.ctx.is_main and len(at.history) != self._metrics_written:  # (not mid-epoch)
@@ -158,14 +166,30 @@ class Checkpoints:
             torch.manual_seed(rng.rank_seed(seed, 0, rank))
             return None
         at = self._load(latest, snapshot)
-        if len(snapshot["rng"]) == self.ctx.world_size:
-            rng.restore(snapshot["rng"][rank], self.ctx.device)
+        streams = self._saved_streams(latest, snapshot["rng"])
+        if streams is not None:
+            rng.restore(streams, self.ctx.device)
         else:
-            log.warning("world size changed since the checkpoint: dropout streams are reseeded")
             torch.manual_seed(rng.rank_seed(seed, at.epoch, rank))
         if self.ctx.is_main:
             log.info("resumed at epoch %d step %d", at.epoch, at.step)
         return at
+
+    def _saved_streams(self, latest: sharded_checkpoint.Found, saved: int | list[Any]) -> Any:
+        """This rank's RNG streams in the checkpoint (``saved``: how many ranks saved theirs,
+        each in its own file; a list of them all in checkpoints of before), None where they do
+        not fit: at another world size (every rank's streams reseeded, the ranks that no
+        longer exist dropped, new ones seeded alike) or unreadable (this rank's reseeded)."""
+        world, rank = self.ctx.world_size, self.ctx.rank
+        count = len(saved) if isinstance(saved, list) else saved
+        if count != world:
+            if self.ctx.is_main:
+                log.warning("world size changed since the checkpoint (%d ranks, now %d): dropout "
+                            "streams are reseeded", count, world)  # fmt: skip
+            return None
+        if isinstance(saved, list):
+            return saved[rank]
+        return sharded_checkpoint.read_streams(latest.path, rank)
 
     def _load(self, latest: sharded_checkpoint.Found, snapshot: dict[str, Any]) -> Position:
         if latest.legacy:  # a run started before sharded checkpoints

@@ -129,7 +129,7 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert figures["achieved_gflops"] == pytest.approx(71_565_312 * figures["images_per_s"] / 1e9)
     assert figures["cpu_s"] > 0 and figures["memory_peak_mb"] > 100  # torch alone is more
     # The all-reduce probe at the end of the warm-up (step 10, in epoch 2): its steps are
-    # dropped (test_resume_in_a_new_process_gives_identical_weights: bitwise without it).
+    # dropped (test_truncated_newest_checkpoint_falls_back_to_the_previous: bitwise without it).
     assert figures["communication_probe_s"] > 0
     assert 0 <= figures["communication_share"] <= 1 and figures["communication_s"] >= 0
     assert not any(key.startswith("gpu_") for key in figures)  # a CPU run: no NVML figures
@@ -139,23 +139,10 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert evaluation["test_count"] == 128 and len(evaluation["confusion_matrix"]) == 10
 
 
-def test_resume_in_a_new_process_gives_identical_weights(
-    straight: Path, tiny: TinyData, tmp_path: Path
-) -> None:
-    """Epoch 1 from the straight run, then a new launch resumes for epoch 2."""
-    ckpts = tmp_path / "state" / "checkpoints"
-    shutil.copytree(straight / "state" / "checkpoints" / "ckpt-e0001-s000000",
-                    ckpts / "ckpt-e0001-s000000")  # fmt: skip
-    result = launch(tiny_config(tiny, epochs=2), tiny, tmp_path)
-    assert "resuming from" in result.stderr and "ckpt-e0001" in result.stderr
-    assert_identical(weights(tmp_path / "final.pt"), weights(straight / "final.pt"))
-    history = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["epoch"] for m in history] == [1, 2]  # epoch 1's metrics came with the checkpoint
-
-
 def test_truncated_newest_checkpoint_falls_back_to_the_previous(
     straight: Path, tiny: TinyData, tmp_path: Path
 ) -> None:
+    """The newest checkpoint damaged: a new launch resumes the one before (epoch 1's)."""
     ckpts = tmp_path / "state" / "checkpoints"
     for name in ("ckpt-e0001-s000000", "ckpt-e0002-s000000"):
         shutil.copytree(straight / "state" / "checkpoints" / name, ckpts / name)
@@ -163,7 +150,11 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(
     state_file.write_bytes(state_file.read_bytes()[:100])
     result = launch(tiny_config(tiny, epochs=2), tiny, tmp_path)
     assert "unreadable state.pt" in result.stderr and "falling back" in result.stderr
+    assert "resuming from" in result.stderr and "ckpt-e0001" in result.stderr
+    # a new launch resumed epoch 1's checkpoint: epoch 2 as the straight run's, bitwise
     assert_identical(weights(tmp_path / "final.pt"), weights(straight / "final.pt"))
+    history = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in history] == [1, 2]  # epoch 1's metrics came with the checkpoint
 
 
 def test_a_world_of_one_trains_unwrapped_without_host_reads_and_resumes_at_two(

@@ -86,9 +86,10 @@ def save_and_resume(rank: int, folder: str) -> None:
 
 def test_a_ddp_save_is_copied_written_and_read_by_rank_0_alone(tmp_path: Path) -> None:
     """Rank 0 alone holds the state in host memory and writes it (one tensor file); each rank
-    writes its own RNG streams (nothing of them gathered: the one object exchanged is the
-    save's outcome, None); at the resume rank 0 alone reads the tensor file, once, and the other
-    rank gets the state by broadcast; every rank resumes the weights and its own streams."""
+    writes its own RNG streams (no object gathered: a byte a rank says they are written, a
+    number a rank whether the save failed); at the resume rank 0 alone reads the tensor file,
+    once, and the other rank gets the state by broadcast; every rank resumes the weights and
+    its own streams."""
     import torch.multiprocessing as mp
 
     mp.spawn(save_and_resume, args=(str(tmp_path),), nprocs=2)
@@ -96,7 +97,7 @@ def test_a_ddp_save_is_copied_written_and_read_by_rank_0_alone(tmp_path: Path) -
     assert [f["held"] for f in found] == [STATE_BYTES, 0]
     assert found[0]["files"] == [".metadata", "COMMITTED", "__0_0.distcp", "rng-0.pt",
                                  "rng-1.pt", "state.pt"]  # fmt: skip
-    assert [f["exchanged"] for f in found] == [["NoneType"]] * 2  # the save's outcome
+    assert [f["exchanged"] for f in found] == [[], []]
     tensors = tmp_path / "checkpoints" / "ckpt-e0001-s000000" / "__0_0.distcp"
     assert found[0]["read"] == [tensors.stat().st_size] and found[1]["read"] == []
 

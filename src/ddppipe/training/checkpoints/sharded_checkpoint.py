@@ -322,13 +322,15 @@ class Store:
             failed = pending.outcome.get("error")
             if failed is not None and error is None:
                 error = _failure(failed, 0, saving)
-        errors: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
+        # whether any rank failed (a number a rank); only then which, and why
+        failed = torch.tensor([error is not None], dtype=torch.int32)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        if failed.item():
+            errors: list[str | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(errors, error, group=self.group)
             if pending.committer is not None:  # rank 0: no half-written folder stays
                 shutil.rmtree(self.folder / (pending.name + SAVING), ignore_errors=True)
-            raise checkpoint.CheckpointError(first)
+            raise checkpoint.CheckpointError(next(e for e in errors if e is not None))
         if pending.committer is None:
             return None
         return pending.outcome["written"]

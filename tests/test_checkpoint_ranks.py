@@ -122,3 +122,32 @@ def test_a_ddp_saves_plan(
     assert plan.writers == 1
     assert plan.pinned_bytes_node_0 == pinned_node_0 * 1000
     assert plan.pinned_bytes_other_nodes == pinned_others * 1000
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_a_rank_whose_streams_cannot_be_read_is_reseeded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The checkpoint's weights resume; the rank's dropout stream starts from its seed (the
+    run's, the epoch, its rank), as at another world size, and a warning names the file."""
+    spec = run_spec.resolve(default_config(), gpus=False)
+    model, optimizer = model_and_optimizer()
+    parts = checkpoint.Trainable(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    cpu = torch.device("cpu")
+    saves = run_checkpoints.Checkpoints(
+        spec, StateDir(tmp_path), distributed.Context(0, 0, 1, cpu, "gloo", "test", 1),
+        strategy.of(spec.launch), parts, config_hash="abc", steps_per_epoch=10,
+        record=lambda **_: None, precision=precision.Decision("fp32", "fp32"),
+        costs=save_costs.SaveCosts(),
+    )  # fmt: skip
+    path = saves.save(run_checkpoints.Position(2, 0, []), wait=True)
+    assert path is not None
+    (path / "rng-0.pt").write_bytes(b"torn")
+    torch.manual_seed(123)  # (the stream moved on)
+    assert saves.resume() is not None
+    resumed = torch.get_rng_state()
+    torch.manual_seed(rng.rank_seed(spec.train.seed, 2, 0))  # epoch 2's seed of rank 0
+    assert torch.equal(resumed, torch.get_rng_state())
+    assert f"{path / 'rng-0.pt'} unreadable" in caplog.text
+    assert saves.store.copier is not None
+    saves.store.copier.shut()

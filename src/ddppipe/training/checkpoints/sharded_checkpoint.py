@@ -92,12 +92,12 @@ def write_streams(folder: Path, rank: int, streams: Any) -> str | None:
 
 def read_streams(path: Path, rank: int) -> Any:
     """Rank ``rank``'s RNG streams in checkpoint ``path``; None where they cannot be read."""
+    file = path / STREAMS.format(rank=rank)
     try:
-        return torch.load(path / STREAMS.format(rank=rank), map_location="cpu",
-                          weights_only=True)  # fmt: skip
+        return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a damaged file
-        log.warning("%s: rank %d's RNG streams unreadable (%s: %s)", path, rank,
-                    type(e).__name__, e)  # fmt: skip
+        log.warning("%s unreadable (%s: %s): rank %d's dropout stream is reseeded", file,
+                    type(e).__name__, e, rank)  # fmt: skip
         return None
 
 

@@ -34,7 +34,8 @@ from typing import Any, NoReturn
 from ddppipe.core import atomic, env_names, process_times, slot
 from ddppipe.launching import launch, preflight, watchdog
 from ddppipe.parallel import node_check
-from ddppipe.runstate import attempts, failures, origin, preemption, state_lock
+from ddppipe.runstate import attempts, failures, origin, outcomes, preemption, state_lock
+from ddppipe.runstate.outcomes import Kind, Outcome
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import bad_nodes, continuation, memory_request, scontrol
@@ -219,7 +220,7 @@ def _slot(
     if code == 0:
         if publish is not None:
             publish()
-        history = attempts.finish(state, "completed", 0, unwatched)
+        history = attempts.finish(state, Outcome(Kind.COMPLETED), 0, unwatched)
         log.info("training complete; attempts:\n%s", attempts.table(history))
         if record is not None:
             atomic.write_json(record, [asdict(a) for a in history])
@@ -248,7 +249,7 @@ def _node_lost(spec: RunSpec, plan: launch.Plan, state: StateDir, note: dict[str
     lost = note["lost"]
     decision = bad_nodes.of_run(state).add(lost, plan.hosts, spec.slurm.max_excluded_nodes,
                                            bad_nodes.NEXT_STEPS, bad_nodes.LOST)  # fmt: skip
-    history = attempts.finish(state, "node failure", preemption.EXIT_CODE,
+    history = attempts.finish(state, Outcome(Kind.NODE_FAILURE), preemption.EXIT_CODE,
                               f"{note.get('detail')}; {decision.reason}")  # fmt: skip
     log.error("lost %s; attempts:\n%s", ", ".join(lost), attempts.table(history))
     return NodeLoss(lost)
@@ -275,7 +276,7 @@ def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
     for good: a retry of the same config refuses to train."""
     failure = failures.first(state.failures)
     if failure is None:  # no rank recorded an exception: killed (SIGKILL, out of memory)
-        attempts.finish(state, f"crashed (exit {code})", code)
+        attempts.finish(state, outcomes.crashed(code), code)
         return code
     outcome = failure.outcome(code)  # out of memory, killed by a signal, crashed
     history = attempts.finish(state, outcome, code, failure.cause(), asdict(failure))
@@ -310,9 +311,9 @@ def _failed_checks(
     decision = bad_nodes.of_run(state).add(nodes, plan.hosts, spec.slurm.max_excluded_nodes)
     said = "\n  ".join(dict.fromkeys(line.removeprefix(node_check.PREFIX) for line in lines))
     if decision.excluded:
-        outcome = f"bad node {', '.join(nodes)}"
+        outcome = Outcome(Kind.BAD_NODE, ", ".join(nodes))
     else:
-        outcome = f"failed its checks ({', '.join(nodes) or 'no node named'})"
+        outcome = Outcome(Kind.FAILED_CHECKS, ", ".join(nodes) or "no node named")
         log.error("not excluding: %s", decision.reason)
     history = attempts.finish(state, outcome, code, decision.reason)
     log.error("%s; attempts:\n%s", decision.reason, attempts.table(history))
@@ -331,12 +332,12 @@ def _ending(plan: launch.Plan) -> bool:
         return True
 
 
-def _lost_as(state: StateDir, job: str | None, restarts: int) -> str:
+def _lost_as(state: StateDir, job: str | None, restarts: int) -> Outcome:
     """The outcome of the last slot left open (its launcher killed: on a failed node it dies
-    with the node), as SLURM tells it now (:func:`continuation.lost`); else attempts.LOST."""
-    left_open = [a for a in attempts.load(state) if a.outcome == "running"]
+    with the node), as SLURM tells it now (:func:`continuation.lost`); else LOST."""
+    left_open = [a for a in attempts.load(state) if a.kind is Kind.RUNNING]
     if job is None or not left_open:
-        return attempts.LOST
+        return outcomes.lost()
     last = left_open[-1]
     try:
         nodes = scontrol.node_states(last.nodes)
@@ -344,7 +345,7 @@ def _lost_as(state: StateDir, job: str | None, restarts: int) -> str:
         log.warning("scontrol show node %s failed (%s)", ",".join(last.nodes), e)
         nodes = {}
     requeued = last.job == job and restarts > last.restarts
-    return continuation.lost(nodes, requeued) or attempts.LOST
+    return continuation.lost(nodes, requeued) or outcomes.lost()
 
 
 def _job_record(job: str) -> dict[str, str]:
@@ -369,11 +370,11 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
         note.get("signal"), _job_record(job) if job else None, nodes, request.signal_seconds,
         stop_signal=request.stop_signal,
     )  # fmt: skip
-    if note.get("unfinished") and outcome not in continuation.REQUEUED_BY_SLURM:
-        outcome = "ended by SLURM"  # not on a signal of its own: SLURM ended the step
+    if note.get("unfinished") and outcome.kind not in outcomes.REQUEUED_BY_SLURM:
+        outcome = Outcome(Kind.ENDED_BY_SLURM)  # not on a signal of its own: SLURM ended it
     hung = note.get("hung")
-    if hung and outcome not in continuation.REQUEUED_BY_SLURM:
-        outcome = "hung"
+    if hung and outcome.kind not in outcomes.REQUEUED_BY_SLURM:
+        outcome = Outcome(Kind.HUNG)
     own_job = plan.own_job
     exit_status = HUNG_EXIT if hung and not own_job else preemption.EXIT_CODE
     history = attempts.finish(state, outcome, exit_status, hung["detail"] if hung else "")
@@ -394,7 +395,7 @@ def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
             log.warning("requeued job %s: its next slot resumes from %s", job,
                         note.get("checkpoint") or "the last checkpoint")  # fmt: skip
         return preemption.EXIT_CODE
-    if outcome in continuation.REQUEUED_BY_SLURM:
+    if outcome.kind in outcomes.REQUEUED_BY_SLURM:
         log.warning("%s", decision.reason)
         return preemption.EXIT_CODE
     history[-1].detail = "; ".join(filter(None, [history[-1].detail, decision.reason]))

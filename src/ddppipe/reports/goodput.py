@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddppipe.reports.wording import duration
+from ddppipe.runstate import outcomes
+from ddppipe.runstate.outcomes import Kind
 
 # where held node-seconds went that did not train kept steps, in the summary's order
 LOSSES = {
@@ -85,7 +87,7 @@ def _end(attempt: dict[str, Any], successor: dict[str, Any] | None) -> float | N
     was requeued, the successor's submission."""
     if attempt.get("end") is not None:
         return attempt["end"]
-    if attempt.get("outcome") == "running" or successor is None:
+    if outcomes.kind_of(attempt) is Kind.RUNNING or successor is None:
         return None
     return successor.get("submitted")
 
@@ -128,7 +130,7 @@ def slot(attempt: dict[str, Any], successor: dict[str, Any] | None,
         redone = max(0, trained - kept) if trained is not None else 0
         kept_s = min(wall, kept * (step_s or 0.0))
         redone_s = min(wall - kept_s, redone * (step_s or 0.0))
-        cause = "hang" if attempt.get("outcome") == "hung" else "failure"
+        cause = "hang" if outcomes.kind_of(attempt) is Kind.HUNG else "failure"
         losses = {"redone": redone_s, cause: wall - kept_s - redone_s}
         return Account(wall * nodes, kept_s * nodes,
                        {k: v * nodes for k, v in losses.items() if v > 0}, redone)  # fmt: skip
@@ -141,7 +143,7 @@ def slot(attempt: dict[str, Any], successor: dict[str, Any] | None,
              "probe": figures.get("communication_probe_s", 0.0)}  # fmt: skip
     kept_s = train_s - redone_s
     timed["idle_end"] = max(0.0, wall - kept_s - sum(timed.values()))
-    if attempt.get("outcome") == "hung":  # its last progress to the watchdog's end
+    if outcomes.kind_of(attempt) is Kind.HUNG:  # its last progress to the watchdog's end
         timed["hang"] = timed.pop("idle_end")
     held = max(wall, kept_s + sum(timed.values()))  # phases overlapping the slot's ends
     return Account(held * nodes, kept_s * nodes,

@@ -13,7 +13,8 @@ from typing import Any
 from ddppipe.reports import goodput, memory_line, utilisation, waste
 from ddppipe.reports.hours import Allocation, Slots, hours, measured
 from ddppipe.reports.wording import duration
-from ddppipe.runstate import startup
+from ddppipe.runstate import outcomes, startup
+from ddppipe.runstate.outcomes import Kind
 from ddppipe.settings.run_spec import RunSpec
 
 Line = tuple[str, str]
@@ -38,9 +39,9 @@ def hangs(attempts: list[dict[str, Any]], most: int = 3) -> list[Line]:
     progress and their frames; and a completed last slot's note (a script the watchdog could
     not watch)."""
     lines = [("hung", f"slot {a['number']}: {a['detail']}")
-             for a in attempts if a["outcome"] == "hung"][-most:]  # fmt: skip
+             for a in attempts if outcomes.kind_of(a) is Kind.HUNG][-most:]  # fmt: skip
     last = attempts[-1]
-    if last["outcome"] == "completed" and last.get("detail"):
+    if outcomes.kind_of(last) is Kind.COMPLETED and last.get("detail"):
         lines.append(("note", last["detail"]))
     return lines
 

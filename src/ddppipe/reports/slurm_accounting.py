@@ -11,7 +11,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ddppipe.reports.wording import duration
-from ddppipe.runstate import failures, out_of_memory
+from ddppipe.runstate import failures, out_of_memory, outcomes
+from ddppipe.runstate.outcomes import Kind
 from ddppipe.slurm import accounting
 
 MIB = 1024**2  # sacct's "MB" (accounting.size_mb)
@@ -50,8 +51,7 @@ def out_of_memory_named(
 
 def _killed(attempt: dict[str, Any]) -> bool:
     """Did a signal kill the slot's first failing rank, not known to be out of memory?"""
-    failure = attempt.get("failure") or {}
-    return failure.get("signal") is not None and failure.get("memory") is None
+    return outcomes.kind_of(attempt) is Kind.KILLED
 
 
 def _named(attempt: dict[str, Any], record: accounting.Record) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def _named(attempt: dict[str, Any], record: accounting.Record) -> dict[str, Any]
     )
     failure = failures.Failure(**{**asdict(before), "memory": figures})
     rest = attempt.get("detail", "").removeprefix(before.cause())
-    return {**attempt, "outcome": failure.outcome(attempt.get("exit_status") or 0),
+    return {**attempt, "outcome": failure.outcome(attempt.get("exit_status") or 0).label,
             "detail": failure.cause() + rest, "failure": asdict(failure)}  # fmt: skip
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddppipe.runstate import outcomes
+from ddppipe.runstate.outcomes import Kind
 from ddppipe.slurm import memory_request
 
 MEMORY_USED_BELOW = 0.70  # of the request: centres flag (seff, jobstats) and so does ddppipe
@@ -51,7 +53,7 @@ def flags(attempt: dict[str, Any], mem_mb: int | None, runtime_min: int | None,
             f"kills the job there; ask for {suggest} MB: `slurm.mem_mb: {suggest}` (or leave "
             "it null: the run's next job asks for its measured peak and a quarter)"
         )
-    if runtime_min and attempt.get("outcome") == "completed" and wall > 0:
+    if runtime_min and outcomes.kind_of(attempt) is Kind.COMPLETED and wall > 0:
         share = wall / (runtime_min * 60)
         if share < TIME_LIMIT_USED_BELOW:
             minutes = max(1, int(wall * 2 // 60) + 1)

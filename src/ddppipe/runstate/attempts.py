@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ddppipe.core import atomic
-from ddppipe.runstate import startup
+from ddppipe.runstate import outcomes, startup
+from ddppipe.runstate.outcomes import Kind, Outcome
 from ddppipe.runstate.state import StateDir
 
-LOST = "lost (the launcher was killed: node failure, out of memory or SIGKILL)"
+LOST = outcomes.lost().label  # a slot's whose launcher was killed before it could say
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Attempt:
     nodes: list[str]
     start: float  # Unix time the slot started: its job's start, else its launcher's (startup)
     end: float | None = None
-    outcome: str = "running"  # completed | time limit | preempted | node failure | ...
+    outcome: str = Kind.RUNNING.value  # its label (ddppipe.runstate.outcomes): completed, ...
     exit_status: int | None = None
     resumed_from: str | None = None  # checkpoint file name, None for a fresh start
     start_step: int | None = None  # global optimizer step it started at
@@ -66,6 +67,11 @@ class Attempt:
     startup: dict[str, float] | None = None
 
     @property
+    def kind(self) -> Kind:
+        """How it ended (:class:`~ddppipe.runstate.outcomes.Kind`; RUNNING while open)."""
+        return outcomes.parse(self.outcome).kind
+
+    @property
     def steps(self) -> int:
         """Optimizer steps this slot trained and checkpointed."""
         if self.end_step is None or self.start_step is None:
@@ -94,15 +100,15 @@ def begin(
     state: StateDir, job: str | None, restarts: int, nodes: list[str], queue_s: float = 0.0,
     submitted: float | None = None,
     packed: str | None = None,
-    lost: str = LOST,
+    lost: Outcome | None = None,
     mem_mb: int | None = None,
     origin: dict[str, Any] | None = None,
     marks: dict[str, float] | None = None,
     job_start: float | None = None,
 ) -> list[Attempt]:  # fmt: skip
     """Open this slot's record; a record left open by a killed launcher is closed as ``lost``
-    (what SLURM says of it, where it can: ddppipe.launching.lifecycle). ``mem_mb``: what a
-    node of the slot's job asked for (SLURM), which its measured peak is judged against;
+    (what SLURM says of it, where it can: ddppipe.launching.lifecycle; else LOST). ``mem_mb``:
+    what a node of the slot's job asked for (SLURM), which its measured peak is judged against;
     ``origin``: what it starts from (:mod:`ddppipe.runstate.origin`); ``marks``: the
     launcher's start-up marks so far (:mod:`ddppipe.runstate.startup`); ``job_start``: its own
     SLURM job's start, the slot's start unless an earlier slot of the run had the same job.
@@ -111,8 +117,8 @@ def begin(
     (:data:`ddppipe.core.env_names.PACKED_SLOT`)."""
     history = load(state)
     for attempt in history:
-        if attempt.outcome == "running":
-            attempt.outcome = lost
+        if attempt.kind is Kind.RUNNING:
+            attempt.outcome = (lost or outcomes.lost()).label
     state.progress.unlink(missing_ok=True)
     number = len(history) + 1
     allocation, _, slot = (packed or "").partition(" ")
@@ -151,16 +157,18 @@ def write_progress(state: StateDir, progress: dict[str, Any]) -> None:
 
 
 def finish(
-    state: StateDir, outcome: str, exit_status: int, detail: str = "",
+    state: StateDir, outcome: Outcome | str, exit_status: int, detail: str = "",
     failure: dict[str, Any] | None = None,
 ) -> list[Attempt]:  # fmt: skip
-    """Close the open record with how the slot ended (``failure``: the first failing rank's
+    """Close the open record with how the slot ended (``outcome``: a label is checked,
+    :func:`ddppipe.runstate.outcomes.parse`; ``failure``: the first failing rank's
     record) and rank 0's progress; ``detail`` follows what the record says already (a changed
     origin)."""
     history = load(state)
     attempt = history[-1]
     progress = read_progress(state)
-    attempt.end, attempt.outcome, attempt.exit_status = time.time(), outcome, exit_status
+    label = outcome.label if isinstance(outcome, Outcome) else outcomes.parse(outcome).label
+    attempt.end, attempt.outcome, attempt.exit_status = time.time(), label, exit_status
     attempt.detail = "; ".join(filter(None, [attempt.detail, detail]))
     attempt.failure = failure
     keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",

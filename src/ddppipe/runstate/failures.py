@@ -40,14 +40,14 @@ from typing import Any
 
 from ddppipe.core import atomic, slot
 from ddppipe.core.errors import UserError
-from ddppipe.runstate import out_of_memory, preemption
+from ddppipe.runstate import out_of_memory, outcomes, preemption
+from ddppipe.runstate.outcomes import Kind, Outcome
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 
 TORCH_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun's agent for each worker
 NONFINITE = "NonFiniteLoss"
 AGENT_RANK = -1  # the rank of a node's agent's own failure (no rank of it started)
-RENDEZVOUS_TIMEOUT = "rendezvous timeout"  # the outcome of torch's RendezvousTimeoutError
 TRACEBACK_LINES = 60  # the record keeps the innermost lines of a traceback
 
 
@@ -96,18 +96,19 @@ class Failure:
         user's ran, the nodes did not meet."""
         return self.rank == AGENT_RANK and self.type.startswith("Rendezvous")
 
-    def outcome(self, code: int) -> str:
+    def outcome(self, code: int) -> Outcome:
         """The slot's outcome for this failure and the launcher's exit status ``code``."""
         if self.nonfinite:
-            return self.message
+            return outcomes.parse(self.message)  # non-finite loss at step 8 (epoch 1)
         if self.rendezvous:
-            timeout = self.type == "RendezvousTimeoutError"
-            return RENDEZVOUS_TIMEOUT if timeout else f"rendezvous failed ({self.type})"
+            if self.type == "RendezvousTimeoutError":
+                return Outcome(Kind.RENDEZVOUS_TIMEOUT)
+            return Outcome(Kind.RENDEZVOUS_FAILED, self.type)
         if self.out_of_memory:
-            return out_of_memory.OUTCOME
+            return Outcome(Kind.OUT_OF_MEMORY)
         if self.signal is not None:
-            return f"killed by {self.signal}"
-        return f"crashed (exit {code})"
+            return Outcome(Kind.KILLED, self.signal)
+        return outcomes.crashed(code)
 
     @property
     def nonfinite(self) -> bool:

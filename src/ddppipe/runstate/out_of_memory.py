@@ -19,7 +19,6 @@ from typing import Any
 
 from ddppipe.core import memory
 
-OUTCOME = "out of memory"  # the attempt's outcome
 HINT = (
     "to fit: launch.strategy: fsdp (shards parameters, gradients and optimizer state), a "
     "smaller train.batch_size, or train.activation_checkpointing: true (recomputes each "

@@ -14,14 +14,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ddppipe.runstate import outcomes
 from ddppipe.runstate.attempts import Attempt
+from ddppipe.runstate.outcomes import Kind, Outcome
 from ddppipe.slurm import scontrol
 
 # The warning arrives signal_seconds before the end; the stop then takes some seconds more.
 TIME_LIMIT_SLACK_S = 30
-# Outcomes after which SLURM requeues the job itself (the job was submitted with --requeue).
-# ("ended by SLURM": srun exited 0 without some nodes' finished marks as SLURM ended the job.)
-REQUEUED_BY_SLURM = ("preempted", "node failure", "requeued by SLURM", "ended by SLURM")
 # States of a job that SLURM has put back in the queue (its nodes' states may be unknown).
 REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
 # A node's scontrol State is a base state and flags joined by "+" (SLURM 22.05: MIXED+DRAIN,
@@ -93,14 +92,14 @@ def queue_seconds(job: dict[str, str]) -> float:
     return max(0.0, start - max(since)) if start is not None and since else 0.0
 
 
-def lost(nodes: dict[str, str], requeued: bool) -> str | None:
+def lost(nodes: dict[str, str], requeued: bool) -> Outcome | None:
     """How a slot whose launcher was killed before it could say ended, as SLURM tells it at
     the next slot: its nodes' states ``nodes`` (a node down or drained: "node failure", the
     launcher died with it), or its job ``requeued`` since (same job, more restarts); None
     when SLURM says neither."""
     if _nodes_in(nodes, BAD_NODE_STATES):
-        return "node failure"
-    return "requeued by SLURM" if requeued else None
+        return Outcome(Kind.NODE_FAILURE)
+    return Outcome(Kind.REQUEUED_BY_SLURM) if requeued else None
 
 
 def classify(
@@ -110,7 +109,7 @@ def classify(
     signal_seconds: int,
     now: float | None = None,
     stop_signal: str = "SIGUSR1",
-) -> str:
+) -> Outcome:
     """How a slot that stopped on ``signal_name`` ended, from what SLURM says right after.
 
     ``job`` is the job's scontrol record (None outside SLURM; empty: its query failed, the
@@ -118,20 +117,20 @@ def classify(
     """
     signal_name = signal_name or "a signal"
     if job is None:
-        return f"stopped on {signal_name}"
+        return outcomes.stopped(signal_name)
     if _nodes_in(nodes, FAILED_NODE_STATES):
-        return "node failure"
+        return Outcome(Kind.NODE_FAILURE)
     if not job:
-        return f"stopped on {signal_name} ({UNKNOWN_CAUSE})"
+        return outcomes.stopped(signal_name, UNKNOWN_CAUSE)
     if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
-        return "preempted"
+        return Outcome(Kind.PREEMPTED)
     if job.get("JobState") in REQUEUED_STATES:
-        return "requeued by SLURM"
+        return Outcome(Kind.REQUEUED_BY_SLURM)
     left = seconds_left(job, now)
     near_end = left is not None and left <= signal_seconds + TIME_LIMIT_SLACK_S
     if signal_name == stop_signal and near_end:
-        return "time limit"
-    return f"stopped on {signal_name}"
+        return Outcome(Kind.TIME_LIMIT)
+    return outcomes.stopped(signal_name)
 
 
 @dataclass(frozen=True)
@@ -151,11 +150,11 @@ def decide(history: list[Attempt], max_continuations: int) -> Decision:
     node (:func:`after_lost_node`) continues too: its time was what the lost slot left.
     """
     last = history[-1]
-    if last.outcome in REQUEUED_BY_SLURM:
+    if last.kind in outcomes.REQUEUED_BY_SLURM:
         return Decision(False, f"{last.outcome}: SLURM requeues the job itself")
-    if last.outcome == "hung" and last.steps <= 0:  # (ddppipe.launching.watchdog)
+    if last.kind is Kind.HUNG and last.steps <= 0:  # (ddppipe.launching.watchdog)
         before = history[-2] if len(history) > 1 else None
-        if before is not None and before.outcome == "hung" and before.steps <= 0:
+        if before is not None and before.kind is Kind.HUNG and before.steps <= 0:
             return Decision(
                 False,
                 f"slots {before.number} and {last.number} hung without checkpointing a new "
@@ -187,4 +186,4 @@ def after_lost_node(history: list[Attempt]) -> bool:
         return False
     before, last = history[-2], history[-1]
     same_slot_of_job = (before.job, before.restarts) == (last.job, last.restarts)
-    return same_slot_of_job and before.outcome == "node failure"
+    return same_slot_of_job and before.kind is Kind.NODE_FAILURE

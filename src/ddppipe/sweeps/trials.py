@@ -19,6 +19,8 @@ from typing import Any
 
 from ddppipe.reports import result_lines, run_files, slurm_accounting
 from ddppipe.reports.hours import Cost
+from ddppipe.runstate import outcomes
+from ddppipe.runstate.outcomes import Kind
 from ddppipe.settings import layout
 from ddppipe.settings.sweep import Sweep, trials
 from ddppipe.training.loop.pruning import PRUNED_AT, history_key
@@ -136,12 +138,13 @@ def _ending(
             return PENDING, ""
         return FAILED, f"write_config: {_error(log)} ({log})"
     last = attempts[-1]
-    if last["outcome"] == "running":
+    kind = outcomes.kind_of(last)
+    if kind is Kind.RUNNING:
         return RUNNING, ""
-    if last["outcome"] == COMPLETED:  # trained, but no evaluation: the evaluate rule failed
+    if kind is Kind.COMPLETED:  # trained, but no evaluation: the evaluate rule failed
         return FAILED, f"trained, but not evaluated (see {run.log('evaluate')})"
     detail = last.get("detail") or ""
-    if last["outcome"] in detail:  # it says the outcome itself: "out of memory on rank 1 ..."
+    if kind in outcomes.SAID_BY_CAUSE and detail:  # "out of memory on rank 1 ..."
         return FAILED, detail
     return FAILED, last["outcome"] + (f": {detail}" if detail else "")
 

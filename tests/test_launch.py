@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ddppipe.launching import launch
+from ddppipe.launching import launch, slot_machine
 from ddppipe.settings import config
 from ddppipe.settings import run_spec as run_spec
 from ddppipe.slurm import request as slurm_request
@@ -100,4 +100,4 @@ def test_a_lost_node_ends_a_slot_only_when_it_did_not_finish(
 ) -> None:
     """(the step's exit, its stop note, a node seen lost) -> whether the slot's end is a lost
     node's (SLURM asked): never once every rank finished."""
-    assert launch.may_be_lost(code, note, seen_lost) is asked
+    assert slot_machine.may_be_lost(code, note, seen_lost) is asked

@@ -110,16 +110,6 @@ def test_the_nodes_failed_checks_are_read_from_the_steps_stderr(
     assert capfd.readouterr().err.splitlines() == ["srun: a line of its own", said]
 
 
-def test_a_slot_whose_launcher_died_is_named_by_what_slurm_says_at_the_next() -> None:
-    """The launcher runs on the job's first node: when that node fails it dies with it, and
-    the next slot closes its record from SLURM's view (else as lost)."""
-    assert continuation.lost({"cn07": "DOWN+DRAIN"}, requeued=True) == "node failure"
-    assert continuation.lost({"gpu-a12": "IDLE+DRAIN"}, requeued=False) == "node failure"
-    assert continuation.lost({"cn07": "MIXED"}, requeued=True) == "requeued by SLURM"
-    assert continuation.lost({"cn07": "MIXED"}, requeued=False) is None  # (an OOM, a SIGKILL)
-    assert continuation.lost({}, requeued=False) is None  # (scontrol could not say)
-
-
 def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
     up = {"cn07": "MIXED", "cn08": "MIXED+DRAIN"}  # draining waits for the job: no failure
     running, requeued = {"JobState": "RUNNING"}, {"JobState": "PENDING", "Reason": "BeginTime"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -21,14 +22,13 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from ddppipe.apptainer import binds, running
 from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import slot, system
 from ddppipe.data import manifest, squashfs
-from ddppipe.launching import node_watch, watchdog, workers
+from ddppipe.launching import node_watch, slot_machine, watchdog, workers
 from ddppipe.parallel import node_check
 from ddppipe.runstate import finished_nodes, node_beats, preemption
 from ddppipe.runstate.state import StateDir
@@ -234,25 +234,15 @@ def supervise(
 ) -> Ended:  # fmt: skip
     """Run ``plan`` (the local workers or the srun step), passing signals on; how it ended.
     Every process of it reads ``record`` (the slot record, written first into the state
-    folder, its ``launcher`` this process).
-
-    ``warn_in``: seconds after which the child gets the stop signal (SIGUSR1 unless
-    ``slurm.stop_signal`` says otherwise), the time-limit warning (srun
-    passes it on to its tasks, so only the training processes see it).
+    folder, its ``launcher`` this process). ``warn_in``: seconds until the stop signal
+    (``slurm.stop_signal``), the time-limit warning (srun passes it on to its tasks only);
+    ``watch`` watches the ranks' progress; in a job that survives a node failure a node watch
+    (:mod:`ddppipe.launching.node_watch`) watches its nodes (:func:`_drain`).
 
     The child runs in its own session, so a signal to the launcher's process group reaches
     it once, through the launcher; if the launcher is killed outright, the child gets
-    SIGTERM. The note is :func:`ddppipe.runstate.preemption.record`'s, left when training stopped on
-    a signal after writing a checkpoint (None otherwise), whatever exit status srun made of
-    the ranks' exits; a note of another launcher's training is ignored. ``watch`` watches
-    the ranks' progress; when it found a hang, the note has no checkpoint and says where the
-    ranks hung (``hung``: :meth:`ddppipe.launching.watchdog.Hang.as_dict`). When srun exits 0
-    though a node's agent did not mark its ranks finished (ddppipe.runstate.finished_nodes), the
-    note has no checkpoint and lists those nodes (``unfinished``). An srun step's stderr passes
-    through this process (to its own), which keeps the lines of its nodes' failed checks
-    (:mod:`ddppipe.parallel.node_check`). In a job that survives a node failure, a node lost
-    mid-step (:mod:`ddppipe.launching.node_watch`) ends the step; the note lists the nodes
-    (``lost``) and says how they were found (``detail``).
+    SIGTERM. An srun step's stderr passes through this process, which keeps the lines of its
+    nodes' failed checks (:mod:`ddppipe.parallel.node_check`). The note: :func:`_stop_note`.
     """
     state = StateDir(Path(record.state))
     preemption.take(state)  # a note left by an earlier run is not this run's
@@ -276,13 +266,8 @@ def supervise(
     if isinstance(child, subprocess.Popen) and child.stderr is not None:
         reader = threading.Thread(target=_pass_on, args=(child.stderr, checks), daemon=True)
         reader.start()
-    if nodes is not None:
-        nodes.start(attempt, lambda: _end_step(child, plan, nodes, watch))
-    try:
-        code = workers.exit_status(_wait(child, plan, record.stop_signal, warn_in, watch))
-    finally:
-        if nodes is not None:
-            nodes.stop()
+    code = _drain(child, plan, slot_machine.SlotState(plan.job, plan.own_job, tuple(plan.hosts),
+                  stop_signal=record.stop_signal), warn_in, watch, nodes, attempt)  # fmt: skip
     if reader is not None:
         reader.join(timeout=STDERR_DRAIN_S)
     return Ended(code, _stop_note(state, attempt, code, plan, watch, nodes), checks)
@@ -316,84 +301,97 @@ def _start(plan: Plan, env: dict[str, str]) -> workers.Group | subprocess.Popen:
     )  # fmt: skip
 
 
-def _wait(
-    child: workers.Group | subprocess.Popen, plan: Plan, stop_signal: str,
+def _drain(
+    child: workers.Group | subprocess.Popen, plan: Plan, slot: slot_machine.SlotState,
     warn_in: float | None, watch: watchdog.Watchdog | None,
+    nodes: node_watch.NodeWatch | None, attempt: str,
 ) -> int:  # fmt: skip
-    """``child``'s exit status, the launcher's signals passed on to it meanwhile, its
-    ``stop_signal`` sent after ``warn_in`` seconds, ``watch`` watching its ranks."""
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    def warn() -> None:
-        sig = signal.Signals[stop_signal]
-        log.warning("time-limit warning: %s to the training", sig.name)
-        forward(sig, None)
-
-    timer = threading.Timer(warn_in, warn) if warn_in is not None else None
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    """``child``'s exit status. Meanwhile the slot's events (the warning after ``warn_in``
+    seconds, the launcher's signals, ``watch``'s hang, ``nodes``' lost node) go through one
+    queue, drained here alone: :func:`~ddppipe.launching.slot_machine.step` decides, and
+    :func:`_act` acts."""
+    events: queue.SimpleQueue = queue.SimpleQueue()  # (its put is safe in a signal handler)
+    waiter = threading.Thread(target=lambda: events.put(workers.exit_status(child.wait())),
+                              name="ddppipe-step-wait", daemon=True)  # fmt: skip
+    timer = threading.Timer(warn_in, events.put, (slot_machine.Warned(),)) if warn_in else None
+    previous = {sig: signal.signal(sig, lambda signum, _: events.put(
+        slot_machine.Signalled(signum))) for sig in FORWARDED}  # fmt: skip
     try:
         if timer:
             timer.daemon = True
             timer.start()
         if watch is not None:
-            watch.start(lambda beats: _end_hung(child, plan, beats), lambda: _pids(child))
-        return child.wait()
+            watch.start(lambda beats: events.put(slot_machine.Hung(tuple(beats))),
+                        lambda: _pids(child))  # fmt: skip
+        if nodes is not None:
+            nodes.start(attempt, lambda: events.put(slot_machine.NodeLost()))
+        waiter.start()
+        while not isinstance(event := events.get(), int):
+            slot, actions = slot_machine.step(slot, event)
+            for action in actions:
+                _act(action, child, plan, watch, nodes)
+        return event
     finally:
         if watch is not None:
             watch.stop()
+        if nodes is not None:
+            nodes.stop()
         if timer:
             timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
+def _act(
+    action: slot_machine.Action, child: workers.Group | subprocess.Popen, plan: Plan,
+    watch: watchdog.Watchdog | None, nodes: node_watch.NodeWatch | None,
+) -> None:  # fmt: skip
+    """Carry out ``action`` while the step runs: the one place it is signalled or killed."""
+    if isinstance(action, slot_machine.Say):
+        log.log(action.level, "%s", action.text)
+    elif isinstance(action, slot_machine.Forward):
+        if child.poll() is None:
+            child.send_signal(action.signum)
+    elif isinstance(action, slot_machine.EndStep) and action.why == "hung":
+        _end_hung(child, plan, list(action.beats))
+    elif isinstance(action, slot_machine.EndStep) and nodes is not None:
+        _end_step(child, plan, nodes, watch)
+
+
 def _stop_note(
     state: StateDir, attempt: str, code: int, plan: Plan, watch: watchdog.Watchdog | None,
     nodes: node_watch.NodeWatch | None = None,
 ) -> dict | None:  # fmt: skip
-    """The slot's stop note (:func:`supervise`): this launcher's, a hang's, the nodes lost,
-    or the nodes whose finished mark is missing after srun exited 0; None when the training
-    just ended."""
+    """What stopped the step (:func:`supervise`), for the slot machine to order
+    (:data:`~ddppipe.launching.slot_machine.CAUSES`); None when the training just ended: the
+    ranks' stop note (:func:`ddppipe.runstate.preemption.record`: a signal and the checkpoint
+    after it; another launcher's is ignored), a hang (``hung``:
+    :meth:`ddppipe.launching.watchdog.Hang.as_dict`), the nodes lost (``lost``, how:
+    ``detail``) or those without a finished mark after srun exited 0 (``unfinished``:
+    :mod:`ddppipe.runstate.finished_nodes`)."""
     note = preemption.take(state)
     if note is not None and note.get("attempt") != attempt:
         log.warning("ignored the stop note of another training: %s", note)
         note = None
+    found: dict[str, Any] = {}
     if note is None and code == 0 and plan.job is not None:
         done = finished_nodes.finished(state, attempt)
         if len(done) < plan.request.nodes:
-            unfinished = sorted(set(plan.hosts) - done)
-            log.warning("srun exited 0, but no finished mark came from %s", ", ".join(unfinished))
-            note = {
-                "signal": None,
-                "checkpoint": None,
-                "attempt": attempt,
-                "unfinished": unfinished,
-            }
+            found["unfinished"] = sorted(set(plan.hosts) - done)
+            log.warning("srun exited 0, but no finished mark came from %s",
+                        ", ".join(found["unfinished"]))  # fmt: skip
     if watch is not None and watch.hang is not None:
-        note = {"signal": None, "checkpoint": None, "attempt": attempt,
-                "hung": watch.hang.as_dict()}  # fmt: skip
+        found["hung"] = watch.hang.as_dict()
+    base = {"signal": None, "checkpoint": None, "attempt": attempt}
+    note = {**(note or base), **found} if note or found else None
     if nodes is None:
         return note
-    if may_be_lost(code, note, bool(nodes.lost)) and nodes.check(ask_slurm=True):
-        note = {"signal": None, "checkpoint": None, "attempt": attempt, "lost": nodes.lost,
-                "detail": nodes.why}  # fmt: skip
+    if slot_machine.may_be_lost(code, note, bool(nodes.lost)) and nodes.check(ask_slurm=True):
+        note = {**(note or base), "lost": nodes.lost, "detail": nodes.why}
     elif nodes.lost:
         log.warning("node(s) %s lost after every rank finished: the slot stays finished (%s)",
                     ", ".join(nodes.lost), nodes.why)  # fmt: skip
     return note
-
-
-def may_be_lost(code: int, note: dict | None, seen_lost: bool) -> bool:
-    """Is a lost node to be asked about as the step's end (exit ``code``, its stop ``note``
-    so far, a node ``seen_lost`` by the node watch)? Never for a finished slot (exit 0, every
-    node's finished mark, no stop: ``note`` None), whatever its nodes did after; else when a
-    node was seen lost, the step failed, or a node's finished mark is missing."""
-    if code == 0 and note is None:
-        return False
-    return seen_lost or code != 0 or bool(note and note.get("unfinished"))
 
 
 def _pids(child: workers.Group | subprocess.Popen) -> list[int]:

@@ -29,11 +29,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn, TypeVar
 
 from ddppipe.core import atomic, env_names, process_times, slot
-from ddppipe.launching import launch, preflight, watchdog
-from ddppipe.parallel import node_check
+from ddppipe.launching import launch, preflight, slot_machine, watchdog
 from ddppipe.runstate import attempts, failures, origin, outcomes, preemption, state_lock
 from ddppipe.runstate.outcomes import Kind, Outcome
 from ddppipe.runstate.state import StateDir
@@ -42,8 +41,6 @@ from ddppipe.slurm import bad_nodes, continuation, memory_request, scontrol
 from ddppipe.slurm import request as slurm_request
 
 log = logging.getLogger(__name__)
-NO_PROGRESS_EXIT = 1
-HUNG_EXIT = 1  # a local slot that hung (ddppipe.launching.watchdog)
 
 
 @contextlib.contextmanager
@@ -89,8 +86,9 @@ def run(
     ``data``: the task's data folder (a packed one's image bound into the container).
 
     In a job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) a
-    node lost mid-step ends the slot as "node failure" and the next slot starts at once in
-    the same job, on the nodes left (:func:`_continue_after_loss`).
+    node lost mid-step ends the slot as "node failure", and a node that fails its own checks
+    as "bad node"; the next slot starts at once in the same job, on the nodes left
+    (:func:`_continue_after_loss`).
     """
     lost: list[str] = []
     plan = launch.plan(spec, [], program=program, data=data, exclude=_bad(state))
@@ -102,15 +100,17 @@ def run(
             lost += outcome.nodes
             next_plan = _continue_after_loss(spec, plan, state, program, data, lost)
             if next_plan is None:
-                return preemption.EXIT_CODE
+                return _carry_out([outcome.otherwise], preemption.EXIT_CODE, spec, state)
             plan = next_plan
 
 
 @dataclass(frozen=True)
 class NodeLoss:
-    """A slot ended by the loss of ``nodes`` (its job goes on without them)."""
+    """A slot ended by the loss of ``nodes`` (its job goes on without them; ``otherwise``:
+    what to do when it cannot)."""
 
     nodes: list[str]
+    otherwise: slot_machine.Requeue | slot_machine.Refuse
 
 
 def _bad(state: StateDir, lost: list[str] | None = None) -> list[str]:
@@ -123,16 +123,13 @@ def _continue_after_loss(
     lost: list[str],
 ) -> launch.Plan | None:  # fmt: skip
     """The plan of the next step in the same job without the ``lost`` nodes: a spare in their
-    place, else the nodes left down to slurm.min_nodes. None when too few are left: the job
-    requeues itself (its next slot gets healthy nodes)."""
-    try:
-        nodes = scontrol.job_nodes(str(plan.job))
-        after = launch.plan(spec, [], program=program, data=data, hosts=nodes,
-                            exclude=_bad(state, lost))  # fmt: skip
-    except (slurm_request.SlurmRequestError, OSError, subprocess.SubprocessError) as e:
-        log.error("cannot go on in job %s without %s (%s): requeueing it", plan.job,
-                  ", ".join(lost), e)  # fmt: skip
-        _requeue(str(plan.job))
+    place, else the nodes left down to slurm.min_nodes. None when too few are left."""
+    after = _ask(lambda: launch.plan(spec, [], program=program, data=data,
+                                     hosts=scontrol.job_nodes(str(plan.job)),
+                                     exclude=_bad(state, lost)),
+                 None, logging.ERROR,
+                 f"cannot go on in job {plan.job} without {', '.join(lost)} ({{}})")  # fmt: skip
+    if after is None:
         return None
     spares = [h for h in after.hosts if h not in plan.hosts]
     log.warning(
@@ -200,59 +197,93 @@ def _slot(
     watch = watchdog.Watchdog(spec, state, len(history), plan.job, plan.request.world_size)
     attempts.mark(state, "launcher_ranks_launched")
     ended = launch.supervise(plan, plan.env, opened, warn_in, watch)
-    code, note = ended.code, ended.note
-    if code != 0 and plan.own_job and ended.checks:
-        _failed_checks(spec, plan, state, ended.checks, code)
     unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
     if unwatched:
         log.warning("%s", unwatched)
-    if note is not None and note.get("lost"):
-        return _node_lost(spec, plan, state, note)
-    if note is not None and note.get("unfinished") and not _ending(plan):
-        log.warning(
-            "no finished mark from %s, but SLURM runs the job on working nodes: srun's exit 0 "
-            "stands (the state folder's filesystem shows other nodes' files late?)",
-            ", ".join(note["unfinished"]),
-        )  # fmt: skip
-        note = None
-    if note is not None:
-        return _stopped(plan, note, state)
-    if code == 0:
-        if publish is not None:
+    return _end(spec, _state_of(spec, plan), state, ended, record, publish, unwatched)
+
+
+def _state_of(spec: RunSpec, plan: launch.Plan) -> slot_machine.SlotState:
+    """The slot machine's state of a step of ``plan``, as it starts."""
+    request = plan.request
+    return slot_machine.SlotState(
+        plan.job, plan.own_job, tuple(plan.hosts), request.survives_node_failure,
+        request.stop_signal, request.signal_seconds, request.slurm.max_continuations,
+        spec.slurm.max_excluded_nodes,
+    )  # fmt: skip
+
+
+def _end(
+    spec: RunSpec, slot: slot_machine.SlotState, state: StateDir, ended: launch.Ended,
+    record: Path | None = None, publish: Callable[[], None] | None = None, unwatched: str = "",
+) -> int | NodeLoss:  # fmt: skip
+    """How the slot ended (:func:`slot_machine.step`, from what its step and, where the end
+    depends on it, SLURM said: asked here, once each), carried out."""
+    asks = slot_machine.asks_slurm(slot, ended.code, ended.note, ended.checks)
+    job = str(slot.job)
+    facts = slot_machine.Facts(
+        tuple(attempts.closing(state)), failures.first(state.failures),
+        _ask(lambda: scontrol.job_record(job), {}, logging.WARNING,
+             f"scontrol show job {job} failed ({{}})") if asks else None,
+        _ask(lambda: scontrol.node_states(list(slot.hosts)), {}, logging.WARNING,
+             "scontrol show node failed ({})") if asks else {},
+        tuple(_bad(state)), unwatched, time.time(),
+    )  # fmt: skip
+    exited = slot_machine.Exited(ended.code, ended.note, facts, tuple(ended.checks))
+    slot, actions = slot_machine.step(slot, exited)
+    assert slot.exit_status is not None
+    return _carry_out(actions, slot.exit_status, spec, state, record, publish)
+
+
+def _carry_out(
+    actions: list[slot_machine.Action], exit_status: int, spec: RunSpec, state: StateDir,
+    record: Path | None = None, publish: Callable[[], None] | None = None,
+) -> int | NodeLoss:  # fmt: skip
+    """Carry out the ``actions`` of a slot's end; the launcher's exit status (or the loss of
+    nodes its job goes on without)."""
+    for action in actions:
+        if isinstance(action, slot_machine.Say):
+            log.log(action.level, "%s", action.text)
+        elif isinstance(action, slot_machine.RecordBadNodes):
+            bad_nodes.of_run(state).save(list(action.nodes))
+        elif isinstance(action, slot_machine.Publish) and publish is not None:
             publish()
-        history = attempts.finish(state, Outcome(Kind.COMPLETED), 0, unwatched)
-        log.info("training complete; attempts:\n%s", attempts.table(history))
-        if record is not None:
-            atomic.write_json(record, [asdict(a) for a in history])
-        return 0
-    failed = _failed_nodes(plan)
-    if failed:  # SLURM ended the step for a node's failure: no crash of the user's code
-        return _stopped(plan, {"signal": None, "checkpoint": None, "unfinished": failed}, state)
-    return _failed(spec, state, code)
+        elif isinstance(action, slot_machine.Finish):
+            history = attempts.finish(state, action.outcome, action.exit_status, action.detail,
+                                      action.failure)  # fmt: skip
+            if action.said:
+                log.log(action.level, "%s; attempts:\n%s", action.said, attempts.table(history))
+            if action.copy and record is not None:
+                atomic.write_json(record, [asdict(a) for a in history])
+        elif isinstance(action, slot_machine.Finalize):
+            failures.finalize(state, action.failure, failures.identity(spec), action.why)
+        elif isinstance(action, slot_machine.Requeue):
+            requeued = _ask(lambda job=action.job: scontrol.requeue(job) or True, False,
+                            logging.ERROR, f"could not requeue job {action.job} ({{}}); exiting "
+                            f"{preemption.EXIT_CODE}: Snakemake retries the job, which uses one "
+                            "of its --retries")  # fmt: skip
+            if requeued:
+                log.warning("requeued job %s: its next slot resumes from %s", action.job,
+                            action.resumes_from)  # fmt: skip
+        elif isinstance(action, slot_machine.Refuse):
+            raise preflight.PreflightError(action.message, list(action.nodes))
+        elif isinstance(action, slot_machine.GoOn):
+            return NodeLoss(list(action.nodes), action.otherwise)
+    return exit_status
 
 
-def _failed_nodes(plan: launch.Plan) -> list[str]:
-    """The nodes of a SLURM slot's step that SLURM sees failed (down, not responding) as the
-    step ends; none locally or when scontrol cannot say."""
-    if plan.job is None:
-        return []
+SLURM_ERRORS = (OSError, subprocess.SubprocessError, slurm_request.SlurmRequestError)
+T = TypeVar("T")
+
+
+def _ask(call: Callable[[], T], otherwise: T, level: int, said: str) -> T:
+    """``call`` (a SLURM command) or, when it fails, ``otherwise``, and ``said`` in the log
+    with the error in its ``{}``: the launcher's one try/except around SLURM."""
     try:
-        return continuation.failed_nodes(scontrol.node_states(plan.hosts))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("scontrol show node failed (%s)", e)
-        return []
-
-
-def _node_lost(spec: RunSpec, plan: launch.Plan, state: StateDir, note: dict[str, Any]) -> NodeLoss:
-    """The slot's step lost ``note["lost"]``: the nodes recorded as bad (the run's later
-    submissions exclude them), the slot closed as "node failure"."""
-    lost = note["lost"]
-    decision = bad_nodes.of_run(state).add(lost, plan.hosts, spec.slurm.max_excluded_nodes,
-                                           bad_nodes.NEXT_STEPS, bad_nodes.LOST)  # fmt: skip
-    history = attempts.finish(state, Outcome(Kind.NODE_FAILURE), preemption.EXIT_CODE,
-                              f"{note.get('detail')}; {decision.reason}")  # fmt: skip
-    log.error("lost %s; attempts:\n%s", ", ".join(lost), attempts.table(history))
-    return NodeLoss(lost)
+        return call()
+    except SLURM_ERRORS as e:
+        log.log(level, "%s", said.format(str(getattr(e, "stderr", "") or e).strip()))
+        return otherwise
 
 
 def _check_origin(state: StateDir, history: list[attempts.Attempt]) -> None:
@@ -271,65 +302,21 @@ def _check_origin(state: StateDir, history: list[attempts.Attempt]) -> None:
 
 
 def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
-    """Training failed: its first failure (ddppipe.runstate.failures) named in the attempt
-    record and the log. A non-finite loss, or the same failure as the slot before, ends the run
-    for good: a retry of the same config refuses to train."""
-    failure = failures.first(state.failures)
-    if failure is None:  # no rank recorded an exception: killed (SIGKILL, out of memory)
-        attempts.finish(state, outcomes.crashed(code), code)
-        return code
-    outcome = failure.outcome(code)  # out of memory, killed by a signal, crashed
-    history = attempts.finish(state, outcome, code, failure.cause(), asdict(failure))
-    if failure.nonfinite:
-        log.error("training failed: %s", failure.cause())
-        final: str | None = "the loss was not finite"
-    else:
-        shown = (f"\nthe first failure's traceback (rank {failure.rank} on {failure.host}):\n"
-                 f"{failure.traceback}" if failure.traceback else "")  # fmt: skip
-        log.error("training failed: %s%s", failure.cause(), shown)  # a killed rank: no traceback
-        before = history[-2].failure if len(history) > 1 else None
-        same = before is not None and failures.Failure(**before).signature == failure.signature
-        same = same and not (failure.signal and failure.step is None)  # a kill at no known step
-        same = same and not failure.rendezvous  # the nodes', not the code's: other nodes may meet
-        final = f"slots {len(history) - 1} and {len(history)} failed the same way" if same else None
-    if final is not None:
-        failures.finalize(state, failure, failures.identity(spec), final)
-        if not failure.nonfinite:  # the outcome of a non-finite loss says it all
-            history[-1].detail += f" ({final}: not retried)"
-            attempts.save(state, history)
-        log.error("not retrying: %s", final)
-    return code
+    """The end of a local slot whose training failed with exit ``code``: :func:`_end`."""
+    ended = _end(spec, slot_machine.SlotState(None, False, ()), state, launch.Ended(code, None))
+    assert isinstance(ended, int)
+    return ended
 
 
 def _failed_checks(
     spec: RunSpec, plan: launch.Plan, state: StateDir, lines: list[str], code: int
 ) -> NoReturn:
-    """Nodes of the slot failed their own checks (``lines``: what they said): record them in
-    the run's bad-node record for the next slot's submission (ddppipe.slurm.bad_nodes) where
-    they are some of the slot's nodes, close the attempt, and raise PreflightError."""
-    nodes = node_check.failing_nodes("\n".join(lines), plan.hosts)
-    decision = bad_nodes.of_run(state).add(nodes, plan.hosts, spec.slurm.max_excluded_nodes)
-    said = "\n  ".join(dict.fromkeys(line.removeprefix(node_check.PREFIX) for line in lines))
-    if decision.excluded:
-        outcome = Outcome(Kind.BAD_NODE, ", ".join(nodes))
-    else:
-        outcome = Outcome(Kind.FAILED_CHECKS, ", ".join(nodes) or "no node named")
-        log.error("not excluding: %s", decision.reason)
-    history = attempts.finish(state, outcome, code, decision.reason)
-    log.error("%s; attempts:\n%s", decision.reason, attempts.table(history))
-    raise preflight.PreflightError(f"the slot's checks failed:\n  {said}", nodes)
-
-
-def _ending(plan: launch.Plan) -> bool:
-    """Is SLURM ending the slot's job (continuation.ending)? Yes when scontrol cannot say: its
-    kill of the job reaches every process of the job, scontrol's too."""
-    try:
-        return continuation.ending(
-            scontrol.job_record(str(plan.job)), scontrol.node_states(plan.hosts)
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("scontrol failed (%s): taking the job for ending", e)
-        return True
+    """The end of a slot whose nodes failed their own checks (``lines``: what they said) in
+    a job that cannot go on without them: :func:`_end`, which raises PreflightError."""
+    slot = slot_machine.SlotState(plan.job, True, tuple(plan.hosts),
+                                  max_excluded_nodes=spec.slurm.max_excluded_nodes)  # fmt: skip
+    _end(spec, slot, state, launch.Ended(code, None, lines))
+    raise AssertionError("failed checks that did not end the slot")
 
 
 def _lost_as(state: StateDir, job: str | None, restarts: int) -> Outcome:
@@ -339,82 +326,12 @@ def _lost_as(state: StateDir, job: str | None, restarts: int) -> Outcome:
     if job is None or not left_open:
         return outcomes.lost()
     last = left_open[-1]
-    try:
-        nodes = scontrol.node_states(last.nodes)
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("scontrol show node %s failed (%s)", ",".join(last.nodes), e)
-        nodes = {}
+    nodes = _ask(lambda: scontrol.node_states(last.nodes), {}, logging.WARNING,
+                 f"scontrol show node {','.join(last.nodes)} failed ({{}})")  # fmt: skip
     requeued = last.job == job and restarts > last.restarts
     return continuation.lost(nodes, requeued) or outcomes.lost()
 
 
 def _job_record(job: str) -> dict[str, str]:
-    try:
-        return scontrol.job_record(job)
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("scontrol show job %s failed (%s)", job, e)
-        return {}
-
-
-def _stopped(plan: launch.Plan, note: dict[str, Any], state: StateDir) -> int:
-    """Training stopped on a signal after writing a checkpoint, or hung (the watchdog killed
-    it; ``note["hung"]``): record why, then go on (a local slot that hung fails)."""
-    request, job = plan.request, plan.job
-    nodes: dict[str, str] = {}
-    if job:
-        try:
-            nodes = scontrol.node_states(plan.hosts)
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("scontrol show node failed (%s)", e)
-    outcome = continuation.classify(
-        note.get("signal"), _job_record(job) if job else None, nodes, request.signal_seconds,
-        stop_signal=request.stop_signal,
-    )  # fmt: skip
-    if note.get("unfinished") and outcome.kind not in outcomes.REQUEUED_BY_SLURM:
-        outcome = Outcome(Kind.ENDED_BY_SLURM)  # not on a signal of its own: SLURM ended it
-    hung = note.get("hung")
-    if hung and outcome.kind not in outcomes.REQUEUED_BY_SLURM:
-        outcome = Outcome(Kind.HUNG)
-    own_job = plan.own_job
-    exit_status = HUNG_EXIT if hung and not own_job else preemption.EXIT_CODE
-    history = attempts.finish(state, outcome, exit_status, hung["detail"] if hung else "")
-    log.warning(
-        "training stopped (%s) %s; attempts:\n%s", outcome,
-        f"after writing {note['checkpoint']}" if note.get("checkpoint") else
-        "without a stop checkpoint" + ("" if hung and not own_job else
-                                       ": the next slot resumes from the last one"),
-        attempts.table(history),
-    )  # fmt: skip
-    if not own_job:
-        if hung:
-            log.error("the slot hung: %s", hung["detail"])
-        return exit_status  # 75: run it again (a packed trial: its next slot) to resume
-    decision = continuation.decide(history, request.slurm.max_continuations)
-    if decision.requeue:
-        if _requeue(job):
-            log.warning("requeued job %s: its next slot resumes from %s", job,
-                        note.get("checkpoint") or "the last checkpoint")  # fmt: skip
-        return preemption.EXIT_CODE
-    if outcome.kind in outcomes.REQUEUED_BY_SLURM:
-        log.warning("%s", decision.reason)
-        return preemption.EXIT_CODE
-    history[-1].detail = "; ".join(filter(None, [history[-1].detail, decision.reason]))
-    history[-1].exit_status = NO_PROGRESS_EXIT  # not going on: the run ends here
-    attempts.save(state, history)
-    log.error("not continuing: %s", decision.reason)
-    return NO_PROGRESS_EXIT
-
-
-def _requeue(job: str) -> bool:
-    """``scontrol requeue`` the slot's job (the launcher then exits 75); False, said in the
-    log with what follows, when scontrol refuses."""
-    try:
-        scontrol.requeue(job)
-    except (OSError, subprocess.CalledProcessError) as e:
-        stderr = getattr(e, "stderr", "") or e
-        log.error(
-            "could not requeue job %s (%s); exiting %d: Snakemake retries the job, which "
-            "uses one of its --retries", job, str(stderr).strip(), preemption.EXIT_CODE,
-        )  # fmt: skip
-        return False
-    return True
+    return _ask(lambda: scontrol.job_record(job), {}, logging.WARNING,
+                f"scontrol show job {job} failed ({{}})")  # fmt: skip

@@ -9,7 +9,8 @@ on a free loopback port. When one worker fails the others are stopped (SIGTERM, 
 and the group starts again up to ``launch.max_restarts`` times; a stop on a signal (exit
 :data:`~ddppipe.runstate.preemption.EXIT_CODE`) is never restarted, nor a failure that repeats
 (the same exception, user frame and step as the start before) or a non-finite loss
-(:mod:`ddppipe.runstate.failures`): restarts are for transient faults. A worker killed by a
+(:func:`ddppipe.runstate.restarts.ends_run`, the launcher's rule): restarts are for
+transient faults. A worker killed by a
 signal (the OOM killer's SIGKILL) cannot say so itself: the group records it for its rank
 (:func:`~ddppipe.runstate.failures.killed`), the OOM killer named when its cgroup's counter
 rose, so the slot names the killed rank, not a survivor's follow-on error. SLURM runs keep
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from ddppipe.core import memory, slot
 from ddppipe.launching import warm_client
-from ddppipe.runstate import failures, preemption
+from ddppipe.runstate import failures, preemption, restarts
 from ddppipe.runstate.state import StateDir
 from ddppipe.training.measuring import heartbeat
 
@@ -123,9 +124,9 @@ class Group:
         if now is None:
             return False
         before = failures.first_of_restart(folder, self.restarts - 1) if self.restarts else None
-        if now.nonfinite or (before is not None and before.signature == now.signature):
-            log.error("not restarting the worker group: %s (%s)", now.cause(),
-                      "not finite" if now.nonfinite else "the same failure as before")  # fmt: skip
+        final = restarts.ends_run(now, before, self.restarts + 1, "starts")
+        if final is not None:
+            log.error("not restarting the worker group: %s (%s)", now.cause(), final)
             return True
         return False
 

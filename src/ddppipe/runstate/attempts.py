@@ -164,21 +164,29 @@ def finish(
     :func:`ddppipe.runstate.outcomes.parse`; ``failure``: the first failing rank's
     record) and rank 0's progress; ``detail`` follows what the record says already (a changed
     origin)."""
-    history = load(state)
+    history = closing(state)
     attempt = history[-1]
-    progress = read_progress(state)
     label = outcome.label if isinstance(outcome, Outcome) else outcomes.parse(outcome).label
     attempt.end, attempt.outcome, attempt.exit_status = time.time(), label, exit_status
     attempt.detail = "; ".join(filter(None, [attempt.detail, detail]))
     attempt.failure = failure
-    keys = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency", "world_size", "strategy", "precision",
-            "peak")  # fmt: skip
-    for key in keys:
-        if key in progress:
-            setattr(attempt, key, progress[key])
     _start_up(attempt)
     save(state, history)
+    return history
+
+
+PROGRESS = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
+            "stop_seconds", "efficiency", "world_size", "strategy", "precision",
+            "peak")  # fmt: skip
+
+
+def closing(state: StateDir) -> list[Attempt]:
+    """The history with rank 0's progress in the open record (the last), as it closes."""
+    history = load(state)
+    progress = read_progress(state)
+    for key in PROGRESS:
+        if key in progress:
+            setattr(history[-1], key, progress[key])
     return history
 
 

@@ -30,9 +30,6 @@ REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
 # that an administrator expects to fail (FAIL) and one asked to power down after its jobs
 # (POWER_DOWN): neither makes a stop a node failure.
 FAILED_NODE_STATES = frozenset({"DOWN", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN"})
-# A launcher killed without a word (:func:`lost`): a drained or failing node names it too
-# (SLURM drains a node whose processes it could not kill).
-BAD_NODE_STATES = FAILED_NODE_STATES | {"DRAIN", "FAIL"}
 # The outcome of a stop whose job SLURM could not say (its query failed): not a time limit, not a
 # user's signal either.
 UNKNOWN_CAUSE = "cause unknown: scontrol show job failed"
@@ -94,10 +91,10 @@ def queue_seconds(job: dict[str, str]) -> float:
 
 def lost(nodes: dict[str, str], requeued: bool) -> Outcome | None:
     """How a slot whose launcher was killed before it could say ended, as SLURM tells it at
-    the next slot: its nodes' states ``nodes`` (a node down or drained: "node failure", the
-    launcher died with it), or its job ``requeued`` since (same job, more restarts); None
-    when SLURM says neither."""
-    if _nodes_in(nodes, BAD_NODE_STATES):
+    the next slot: its nodes' states ``nodes`` (a node failed: "node failure", the launcher
+    died with it; a drained one alone kills no launcher, nor one expected to fail), or its
+    job ``requeued`` since (same job, more restarts); None when SLURM says neither."""
+    if _nodes_in(nodes, FAILED_NODE_STATES):
         return Outcome(Kind.NODE_FAILURE)
     return Outcome(Kind.REQUEUED_BY_SLURM) if requeued else None
 

@@ -313,7 +313,8 @@ def _drain(
     events: queue.SimpleQueue = queue.SimpleQueue()  # (its put is safe in a signal handler)
     waiter = threading.Thread(target=lambda: events.put(workers.exit_status(child.wait())),
                               name="ddppipe-step-wait", daemon=True)  # fmt: skip
-    timer = threading.Timer(warn_in, events.put, (slot_machine.Warned(),)) if warn_in else None
+    timer = None if warn_in is None else threading.Timer(warn_in, events.put,
+                                                         (slot_machine.Warned(),))  # fmt: skip
     previous = {sig: signal.signal(sig, lambda signum, _: events.put(
         slot_machine.Signalled(signum))) for sig in FORWARDED}  # fmt: skip
     try:

@@ -67,8 +67,9 @@ def latest(failures: Sequence[EarlyFailure], starts: Sequence[float]) -> EarlyFa
 
 def repeated(failures: Sequence[EarlyFailure], starts: Sequence[float]) -> bool:
     """Whether the last two early failures had the same error with no slot started between
-    them or since (``starts``: the slots' start times): the crash rule (a second identical
-    failure is final) before training."""
+    them or since (``starts``: the slots' start times): the rule of every restart budget (a
+    second identical failure is final: :data:`ddppipe.runstate.restarts.SAME_TWICE`) before
+    training."""
     if len(failures) < 2 or latest(failures, starts) is None:
         return False
     before, last = failures[-2], failures[-1]

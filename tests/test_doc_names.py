@@ -21,13 +21,13 @@ PLACES = ("src", "workflow", "profiles", "docs", "tests", "bench", "config", "ex
           "containers", "README.md", "Snakefile", "Makefile", "pyproject.toml")  # fmt: skip
 SUFFIXES = {".py", ".smk", ".md", ".yaml", ".yml", ".def", ".toml", ".txt", ".cfg", ".sh"}
 # ``ddppipe.X`` that names no module: image labels, MLflow tags, file names, and the old
-# module that tasks.loader.MOVED_MODULES names on purpose (to tell a task file where it went).
+# module that tasks.loading.MOVED_MODULES names on purpose (to tell a task file where it went).
 NOT_CODE = {
     "base", "cuda", "git_commit", "installed", "packages", "requirement", "requirements", "torch",
     "variant",  # image labels (containers/ddppipe.def)
     "role", "sweep",  # MLflow tags (ddppipe.training.tracking.mlflow_log)
     "def", "json", "sif",  # containers/ddppipe.def, ddppipe.json, ddppipe.sif
-    "model",  # the pre-0.3 module, named in ddppipe.tasks.loader.MOVED_MODULES
+    "model",  # the pre-0.3 module, named in ddppipe.tasks.loading.MOVED_MODULES
 }  # fmt: skip
 
 
@@ -117,3 +117,14 @@ def test_a_stale_name_is_found() -> None:
     assert not resolves("ddppipe.cluster.status_checks")  # the package before slurm/
     assert not resolves("ddppipe.runstate.state.of")  # a function that was removed
     assert not resolves("ddppipe.runstate.state.StateDir.nothing")
+
+
+def test_no_module_name_in_two_packages() -> None:
+    """A module's name says its one concern: no two packages have a module of the same name
+    (``data/loader.py`` and ``tasks/loader.py`` were one pair; the task's is ``loading.py``)."""
+    packages: dict[str, list[str]] = {}
+    for path in sorted((SRC / "ddppipe").rglob("*.py")):
+        if path.name != "__init__.py":
+            packages.setdefault(path.name, []).append(str(path.parent.relative_to(SRC)))
+    assert "loader.py" in packages and "loading.py" in packages
+    assert {name: found for name, found in packages.items() if len(found) > 1} == {}

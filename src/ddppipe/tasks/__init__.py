@@ -34,7 +34,7 @@ or :class:`ddppipe.data.shards.Sharded` (samples in tar shards written by ``prep
 streamed in file order: data larger than a node's memory or disk).
 """
 
-from ddppipe.tasks.loader import (
+from ddppipe.tasks.loading import (
     MOVED_MODULES,
     OPTIONAL,
     REQUIRED,

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ddppipe.tasks.loader import Task, validate_args
+from ddppipe.tasks.loading import Task, validate_args
 
 log = logging.getLogger(__name__)
 _KEPT: dict[str, Any] = {}

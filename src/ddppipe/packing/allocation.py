@@ -15,6 +15,7 @@ from ddppipe.core.errors import UserError
 from ddppipe.packing.pool import Pool
 from ddppipe.settings.run_spec import Pack, RunSpec, SweepSection
 from ddppipe.slurm import bad_nodes, sbatch, squeue
+from ddppipe.slurm.allocation_request import AllocationRequest
 from ddppipe.slurm.request import Request
 
 log = logging.getLogger(__name__)
@@ -92,35 +93,21 @@ class Allocation:
                                         self.pack.nodes)  # fmt: skip
 
     def sbatch(self, pool: Pool, workdir: str) -> list[str]:
-        """The ``sbatch`` command line of one allocation: a ``ddppipe pack-worker`` on each
-        node, its output in the pool's ``allocations/``."""
+        """The ``sbatch`` command line of one allocation (:mod:`ddppipe.slurm.allocation_request`):
+        a ``ddppipe pack-worker`` on each node, its output in the pool's ``allocations/``."""
         slurm = self.trial.slurm
-        options: dict[str, sbatch.Option] = {
-            "--job-name": self.job_name,
-            "--nodes": str(self.pack.nodes),
-            "--ntasks-per-node": "1",
-            "--cpus-per-task": str(self.cpus_per_node),
-            "--mem": f"{self.mem_mb}M",
-            "--time": str(self.pack.time_min),
-            "--partition": slurm.partition,
-            "--account": slurm.account,
-            "--qos": slurm.qos,
-            "--constraint": slurm.constraint,
-            "--gres": f"gpu:{self.gpus_per_node}" if self.gpus_per_node else None,
-            "--exclude": pool.bad_nodes.exclude(),
-            "--output": str(pool.allocations / "%j.log"),
-            "--chdir": workdir,
-        }
+        request = AllocationRequest(
+            self.job_name, self.pack.nodes, self.cpus_per_node, self.mem_mb, self.gpus_per_node,
+            self.pack.time_min, slurm, pool.bad_nodes.exclude(),
+        )  # fmt: skip
         worker = [
-            "srun", f"--nodes={self.pack.nodes}", "--ntasks-per-node=1",
-            f"--cpus-per-task={self.cpus_per_node}", "--kill-on-bad-exit=0", "--export=ALL",
             sys.executable, "-m", "ddppipe", "pack-worker", "--pool", str(pool.root),
             "--slots", str(self.pack.trials_per_node),
             "--signal-seconds", str(slurm.signal_seconds), "--stop-signal", slurm.stop_signal,
             "--nproc", str(self.trial.procs_per_node), "--use", self.use,
             "--precision", self.precision,
         ]  # fmt: skip
-        return sbatch.argv(options, shlex.join(worker))
+        return request.sbatch(worker, str(pool.allocations / "%j.log"), workdir)
 
 
 def trials_at_once(sweep: SweepSection) -> int:

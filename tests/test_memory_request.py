@@ -38,6 +38,77 @@ def test_the_estimate_before_the_first_slot(procs: int, gpu: bool, mem_mb: int) 
     assert request.Request.from_spec(spec(nproc_per_node=procs, device=device)).mem_mb == mem_mb
 
 
+# A task whose model has 1.3 billion parameters (an embedding of 1,300,000 x 1,000): the size
+# the issue names (15.6 GB of parameters and AdamW's state), counted without allocating them.
+BIG_TASK = """\
+from torch import nn
+
+ARGS_SCHEMA = {"type": "object", "properties": {"rows": {"type": "integer", "default": 1300000}}}
+
+
+def prepare(data_dir, args):
+    pass
+
+
+def datasets(data_dir, args):
+    raise NotImplementedError
+
+
+def model(args):
+    return nn.Embedding(args["rows"], 1000)
+"""
+# One that loads its weights: not buildable on the meta device.
+LOADING_TASK = BIG_TASK.replace('return nn.Embedding(args["rows"], 1000)',
+                                'import torch; return torch.load("weights.pt")')  # fmt: skip
+
+
+@pytest.mark.parametrize(("parameters", "optimizer", "shards", "mb"), [
+    (1_300_000_000, "adamw", 1, 14878),  # 15,600,000,000 bytes: 14,877.3 MiB
+    (1_300_000_000, "adadelta", 1, 14878),  # two buffers a parameter too
+    (1_300_000_000, "sgd", 1, 9919),  # momentum only: 10,400,000,000 bytes
+    (1_300_000_000, "adamw", 8, 1860),  # an FSDP rank of 8: its shard
+    (0, "adamw", 1, 0),
+])  # fmt: skip
+def test_what_a_gpu_process_pins_for_its_checkpoints(
+    parameters: int, optimizer: str, shards: int, mb: int
+) -> None:
+    assert memory_request.pinned_mb(parameters, optimizer, shards) == mb
+
+
+@pytest.mark.parametrize(("task", "optimizer", "launch", "pinned", "mem_mb"), [
+    (BIG_TASK, "adamw", {"nproc_per_node": 1}, 14878, 22900),  # 8,000 + 14,878, rounded up
+    (BIG_TASK, "adamw", {"nproc_per_node": 2}, 14878, 45800),
+    (BIG_TASK, "sgd", {"nproc_per_node": 1}, 9919, 18000),
+    (BIG_TASK, "adamw", {"nproc_per_node": 4, "nnodes": 2, "strategy": "fsdp"}, 1860, 39500),
+    (BIG_TASK, "adamw", {"nproc_per_node": 4, "nnodes": 2, "strategy": "hsdp"}, 3720, 46900),
+    (LOADING_TASK, "adamw", {"nproc_per_node": 1}, 0, 8000),  # not countable: the flat one
+])  # fmt: skip
+def test_a_gpu_runs_first_request_counts_what_its_checkpoints_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task: str, optimizer: str,
+    launch: dict[str, object], pinned: int, mem_mb: int,
+) -> None:  # fmt: skip
+    """Before its first slot a GPU run on SLURM asks for the flat 8,000 MB a process and what
+    the process pins for its checkpoints: the model's parameters, counted on the meta device,
+    and its optimizer's state (a 1.3B-parameter AdamW model: 15.6 GB more a process)."""
+    monkeypatch.chdir(tmp_path)  # the workflow's working directory
+    (tmp_path / "big.py").write_text(task)
+    cfg = default_config()
+    cfg.update(run="big", task="big.py", task_args={})
+    cfg["train"]["optimizer"] = optimizer
+    cfg["launch"].update(device="gpu", **launch)
+    runs = Runs(config.validate(cfg), decide=lambda cfg: True)
+    assert request.pinned_mb(runs.spec("big")) == pinned
+    asked = request.train_resources(runs, on_slurm=True)["mem_mb"](wildcards(run="big"))
+    assert asked == mem_mb
+    flat = memory_request.GPU_PROCESS_MB * cfg["launch"]["nproc_per_node"]
+    if task == BIG_TASK and optimizer == "adamw" and launch.get("strategy", "ddp") == "ddp":
+        assert (asked - flat) * 2**20 >= 15.6e9 * cfg["launch"]["nproc_per_node"], asked
+    state = StateDir(tmp_path / "results" / "big" / "state")  # once a slot measured: its peak
+    state.root.mkdir(parents=True)
+    attempts.save(state, [dataclasses.replace(slot(30000.0), world_size=launch["nproc_per_node"])])
+    assert request.train_resources(runs, on_slurm=True)["mem_mb"](wildcards(run="big")) == 37500
+
+
 def test_the_default_request_covers_the_default_runs_measured_peak_with_room() -> None:
     mem_mb = request.Request.from_spec(spec()).mem_mb
     assert 1.1 * DEFAULT_RUN_PEAK_MB < mem_mb < DEFAULT_RUN_PEAK_MB / 0.70  # no flag either way

@@ -35,6 +35,12 @@ SHARED_MB = 550
 CPU_PROCESS_MB = 1060
 # A GPU process also holds its CUDA context, cuDNN, cuBLAS and NCCL on the host (docs/gpus.md).
 GPU_PROCESS_MB = 8000
+# What a GPU process pins on the host for each parameter of its model, in bytes: its
+# checkpoints' kept copy (ddppipe.training.checkpoints.background_copy) of the parameters (fp32)
+# and of the optimizer's state: AdamW's and Adadelta's two fp32 buffers a parameter, SGD's
+# momentum one. A DDP rank holds all of it; an FSDP rank its shard.
+PINNED_BYTES = {"adamw": 4 + 8, "adadelta": 4 + 8, "sgd": 4 + 4}
+MIB = 1024 * 1024  # SLURM's M
 MIN_GPU_PROCESS_MB = 4000  # the least a GPU process needs: a request below it is refused
 HEADROOM = 1.25  # the margin over an estimate or a measured peak
 NEAR_LIMIT = 0.90  # a peak at or above this share of its request is flagged (reports.waste)
@@ -46,12 +52,19 @@ def _rounded(mb: float) -> int:
     return int(math.ceil(mb / STEP_MB) * STEP_MB)
 
 
-def estimated_mb(procs_per_node: int, gpus: bool) -> int:
-    """A node's request before any slot measured: :data:`GPU_PROCESS_MB` a GPU process, else
-    the libraries once and :data:`CPU_PROCESS_MB` a process, with the margin."""
+def estimated_mb(procs_per_node: int, gpus: bool, pinned_mb: int = 0) -> int:
+    """A node's request before any slot measured: :data:`GPU_PROCESS_MB` a GPU process and the
+    ``pinned_mb`` its checkpoints pin (:func:`pinned_mb`; 0: not known), else the libraries once
+    and :data:`CPU_PROCESS_MB` a process, with the margin."""
     if gpus:
-        return procs_per_node * GPU_PROCESS_MB
+        return _rounded(procs_per_node * (GPU_PROCESS_MB + pinned_mb))
     return _rounded((SHARED_MB + procs_per_node * CPU_PROCESS_MB) * HEADROOM)
+
+
+def pinned_mb(parameters: int, optimizer: str, shards: int = 1) -> int:
+    """MB (MiB) a GPU process pins on the host for its checkpoints: ``parameters`` (its model's)
+    and ``optimizer``'s state (:data:`PINNED_BYTES`), its share of ``shards`` (FSDP's)."""
+    return math.ceil(parameters * PINNED_BYTES[optimizer] / shards / MIB)
 
 
 def from_peak_mb(peak_mb: float) -> int:

@@ -9,11 +9,13 @@ so a task holds the CPUs (and GPUs) of all of them.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ddppipe import tasks
 from ddppipe.core.errors import UserError
 from ddppipe.core.rendezvous import first_host, job_port, step_nodelist, step_port
 from ddppipe.parallel import startup_limits
@@ -27,6 +29,7 @@ from ddppipe.slurm import memory_request, sinfo
 from ddppipe.slurm.placement import Placement
 from ddppipe.slurm.scontrol import job_id
 
+log = logging.getLogger(__name__)
 # Every resource Request.resources() may set (None where a request leaves it out).
 RESOURCE_KEYS = (
     "nodes", "tasks", "cpus_per_task", "mem_mb", "runtime", "slurm_partition", "slurm_account",
@@ -47,6 +50,7 @@ class Request:
     slurm: run_spec.Slurm
     gpus_per_node: int  # the run trains on GPUs: one per process; 0 otherwise
     step_nodes: int | None = None  # a smaller world after a node failure (:meth:`on_nodes`)
+    pinned_mb: int = 0  # a GPU process's pinned checkpoint copy (:func:`pinned_mb`); 0: unknown
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Request:
@@ -138,10 +142,16 @@ class Request:
     @property
     def mem_mb(self) -> int:
         """``slurm.mem_mb``, or what the node's processes are estimated to need
-        (:func:`memory_request.estimated_mb`)."""
+        (:func:`memory_request.estimated_mb`; a GPU process's with :attr:`pinned_mb`)."""
         return self.slurm.mem_mb or memory_request.estimated_mb(
-            self.procs_per_node, bool(self.gpus_per_node)
+            self.procs_per_node, bool(self.gpus_per_node), self.pinned_mb
         )
+
+    def estimates(self, history: list[Attempt]) -> bool:
+        """Is the node's memory an estimate (``slurm.mem_mb`` null, no slot of ``history``
+        measured a peak), and of GPU processes, whose checkpoints pin host memory?"""
+        peak = memory_request.measured_peak_mb(history, self.procs_per_node)
+        return bool(self.gpus_per_node) and not self.slurm.mem_mb and peak is None
 
     def measured_mem_mb(self, history: list[Attempt]) -> int:
         """:attr:`mem_mb`, but from the peak the run's last slot measured (``history``: its
@@ -315,12 +325,16 @@ def train_resources(runs: Runs, on_slurm: bool = False) -> dict[str, Callable[[A
     checked here, so a bad one fails when the Snakefile is read. With ``slurm.mem_mb`` null, a
     run whose earlier slot measured its memory (``results/<run>/state``) asks for that peak
     with a margin (:meth:`Request.measured_mem_mb`). ``on_slurm``: the memory fits the
-    partition's nodes (:meth:`Request.fitted_mem_mb`).
+    partition's nodes (:meth:`Request.fitted_mem_mb`), and a GPU run's first estimate counts
+    what its checkpoints pin (:func:`pinned_mb`).
     """
 
     def request(run: str) -> dict[str, Any]:
-        request = Request.from_spec(runs.spec(run))
+        spec = runs.spec(run)
+        request = Request.from_spec(spec)
         history = attempts.read(StateDir(layout.RunLayout(run).state).attempts)
+        if on_slurm and request.estimates(history):
+            request = replace(request, pinned_mb=pinned_mb(spec))
         mem_mb = request.measured_mem_mb(history)
         if on_slurm:
             mem_mb = request.fitted_mem_mb(mem_mb)
@@ -334,3 +348,24 @@ def train_resources(runs: Runs, on_slurm: bool = False) -> dict[str, Callable[[A
         return by_run[run]
 
     return {key: lambda wildcards, key=key: of_run(wildcards.run).get(key) for key in RESOURCE_KEYS}
+
+
+def pinned_mb(spec: RunSpec) -> int:
+    """MB each GPU process of the run pins on the host for its checkpoints
+    (:func:`memory_request.pinned_mb`: its model's and optimizer's size), the model's
+    parameters counted on the meta device where the Snakefile is read: the task imported
+    there once, before the run's first slot only. 0 where that cannot say: a script's model, a
+    task whose model cannot be built on the meta device, no torch there (said)."""
+    if spec.kind == "script":
+        return 0
+    try:
+        task = tasks.load(spec.task, step="the train rule's memory request")
+        args = tasks.validate_args(task, run_spec.plain(spec.task_args))
+        count = tasks.parameter_count(task, args)
+    except (UserError, ImportError) as e:
+        log.warning("%s: the first memory request counts no checkpoint copy of the model (%s); "
+                    "set slurm.mem_mb if it is large", spec.run, e)  # fmt: skip
+        return 0
+    shards = {"fsdp": spec.world_size, "hsdp": spec.launch.nproc_per_node}
+    return memory_request.pinned_mb(count, spec.train.optimizer,
+                                    shards.get(spec.launch.strategy, 1))  # fmt: skip

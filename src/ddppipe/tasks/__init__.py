@@ -47,6 +47,7 @@ from ddppipe.tasks.loading import (
     locate,
     locate_script,
     missing_package_error,
+    parameter_count,
     validate_args,
     where_this_runs,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "locate",
     "locate_script",
     "missing_package_error",
+    "parameter_count",
     "validate_args",
     "where_this_runs",
 ]

@@ -3,7 +3,13 @@
 memory, a map-style dataset, a pack, shards; with and without DataLoader workers; DDP and
 FSDP) through the training's own step, on dataset sizes that leave 1..W-1 samples (some
 ranks none) or W+1 samples (slices of unequal sizes) in the last batch: every sample is
-trained once, and the weights and the loss sum are one process's on the same global batches."""
+trained once, and the weights and the loss sum are one process's on the same global batches.
+
+The same processes train a world smaller than the run's (``slurm.min_nodes``): 2 ranks each
+standing for 2 of a run's 4 (:func:`ddppipe.data.sharding.micro_steps`), in 2 micro-steps a
+step whose gradients accumulate (DDP's ``no_sync``, FSDP2's gradient sync off): each rank's
+batch that of the run's world, the weights and the loss sum one process's again; and one
+process in 2 micro-steps ends where 2 ranks do."""
 
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ CASES = [("tensors", "ddp", 0), ("tensors", "fsdp", 0), ("map", "ddp", 2), ("map
 # world size -> dataset sizes at a global batch of 2 x world size: the last batch holds
 # 1..W-1 samples (a rank or more without one), or W+1 (slices of 2 and 1)
 SIZES = {2: [9, 11], 3: [13, 14, 16]}
+# The smaller world's: its data paths (in memory, DataLoader workers), at 2 ranks of a run's 4
+MICRO_CASES = [("tensors", "ddp", 0), ("tensors", "fsdp", 0), ("shards", "ddp", 2)]
+MICRO = 2
 
 
 def rows(n: int) -> torch.Tensor:
@@ -85,18 +94,22 @@ def model() -> nn.Module:
 
 
 def train(net: nn.Module, data: Any, workers: int, rank: int, world: int,
-          batch: int) -> tuple[list[int], float]:  # fmt: skip
+          batch: int, micro: int = 1) -> tuple[list[int], float]:  # fmt: skip
     """EPOCHS epochs of ``net`` on this rank's shares of global batches of ``batch`` through
-    the training's step; the ids of the samples that counted, and the sum of their losses."""
+    the training's step (``micro`` micro-steps a step); the ids of the samples that counted,
+    and the sum of their losses."""
     optimizer = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.5)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     step = stepping.Stepper(net, optimizer, scheduler, evaluate.default_loss(), torch.float32,
                             torch.contiguous_format, world)  # fmt: skip
     feed, ids, loss = batches.Feed(data, torch.device("cpu"), workers), [], 0.0
     for epoch in range(EPOCHS):
-        for share in feed.epoch(SEED, epoch, batch, rank, world, 0):
+        for share in feed.epoch(SEED, epoch, batch, rank, world, 0, micro):
+            assert len(share.parts) == (micro if micro > 1 else 0)
+            # each micro-step's batch at most a rank's of the run's world
+            assert all(n <= -(-batch // (world * micro)) for n, _ in share.parts), share.parts
             loss += float(step(share)) * share.count
-            ids += ids_of(share.batch[0])[: share.count]
+            ids += ids_of(share.batch[0])[: share.count]  # (stand-ins last)
     return ids, loss
 
 
@@ -128,30 +141,71 @@ def rank_main(rank: int, folder: str) -> None:
                 data = dataset(path, Path(folder), n)
                 ids, loss = train(net, data, workers, rank, world, 2 * world)
                 found[path, strategy, workers, n] = (ids, loss, weights(net))
+                if world == MICRO and (path, strategy, workers) in MICRO_CASES:
+                    net = wrapping.wrap(model(), torch.device("cpu"), strategy, 1, world)
+                    ids, loss = train(net, data, workers, rank, world, world * MICRO, MICRO)
+                    found[path, strategy, workers, n, "micro"] = (ids, loss, weights(net))
         torch.save(found, f"{folder}/found-{world}-{rank}.pt")
         dist.destroy_process_group()
 
 
-def test_a_last_batch_of_any_size_trains_each_sample_once_as_one_process(tmp_path: Path) -> None:
+Found = dict[int, list[dict[tuple[Any, ...], tuple[list[int], float, dict[str, torch.Tensor]]]]]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Found]:
+    """The 3 processes' training (:func:`rank_main`): the data's folder, and by world size
+    each rank's (samples, loss sum, weights) of each case."""
     import torch.multiprocessing as mp
 
+    folder = tmp_path_factory.mktemp("last-batch")
     for n in {n for sizes in SIZES.values() for n in sizes}:
-        write(tmp_path, n)
-    mp.spawn(rank_main, args=(str(tmp_path),), nprocs=max(SIZES))
+        write(folder, n)
+    mp.spawn(rank_main, args=(str(folder),), nprocs=max(SIZES))
+    return folder, {world: [torch.load(folder / f"found-{world}-{r}.pt", weights_only=False)
+                            for r in range(world)] for world in SIZES}  # fmt: skip
+
+
+def check(ranks: list[tuple[list[int], float, dict[str, torch.Tensor]]], n: int,
+          loss_sum: float, expected: dict[str, torch.Tensor], what: str) -> None:  # fmt: skip
+    """Every sample of ``n`` trained once an epoch by ``ranks``, their loss sum ``loss_sum``
+    and every rank's weights ``expected``."""
+    ids = [i for ids, _, _ in ranks for i in ids]
+    assert sorted(ids) == sorted(list(range(n)) * EPOCHS), what
+    assert sum(loss for _, loss, _ in ranks) == pytest.approx(loss_sum, rel=1e-5), what
+    for _, _, found in ranks:
+        assert found.keys() == expected.keys()
+        for key, value in expected.items():
+            torch.testing.assert_close(found[key], value, rtol=1e-5, atol=1e-6,
+                                       msg=f"{what}: {key}")  # fmt: skip
+
+
+def test_a_last_batch_of_any_size_trains_each_sample_once_as_one_process(
+    trained: tuple[Path, Found],
+) -> None:
+    folder, found = trained
     for world, sizes in SIZES.items():
-        found = [torch.load(tmp_path / f"found-{world}-{r}.pt", weights_only=False)
-                 for r in range(world)]  # fmt: skip
         for n, case in [(n, case) for n in sizes for case in CASES]:
             # one process on the same global batches (the path's own order: the shards')
             alone = model()
-            _, alone_loss = train(alone, dataset(case[0], tmp_path, n), 0, 0, 1, 2 * world)
-            ranks, what = [f[(*case, n)] for f in found], f"{world} ranks, {case}, n={n}"
-            ids = [i for ids, _, _ in ranks for i in ids]
-            assert sorted(ids) == sorted(list(range(n)) * EPOCHS), what
-            assert sum(loss for _, loss, _ in ranks) == pytest.approx(alone_loss, rel=1e-5), what
-            expected = weights(alone)
-            for _, _, trained in ranks:  # every rank ends on one process's weights
-                assert trained.keys() == expected.keys()
-                for key, value in expected.items():
-                    torch.testing.assert_close(trained[key], value, rtol=1e-5, atol=1e-6,
-                                               msg=f"{what}: {key}")  # fmt: skip
+            _, alone_loss = train(alone, dataset(case[0], folder, n), 0, 0, 1, 2 * world)
+            check([f[(*case, n)] for f in found[world]], n, alone_loss, weights(alone),
+                  f"{world} ranks, {case}, n={n}")  # fmt: skip
+
+
+def test_a_smaller_world_keeps_each_ranks_batch_and_trains_as_the_runs(
+    trained: tuple[Path, Found],
+) -> None:
+    """2 ranks standing for a run's 4 (micro-steps of a sample each, the run's ranks'), stand-ins
+    in the last batches included, train as one process on the same global batches; and one
+    process in 2 micro-steps trains as the 2 ranks of the run above (each a batch of 2)."""
+    folder, found = trained
+    for n, case in [(n, case) for n in SIZES[MICRO] for case in MICRO_CASES]:
+        alone = model()
+        _, alone_loss = train(alone, dataset(case[0], folder, n), 0, 0, 1, MICRO * MICRO)
+        ranks = [f[(*case, n, "micro")] for f in found[MICRO]]
+        check(ranks, n, alone_loss, weights(alone), f"2 ranks of 4, {case}, n={n}")
+        one = model()
+        _, one_loss = train(one, dataset(case[0], folder, n), 0, 0, 1, 2 * MICRO, MICRO)
+        check([f[(*case, n)] for f in found[MICRO]], n, one_loss, weights(one),
+              f"1 rank of 2, {case}, n={n}")  # fmt: skip

@@ -72,3 +72,45 @@ def test_each_ranks_loss_is_weighted_by_its_share_of_the_global_batch() -> None:
     assert [stepping.loss_weight(c, 4, 3) for c in (2, 1, 1)] == [1.5, 0.75, 0.75]
     assert stepping.loss_weight(0, 2, 3) == 0.0
     assert stepping.loss_weight(16, 32, 2) == 1.0  # even slices: the plain mean
+
+
+@pytest.mark.parametrize(("configured", "world", "micro"), [
+    (2, 2, 1), (2, 4, 1),  # the run's world, or a larger one: one step
+    (2, 1, 2), (4, 2, 2), (8, 2, 4),  # half, a quarter: each rank stands for 2, 4
+    (3, 2, 2), (4, 3, 2), (8, 3, 3),  # not dividing: enough that no rank's batch grows
+])  # fmt: skip
+def test_a_smaller_world_takes_micro_steps_enough_to_keep_each_ranks_batch(
+    configured: int, world: int, micro: int
+) -> None:
+    assert sharding.micro_steps(configured, world) == micro
+
+
+@pytest.mark.parametrize(("n", "rank", "world", "micro", "indices", "count", "parts"), [
+    (8, 0, 1, 2, [0, 1, 2, 3, 4, 5, 6, 7], 8, ((4, 4), (4, 4))),  # 1 rank of 2
+    (8, 1, 2, 2, [4, 5, 6, 7], 4, ((2, 2), (2, 2))),  # rank 1 of 2 stands for 2 and 3 of 4
+    (7, 1, 2, 2, [4, 5, 6], 3, ((2, 2), (1, 1))),  # slices of 2, 2, 2, 1 as 4 ranks have
+    (3, 1, 2, 2, [2, 0], 1, ((1, 1), (1, 0))),  # the 4th's stand-in: a sample counted 0
+    (3, 0, 2, 1, [0, 1], 2, ()),  # the run's world: one step, as local_share
+])  # fmt: skip
+def test_a_ranks_micro_steps_are_the_slices_of_the_ranks_it_stands_for(
+    n: int, rank: int, world: int, micro: int, indices: list[int], count: int,
+    parts: tuple[tuple[int, int], ...],
+) -> None:  # fmt: skip
+    found, counted, split = sharding.rank_share(torch.arange(n), rank, world, micro)
+    assert (found.tolist(), counted, split) == (indices, count, parts)
+
+
+def test_a_smaller_world_says_what_it_does_to_keep_each_ranks_batch() -> None:
+    assert sharding.micro_note(4, 4, 64) is None
+    assert sharding.micro_note(4, 2, 64) == (
+        "2 rank(s) of the run's 4: each trains 2 micro-steps a step of up to 16 samples, "
+        "gradients accumulated: each rank's batch as in the run's world (up to 16), the global "
+        "batch (64) kept"
+    )
+    assert sharding.micro_note(3, 2, 96) == (
+        "2 rank(s) of the run's 3: each trains 2 micro-steps a step of up to 24 samples, "
+        "gradients accumulated: each rank's batch as in the run's world (up to 32), the global "
+        "batch (96) kept; 3 ranks do not divide among 2, so the global batch splits into 4 "
+        "slices, not 3: a model with batch statistics (BatchNorm) sees other batches than in "
+        "the run's world"
+    )

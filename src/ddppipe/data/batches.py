@@ -30,11 +30,14 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 class Share(NamedTuple):
     """A rank's part of one training step: its ``batch``, how many of its samples ``count``
-    (0: a stand-in, :func:`sharding.local_share`) and the global batch's size ``total``."""
+    (0: a stand-in, :func:`sharding.local_share`) and the global batch's size ``total``; in a
+    world smaller than the run's, its micro-steps' ``parts`` ((samples, counted) each, in the
+    batch's order: :func:`sharding.rank_share`; (): one step)."""
 
     batch: Batch
     count: int
     total: int
+    parts: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,29 +169,31 @@ class ShardedBatches:
     """Batch sampler: this rank's index lists of one epoch of ``order``, from ``start_step``."""
 
     def __init__(self, order: torch.Tensor, global_batch: int, rank: int, world_size: int,
-                 start_step: int = 0) -> None:  # fmt: skip
+                 start_step: int = 0, micro: int = 1) -> None:  # fmt: skip
         self.perm, n = order, len(order)
         self.global_batch, self.rank, self.world_size = global_batch, rank, world_size
         self.steps = sharding.steps_per_epoch(n, global_batch)
-        self.start_step = start_step
+        self.start_step, self.micro = start_step, micro
 
     def __len__(self) -> int:
         return self.steps - self.start_step
 
-    def _shares(self) -> Iterator[tuple[torch.Tensor, int, int]]:
+    def _shares(self) -> Iterator[tuple[torch.Tensor, int, int, tuple[tuple[int, int], ...]]]:
         for step in range(self.start_step, self.steps):
             gbatch = sharding.global_batch(self.perm, step, self.global_batch)
-            local, count = sharding.local_share(gbatch, self.rank, self.world_size)
-            yield local, count, gbatch.numel()
+            local, count, parts = sharding.rank_share(gbatch, self.rank, self.world_size,
+                                                      self.micro)  # fmt: skip
+            yield local, count, gbatch.numel(), parts
 
     def __iter__(self) -> Iterator[list[int]]:
-        for local, _, _ in self._shares():
+        for local, _, _, _ in self._shares():
             yield local.tolist()
 
-    def counts(self) -> Iterator[tuple[int, int]]:
-        """(samples that count, global batch size) of each batch :meth:`__iter__` yields."""
-        for _, count, total in self._shares():
-            yield count, total
+    def counts(self) -> Iterator[tuple[int, int, tuple[tuple[int, int], ...]]]:
+        """(samples that count, global batch size, micro-steps) of each batch :meth:`__iter__`
+        yields."""
+        for _, count, total, parts in self._shares():
+            yield count, total, parts
 
 
 class Feed:
@@ -239,8 +244,9 @@ class Feed:
         return self._to_device(self.dataset.batch(indices))
 
     def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
-              start_step: int) -> Iterator[Share]:  # fmt: skip
-        """This rank's :class:`Share` of each step of ``epoch`` from ``start_step`` on."""
+              start_step: int, micro: int = 1) -> Iterator[Share]:  # fmt: skip
+        """This rank's :class:`Share` of each step of ``epoch`` from ``start_step`` on, in
+        ``micro`` micro-steps a step (:func:`sharding.micro_steps`)."""
         n = len(self.dataset)
         if self.in_memory:
             perm = sharding.epoch_permutation(n, seed, epoch)
@@ -248,11 +254,11 @@ class Feed:
                 perm = perm.to(self.dataset.inputs.device)
             for step in range(start_step, sharding.steps_per_epoch(n, global_batch)):
                 gbatch = sharding.global_batch(perm, step, global_batch)
-                local, count = sharding.local_share(gbatch, rank, world_size)
-                yield Share(self._gather(local), count, gbatch.numel())
+                local, count, parts = sharding.rank_share(gbatch, rank, world_size, micro)
+                yield Share(self._gather(local), count, gbatch.numel(), parts)
             return
         order = epoch_order(self.dataset, seed, epoch)
-        sampler = ShardedBatches(order, global_batch, rank, world_size, start_step)
+        sampler = ShardedBatches(order, global_batch, rank, world_size, start_step, micro)
         steps = range(start_step, sampler.steps)
         # (seeded in the workers only: the rank's own streams, its dropout's, stay its own)
         seeded = self.seeded and self.workers > 0
@@ -263,8 +269,8 @@ class Feed:
         requests = _requests(list(zip(keys, sampler, strict=True)), share)
         what = f"rank {rank}, train epoch {epoch + 1}"
         batches = self.source.batches(requests, what)
-        for batch, (count, total) in zip(batches, sampler.counts(), strict=True):
-            yield Share(self._to_device(batch), count, total)
+        for batch, (count, total, parts) in zip(batches, sampler.counts(), strict=True):
+            yield Share(self._to_device(batch), count, total, parts)
 
     def shard(self, rank: int, world_size: int, batch_size: int) -> Iterator[Batch]:
         """Batches of this rank's contiguous share (evaluation: every sample once overall)."""

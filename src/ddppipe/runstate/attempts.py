@@ -52,6 +52,9 @@ class Attempt:
     failure: dict[str, Any] | None = None  # the first failing rank's record, when one failed
     slot: str | None = None  # a packed sweep's trial: its allocation's slot, "<node>/<k>"
     world_size: int | None = None  # the ranks it trained with (a run may resume at another)
+    # micro-steps a step (ddppipe.data.sharding.micro_steps): above 1 in a world smaller than
+    # the run's (slurm.min_nodes), each rank's batch kept, its gradients accumulated
+    micro_steps: int | None = None
     strategy: str | None = None  # ddp | fsdp (launch.strategy)
     # what its ranks trained in: train.precision as configured, as decided where the ranks
     # started (auto: bf16 only if every rank's device computes it natively), the hosts that
@@ -176,8 +179,8 @@ def finish(
 
 
 PROGRESS = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
-            "stop_seconds", "efficiency", "world_size", "strategy", "precision",
-            "peak")  # fmt: skip
+            "stop_seconds", "efficiency", "world_size", "micro_steps", "strategy",
+            "precision", "peak")  # fmt: skip
 
 
 def closing(state: StateDir) -> list[Attempt]:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ddppipe.core import jsonl
+from ddppipe.data import sharding
 from ddppipe.parallel import distributed
 from ddppipe.parallel.precision import Decision
 from ddppipe.runstate.state import StateDir
@@ -154,12 +155,16 @@ class Checkpoints:
         dist.broadcast_object_list(found, src=0)
         latest: sharded_checkpoint.Found | None = found[0]
         snapshot = latest and latest.state
+        world, configured = self.ctx.world_size, self.spec.world_size
         self.record(
             resumed_from=latest and latest.path.name,
             start_step=snapshot and snapshot["epoch"] * self.steps_per_epoch + snapshot["step"],
-            world_size=self.ctx.world_size, strategy=self.spec.launch.strategy,
-            precision=self.precision,
+            world_size=world, strategy=self.spec.launch.strategy, precision=self.precision,
+            micro_steps=sharding.micro_steps(configured, world),
         )  # fmt: skip
+        kept = sharding.micro_note(configured, world, self.spec.train.batch_size)
+        if kept and self.ctx.is_main:
+            log.warning("a smaller world: %s", kept)
         self.clock.restart()  # training starts (again): the next by time counts from here
         seed, rank = self.spec.train.seed, self.ctx.rank
         if latest is None or snapshot is None:

@@ -6,10 +6,18 @@ ranks equally. An epoch's last batch splits unevenly (slices that differ by a sa
 leaves some ranks without a sample (a stand-in counted 0: ``sharding.local_share``); each
 rank's batch-mean loss is therefore weighted by :func:`loss_weight`, and the mean over the
 ranks is the mean over the global batch: the update of one process on it.
+
+In a world smaller than the run's (``slurm.min_nodes``) a rank's share comes in micro-steps,
+the slices of the run's ranks it stands for (:func:`ddppipe.data.sharding.rank_share`): each
+weighted the same way, their gradients accumulated, and reduced across the ranks once, at the
+last (DDP's ``no_sync`` before it, FSDP2's gradient sync off): the update and the loss of the
+run's world, each rank's batch as large as there.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +48,26 @@ class Stepper:
     world_size: int
 
     def forward_backward(self, share: batches.Share) -> torch.Tensor:
-        """Forward and backward (the gradients' collectives with it); the batch-mean loss.
-        A stand-in's loss is weighted 0: the rank joins the collectives, its gradients 0."""
-        loss = evaluate.loss_of(self.net, share.batch, self.loss_fn, self.dtype,
-                                self.memory_format)  # fmt: skip
-        weight = loss_weight(share.count, share.total, self.world_size)
+        """Forward and backward (the gradients' collectives with it), of each micro-step in
+        turn where the share has them; the batch-mean loss of its samples that count."""
+        if not share.parts:
+            return self._micro_step(share.batch, share.count, share.total)
+        x, y = share.batch
+        sizes = [n for n, _ in share.parts]
+        last = len(sizes) - 1
+        losses = []
+        for j, (xj, yj, (_, count)) in enumerate(
+            zip(x.split(sizes), y.split(sizes), share.parts, strict=True)
+        ):
+            with contextlib.nullcontext() if j == last else _unsynced(self.net):
+                losses.append(self._micro_step((xj, yj), count, share.total) * count)
+        return torch.stack(losses).sum() / share.count if share.count else losses[0]
+
+    def _micro_step(self, batch: batches.Batch, count: int, total: int) -> torch.Tensor:
+        """Forward and backward of ``batch``; its batch-mean loss. A stand-in's loss is
+        weighted 0: the rank joins the collectives, its gradients 0."""
+        loss = evaluate.loss_of(self.net, batch, self.loss_fn, self.dtype, self.memory_format)
+        weight = loss_weight(count, total, self.world_size)
         (loss if weight == 1 else loss * weight).backward()  # (1: an even share, no kernel)
         return loss.detach()
 
@@ -55,3 +78,21 @@ class Stepper:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return loss
+
+
+@contextlib.contextmanager
+def _unsynced(net: nn.Module) -> Iterator[None]:
+    """A micro-step before a step's last: its gradients accumulated on the rank, not reduced
+    (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``; a model with neither: one rank,
+    nothing to reduce)."""
+    if hasattr(net, "no_sync"):
+        with net.no_sync():
+            yield
+    elif hasattr(net, "set_requires_gradient_sync"):
+        net.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            net.set_requires_gradient_sync(True)
+    else:
+        yield

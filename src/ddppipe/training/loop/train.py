@@ -136,9 +136,8 @@ class Trainer:
                 f"task {spec.task}: {len(self.test_data)} test samples for {ctx.world_size} "
                 "ranks; every rank evaluates a share: use a larger test set or fewer processes"
             )
-        self.steps_per_epoch = sharding.steps_per_epoch(
-            len(self.train_data), self.recipe.batch_size
-        )
+        self.steps_per_epoch = sharding.steps_per_epoch(len(self.train_data), spec.train.batch_size)
+        self.micro = sharding.micro_steps(spec.world_size, ctx.world_size)  # (a smaller world)
 
     def _build_model(self, args: dict[str, Any], cuda: bool) -> None:
         """The task's model, wrapped by the strategy; its losses, optimizer and schedule."""
@@ -239,7 +238,7 @@ class Trainer:
         bar = tqdm(total=self.steps_per_epoch, initial=self.step, desc=f"epoch {self.epoch + 1}",
                    disable=not show, leave=False)  # fmt: skip
         batches = self.train_data.epoch(self.recipe.seed, self.epoch, batch, self.ctx.rank,
-                                        self.ctx.world_size, self.step)  # fmt: skip
+                                        self.ctx.world_size, self.step, self.micro)  # fmt: skip
         clock = efficiency.Clock(self.ctx.device)  # CUDA events on a GPU
         start, first, aside_s = clock.mark(), self.step, 0.0  # (aside: not training)
         blocked = self.meter.saves.blocked_s  # (checkpoints' blocking: not training either)

@@ -126,8 +126,9 @@ class SlurmCluster:
         partitions: Mapping[str, str] | None = None,
         settings: Mapping[str, str | None] | None = None,
     ) -> None:
-        """``partitions``: name -> attributes of its PartitionName line (all nodes in each;
-        by default a default ``debug`` partition that ``urgent`` preempts by requeueing);
+        """``partitions``: name -> attributes of its PartitionName line (all nodes in each
+        unless they name its ``Nodes=``; by default a default ``debug`` partition that
+        ``urgent`` preempts by requeueing);
         ``settings``: slurm.conf keys to set or replace, e.g. ``{"JobRequeue": "0"}``; None
         removes the key, e.g. ``{"SchedulerParameters": None}`` for Slurm's default scheduler
         intervals (sched_interval 60 s, bf_interval 30 s) instead of the tests' quick ones."""
@@ -321,8 +322,8 @@ class SlurmCluster:
     def _slurm_conf(self) -> str:
         p = self._paths
         node_list = ",".join(self.nodes)
-        partitions = "\n".join(
-            f"PartitionName={name} Nodes={node_list} {attrs}"
+        partitions = "\n".join(  # every node, unless the attributes name the partition's own
+            f"PartitionName={name} {attrs if 'Nodes=' in attrs else f'Nodes={node_list} {attrs}'}"
             for name, attrs in self.partitions.items()
         )
         text = SLURM_CONF_TEMPLATE.format(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from ddppipe.runstate import node_beats
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.layout import RunLayout
 from ddppipe.training.measuring import heartbeat
@@ -105,9 +107,13 @@ def hang_report(workdir: Path, run: RunLayout) -> str:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, heartbeat.DUMP_SIGNAL)
     time.sleep(3)
-    folder = StateDir(workdir / run.state).watchdog
-    for found in sorted(folder.glob("rank-*")) if folder.is_dir() else []:
-        lines.append(f"{found.name}:\n{found.read_text(errors='replace')[-6000:]}")
+    state = StateDir(workdir / run.state)
+    found_files = sorted(state.watchdog.glob("rank-*")) if state.watchdog.is_dir() else []
+    with contextlib.suppress(OSError, ValueError, KeyError):  # the nodes' own beats and stacks
+        local = node_beats.local_folder(json.loads(state.slot.read_text())["launcher"], "")
+        found_files += sorted(local.parent.glob(f"{local.name}*/rank-*"))
+    for found in found_files:
+        lines.append(f"{found}:\n{found.read_text(errors='replace')[-6000:]}")
     log = workdir / run.log("train")
     tail = log.read_text(errors="replace")[-4000:] if log.is_file() else "(no log)"
     lines.append(f"{log} (its end):\n{tail}")

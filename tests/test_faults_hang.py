@@ -19,7 +19,7 @@ from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.slurm import continuation
-from ddppipe.training.measuring import allowances, heartbeat
+from ddppipe.training.measuring import allowances, heartbeat, node_summary
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
 
@@ -138,20 +138,30 @@ def test_allowance(
 
 def test_the_watchdog_allows_an_evaluation_what_the_first_took(tmp_path: Path) -> None:
     """A rank's heartbeat measures its first evaluation (0.5 s); hang_timeout_s 3: the second
-    one is allowed 10 times that, and the hang names that allowance."""
+    one is allowed 10 times that. Its node's summary judges it (its own clock: late after
+    5 s, reported at once, not 5 s later) and the launcher's watchdog names that allowance."""
     cfg = default_config()
     cfg["launch"]["hang_timeout_s"] = TIMEOUT_S
     spec = run_spec.resolve(cfg, False)
-    dog = watchdog.Watchdog(spec, StateDir(tmp_path / "state"), 1, None)
+    state = StateDir(tmp_path / "state")
+    dog = watchdog.Watchdog(spec, state, 1, None)
     dog.environment()
-    heart = heartbeat.Heart(dog.folder, 0, True, False)
+    local = tmp_path / "node-local"
+    local.mkdir()
+    heart = heartbeat.Heart(local, 0, True, False)
     heart.beat("evaluate")
     time.sleep(0.5)
     heart.beat("checkpoint")
     heart.beat("evaluate")  # the second evaluation
     heart._write()
+    summary = node_summary.Summary("", "cn1", local, state, TIMEOUT_S, now=0.0)
     t0 = time.monotonic()
-    assert dog._check(t0) is None and dog._check(t0 + 4.0) is None  # (the first: 600 s)
+    summary.step(0.0)
+    assert summary.writes == 1 and dog._check(t0) is None
+    summary.step(4.0)
+    assert summary.writes == 1 and not summary.late(0, 4.0)  # (the first: 600 s)
+    summary.step(6.0)
+    assert summary.writes == 2  # news: rank 0 is late
     late, allowed = dog._check(t0 + 6.0) or ([], None)
     assert [v.rank for v in late] == [0] and allowed is not None
     assert 5.0 <= allowed.seconds < 5.5, allowed
@@ -161,17 +171,21 @@ def test_the_watchdog_allows_an_evaluation_what_the_first_took(tmp_path: Path) -
 def test_a_lost_nodes_step_is_the_one_the_ranks_heartbeats_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The step the node watch kills when a node is lost: the ranks' heartbeats name it, no
-    squeue asked (job 77 is none of SLURM's: squeue would name no step); a rank that never beat
-    is left out."""
+    """The step the node watch kills when a node is lost: the ranks' heartbeats (in their
+    node's record) name it, no squeue asked (job 77 is none of SLURM's: squeue would name no
+    step); a rank that never beat is left out."""
     spec = run_spec.resolve(default_config(), False)
-    dog = watchdog.Watchdog(spec, StateDir(tmp_path / "state"), 1, "77")
+    state = StateDir(tmp_path / "state")
+    dog = watchdog.Watchdog(spec, state, 1, "77")
     dog.environment()
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_STEP_ID", "3")
-    heart = heartbeat.Heart(dog.folder, 0, True, False)
+    local = tmp_path / "node-local"
+    local.mkdir()
+    heart = heartbeat.Heart(local, 0, True, False)
     heart.beat("train", 5)
     heart._write()
+    node_summary.Summary("", "cn1", local, state, "auto").step(0.0)
     assert [(b.rank, b.slurm_step) for b in dog.beats()] == [(0, "77.3")]
     assert watchdog.steps("77", dog.beats()) == ["77.3"]
     assert watchdog.steps("77", []) == []
@@ -269,12 +283,13 @@ def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
     gpu = watchdog.Watchdog(gpu_spec, StateDir(tmp_path / "state"), 1, None)
     folder = (tmp_path / "state" / "watchdog").resolve()
     assert gpu.environment() == {
+        "DDPPIPE_HANG_TIMEOUT_S": "auto",
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl-trace-rank-",
     }
     cpu = watchdog.Watchdog(cpu_spec, StateDir(tmp_path / "state"), 1, None)
-    assert cpu.environment() == {} and folder.is_dir()
+    assert cpu.environment() == {"DDPPIPE_HANG_TIMEOUT_S": "auto"} and folder.is_dir()
     opened = Attempt(1, "local", 0, ["here"], 0.0)
     state = StateDir(tmp_path / "state")
     assert lifecycle.slot_record(gpu_spec, state, opened, None, None).nccl_trace

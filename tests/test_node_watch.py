@@ -1,6 +1,6 @@
 """The launcher's watch of a step's nodes (ddppipe.launching.node_watch): a node whose agent
 went silent is lost, sooner when the step is ending anyway; a crash (every agent ended) is no
-lost node; SLURM's word counts too."""
+lost node; SLURM's word counts too, asked once a minute and at once when a node falls silent."""
 
 from __future__ import annotations
 
@@ -8,21 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.core import atomic, slot
+from ddppipe.core import slot
 from ddppipe.launching import node_watch
-from ddppipe.runstate import node_beats
+from ddppipe.runstate.node_beats import NodeRecord
 from ddppipe.runstate.state import StateDir
+from ddppipe.training.measuring import node_summary
 
 
 def beat(state: StateDir, node: str, text: str) -> None:
-    atomic.write_text(state.node_beats / node, f"L {text}\n")
+    """``node``'s record of slot L: its count ``text``, or ``ended``."""
+    state.node_beats.mkdir(parents=True, exist_ok=True)
+    ended = text == "ended"
+    NodeRecord("L", node, 99 if ended else int(text), ended).write(state.node_beats / node)
 
 
 @pytest.fixture
 def watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> node_watch.NodeWatch:
+    asked: list[list[str]] = []
     monkeypatch.setattr(
-        node_watch.scontrol, "node_states", lambda nodes: dict.fromkeys(nodes, "MIXED")
-    )
+        node_watch.scontrol, "node_states",
+        lambda nodes: asked.append(nodes) or dict.fromkeys(nodes, "MIXED"),
+    )  # fmt: skip
     found = node_watch.NodeWatch(StateDir(tmp_path), "9", ["cn11", "cn12"])
     found.begin("L", now=0.0)
     return found
@@ -78,8 +84,38 @@ def test_an_agent_beats_for_its_slot_and_says_when_it_ended(
     env = slot.write(record, tmp_path / "slot.json")
     for name, value in {**env, "SLURMD_NODENAME": "cn13"}.items():
         monkeypatch.setenv(name, value)
-    end = node_beats.start()
+    end = node_summary.start()
     path = state.node_beats / "cn13"
-    assert path.read_text().startswith("9:cn11:42 ")
+    first = NodeRecord.read(path)
+    assert first is not None
+    assert (first.launcher, first.count, first.ended) == ("9:cn11:42", 1, False)
     end()
-    assert path.read_text().strip() == "9:cn11:42 ended"
+    last = NodeRecord.read(path)
+    assert last is not None and (last.launcher, last.count, last.ended) == ("9:cn11:42", 2, True)
+
+
+def test_slurm_is_asked_once_a_minute_and_at_once_when_a_node_falls_silent(
+    watch: node_watch.NodeWatch,
+) -> None:
+    """Two nodes reporting every 5 s, checked every second (read every 2 s): scontrol at each
+    whole minute, 10 times in 600 s (it was every 15 s: 40 times); then cn12 falls silent after
+    600 s: asked at once when its record is 10 s late (610 s), and only once."""
+
+    clock = [0]
+
+    def run(until: int, nodes: list[str]) -> None:
+        for t in range(clock[0], until):
+            if t % 5 == 0:
+                for node in nodes:
+                    beat(watch.state, node, str(t // 5))
+            assert watch.check(now=float(t)) == []
+        clock[0] = until
+
+    run(601, ["cn11", "cn12"])
+    assert watch.slurm_calls == 10
+    run(610, ["cn11"])
+    assert watch.slurm_calls == 10
+    run(611, ["cn11"])
+    assert watch.slurm_calls == 11  # cn12 silent 10 s
+    run(659, ["cn11"])
+    assert watch.slurm_calls == 11

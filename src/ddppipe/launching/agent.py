@@ -1,5 +1,5 @@
 """A node's ``ddppipe agent``: torchrun in this process (srun starts one on each node of a
-SLURM step), its node's checks first, its killed ranks recorded, its node's beats written."""
+SLURM step), its node's checks first, its killed ranks recorded, its node's ranks summarised."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ddppipe.core import env_names, memory, process_times, slot
 from ddppipe.parallel import node_check
-from ddppipe.runstate import failures, finished_nodes, node_beats, preemption
+from ddppipe.runstate import failures, finished_nodes, preemption
 from ddppipe.runstate.state import StateDir
 from ddppipe.slurm import request as slurm_request
 from ddppipe.slurm.placement import Placement
+from ddppipe.training.measuring import node_summary
 
 
 def run_agent(torchrun_argv: list[str]) -> int:
@@ -64,7 +65,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
     process_times.mark("imported")  # the workers' start-up counts from the agent's
     os.environ[env_names.AGENT_MARKS] = json.dumps(process_times.own("agent_"))
     oom_kills = memory.oom_kills()
-    end_beats = node_beats.start()  # the launcher's sign that this node lives
+    end_beats = node_summary.start()  # its ranks' progress, and the sign that this node lives
     try:
         torchrun_main(torchrun_argv)
     except ChildFailedError as e:

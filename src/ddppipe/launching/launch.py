@@ -257,7 +257,8 @@ def supervise(
         env.update(watch.environment())
     nodes = None
     if plan.own_job and plan.request.survives_node_failure:
-        nodes = node_watch.NodeWatch(state, str(plan.job), plan.hosts)
+        records = watch.records if watch is not None else None  # (one reader of both)
+        nodes = node_watch.NodeWatch(state, str(plan.job), plan.hosts, records)
     sys.stdout.flush()
     sys.stderr.flush()
     child = _start(plan, env)

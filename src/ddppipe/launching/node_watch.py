@@ -3,12 +3,16 @@
 
 srun waits for the tasks of a failed node until SLURM declares the node down
 (``SlurmdTimeout``, minutes at most sites), and a step with ``--no-kill`` is not ended by it.
-So the launcher watches the step's nodes itself, once a second: a node is lost when its agent
-has gone silent (:mod:`ddppipe.runstate.node_beats`) for :data:`SILENT_S` while the step is
-ending anyway (a rank recorded a failure, another node's agent exited: the survivors of a lost
-peer fail at once), for :data:`SILENT_ALONE_S` without such a sign (ranks blocked on a peer
-whose packets no longer come), or when SLURM says it is down or not responding (asked every
-:data:`SCONTROL_EVERY_S`). The launcher then ends the step (:func:`ddppipe.launching.launch`)
+So the launcher watches the step's nodes itself, through the nodes' records the hang watchdog
+reads too (:mod:`ddppipe.launching.node_records`, each written by its node's agent every few
+seconds: :mod:`ddppipe.training.measuring.node_summary`): a node is lost when its record has
+stopped changing for :data:`SILENT_S` while the step is ending anyway (another node's agent
+exited, a rank recorded a failure: the survivors of a lost peer fail at once), for
+:data:`SILENT_ALONE_S` without such a sign (ranks blocked on a peer whose packets no longer
+come), or when SLURM says it is down or not responding: asked once every
+:data:`SCONTROL_EVERY_S` (a site's controller is asked about once a minute at most), and at
+once when a node's record falls silent for :data:`QUIET_S`. The failures folder is listed only
+while a node is silent. The launcher then ends the step (:func:`ddppipe.launching.launch`)
 and starts the next one on the nodes left. A crash of the user's code is no lost node: every
 agent exits and says so.
 """
@@ -21,36 +25,48 @@ import threading
 import time
 from collections.abc import Callable
 
+from ddppipe.launching.node_records import READ_S, NodeRecords
 from ddppipe.runstate import failures
-from ddppipe.runstate.node_beats import Silence
 from ddppipe.runstate.state import StateDir
 from ddppipe.slurm import continuation, scontrol
+from ddppipe.training.measuring.node_summary import REPORT_S
 
 log = logging.getLogger(__name__)
 SILENT_S = 10.0  # silent this long while a rank failed or an agent exited: lost
 SILENT_ALONE_S = 60.0  # silent this long with no other sign
 FIRST_BEAT_S = 300.0  # a node yet to beat (its agent starting: an image, staged data)
-POLL_S = 1.0
-SCONTROL_EVERY_S = 15.0
+POLL_S = READ_S
+SCONTROL_EVERY_S = 60.0
+QUIET_S = 2 * REPORT_S  # a node's record missed: SLURM asked at once
 
 
 class NodeWatch:
     """The watch of one step's ``hosts`` in ``job``; :attr:`lost` names the nodes it found
-    lost, :attr:`why` says how."""
+    lost, :attr:`why` says how. ``records``: the reader of the nodes' records the hang
+    watchdog reads too (one of its own when None)."""
 
-    def __init__(self, state: StateDir, job: str, hosts: list[str]) -> None:
+    def __init__(self, state: StateDir, job: str, hosts: list[str],
+                 records: NodeRecords | None = None) -> None:  # fmt: skip
         self.state, self.job, self.hosts = state, job, list(hosts)
         self.lost: list[str] = []
         self.why = ""
-        self._silence: Silence | None = None
+        self.records = records
+        self._silence: NodeRecords | None = None
         self._asked = 0.0
+        self._quiet: set[str] = set()  # nodes SLURM was asked about as they fell silent
+        self.slurm_calls = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def begin(self, launcher: str, now: float | None = None) -> None:
         """The step of slot ``launcher`` starts (``now``: its time, monotonic)."""
         self._asked = time.monotonic() if now is None else now
-        self._silence = Silence(self.state, launcher, self.hosts, self._asked)
+        records = self.records
+        if records is None or records.launcher != launcher:
+            records = NodeRecords(self.state.node_beats, launcher, self.hosts, self._asked)
+        records.hosts = sorted(set(records.hosts) | set(self.hosts))
+        records.started = self._asked
+        self._silence = records
 
     def start(self, launcher: str, end_step: Callable[[], None]) -> None:
         """Watch the step of slot ``launcher`` in a thread; ``end_step`` when a node is lost."""
@@ -78,18 +94,22 @@ class NodeWatch:
         now = time.monotonic() if now is None else now
         silence = self._silence
         silence.update(now)
-        ending = bool(silence.ended) or bool(failures.read_all(self.state.failures))
-        after = " after the step's other ranks failed or ended" if ending else ""
+        quiet = {node: silence.silent_for(node, now) for node in self.hosts}
         why = {}
-        for node in self.hosts:
-            quiet = silence.silent_for(node, now)
-            bound = SILENT_S if ending else SILENT_ALONE_S
-            if quiet >= (bound if node in silence.beaten else FIRST_BEAT_S):
-                why[node] = f"its agent silent {quiet:.0f} s{after}"
-        if ask_slurm or now - self._asked >= SCONTROL_EVERY_S:
+        if any(q >= SILENT_S for q in quiet.values()):
+            ending = bool(silence.ended) or bool(failures.read_all(self.state.failures))
+            after = " after the step's other ranks failed or ended" if ending else ""
+            for node, seconds in quiet.items():
+                bound = SILENT_S if ending else SILENT_ALONE_S
+                if seconds >= (bound if node in silence.records else FIRST_BEAT_S):
+                    why[node] = f"its agent silent {seconds:.0f} s{after}"
+        fell_silent = {n for n, q in quiet.items() if q >= QUIET_S and n in silence.records}
+        if ask_slurm or now - self._asked >= SCONTROL_EVERY_S or fell_silent - self._quiet:
             self._asked = now
+            self._quiet |= fell_silent
             for node, state in self._slurm_failed().items():
                 why.setdefault(node, f"SLURM says {state}")
+        self._quiet &= fell_silent  # (a node heard again: asked again when it falls silent)
         if why:
             self.lost = sorted(why)
             self.why = "; ".join(f"{node}: {text}" for node, text in sorted(why.items()))
@@ -102,6 +122,7 @@ class NodeWatch:
         return set(self.hosts) - set(self.lost) <= ended
 
     def _slurm_failed(self) -> dict[str, str]:
+        self.slurm_calls += 1
         try:
             states = scontrol.node_states(self.hosts)
         except (OSError, subprocess.SubprocessError) as e:

@@ -1,7 +1,10 @@
 """The progress watchdog of a slot: a rank without progress ends the slot as ``hung``.
 
-The launcher (on the job's first node) reads every rank's heartbeat
-(:mod:`ddppipe.training.measuring.heartbeat`) from the state folder once a second. A rank may go
+The launcher (on the job's first node) reads one record a node every
+:data:`~ddppipe.launching.node_records.READ_S`: each node's agent (locally the launcher itself)
+reads its ranks' heartbeats (:mod:`ddppipe.training.measuring.heartbeat`) node-locally and
+judges them (:mod:`ddppipe.training.measuring.node_summary`), reporting at once a rank past its
+allowance; a rank never reported is judged here, from the slot's start. A rank may go
 without progress for its phase's allowance (:func:`allowances.allowance`): a training step's
 is ``launch.hang_timeout_s``, or with ``auto`` 10 times the slowest step seen in the slot and
 at least 2 minutes (10 minutes until the slot's first steps: torchtitan's two timeouts,
@@ -23,6 +26,7 @@ script that calls neither has no watchdog, and the log and attempt record say so
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -36,15 +40,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddppipe.core import env_names, slot
+from ddppipe.launching.node_records import READ_S, NodeRecords
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
 from ddppipe.slurm import scancel as ddp_scancel
 from ddppipe.slurm import squeue
-from ddppipe.training.measuring import allowances, heartbeat
+from ddppipe.training.measuring import allowances, heartbeat, node_summary
 
 log = logging.getLogger(__name__)
 
-POLL_S = 1.0
+POLL_S = READ_S  # (each poll reads the nodes' records)
 DUMP_WAIT_S = 5.0  # for every rank's stack to arrive
 KILL_WAIT_S = 15.0  # for the killed step's srun to exit
 NO_WATCHDOG_NOTE = (
@@ -118,6 +124,8 @@ class RankView:
     beat: heartbeat.Beat | None = None
     changed_at: float = 0.0  # the launcher's time.monotonic() of its last progress
     frames: list[Frame] = field(default_factory=list)
+    reported: bool = False  # in a node's record (its agent judges it), else judged here
+    late: bool = False  # past its allowance, its node's agent says
 
     @property
     def phase(self) -> str:
@@ -166,7 +174,8 @@ class Watchdog:
 
     def __init__(self, spec: RunSpec, state: StateDir, attempt: int, job: str | None,
                  world_size: int | None = None) -> None:  # fmt: skip
-        self.folder, self.report = state.watchdog, state.hangs / f"attempt-{attempt}.txt"
+        self.state, self.folder = state, state.watchdog
+        self.report = state.hangs / f"attempt-{attempt}.txt"
         self.setting = spec.launch.hang_timeout_s
         self.world_size = spec.world_size if world_size is None else world_size
         self.script, self.gpus, self.job = spec.kind == "script", spec.gpus, job
@@ -175,14 +184,20 @@ class Watchdog:
         self.views = {r: RankView(r) for r in range(self.world_size)}
         self.hang: Hang | None = None
         self.armed_at: float | None = None
+        self.records: NodeRecords | None = None  # the nodes' records (the node watch's too)
+        self._applied: dict[str, int] = {}  # node -> the count of its record read into views
+        self._end_local: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def environment(self) -> dict[str, str]:
-        """An empty watchdog folder for the slot, and what torch needs to know of it."""
+        """An empty watchdog folder for the slot, the reader of its nodes' records (the slot
+        record's launcher), and what its nodes' agents and torch need to know of it."""
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder.mkdir(parents=True, exist_ok=True)
-        env: dict[str, str] = {}
+        found = self._slot()
+        self.records = NodeRecords(self.state.node_beats, found.launcher if found else "")
+        env = {env_names.HANG_TIMEOUT: str(self.setting)}
         if self.gpus:  # the NCCL flight recorder: kept, dumped on NCCL's timeout or on a hang
             env.update({
                 "TORCH_NCCL_TRACE_BUFFER_SIZE": os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -197,7 +212,13 @@ class Watchdog:
         """Watch in a thread; on a hang, dump the stacks and call ``end`` (kills the ranks).
         ``local_pids``: the launcher's own children, signalled where no heartbeat names one."""
         self._end, self._local_pids = end, local_pids
+        found = self._slot()
+        if self.records is None:
+            self.records = NodeRecords(self.state.node_beats, found.launcher if found else "")
+        if self.job is None and found is not None:  # locally: this node's agent is this process
+            self._end_local = node_summary.start_for(found, self.setting)
         now = time.monotonic()
+        self.records.started = now
         for view in self.views.values():
             view.changed_at = now
         self._thread = threading.Thread(target=self._run, name="ddppipe-watchdog", daemon=True)
@@ -207,12 +228,24 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=DUMP_WAIT_S + KILL_WAIT_S + 10)
-        self._read(time.monotonic())  # the ranks' last beats (a short script's first call)
+        if self._end_local is not None:
+            self._end_local()
+            self._end_local = None
+        self._read(time.monotonic(), force=True)  # the last beats (a short script's first call)
 
     def beats(self) -> list[heartbeat.Beat]:
-        """Every rank's last heartbeat, read now (none from a rank before its first)."""
-        found = (heartbeat.Beat.read(heartbeat.beat_file(self.folder, r)) for r in self.views)
-        return [beat for beat in found if beat is not None]
+        """Every rank's last heartbeat, its node's record read now (none from a rank before
+        its first)."""
+        self._read(time.monotonic(), force=True)
+        return [v.beat for v in self.views.values() if v.beat is not None]
+
+    def _slot(self) -> slot.Slot | None:
+        """The slot record as the launcher wrote it (read afresh: a job's next slot rewrites
+        it)."""
+        try:
+            return slot.Slot(**json.loads(self.state.slot.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
 
     @property
     def watched(self) -> bool:
@@ -230,18 +263,32 @@ class Watchdog:
                 log.exception("hang watchdog failed; the slot goes on unwatched")
                 return
 
-    def _read(self, now: float) -> None:
-        """Every rank's heartbeat: its progress since the last read, and the arming."""
-        for view in self.views.values():
-            beat = heartbeat.Beat.read(heartbeat.beat_file(self.folder, view.rank))
-            if beat is None:
+    def _read(self, now: float, force: bool = False) -> None:
+        """The nodes' records (at most every READ_S unless ``force``): each rank's last beat,
+        its progress (the launcher's time of the record less its idle seconds), whether its
+        node's agent judged it late, and the arming."""
+        if self.records is None:
+            return
+        self.records.update(now, force)
+        for node, record in self.records.records.items():
+            if self._applied.get(node) == record.count:
                 continue
-            old = view.beat
-            if old is None or (beat.count, beat.pid) != (old.count, old.pid):
-                view.changed_at = now
-            view.beat = beat
-            if self.armed_at is None and beat.watched:
-                self.armed_at = now
+            self._applied[node] = record.count
+            seen_at = self.records.changed_at[node]
+            for fields in record.ranks:
+                fields = dict(fields)
+                idle, late = float(fields.pop("idle_s", 0.0)), bool(fields.pop("late", False))
+                try:
+                    beat = heartbeat.Beat(**fields)
+                except TypeError:
+                    continue
+                view = self.views.get(beat.rank)
+                if view is None:
+                    continue
+                view.beat, view.reported, view.late = beat, True, late
+                view.changed_at = seen_at - idle
+                if self.armed_at is None and beat.watched:
+                    self.armed_at = seen_at
 
     def _check(self, now: float) -> tuple[list[RankView], allowances.Allowance] | None:
         """Read the heartbeats; the ranks past their allowance (and it) if any."""
@@ -259,7 +306,7 @@ class Watchdog:
                 self.setting, view.phase, beat.slowest_step_s if beat else None, longest
             )
             since = max(view.changed_at, self.armed_at or view.changed_at)
-            if now - since > limit.seconds:
+            if view.late if view.reported else now - since > limit.seconds:
                 late.append(view)
                 allowed = limit if allowed is None or limit.seconds > allowed.seconds else allowed
         return (late, allowed) if late and allowed is not None else None
@@ -289,8 +336,9 @@ class Watchdog:
         self._end(beats)
 
     def _dump(self, beats: list[heartbeat.Beat]) -> None:
-        """Every rank's stack into its stacks file: the heartbeat's signal to each rank."""
-        (self.folder / heartbeat.DUMP_REQUEST).touch()  # (the NCCL flight recorder's dump)
+        """Every rank's stack into its stacks file: the heartbeat's signal to each rank (each
+        node's agent copies the dumps into the state folder; a GPU rank then dumps its NCCL
+        flight recorder there too)."""
         if self.job is None:
             named = {b.pid for b in beats if b.host == socket.gethostname()}
             pids = named if len(named) == self.world_size else named | set(self._local_pids())

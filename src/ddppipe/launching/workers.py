@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ddppipe.core import memory, slot
 from ddppipe.launching import warm_client
-from ddppipe.runstate import failures, preemption, restarts
+from ddppipe.runstate import failures, node_beats, preemption, restarts
 from ddppipe.runstate.state import StateDir
 from ddppipe.training.measuring import heartbeat
 
@@ -157,7 +157,8 @@ class Group:
         oom = now is not None and before is not None and now > before
         for rank, code in enumerate(codes):
             if code is not None and code < 0:
-                beat = heartbeat.Beat.read(heartbeat.beat_file(state.watchdog, rank))
+                local = node_beats.local_folder(found.launcher, node_beats.node())
+                beat = heartbeat.Beat.read(heartbeat.beat_file(local, rank))
                 step = beat.step if beat and beat.phase == heartbeat.STEP else None
                 failures.killed(state.failures, rank, -code, self.restarts, step, oom_killer=oom)
 

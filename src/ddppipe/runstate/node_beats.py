@@ -1,103 +1,85 @@
-"""Each node's sign of life during a SLURM step, and the nodes that went silent.
+"""Where a node's ranks beat, and the one record a node reports them in.
 
-A node's ``ddppipe agent`` (torchrun) writes ``node-beats/<node>`` in the state folder
-every :data:`BEAT_S` with its slot's launcher and a count, and once more with ``ended`` when
-it exits, whatever its exit. The launcher of a job that survives a node failure
-(``slurm.spare_nodes``, ``slurm.min_nodes``) reads them: a node whose count stopped changing,
-in the launcher's own clock (no clock of two nodes compared; a late filesystem delays a beat,
-it never invents one), without ``ended``, is silent: its agent is gone with its node
-(:class:`Silence`).
+A rank beats to its own node, never to the shared filesystem: a small file in a node-local
+folder of the slot (:func:`local_folder`, in memory under ``/dev/shm``). The node's agent
+(``ddppipe agent``; locally the launcher itself) reads them there and reports its node in one
+record, ``node-beats/<node>`` in the run's state folder (:class:`NodeRecord`): its count (a
+change is a sign of life), whether the agent ended, and each of its ranks' last beat, how long
+it went without progress and whether that is past its allowance
+(ddppipe.training.measuring.node_summary). The launcher reads one record a node
+(ddppipe.launching.node_records): its hang watchdog and its node watch alike.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import socket
-import threading
-import time
-from collections.abc import Callable
+import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ddppipe.core import in_place, slot
-from ddppipe.runstate.state import StateDir
+from ddppipe.core import in_place
 
-BEAT_S = 1.0  # an agent's beat
-ENDED = "ended"
-RECORD_BYTES = 128  # a beat's record, padded
 NODE_ENV = "SLURMD_NODENAME"  # set by slurmd in every task: the node's SLURM name
+SHARED_MEMORY = Path("/dev/shm")
+PAD_TO = 512  # a record is padded to a multiple of this (an in-place write: core.in_place)
 
 
-def start() -> Callable[[], None]:
-    """(A node's agent) Beat in a background thread for this slot (its record's launcher);
-    the function that stops it and marks the node's agent ended. Outside a slot: nothing."""
-    found = slot.read()
-    if found is None:
-        return lambda: None
-    node = os.environ.get(NODE_ENV) or socket.gethostname()
-    path = StateDir(Path(found.state)).node_beats / node
-    stop = threading.Event()
-
-    def beat() -> None:
-        count = 1
-        while not stop.wait(BEAT_S):
-            _write(path, f"{found.launcher} {count}")
-            count += 1
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write(path, f"{found.launcher} 0")  # the first at once
-
-    thread = threading.Thread(target=beat, name="ddppipe-node-beat", daemon=True)
-    thread.start()
-
-    def end() -> None:
-        stop.set()
-        thread.join(timeout=5)
-        _write(path, f"{found.launcher} {ENDED}")
-
-    return end
+def node() -> str:
+    """This node's name: SLURM's in a step, else the host's."""
+    return os.environ.get(NODE_ENV) or socket.gethostname()
 
 
-def _write(path: Path, text: str) -> None:
-    """One in-place write of ``text``, padded (as a rank's heartbeat: core.in_place)."""
-    in_place.write_padded(path, f"{text}\n".encode(), RECORD_BYTES)
+def local_folder(launcher: str, node_name: str) -> Path:
+    """The node-local folder of slot ``launcher``'s ranks on ``node_name`` (their beats and
+    stack dumps): in memory (``/dev/shm``) where there is one, else the temporary folder; in a
+    folder of this user's only. The node's name is part of it: SLURM test clusters run their
+    "nodes" on one host."""
+    base = SHARED_MEMORY if os.access(SHARED_MEMORY, os.W_OK) else Path(tempfile.gettempdir())
+    slot_id = hashlib.sha1(launcher.encode()).hexdigest()[:12]
+    return base / f"ddppipe-{os.getuid()}" / f"{slot_id}-{node_name}"
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
+def make_local_folder(folder: Path) -> bool:
+    """Make ``folder`` (:func:`local_folder`), its parent private to this user; False when it
+    cannot be made or the parent is someone else's (nothing beats then)."""
+    with contextlib.suppress(OSError):
+        folder.parent.mkdir(mode=0o700, exist_ok=True)
+        if folder.parent.stat().st_uid != os.getuid():
+            return False
+        folder.mkdir(exist_ok=True)
+        return True
+    return False
 
 
-class Silence:
-    """(The launcher) How long each node of a step has gone without a beat of its slot
-    ``launcher``, in this process's clock from ``started`` (the step's start)."""
+@dataclass
+class NodeRecord:
+    """One node's report: its agent's sign of life and its ranks' progress."""
 
-    def __init__(self, state: StateDir, launcher: str, hosts: list[str],
-                 started: float | None = None) -> None:  # fmt: skip
-        self.folder = state.node_beats
-        self.launcher = launcher
-        since = time.monotonic() if started is None else started
-        self.seen: dict[str, tuple[str | None, float]] = {h: (None, since) for h in hosts}
-        self.beaten: set[str] = set()  # nodes that beat at least once in this step
-        self.ended: set[str] = set()
+    launcher: str  # the slot's launcher (a record of another slot is not this slot's)
+    node: str
+    count: int  # reports so far: a change is a sign of life
+    ended: bool = False  # the agent exited (whatever its exit)
+    # each rank's last beat (heartbeat.Beat's fields), with "idle_s" (seconds without
+    # progress, in the agent's clock, when written) and "late" (past its allowance)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
-    def update(self, now: float | None = None) -> None:
-        """Read every node's beat file; note when each last changed."""
-        now = time.monotonic() if now is None else now
-        for node, (last, _) in self.seen.items():
-            text = _read(self.folder / node)
-            if text is None or not text.startswith(f"{self.launcher} "):
-                continue  # none yet, or an earlier step's
-            if text.endswith(f" {ENDED}"):
-                self.ended.add(node)
-            if text != last:
-                self.seen[node] = (text, now)
-                self.beaten.add(node)
+    def write(self, path: Path, size: int = 0) -> int:
+        """One in-place write to ``path`` padded to ``size`` or more (whole multiples of
+        :data:`PAD_TO`); the size written (0: it could not be)."""
+        data = json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
+        size = max(size, -(-len(data) // PAD_TO) * PAD_TO)
+        return size if in_place.write_padded(path, data, size) else 0
 
-    def silent_for(self, node: str, now: float | None = None) -> float:
-        """Seconds since ``node``'s last beat (since the step's start before its first); 0 for
-        a node whose agent ended."""
-        if node in self.ended:
-            return 0.0
-        return (time.monotonic() if now is None else now) - self.seen[node][1]
+    @classmethod
+    def read(cls, path: Path) -> NodeRecord | None:
+        """The record in ``path``; None when there is none or it cannot be read now."""
+        try:
+            record, _ = json.JSONDecoder().raw_decode(Path(path).read_text().strip())
+            return cls(**record)
+        except (OSError, ValueError, TypeError):
+            return None

@@ -2,13 +2,17 @@
 
 Every rank says what it is doing (its phase: start-up, data, train, evaluate, checkpoint) and
 which step it reached with :func:`beat`, a few attribute updates on the training's own
-thread (the loop calls it every step). A thread of the rank writes that to the run's state
-folder (``watchdog/rank-N.json``, one small in-place write, at most one a second and only on
-change), where the launcher on the job's first node reads every rank's file. A rank that hangs
-stops beating; the launcher then sends :data:`DUMP_SIGNAL`, on which ``faulthandler`` (C code,
-no GIL needed) writes every thread's Python stack to ``watchdog/rank-N.stacks``, even where
-the rank is blocked inside C. On GPU runs this thread also dumps the NCCL flight recorder
-when the launcher asks for it.
+thread (the loop calls it every step). A thread of the rank writes that to its node, never to
+the shared filesystem: ``rank-N.json`` in the slot's node-local folder
+(:func:`ddppipe.runstate.node_beats.local_folder`, in memory), one small in-place write at
+most every :data:`WRITE_EVERY_S` and only on change. The node's agent reads its ranks there and
+reports them in one record a node (ddppipe.training.measuring.node_summary), which the
+launcher's watchdog reads. A rank that hangs stops beating; the launcher then sends
+:data:`DUMP_SIGNAL`, on which ``faulthandler`` (C code, no GIL needed) writes every thread's
+Python stack to the node-local ``rank-N.stacks``, even where the rank is blocked inside C; the
+node's agent copies it to the run's state folder (``watchdog/rank-N.stacks``), once. On GPU
+runs this thread then dumps the NCCL flight recorder there too (the stacks written are the
+launcher's request).
 
 No torch import: :func:`start` runs first thing in a rank, before torch loads.
 """
@@ -29,17 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddppipe.core import in_place, slot
+from ddppipe.runstate import node_beats
 from ddppipe.runstate.state import StateDir
 
 # Ignored by default, so nothing else of a job dies of it: torchrun's agents, srun, a
 # DataLoader's workers (which unregister it after the fork), the batch script.
 DUMP_SIGNAL = signal.SIGWINCH
-DUMP_REQUEST = "dump-requested"  # the launcher's request for the NCCL flight recorder
 STEP = "train"  # the phase of training steps (a script: between its job API calls)
 EPOCH_START = "epoch-start"  # an epoch's start: until its loader's first batch
 DONE = "done"  # the rank's process ends: never late
 PHASES = ("start-up", "data", EPOCH_START, STEP, "evaluate", "checkpoint", DONE)
-WRITE_EVERY_S = 1.0
+WRITE_EVERY_S = 0.5  # (to the node-local folder: in memory)
 RECORD_BYTES = 512  # records are padded to this, so a shorter one overwrites a longer one
 
 
@@ -80,10 +84,14 @@ class Beat:
 
 
 class Heart:
-    """This process's heartbeat (one per rank, made by :func:`start`)."""
+    """This process's heartbeat (one per rank, made by :func:`start`): beats to ``folder``
+    (node-local); ``shared``: the slot's watchdog folder, for the NCCL flight recorder's dump
+    once ``stacks`` (the descriptor of this rank's stack dump) has one."""
 
-    def __init__(self, folder: Path, rank: int, watched: bool, nccl_trace: bool) -> None:
+    def __init__(self, folder: Path, rank: int, watched: bool, nccl_trace: bool,
+                 shared: Path | None = None, stacks: int | None = None) -> None:  # fmt: skip
         self.folder, self.rank, self.watched = Path(folder), rank, watched
+        self.shared, self._stacks = Path(shared or folder), stacks
         self.phase, self.step, self.count = "start-up", None, 0
         self.at, self.in_phase, self.slowest = time.monotonic(), 0, None
         self.longest: dict[str, float] = {}
@@ -94,7 +102,7 @@ class Heart:
             "thread": threading.main_thread().ident,
             "slurm_step": f"{job}.{step}" if job and step else None,
         }  # fmt: skip
-        self._nccl_dumped = not nccl_trace
+        self._nccl_dumped = not nccl_trace or stacks is None
         self._write()
         threading.Thread(target=self._run, name="ddppipe-heartbeat", daemon=True).start()
 
@@ -122,8 +130,7 @@ class Heart:
         return json.dumps(record).encode()
 
     def _write(self) -> None:
-        """One in-place write, then close (core.in_place): a shared filesystem shows it to the
-        launcher's node, where a rename could stay hidden behind its cached directory."""
+        """One in-place write, then close (core.in_place), to the node-local folder."""
         count, record = self.count, self._record()
         if in_place.write_padded(beat_file(self.folder, self.rank), record, RECORD_BYTES):
             self._written = count
@@ -133,7 +140,7 @@ class Heart:
             time.sleep(WRITE_EVERY_S)
             if self.count != self._written:
                 self._write()
-            if not self._nccl_dumped and (self.folder / DUMP_REQUEST).exists():
+            if not self._nccl_dumped and _size(self._stacks) > 0:  # the launcher asked
                 self._nccl_dumped = True
                 self._dump_nccl_trace()
 
@@ -149,7 +156,17 @@ class Heart:
         except Exception:  # no NCCL process group, or a torch without the recorder
             return
         with contextlib.suppress(OSError):
-            (self.folder / f"rank-{self.rank}.nccl-trace").write_bytes(trace)
+            (self.shared / f"rank-{self.rank}.nccl-trace").write_bytes(trace)
+
+
+def _size(fd: int | None) -> int:
+    """The size of open file ``fd`` (0 for none)."""
+    if fd is None:
+        return 0
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return 0
 
 
 _heart: Heart | None = None
@@ -165,7 +182,7 @@ def _forget_in_child() -> None:
 
 def start(watched: bool = True) -> None:
     """Start this rank's heartbeat and its stack dump on :data:`DUMP_SIGNAL`, in the
-    watchdog folder of its slot (its record's); a no-op elsewhere or when started.
+    node-local folder of its slot (its record's); a no-op elsewhere or when started.
 
     ``watched``: False for a script, whose first job API call arms the watchdog.
     """
@@ -173,15 +190,18 @@ def start(watched: bool = True) -> None:
     found = slot.read()
     if _heart is not None or found is None:
         return
-    folder = StateDir(Path(found.state)).watchdog
+    folder = node_beats.local_folder(found.launcher, node_beats.node())
+    if not node_beats.make_local_folder(folder):
+        print(f"ddppipe: no heartbeat: {folder} cannot be made (another user's?)", file=sys.stderr)
+        return
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     with contextlib.suppress(OSError):
-        # O_DSYNC: each line of the dump reaches a shared filesystem's server at once.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DSYNC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         _stacks_fd = os.open(stacks_file(folder, rank), flags, 0o644)
         faulthandler.register(DUMP_SIGNAL, file=_stacks_fd, all_threads=True, chain=False)
         os.register_at_fork(after_in_child=_forget_in_child)
-    _heart = Heart(folder, rank, watched, found.nccl_trace)
+    shared = StateDir(Path(found.state)).watchdog
+    _heart = Heart(folder, rank, watched, found.nccl_trace, shared, _stacks_fd)
     atexit.register(done)
 
 

@@ -105,7 +105,7 @@ class NodeWatch:
                     why[node] = f"its agent silent {seconds:.0f} s{after}"
         fell_silent = {n for n, q in quiet.items() if q >= QUIET_S and n in silence.records}
         if ask_slurm or now - self._asked >= SCONTROL_EVERY_S or fell_silent - self._quiet:
-            self._asked = now
+            self._asked, self.slurm_calls = now, self.slurm_calls + 1
             self._quiet |= fell_silent
             for node, state in self._slurm_failed().items():
                 why.setdefault(node, f"SLURM says {state}")
@@ -122,7 +122,6 @@ class NodeWatch:
         return set(self.hosts) - set(self.lost) <= ended
 
     def _slurm_failed(self) -> dict[str, str]:
-        self.slurm_calls += 1
         try:
             states = scontrol.node_states(self.hosts)
         except (OSError, subprocess.SubprocessError) as e:

@@ -86,10 +86,12 @@ class Beat:
 class Heart:
     """This process's heartbeat (one per rank, made by :func:`start`): beats to ``folder``
     (node-local); ``shared``: the slot's watchdog folder, for the NCCL flight recorder's dump
-    once ``stacks`` (the descriptor of this rank's stack dump) has one."""
+    once ``stacks`` (the descriptor of this rank's stack dump) has one. ``background``: False
+    for a caller that writes itself (:meth:`_write`: bench/control_plane.py's ranks)."""
 
     def __init__(self, folder: Path, rank: int, watched: bool, nccl_trace: bool,
-                 shared: Path | None = None, stacks: int | None = None) -> None:  # fmt: skip
+                 shared: Path | None = None, stacks: int | None = None,
+                 background: bool = True) -> None:  # fmt: skip
         self.folder, self.rank, self.watched = Path(folder), rank, watched
         self.shared, self._stacks = Path(shared or folder), stacks
         self.phase, self.step, self.count = "start-up", None, 0
@@ -104,7 +106,8 @@ class Heart:
         }  # fmt: skip
         self._nccl_dumped = not nccl_trace or stacks is None
         self._write()
-        threading.Thread(target=self._run, name="ddppipe-heartbeat", daemon=True).start()
+        if background:
+            threading.Thread(target=self._run, name="ddppipe-heartbeat", daemon=True).start()
 
     def beat(self, phase: str, step: int | None = None) -> None:
         now = time.monotonic()

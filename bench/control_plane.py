@@ -11,7 +11,8 @@ The real code runs, with nodes and ranks that do not train:
   clock (``--seconds`` of steady training after one report period), the shared state folder
   watched by inotify (bench/fs_ops.py): its opens, creates, deletes and renames a second;
 - **SLURM**: the node watch's ``scontrol show node`` calls a minute over 10 simulated minutes
-  (counted, scontrol itself not run);
+  (counted, scontrol itself not run; at N or :data:`SLURM_NODES` nodes, the fewer: the calls
+  do not depend on the nodes, one call asks about them all);
 - **the store at start-up**: the node checks' exchange
   (:func:`ddppipe.parallel.node_check.exchange`) of N x R ranks as threads over a real TCPStore,
   its requests counted, up to ``--store-ranks`` ranks; beyond, each rank's count measured there
@@ -69,6 +70,7 @@ from tests.tiny import default_config  # noqa: E402
 LAUNCHER = "9:cn0:1/1"
 TICK_S = 0.5  # the simulated clock's step: the ranks' writes and the summaries' polls
 OLD_SCONTROL_EVERY_S = 15.0
+SLURM_NODES = 64  # the most nodes whose records the SLURM count writes for 10 minutes
 
 
 @dataclass
@@ -248,7 +250,7 @@ def model(nodes: int, ranks: int, seconds: float, store_ranks: int, per_request_
     root = Path(tempfile.mkdtemp(prefix="ddppipe-control-plane-"))
     try:
         ops, writes, reads = steady_fs(root, nodes, ranks, seconds)
-        slurm = slurm_calls_per_minute(root, nodes)
+        slurm = slurm_calls_per_minute(root, min(nodes, SLURM_NODES))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     world = nodes * ranks

@@ -20,6 +20,7 @@ import yaml
 
 from ddppipe.apptainer import binds, building, gpu_check, identity, running, tool
 from ddppipe.parallel import software
+from ddppipe.runstate import node_beats
 from tests.container_fixtures import (
     IMAGE,
     IMAGE_TESTS,
@@ -85,8 +86,10 @@ def test_user_binds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
     bind = "--bind"
     # (sorted by path)
+    beats = str(node_beats.local_base())  # (contained: the ranks' node-local heartbeats)
     assert argv("tasks/cifar.py", str(scripts / "train.py"), ("--contain",)) == [
-        "apptainer", "exec", "--contain", bind, str(scripts), bind, f"{work}/tasks", "i.sif"
+        "apptainer", "exec", "--contain", bind, str(scripts), bind, f"{work}/tasks", bind, beats,
+        "i.sif",
     ]  # fmt: skip
     assert argv("ddppipe.tasks.mnist") == ["apptainer", "exec", "i.sif"]  # a module: no bind
     # A folder inside another bound one, or already bound at its path: not bound again.

@@ -11,10 +11,12 @@ from ddppipe.apptainer import identity
 from ddppipe.apptainer.binds import bind_args, user_binds
 from ddppipe.apptainer.requirements import layer_path, requirements
 from ddppipe.apptainer.tool import APPTAINER, ContainerError, enabled
+from ddppipe.runstate import node_beats
 from ddppipe.settings.run_spec import Container, RunSpec
 
 IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
 TASK_SITE = "/opt/task-site"  # where a task's layer (container.requirements) is bound
+CONTAINED = {"--contain", "-c", "--containall", "-C", "--no-mount"}  # a private /dev and /tmp
 
 
 def gpus_present() -> bool:
@@ -55,7 +57,10 @@ def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
 
     ``--nv`` is added when the run trains on GPUs (its spec's device); the binds are
     :func:`~ddppipe.apptainer.binds.user_binds`, then ``data_binds`` (the options binding a
-    packed data folder's image: :func:`ddppipe.launching.launch.data_binds`); LAYER is
+    packed data folder's image: :func:`ddppipe.launching.launch.data_binds`), then, where
+    ``exec_args`` contain the container (:data:`CONTAINED`: its own ``/dev`` and ``/tmp``), the
+    folder of the ranks' node-local heartbeats (:func:`ddppipe.runstate.node_beats.local_base`,
+    which a local launcher reads from outside); LAYER is
     :func:`layer_args`; IMAGE is :func:`run_image`.
     """
     if not enabled(spec.container):
@@ -64,6 +69,8 @@ def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
     nv = ["--nv"] if spec.gpus and "--nv" not in extra else []
     binds = [arg for folder in user_binds(spec) for arg in bind_args(folder)]
     binds += data_binds
+    if CONTAINED & set(extra) and node_beats.private_base():  # (the launcher reads them)
+        binds += bind_args(str(node_beats.local_base()))
     layer = layer_args(spec.container)
     return [APPTAINER, "exec", *nv, *extra, *binds, *layer, run_image(spec.container)]
 

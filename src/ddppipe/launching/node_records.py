@@ -69,6 +69,7 @@ class NodeRecords:
     def silent_for(self, node: str, now: float | None = None) -> float:
         """Seconds since ``node``'s record last changed (since the slot's start before its
         first); 0 for a node whose agent ended."""
-        if node in self.ended:
+        record = self.records.get(node)
+        if record is not None and record.ended:
             return 0.0
         return (time.monotonic() if now is None else now) - self.changed_at.get(node, self.started)

@@ -34,25 +34,38 @@ def node() -> str:
     return os.environ.get(NODE_ENV) or socket.gethostname()
 
 
+def local_base() -> Path:
+    """This user's folder of the slots' node-local folders: in memory (``/dev/shm``) where
+    there is one, else in the temporary folder."""
+    base = SHARED_MEMORY if os.access(SHARED_MEMORY, os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"ddppipe-{os.getuid()}"
+
+
 def local_folder(launcher: str, node_name: str) -> Path:
     """The node-local folder of slot ``launcher``'s ranks on ``node_name`` (their beats and
-    stack dumps): in memory (``/dev/shm``) where there is one, else the temporary folder; in a
-    folder of this user's only. The node's name is part of it: SLURM test clusters run their
-    "nodes" on one host."""
-    base = SHARED_MEMORY if os.access(SHARED_MEMORY, os.W_OK) else Path(tempfile.gettempdir())
+    stack dumps), in :func:`local_base`. The node's name is part of it: SLURM test clusters
+    run their "nodes" on one host."""
     slot_id = hashlib.sha1(launcher.encode()).hexdigest()[:12]
-    return base / f"ddppipe-{os.getuid()}" / f"{slot_id}-{node_name}"
+    return local_base() / f"{slot_id}-{node_name}"
+
+
+def private_base() -> bool:
+    """Make :func:`local_base`, private to this user; False when it cannot be made or is
+    someone else's."""
+    base = local_base()
+    with contextlib.suppress(OSError):
+        base.mkdir(mode=0o700, exist_ok=True)
+        return base.stat().st_uid == os.getuid()
+    return False
 
 
 def make_local_folder(folder: Path) -> bool:
-    """Make ``folder`` (:func:`local_folder`), its parent private to this user; False when it
-    cannot be made or the parent is someone else's (nothing beats then)."""
+    """Make ``folder`` (:func:`local_folder`) in :func:`private_base`; False when it cannot
+    be made or the base is someone else's (nothing beats then)."""
     with contextlib.suppress(OSError):
-        folder.parent.mkdir(mode=0o700, exist_ok=True)
-        if folder.parent.stat().st_uid != os.getuid():
-            return False
-        folder.mkdir(exist_ok=True)
-        return True
+        if private_base():
+            folder.mkdir(exist_ok=True)
+            return True
     return False
 
 

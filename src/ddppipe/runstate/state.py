@@ -61,13 +61,15 @@ class StateDir:
 
     @property
     def node_beats(self) -> Path:
-        """One file a node whose agent beats while its step runs (ddppipe.runstate.node_beats):
-        a node gone silent is a lost node."""
+        """One record a node, its agent's report of its ranks while its step runs
+        (ddppipe.runstate.node_beats): the hang watchdog's reading, and a node gone silent is
+        a lost node."""
         return self.root / "node-beats"
 
     @property
     def watchdog(self) -> Path:
-        """The current slot's heartbeats and stack dumps, one of each a rank
+        """The current slot's stack dumps (one a rank, copied there by its node's agent when
+        the watchdog asked for them) and NCCL flight records
         (ddppipe.training.measuring.heartbeat, ddppipe.launching.watchdog)."""
         return self.root / "watchdog"
 

@@ -30,11 +30,12 @@ def model() -> ModuleType:
     ("nodes", "ranks", "expected"),
     [
         # 10 s of steady training: each node's record written twice (every 5 s) and read 5
-        # times (every 2 s), node-beats/ listed 5 times: inotify's opens, the code's counts
-        (2, 2, (19, 4, 15)),
-        (2, 8, (19, 4, 15)),
-        (4, 2, (33, 8, 25)),
-        (4, 8, (33, 8, 25)),
+        # times (every 2 s), node-beats/ not listed (every rank's node known since the first
+        # period): inotify's opens, the code's counts
+        (2, 2, (14, 4, 10)),
+        (2, 8, (14, 4, 10)),
+        (4, 2, (28, 8, 20)),
+        (4, 8, (28, 8, 20)),
     ],
 )
 def test_steady_training_opens_files_a_node_not_a_rank(

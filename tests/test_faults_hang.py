@@ -191,6 +191,26 @@ def test_a_lost_nodes_step_is_the_one_the_ranks_heartbeats_name(
     assert watchdog.steps("77", []) == []
 
 
+def test_a_ranks_stack_dump_reaches_the_state_folder_once_whole(tmp_path: Path) -> None:
+    """A rank dumps its stack node-locally (faulthandler's file); its node's summary copies it
+    to the state folder once it stopped growing, and not again."""
+    state, local = StateDir(tmp_path / "state"), tmp_path / "node-local"
+    local.mkdir()
+    heart = heartbeat.Heart(local, 2, True, False, background=False)
+    heart._write()
+    summary = node_summary.Summary("L", "cn1", local, state, "auto", now=0.0)
+    dump, copied = heartbeat.stacks_file(local, 2), heartbeat.stacks_file(state.watchdog, 2)
+    summary.poll(0.0)
+    dump.write_text('Thread 0x1 (most recent call first):\n  File "a.py", line 3 in f\n')
+    summary.poll(0.5)  # (still growing, for all it knows)
+    assert not copied.exists()
+    summary.poll(1.0)
+    assert copied.read_text() == dump.read_text()
+    copied.unlink()
+    summary.poll(1.5)
+    assert not copied.exists()  # written once
+
+
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [("auto", 7200.0), (3, 1200.0), (600, 1200.0), (2000, 2300.0)],

@@ -19,7 +19,8 @@ READ_S = 2.0  # the launcher reads every node's record at most this often
 
 class NodeRecords:
     """The records of slot ``launcher``'s nodes in ``folder`` (``node-beats/``): those of
-    ``hosts`` and any other the folder lists; ``started``: the slot's start (monotonic)."""
+    ``hosts`` and, until the hang watchdog has heard of every rank (:attr:`listing`), any other
+    the folder lists; ``started``: the slot's start (monotonic)."""
 
     def __init__(self, folder: Path, launcher: str, hosts: list[str] | None = None,
                  started: float | None = None) -> None:  # fmt: skip
@@ -29,6 +30,7 @@ class NodeRecords:
         self.changed_at: dict[str, float] = {}  # node -> when its count last changed
         self.read_at: float | None = None
         self.version = 0  # one up at each read that found a changed record
+        self.listing = True  # list the folder for nodes not in ``hosts`` (until every rank is in)
         self.opens = 0  # files opened (the shared filesystem's load: bench/control_plane.py)
         self._lock = threading.Lock()
 
@@ -54,12 +56,15 @@ class NodeRecords:
             return changed
 
     def _nodes(self) -> list[str]:
-        try:
-            listed = [p.name for p in self.folder.iterdir()]
-            self.opens += 1
-        except OSError:
-            listed = []
-        return sorted(set(self.hosts) | set(listed))
+        """``hosts``, the nodes found so far, and while :attr:`listing` those the folder lists."""
+        listed: list[str] = []
+        if self.listing:
+            try:
+                listed = [p.name for p in self.folder.iterdir()]
+                self.opens += 1
+            except OSError:
+                pass
+        return sorted(set(self.hosts) | set(self.records) | set(listed))
 
     @property
     def ended(self) -> set[str]:

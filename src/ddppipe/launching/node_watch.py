@@ -65,6 +65,7 @@ class NodeWatch:
         if records is None or records.launcher != launcher:
             records = NodeRecords(self.state.node_beats, launcher, self.hosts, self._asked)
         records.hosts = sorted(set(records.hosts) | set(self.hosts))
+        records.listing = False  # (the step's nodes are known)
         records.started = self._asked
         self._silence = records
 

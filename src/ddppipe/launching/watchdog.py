@@ -289,6 +289,8 @@ class Watchdog:
                 view.changed_at = seen_at - idle
                 if self.armed_at is None and beat.watched:
                     self.armed_at = seen_at
+        if self.records.listing and all(v.reported for v in self.views.values()):
+            self.records.listing = False  # every rank's node known: no more listing
 
     def _check(self, now: float) -> tuple[list[RankView], allowances.Allowance] | None:
         """Read the heartbeats; the ranks past their allowance (and it) if any."""

@@ -168,6 +168,30 @@ def test_the_watchdog_allows_an_evaluation_what_the_first_took(tmp_path: Path) -
     assert allowed.why.startswith("evaluate's after its first in the slot: 10 x its longest")
 
 
+def test_a_rank_whose_nodes_record_stopped_is_late_after_its_allowance_and_two_reports(
+    tmp_path: Path,
+) -> None:
+    """A node's agent gone (its record no longer changes): its rank, judged fine in the last
+    record, is named by the launcher's own clock after its allowance (3 s) and two missed
+    reports (10 s), not before."""
+    cfg = default_config()
+    cfg["launch"]["hang_timeout_s"] = TIMEOUT_S
+    state = StateDir(tmp_path / "state")
+    dog = watchdog.Watchdog(run_spec.resolve(cfg, False), state, 1, None, world_size=1)
+    dog.environment()
+    local = tmp_path / "node-local"
+    local.mkdir()
+    heart = heartbeat.Heart(local, 0, True, False, background=False)
+    heart.beat("train", 1)
+    heart._write()
+    node_summary.Summary("", "cn1", local, state, TIMEOUT_S).step(0.0)
+    t0 = time.monotonic()
+    assert dog._check(t0) is None
+    assert dog._check(t0 + 12.5) is None
+    late, allowed = dog._check(t0 + 13.5) or ([], None)
+    assert [v.rank for v in late] == [0] and allowed is not None and allowed.seconds == 3.0
+
+
 def test_a_lost_nodes_step_is_the_one_the_ranks_heartbeats_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

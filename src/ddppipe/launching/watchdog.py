@@ -4,7 +4,8 @@ The launcher (on the job's first node) reads one record a node every
 :data:`~ddppipe.launching.node_records.READ_S`: each node's agent (locally the launcher itself)
 reads its ranks' heartbeats (:mod:`ddppipe.training.measuring.heartbeat`) node-locally and
 judges them (:mod:`ddppipe.training.measuring.node_summary`), reporting at once a rank past its
-allowance; a rank never reported is judged here, from the slot's start. A rank may go
+allowance; a rank never reported is judged here, from the slot's start, and so is a rank whose
+node's record stopped (its agent gone) from the record's last change. A rank may go
 without progress for its phase's allowance (:func:`allowances.allowance`): a training step's
 is ``launch.hang_timeout_s``, or with ``auto`` 10 times the slowest step seen in the slot and
 at least 2 minutes (10 minutes until the slot's first steps: torchtitan's two timeouts,
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 POLL_S = READ_S  # (each poll reads the nodes' records)
 DUMP_WAIT_S = 5.0  # for every rank's stack to arrive
 KILL_WAIT_S = 15.0  # for the killed step's srun to exit
+# A node's record silent this long beyond a rank's allowance: its agent is gone, the rank late.
+SILENT_RECORD_S = 2 * node_summary.REPORT_S
 NO_WATCHDOG_NOTE = (
     "no hang watchdog: the script called neither job.should_stop() nor job.log(), through "
     "which the watchdog sees its progress"
@@ -125,6 +128,7 @@ class RankView:
     changed_at: float = 0.0  # the launcher's time.monotonic() of its last progress
     frames: list[Frame] = field(default_factory=list)
     reported: bool = False  # in a node's record (its agent judges it), else judged here
+    node: str = ""  # whose record reported it
     late: bool = False  # past its allowance, its node's agent says
 
     @property
@@ -285,7 +289,7 @@ class Watchdog:
                 view = self.views.get(beat.rank)
                 if view is None:
                     continue
-                view.beat, view.reported, view.late = beat, True, late
+                view.beat, view.reported, view.late, view.node = beat, True, late, node
                 view.changed_at = seen_at - idle
                 if self.armed_at is None and beat.watched:
                     self.armed_at = seen_at
@@ -307,8 +311,11 @@ class Watchdog:
             limit = allowances.allowance(
                 self.setting, view.phase, beat.slowest_step_s if beat else None, longest
             )
-            since = max(view.changed_at, self.armed_at or view.changed_at)
-            if view.late if view.reported else now - since > limit.seconds:
+            since, grace = max(view.changed_at, self.armed_at or view.changed_at), 0.0
+            if view.reported:  # its node's agent judges it, unless its record fell silent
+                heard = self.records.changed_at.get(view.node, now) if self.records else now
+                since, grace = max(heard, self.armed_at or heard), SILENT_RECORD_S
+            if view.late or now - since > limit.seconds + grace:
                 late.append(view)
                 allowed = limit if allowed is None or limit.seconds > allowed.seconds else allowed
         return (late, allowed) if late and allowed is not None else None

@@ -5,6 +5,7 @@ on SLURM the job continues from the last checkpoint in a new slot."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -166,6 +167,29 @@ def test_the_watchdog_allows_an_evaluation_what_the_first_took(tmp_path: Path) -
     assert [v.rank for v in late] == [0] and allowed is not None
     assert 5.0 <= allowed.seconds < 5.5, allowed
     assert allowed.why.startswith("evaluate's after its first in the slot: 10 x its longest")
+
+
+def test_a_gpu_ranks_flight_recorder_is_dumped_after_its_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's request for the NCCL flight recorder is the rank's own stack dump (no
+    file polled on the shared filesystem): once its stack file has bytes, the heartbeat's
+    thread dumps the recorder, once (the recorder itself mocked: no GPU here)."""
+    dumped: list[int] = []
+    monkeypatch.setattr(heartbeat.Heart, "_dump_nccl_trace", lambda self: dumped.append(self.rank))
+    fd = os.open(tmp_path / "rank-0.stacks", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        heartbeat.Heart(tmp_path, 0, True, True, tmp_path / "shared", fd)
+        time.sleep(heartbeat.WRITE_EVERY_S * 1.2)  # (a round of its thread)
+        assert dumped == []
+        os.write(fd, b"Thread 0x1 (most recent call first):\n")
+        deadline = time.monotonic() + 5
+        while not dumped and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(heartbeat.WRITE_EVERY_S * 1.2)  # (a round of its thread)
+        assert dumped == [0]
+    finally:
+        os.close(fd)
 
 
 def test_a_rank_whose_nodes_record_stopped_is_late_after_its_allowance_and_two_reports(

@@ -21,17 +21,18 @@ The real code runs, with nodes and ranks that do not train:
   another at the store (its server serves one at a time) at the cost of one request measured
   here, plus the world checks' rounds (:func:`ddppipe.training.measuring.world_checks.ring_rounds`)
   at ``--round-s`` each (an assumption: a pair's 16 MiB all-reduces and its group's creation);
-- **a DDP checkpoint**: the metadata operations of one save (rank 0's checkpoint
-  :class:`~ddppipe.training.checkpoints.checkpoint.Store`, under inotify) and the copies of the
-  state a node pins in host memory (each rank's:
-  :mod:`ddppipe.training.checkpoints.background_copy`).
+- **a DDP checkpoint**: the files one save writes, the job's and a node's, and the copies of
+  the model's and optimizer's state a node holds in host memory for it
+  (:func:`ddppipe.training.checkpoints.save_plan.ddp`: rank 0 alone copies and writes the state,
+  each rank its own RNG file).
 
 Before: the code of commit f4c52e7, modelled from its operations (not run): each rank wrote
 its heartbeat file and the launcher read it every second (2 opens a second a rank), each node's
 agent wrote its beat file every second and the node watch read it (2 a node), and listed
 ``failures/`` every second (1 a job); ``scontrol`` every 15 s; the exchange read every rank's
 key from every rank (world x (world + 2) requests); the world checks timed every pair of nodes
-one after another.
+one after another; a DDP save copied the state on every rank and wrote it in parts from all
+(a file a rank, 3 more on the first node: ``docs/performance.md``'s count).
 
     python bench/control_plane.py                    # N = 8, 64, 512, 2048; 8 ranks a node
     python bench/control_plane.py --nodes 8 64 --json out.json
@@ -64,6 +65,7 @@ from ddppipe.launching.node_records import NodeRecords  # noqa: E402
 from ddppipe.runstate import node_beats  # noqa: E402
 from ddppipe.runstate.state import StateDir  # noqa: E402
 from ddppipe.settings import run_spec  # noqa: E402
+from ddppipe.training.checkpoints import save_plan  # noqa: E402
 from ddppipe.training.measuring import heartbeat, node_summary, world_checks  # noqa: E402
 from tests.tiny import default_config  # noqa: E402
 
@@ -89,8 +91,10 @@ class Figures:
     store_measured: bool  # run over the TCPStore (else each rank's measured count x ranks)
     check_rounds: int
     startup_s: float  # modelled: the exchange's requests in sequence + the checks' rounds
-    ckpt_files_per_save: int  # metadata operations of one save (rank 0's)
-    ckpt_host_copies_per_node: int
+    ckpt_files: int  # one DDP save's, the job's
+    ckpt_files_node: int  # on a node but the first
+    ckpt_copies_first_node: int  # copies of the state in host memory: on the first node
+    ckpt_copies_node: int  # on each other
 
 
 def spec_of(ranks: int, nodes: int) -> run_spec.RunSpec:
@@ -227,24 +231,8 @@ def request_seconds(requests: int = 2000) -> float:
     return (time.perf_counter() - started) / requests
 
 
-def checkpoint_ops(root: Path) -> int:
-    """Metadata operations of one DDP save (rank 0's, into a store keeping 2 of 3)."""
-    import torch
-
-    from ddppipe.training.checkpoints.checkpoint import Store
-
-    folder = root / "ckpt"
-    store = Store(folder, keep=2)
-    snapshot = {"epoch": 1, "step": 1, "model": {"w": torch.zeros(4)}}
-    for epoch in (1, 2):
-        store.save({**snapshot, "epoch": epoch, "step": epoch})
-    with Watcher(folder) as watcher:
-        store.save({**snapshot, "epoch": 3, "step": 3})
-    return sum(watcher.counts().values())
-
-
 def model(nodes: int, ranks: int, seconds: float, store_ranks: int, per_request_s: float,
-          round_s: float, ckpt_ops: int, per_rank: dict[int, float]) -> Figures:  # fmt: skip
+          round_s: float, per_rank: dict[int, float]) -> Figures:  # fmt: skip
     """The figures at ``nodes`` x ``ranks``; ``per_rank``: each world's measured requests a
     rank so far (the largest measured one stands for larger worlds)."""
     root = Path(tempfile.mkdtemp(prefix="ddppipe-control-plane-"))
@@ -261,10 +249,13 @@ def model(nodes: int, ranks: int, seconds: float, store_ranks: int, per_request_
     rate = per_rank[world] if measured else per_rank[max(per_rank)]
     requests = round(rate * world)
     rounds = len(world_checks.ring_rounds(nodes))
+    plan = save_plan.ddp(nodes, ranks, 1)
     return Figures(
         nodes, ranks, round(ops / seconds, 2), round(ops / seconds / nodes, 3), writes, reads,
         slurm, requests, round(rate, 2), measured, rounds,
-        round(requests * per_request_s + rounds * round_s, 2), ckpt_ops, ranks,
+        round(requests * per_request_s + rounds * round_s, 2), plan.files,
+        plan.busiest_node_files - len(save_plan.RANK0_FILES),
+        int(plan.pinned_bytes_node_0 > 0), int(plan.pinned_bytes_other_nodes > 0),
     )  # fmt: skip
 
 
@@ -278,24 +269,27 @@ def before(nodes: int, ranks: int, per_request_s: float, round_s: float) -> dict
         "fs_ops_per_s": per_s, "fs_ops_per_s_per_node": round(per_s / nodes, 3),
         "slurm_calls_per_min": 60 / OLD_SCONTROL_EVERY_S, "store_requests": requests,
         "startup_s": round(requests * per_request_s + pairs * round_s, 1),
+        "ckpt_files": world + 3, "ckpt_files_node": ranks, "ckpt_copies_node": ranks,
     }  # fmt: skip
 
 
 def table(rows: list[tuple[Figures, dict[str, float]]]) -> str:
     head = (f"{'nodes':>6} {'ranks':>6} | {'FS ops/s':>9} {'a node':>7} | {'store req':>13} | "
-            f"{'start-up s':>10} | {'SLURM/min':>9} | {'ckpt ops':>8} "
-            f"{'copies/node':>11}")  # fmt: skip
+            f"{'start-up s':>10} | {'SLURM/min':>9} | {'ckpt files':>10} {'a node':>6} | "
+            f"{'copies a node':>13}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for f, old in rows:
+        copies = f"{f.ckpt_copies_first_node} (first), {f.ckpt_copies_node}"
         lines.append(
             f"{f.nodes:>6} {f.ranks:>6} | {f.fs_ops_per_s:>9.2f} {f.fs_ops_per_s_per_node:>7.3f} | "
             f"{f.store_requests:>13,} | {f.startup_s:>10.1f} | {f.slurm_calls_per_min:>9.1f} | "
-            f"{f.ckpt_files_per_save:>8} {f.ckpt_host_copies_per_node:>11}"
+            f"{f.ckpt_files:>10,} {f.ckpt_files_node:>6} | {copies:>13}"
         )
         lines.append(
             f"{'before':>13} | {old['fs_ops_per_s']:>9.0f} {old['fs_ops_per_s_per_node']:>7.2f} | "
             f"{old['store_requests']:>13,} | {old['startup_s']:>10.0f} | "
-            f"{old['slurm_calls_per_min']:>9.1f} | {'':>8} {'':>11}"
+            f"{old['slurm_calls_per_min']:>9.1f} | {old['ckpt_files']:>10,} "
+            f"{old['ckpt_files_node']:>6} | {old['ckpt_copies_node']:>13}"
         )
     return "\n".join(lines)
 
@@ -314,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1 for n in args.nodes) or args.ranks < 1:
         ap.error("--nodes and --ranks must be at least 1")
     per_request_s = request_seconds()
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt_ops = checkpoint_ops(Path(tmp))
     print(f"ddppipe's control plane, a scale model, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}: a store request "
           f"{per_request_s * 1e6:.0f} us (measured here), a world checks' round "
@@ -323,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, per_rank = [], {}
     for nodes in args.nodes:
         found = model(nodes, args.ranks, args.seconds, args.store_ranks, per_request_s,
-                      args.round_s, ckpt_ops, per_rank)  # fmt: skip
+                      args.round_s, per_rank)  # fmt: skip
         rows.append((found, before(nodes, args.ranks, per_request_s, args.round_s)))
     print(table(rows))
     if args.json:

@@ -239,6 +239,22 @@ def test_a_lost_nodes_step_is_the_one_the_ranks_heartbeats_name(
     assert watchdog.steps("77", []) == []
 
 
+@pytest.mark.parametrize(("nodes", "bound"), [(1, 600.0), (64, 632.0)])
+def test_a_nodes_summary_allows_start_up_what_the_runs_nodes_give(
+    tmp_path: Path, nodes: int, bound: float
+) -> None:
+    """A node's agent judges a rank still starting by start-up's allowance at the run's size
+    (``launch.nnodes``, passed on by the launcher): 600 s at 1 node, 632 s at 64."""
+    local = tmp_path / "node-local"
+    local.mkdir()
+    heartbeat.Heart(local, 0, True, False, background=False)
+    summary = node_summary.Summary("L", "cn1", local, StateDir(tmp_path / "state"), "auto",
+                                   now=0.0, nodes=nodes)  # fmt: skip
+    summary.poll(0.0)
+    assert not summary.late(0, bound - 1.0)
+    assert summary.late(0, bound + 1.0)
+
+
 def test_a_ranks_stack_dump_reaches_the_state_folder_once_whole(tmp_path: Path) -> None:
     """A rank dumps its stack node-locally (faulthandler's file); its node's summary copies it
     to the state folder once it stopped growing, and not again."""
@@ -352,12 +368,14 @@ def test_gpu_ranks_keep_the_nccl_flight_recorder(tmp_path: Path) -> None:
     folder = (tmp_path / "state" / "watchdog").resolve()
     assert gpu.environment() == {
         "DDPPIPE_HANG_TIMEOUT_S": "auto",
+        "DDPPIPE_RUN_NODES": "1",
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl-trace-rank-",
     }
     cpu = watchdog.Watchdog(cpu_spec, StateDir(tmp_path / "state"), 1, None)
-    assert cpu.environment() == {"DDPPIPE_HANG_TIMEOUT_S": "auto"} and folder.is_dir()
+    assert cpu.environment() == {"DDPPIPE_HANG_TIMEOUT_S": "auto", "DDPPIPE_RUN_NODES": "1"}
+    assert folder.is_dir()
     opened = Attempt(1, "local", 0, ["here"], 0.0)
     state = StateDir(tmp_path / "state")
     assert lifecycle.slot_record(gpu_spec, state, opened, None, None).nccl_trace

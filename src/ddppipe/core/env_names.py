@@ -10,8 +10,9 @@ others cross into a process that no record reaches first:
 - :data:`WARM_CHILD`: set in a command the warm server forked (it runs, no delegating);
 - :data:`UNDER_AGENT`, :data:`AGENT_MARKS`: set by ``ddppipe agent`` for the workers torchrun
   starts (the second: its start-up's clock readings);
-- :data:`HANG_TIMEOUT`: ``launch.hang_timeout_s``, set by the launcher for the nodes' agents,
-  which judge their ranks' progress against it (ddppipe.training.measuring.node_summary);
+- :data:`HANG_TIMEOUT`, :data:`RUN_NODES`: ``launch.hang_timeout_s`` and ``launch.nnodes``, set
+  by the launcher for the nodes' agents, which judge their ranks' progress by the allowances
+  they give (ddppipe.training.measuring.node_summary);
 - :data:`PACKED_SLOT`, :data:`ALLOCATION_END`, :data:`PLACEMENT`: set by a packed
   allocation's node worker (ddppipe.packing.worker) for a trial's launcher.
 """
@@ -29,3 +30,4 @@ ALLOCATION_END = "DDPPIPE_ALLOCATION_END"  # a packed trial's "<warning> <end>",
 AGENT_MARKS = "DDPPIPE_AGENT_MARKS"  # a node's agent's start-up marks, JSON (core.process_times)
 PLACEMENT = "DDPPIPE_PLACEMENT"  # a packed multi-node trial's nodes (ddppipe.slurm.placement)
 HANG_TIMEOUT = "DDPPIPE_HANG_TIMEOUT_S"  # launch.hang_timeout_s, for the nodes' agents
+RUN_NODES = "DDPPIPE_RUN_NODES"  # launch.nnodes, for the nodes' agents (start-up's allowance)

@@ -180,7 +180,7 @@ class Watchdog:
                  world_size: int | None = None) -> None:  # fmt: skip
         self.state, self.folder = state, state.watchdog
         self.report = state.hangs / f"attempt-{attempt}.txt"
-        self.setting = spec.launch.hang_timeout_s
+        self.setting, self.nodes = spec.launch.hang_timeout_s, spec.launch.nnodes
         self.world_size = spec.world_size if world_size is None else world_size
         self.script, self.gpus, self.job = spec.kind == "script", spec.gpus, job
         source = spec.task_source or {}
@@ -201,7 +201,7 @@ class Watchdog:
         self.folder.mkdir(parents=True, exist_ok=True)
         found = self._slot()
         self.records = NodeRecords(self.state.node_beats, found.launcher if found else "")
-        env = {env_names.HANG_TIMEOUT: str(self.setting)}
+        env = {env_names.HANG_TIMEOUT: str(self.setting), env_names.RUN_NODES: str(self.nodes)}
         if self.gpus:  # the NCCL flight recorder: kept, dumped on NCCL's timeout or on a hang
             env.update({
                 "TORCH_NCCL_TRACE_BUFFER_SIZE": os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -220,7 +220,7 @@ class Watchdog:
         if self.records is None:
             self.records = NodeRecords(self.state.node_beats, found.launcher if found else "")
         if self.job is None and found is not None:  # locally: this node's agent is this process
-            self._end_local = node_summary.start_for(found, self.setting)
+            self._end_local = node_summary.start_for(found, self.setting, self.nodes)
         now = time.monotonic()
         self.records.started = now
         for view in self.views.values():
@@ -309,7 +309,11 @@ class Watchdog:
             beat = view.beat
             longest = (beat.longest_s or {}).get(view.phase) if beat else None
             limit = allowances.allowance(
-                self.setting, view.phase, beat.slowest_step_s if beat else None, longest
+                self.setting,
+                view.phase,
+                beat.slowest_step_s if beat else None,
+                longest,
+                self.nodes,
             )
             since, grace = max(view.changed_at, self.armed_at or view.changed_at), 0.0
             if view.reported:  # its node's agent judges it, unless its record fell silent

@@ -42,6 +42,12 @@ def hang_setting(env: dict[str, str] | None = None) -> float | str:
         return "auto"
 
 
+def run_nodes(env: dict[str, str] | None = None) -> int:
+    """``launch.nnodes`` as the launcher passed it (1 without it)."""
+    value = (os.environ if env is None else env).get(env_names.RUN_NODES, "1")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
 @dataclass
 class _Rank:
     beat: heartbeat.Beat
@@ -52,11 +58,14 @@ class _Rank:
 
 class Summary:
     """One node's summary of slot ``launcher``'s ranks in ``local`` (node-local), reported to
-    ``shared`` (the state folder); ``setting``: ``launch.hang_timeout_s``."""
+    ``shared`` (the state folder); ``setting``: ``launch.hang_timeout_s``; ``nodes``: the run's
+    (``launch.nnodes``: start-up's allowance grows with them)."""
 
     def __init__(self, launcher: str, node: str, local: Path, shared: StateDir,
-                 setting: float | str, now: float | None = None) -> None:  # fmt: skip
+                 setting: float | str, now: float | None = None,
+                 nodes: int = 1) -> None:  # fmt: skip
         self.launcher, self.node, self.local, self.setting = launcher, node, local, setting
+        self.nodes = nodes
         self.path, self.stacks = shared.node_beats / node, shared.watchdog
         self.started = time.monotonic() if now is None else now
         self.ranks: dict[int, _Rank] = {}
@@ -106,7 +115,8 @@ class Summary:
         if self.armed_at is None or beat.phase == heartbeat.DONE:
             return False
         longest = (beat.longest_s or {}).get(beat.phase)
-        limit = allowances.allowance(self.setting, beat.phase, beat.slowest_step_s, longest)
+        limit = allowances.allowance(self.setting, beat.phase, beat.slowest_step_s, longest,
+                                     self.nodes)  # fmt: skip
         return self.idle(rank, now) > limit.seconds
 
     def record(self, now: float, ended: bool = False) -> node_beats.NodeRecord:
@@ -169,21 +179,22 @@ def run(summary: Summary) -> Callable[[], None]:
     return end
 
 
-def start(setting: float | str | None = None) -> Callable[[], None]:
-    """(A node's agent; locally the launcher) Summarise this node's ranks of the current slot
-    (its record's, :mod:`ddppipe.core.slot`); the function that ends it. Outside a slot:
-    nothing. ``setting``: ``launch.hang_timeout_s`` (the launcher's, passed on to the agents
-    when None: :func:`hang_setting`)."""
+def start() -> Callable[[], None]:
+    """(A node's agent) Summarise this node's ranks of the current slot (its record's,
+    :mod:`ddppipe.core.slot`) by the launcher's ``launch.hang_timeout_s`` and ``launch.nnodes``
+    (:func:`hang_setting`, :func:`run_nodes`); the function that ends it. Outside a slot:
+    nothing."""
     found = slot.read()
     if found is None:
         return lambda: None
-    return start_for(found, setting)
+    return start_for(found, hang_setting(), run_nodes())
 
 
-def start_for(found: slot.Slot, setting: float | str | None = None) -> Callable[[], None]:
-    """:func:`start` for slot record ``found``."""
+def start_for(found: slot.Slot, setting: float | str, nodes: int) -> Callable[[], None]:
+    """:func:`start` for slot record ``found``, ``setting`` and ``nodes`` (locally: the
+    launcher's own)."""
     node = node_beats.node()
     local = node_beats.local_folder(found.launcher, node)
     node_beats.make_local_folder(local)
-    setting = hang_setting() if setting is None else setting
-    return run(Summary(found.launcher, node, local, StateDir(Path(found.state)), setting))
+    state = StateDir(Path(found.state))
+    return run(Summary(found.launcher, node, local, state, setting, nodes=nodes))

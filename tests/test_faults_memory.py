@@ -182,7 +182,7 @@ def test_the_cpu_allocators_failure_is_classified_with_its_figures() -> None:
         memory={"kind": "host", "peak": 3 * GIB, "total": 64 * GIB, "asked": 4 * GIB,
                 "address_space": 6 * GIB},
     )  # fmt: skip
-    assert failure.outcome(1) == "out of memory"
+    assert failure.outcome() == "out of memory"
     assert failure.cause() == (
         "out of memory on rank 2 (cn08): peak 3.0 of 64.0 GiB host memory, asking for 4.0 GiB "
         "more under an address-space limit of 6.0 GiB (ulimit -v) (RuntimeError at "
@@ -292,7 +292,7 @@ def test_a_cuda_out_of_memory_error_is_classified_with_its_figures() -> None:
         frame="tasks/big.py:12 (in forward)", step=40, epoch=1, restart=0, traceback="",
         memory=found,
     )  # fmt: skip
-    assert failure.outcome(1) == "out of memory"
+    assert failure.outcome() == "out of memory"
     assert failure.cause() == (
         "out of memory on rank 3 (cn08): peak 78.1 of 79.2 GiB GPU memory (OutOfMemoryError "
         f"at tasks/big.py:12 (in forward), step 40 (epoch 1)); {HINT}"
@@ -309,14 +309,17 @@ def test_a_killed_rank_comes_before_earlier_follow_on_errors(tmp_path: Path) -> 
     failures._write(tmp_path, survivor)
     killed = failures.killed(tmp_path, 1, signal.SIGKILL, 0, step=4, oom_killer=True)
     assert failures.first(tmp_path) == killed
-    assert killed.outcome(137) == "out of memory"
+    assert killed.outcome() == "out of memory"
     assert killed.cause().startswith(
         f"out of memory on rank 1 ({HOST}): killed by the OOM killer (SIGKILL)"
     )
     assert killed.cause().endswith(f" GiB host memory; {HINT}")
     segv = failures.killed(tmp_path, 2, signal.SIGSEGV, 0)
-    assert segv.outcome(139) == "killed by SIGSEGV"
+    assert segv.outcome() == "killed by SIGSEGV"
     assert segv.cause() == f"rank 2 ({HOST}) killed by SIGSEGV"
+    # an exception's rank exits 1, though srun may exit 143 (a peer's agent ended by its
+    # --kill-on-bad-exit as the failing one exits)
+    assert survivor.outcome() == "crashed (exit 1)"
 
 
 def test_rank_memory_counts_parameters_gradients_and_optimizer_state() -> None:
@@ -378,7 +381,7 @@ def test_the_torchrun_agent_records_its_killed_ranks(
     found = failures.first(folder)
     assert found is not None
     assert (found.rank, found.signal, found.restart) == (3, "SIGKILL", 2)
-    assert found.outcome(1) == "killed by SIGKILL"
+    assert found.outcome() == "killed by SIGKILL"
     assert {f.rank for f in failures.read_all(folder)} == {0, 3}
 
 

@@ -406,7 +406,7 @@ def _failed(slot: SlotState, code: int, facts: Facts) -> tuple[SlotState, list[A
                               len(facts.history))  # fmt: skip
     if final is not None and not failure.nonfinite:  # a non-finite loss's outcome says it all
         detail += f" ({final}: not retried)"
-    actions.append(Finish(failure.outcome(code), code, detail, asdict(failure)))
+    actions.append(Finish(failure.outcome(), code, detail, asdict(failure)))
     if final is not None:
         actions += [Finalize(failure, final), Say(logging.ERROR, f"not retrying: {final}")]
     return _ended(slot, code), actions

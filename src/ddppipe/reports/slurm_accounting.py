@@ -65,7 +65,7 @@ def _named(attempt: dict[str, Any], record: accounting.Record) -> dict[str, Any]
     )
     failure = failures.Failure(**{**asdict(before), "memory": figures})
     rest = attempt.get("detail", "").removeprefix(before.cause())
-    return {**attempt, "outcome": failure.outcome(attempt.get("exit_status") or 0).label,
+    return {**attempt, "outcome": failure.outcome().label,
             "detail": failure.cause() + rest, "failure": asdict(failure)}  # fmt: skip
 
 

@@ -64,6 +64,9 @@ class RepeatedFailure(RuntimeError, UserError):
     """The run's last failure ends it for good (see :func:`refusal`)."""
 
 
+EXCEPTION_EXIT = 1  # a rank's uncaught exception (Python's exit status)
+
+
 @dataclass(frozen=True)
 class Failure:
     """One rank's failure."""
@@ -96,8 +99,9 @@ class Failure:
         user's ran, the nodes did not meet."""
         return self.rank == AGENT_RANK and self.type.startswith("Rendezvous")
 
-    def outcome(self, code: int) -> Outcome:
-        """The slot's outcome for this failure and the launcher's exit status ``code``."""
+    def outcome(self) -> Outcome:
+        """The slot's outcome for this failure (named by the failure alone: the launcher's
+        exit status may be another rank's, below)."""
         if self.nonfinite:
             return outcomes.parse(self.message)  # non-finite loss at step 8 (epoch 1)
         if self.rendezvous:
@@ -108,7 +112,10 @@ class Failure:
             return Outcome(Kind.OUT_OF_MEMORY)
         if self.signal is not None:
             return Outcome(Kind.KILLED, self.signal)
-        return outcomes.crashed(code)
+        # An uncaught exception ends its rank with Python's status 1, whatever the launcher's
+        # says: srun's is its tasks' highest, and --kill-on-bad-exit may end another
+        # node's agent with SIGTERM (143) as the failing one exits.
+        return outcomes.crashed(EXCEPTION_EXIT)
 
     @property
     def nonfinite(self) -> bool:

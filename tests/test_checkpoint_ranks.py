@@ -3,6 +3,7 @@ memory, writes and reads, and where its RNG streams go; and the plan of such a s
 size (:mod:`ddppipe.training.checkpoints.save_plan`)."""
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.training.checkpoints import checkpoint, save_plan, sharded_checkpoint
 from ddppipe.training.loop import rng, run_checkpoints, strategy
-from ddppipe.training.measuring import save_costs
+from ddppipe.training.measuring import efficiency, save_costs
+from tests import object_exchanges
 from tests.test_background_copy import assert_bitwise, cloned, model_and_optimizer, train_step
 from tests.tiny import default_config
 
@@ -34,12 +36,13 @@ def save_and_resume(rank: int, folder: str) -> None:
     model, optimizer = model_and_optimizer()  # (the same on both ranks)
     parts = checkpoint.Trainable(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1))
     cpu = torch.device("cpu")
-    saves = run_checkpoints.Checkpoints(
-        spec, StateDir(Path(folder)), distributed.Context(rank, rank, 2, cpu, "gloo", "test", 2),
-        strategy.of(spec.launch), parts, config_hash="abc", steps_per_epoch=10,
-        record=lambda **_: None, precision=precision.Decision("fp32", "fp32"),
-        costs=save_costs.SaveCosts(),
-    )  # fmt: skip
+    with object_exchanges.counted() as started:  # a slot's start, as its training's
+        saves = run_checkpoints.Checkpoints(
+            spec, StateDir(Path(folder)),
+            distributed.Context(rank, rank, 2, cpu, "gloo", "test", 2), strategy.of(spec.launch),
+            parts, config_hash="abc", steps_per_epoch=10, record=lambda **_: None,
+            precision=precision.for_world("fp32", cpu), costs=save_costs.SaveCosts(),
+        )  # fmt: skip
     torch.manual_seed(100 + rank)  # this rank's own streams
     streams = rng.state(cpu)
     expected = cloned(sharded_checkpoint.tensors_of(model, optimizer))
@@ -78,8 +81,11 @@ def save_and_resume(rank: int, folder: str) -> None:
     assert torch.equal(torch.get_rng_state(), streams["cpu"])
     if copier is not None:
         copier.shut()
+    with object_exchanges.counted() as ended:  # the slot's figures, at its end
+        efficiency.SlotMeter().collect(2)
     found = {"held": held, "exchanged": [type(x).__name__ for x in exchanged], "read": read,
-             "files": sorted(os.listdir(path)) if rank == 0 else []}  # fmt: skip
+             "files": sorted(os.listdir(path)) if rank == 0 else [], "started": dict(started),
+             "ended": dict(ended), "hosts": saves.meta["hosts"]}  # fmt: skip
     torch.save(found, Path(folder) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -89,7 +95,9 @@ def test_a_ddp_save_is_copied_written_and_read_by_rank_0_alone(tmp_path: Path) -
     writes its own RNG streams (no object gathered: a byte a rank says they are written, a
     number a rank whether the save failed); at the resume rank 0 alone reads the tensor file,
     once, and the other rank gets the state by broadcast; every rank resumes the weights and
-    its own streams."""
+    its own streams. At the slot's start and end the ranks' hosts, precision and figures go
+    to rank 0 alone (gathered, not all-gathered: at 16,384 ranks an all-gather of host names
+    moved 16,384 of them to every rank)."""
     import torch.multiprocessing as mp
 
     mp.spawn(save_and_resume, args=(str(tmp_path),), nprocs=2)
@@ -100,6 +108,18 @@ def test_a_ddp_save_is_copied_written_and_read_by_rank_0_alone(tmp_path: Path) -
     assert [f["exchanged"] for f in found] == [[], []]
     tensors = tmp_path / "checkpoints" / "ckpt-e0001-s000000" / "__0_0.distcp"
     assert found[0]["read"] == [tensors.stat().st_size] and found[1]["read"] == []
+    # per-rank metadata to rank 0 alone, which uses it: no rank receives every rank's
+    assert [f["started"] for f in found] == [
+        {"gather_object": 2, "gather_object:received": 4,  # precision's, the hosts
+         "broadcast_object_list": 1, "broadcast_object_list:received": 1},  # the decision
+        {"gather_object": 2, "gather_object:received": 0,
+         "broadcast_object_list": 1, "broadcast_object_list:received": 1},
+    ]  # fmt: skip
+    assert [f["hosts"] for f in found] == [[socket.gethostname()] * 2, []]
+    assert [f["ended"] for f in found] == [
+        {"gather_object": 1, "gather_object:received": 2},
+        {"gather_object": 1, "gather_object:received": 0},
+    ]
 
 
 @pytest.mark.parametrize(

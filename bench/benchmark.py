@@ -126,7 +126,7 @@ def run_classic(
         f"--stop-at={target}",
     ]
     run = Run("classic DataLoader script", "classic: Adadelta lr 1.0, StepLR 0.7, 64/rank, fp32")
-    out = _timed(run, command, launch.thread_environment(threads), work / "classic.log")
+    out = _timed(run, command, launch.process_environment(threads), work / "classic.log")
     run.epochs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return run
 
@@ -166,7 +166,7 @@ def gemm_peak(nproc: int, threads: int, precision: str, work: Path) -> float:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
                f"--nproc-per-node={nproc}", "-m", "ddppipe", "preflight-allreduce", "--use=cpu",
                f"--precision={precision}", f"--peak-out={out}"]  # fmt: skip
-    result = subprocess.run(command, env=launch.thread_environment(threads), cwd=REPO,
+    result = subprocess.run(command, env=launch.process_environment(threads), cwd=REPO,
                             capture_output=True, text=True, check=False)  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError("the GEMM peak measurement failed:\n" + result.stderr[-3000:])

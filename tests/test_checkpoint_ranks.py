@@ -1,8 +1,9 @@
-"""A DDP checkpoint at 2 ranks (real processes, gloo): what each rank copies into host
-memory, writes and reads, and where its RNG streams go; and the plan of such a save at any
-size (:mod:`ddppipe.training.checkpoints.save_plan`)."""
+"""A DDP checkpoint at 3 ranks (real processes, gloo, connecting lazily as launched): what
+each rank copies into host memory, writes and reads, and where its RNG streams go; and the
+plan of such a save at any size (:mod:`ddppipe.training.checkpoints.save_plan`)."""
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ddppipe.launching import launch
 from ddppipe.parallel import distributed, precision
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
 from ddppipe.training.checkpoints import checkpoint, save_plan, sharded_checkpoint
 from ddppipe.training.loop import rng, run_checkpoints, strategy
-from ddppipe.training.measuring import save_costs
+from ddppipe.training.measuring import efficiency, save_costs
+from tests import connections, object_exchanges
 from tests.test_background_copy import assert_bitwise, cloned, model_and_optimizer, train_step
 from tests.tiny import default_config
 
@@ -25,21 +28,27 @@ from tests.tiny import default_config
 STATE_BYTES = 976 + 136 + 1952 + 24
 
 
+WORLD = 3
+
+
 def save_and_resume(rank: int, folder: str) -> None:
-    """(One of 2 processes) A ddp run's checkpoint saved, the training moved on, resumed from
-    it; what this rank held, gathered, wrote and read, in ``rank<N>.pt``."""
+    """(One of :data:`WORLD` processes) A ddp run's checkpoint saved, the training moved on,
+    resumed from it; what this rank held, gathered, wrote and read, in ``rank<N>.pt``."""
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
-                            world_size=2)  # fmt: skip
+                            world_size=WORLD)  # fmt: skip
+    joined = connections.established()  # (the store a file: gloo's pairs alone)
     spec = run_spec.resolve(default_config(), gpus=False)  # launch.strategy: ddp
     model, optimizer = model_and_optimizer()  # (the same on both ranks)
     parts = checkpoint.Trainable(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 1))
     cpu = torch.device("cpu")
-    saves = run_checkpoints.Checkpoints(
-        spec, StateDir(Path(folder)), distributed.Context(rank, rank, 2, cpu, "gloo", "test", 2),
-        strategy.of(spec.launch), parts, config_hash="abc", steps_per_epoch=10,
-        record=lambda **_: None, precision=precision.Decision("fp32", "fp32"),
-        costs=save_costs.SaveCosts(),
-    )  # fmt: skip
+    with object_exchanges.counted() as started:  # a slot's start, as its training's
+        saves = run_checkpoints.Checkpoints(
+            spec, StateDir(Path(folder)),
+            distributed.Context(rank, rank, WORLD, cpu, "gloo", "test", WORLD),
+            strategy.of(spec.launch), parts, config_hash="abc", steps_per_epoch=10,
+            record=lambda **_: None, precision=precision.for_world("fp32", cpu),
+            costs=save_costs.SaveCosts(),
+        )  # fmt: skip
     torch.manual_seed(100 + rank)  # this rank's own streams
     streams = rng.state(cpu)
     expected = cloned(sharded_checkpoint.tensors_of(model, optimizer))
@@ -78,34 +87,60 @@ def save_and_resume(rank: int, folder: str) -> None:
     assert torch.equal(torch.get_rng_state(), streams["cpu"])
     if copier is not None:
         copier.shut()
+    with object_exchanges.counted() as ended:  # the slot's figures, at its end
+        efficiency.SlotMeter().collect(WORLD)
     found = {"held": held, "exchanged": [type(x).__name__ for x in exchanged], "read": read,
-             "files": sorted(os.listdir(path)) if rank == 0 else []}  # fmt: skip
+             "files": sorted(os.listdir(path)) if rank == 0 else [], "started": dict(started),
+             "ended": dict(ended), "hosts": saves.meta["hosts"],
+             "joined": joined}  # fmt: skip
     torch.save(found, Path(folder) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
-def test_a_ddp_save_is_copied_written_and_read_by_rank_0_alone(tmp_path: Path) -> None:
+def test_a_ddp_save_is_copied_written_and_read_by_rank_0_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 0 alone holds the state in host memory and writes it (one tensor file); each rank
     writes its own RNG streams (no object gathered: a byte a rank says they are written, a
     number a rank whether the save failed); at the resume rank 0 alone reads the tensor file,
     once, and the other rank gets the state by broadcast; every rank resumes the weights and
-    its own streams."""
+    its own streams. At the slot's start and end the ranks' hosts, precision and figures go
+    to rank 0 alone (gathered, not all-gathered: at 16,384 ranks an all-gather of host names
+    moved 16,384 of them to every rank). The ranks run in the environment the launcher gives
+    its ranks: gloo connects a pair at its first use, none as the group is made (a full mesh
+    would connect each of the 3 to the 2 others at once)."""
     import torch.multiprocessing as mp
 
-    mp.spawn(save_and_resume, args=(str(tmp_path),), nprocs=2)
-    found = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    assert [f["held"] for f in found] == [STATE_BYTES, 0]
+    for key, value in launch.process_environment(1, {}).items():
+        monkeypatch.setenv(key, value)  # (the spawned ranks')
+    mp.spawn(save_and_resume, args=(str(tmp_path),), nprocs=WORLD)
+    found = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert [f["joined"] for f in found] == [0, 0, 0]
+    assert [f["held"] for f in found] == [STATE_BYTES, 0, 0]
     assert found[0]["files"] == [".metadata", "COMMITTED", "__0_0.distcp", "rng-0.pt",
-                                 "rng-1.pt", "state.pt"]  # fmt: skip
-    assert [f["exchanged"] for f in found] == [[], []]
+                                 "rng-1.pt", "rng-2.pt", "state.pt"]  # fmt: skip
+    assert [f["exchanged"] for f in found] == [[], [], []]
     tensors = tmp_path / "checkpoints" / "ckpt-e0001-s000000" / "__0_0.distcp"
-    assert found[0]["read"] == [tensors.stat().st_size] and found[1]["read"] == []
+    assert [f["read"] for f in found] == [[tensors.stat().st_size], [], []]
+    # per-rank metadata to rank 0 alone, which uses it: no rank receives every rank's
+    assert [f["started"] for f in found] == [
+        {"gather_object": 2, "gather_object:received": 6,  # precision's, the hosts
+         "broadcast_object_list": 1, "broadcast_object_list:received": 1},  # the decision
+        *[{"gather_object": 2, "gather_object:received": 0,
+           "broadcast_object_list": 1, "broadcast_object_list:received": 1}] * 2,
+    ]  # fmt: skip
+    assert [f["hosts"] for f in found] == [[socket.gethostname()] * 3, [], []]
+    assert [f["ended"] for f in found] == [
+        {"gather_object": 1, "gather_object:received": 3},
+        *[{"gather_object": 1, "gather_object:received": 0}] * 2,
+    ]
 
 
 @pytest.mark.parametrize(
     ("nodes", "ranks", "files", "busiest_node_files", "pinned_node_0", "pinned_others"),
     [
-        (1, 2, 6, 6, 1, 0),  # the test above
+        (1, 2, 6, 6, 1, 0),
+        (1, 3, 7, 7, 1, 0),  # the test above
         (1, 8, 12, 12, 1, 0),
         (64, 8, 516, 12, 1, 0),
         (2048, 8, 16388, 12, 1, 0),

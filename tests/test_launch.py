@@ -45,6 +45,7 @@ def test_outside_slurm_the_launcher_starts_each_rank_itself() -> None:
     )
     assert plan.job is None and plan.workers == 3
     assert plan.command == [sys.executable, "-m", "ddppipe", "train", "--config=c.yaml"]
+    assert plan.env["TORCH_GLOO_LAZY_INIT"] == "1"  # (every rank's: workers.rank_environment)
 
 
 def test_inside_slurm_even_one_node_is_an_srun_step() -> None:
@@ -57,6 +58,7 @@ def test_inside_slurm_even_one_node_is_an_srun_step() -> None:
     assert plan.job == "42" and plan.command[0] == "srun"
     assert "--cpus-per-task=4" in plan.command and "--rdzv-id=42" in plan.command
     assert (plan.env["OMP_NUM_THREADS"], plan.env["MKL_NUM_THREADS"]) == ("2", "2")
+    assert plan.env["TORCH_GLOO_LAZY_INIT"] == "1"  # (srun's, so every node's ranks')
 
 
 def test_several_nodes_outside_slurm_is_a_clear_error() -> None:
@@ -75,10 +77,14 @@ def test_a_job_of_another_size_is_refused() -> None:
         )
 
 
-def test_launched_processes_get_the_same_omp_and_mkl_threads() -> None:
-    """Snakemake exports MKL_NUM_THREADS = the job's threads; torch would let it win."""
-    env = launch.thread_environment(2, {"MKL_NUM_THREADS": "8"})
+def test_launched_processes_get_the_same_omp_and_mkl_threads_and_lazy_gloo() -> None:
+    """Snakemake exports MKL_NUM_THREADS = the job's threads; torch would let it win. Gloo
+    connects lazily unless the user said otherwise."""
+    env = launch.process_environment(2, {"MKL_NUM_THREADS": "8"})
     assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("2", "2")
+    assert env["TORCH_GLOO_LAZY_INIT"] == "1"
+    kept = launch.process_environment(2, {"TORCH_GLOO_LAZY_INIT": "0"})
+    assert kept["TORCH_GLOO_LAZY_INIT"] == "0"
 
 
 STOPPED = {"signal": "SIGUSR1", "checkpoint": "ckpt-e0002-s000040.pt"}

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from ddppipe.core import env_names, slot
-from ddppipe.parallel import distributed, node_check
+from ddppipe.parallel import devices, distributed, node_check
 from ddppipe.training.measuring import efficiency, world_checks
+from tests import object_exchanges
 
 ME = socket.gethostname()
 
@@ -273,6 +274,25 @@ def test_a_ring_of_any_size_has_a_pair_a_node_in_at_most_3_rounds() -> None:
         assert {node for pair in pairs for node in pair} == set(range(nodes))
 
 
+def test_each_rank_is_sent_its_pair_a_round_and_the_pairs_ranks() -> None:
+    ab, bc, ac = ((0, 1), [0, 1, 2, 3]), ((1, 2), [2, 3, 4]), ((0, 2), [0, 1, 4])
+    none = (None, [])
+    plans = world_checks.pair_plans(["a", "a", "b", "b", "c"])
+    assert plans == [[ab, none, ac], [ab, none, ac], [ab, bc, none], [ab, bc, none],
+                     [none, bc, ac]]  # fmt: skip
+    assert world_checks.pair_plans(["a", "b", "a"]) == [[((0, 1), [0, 1, 2])]] * 3
+    assert world_checks.pair_plans(["a", "a"]) == [[], []]  # one node: no pair to time
+
+
+def test_ranks_sharing_a_gpu_are_named_by_node() -> None:
+    assert distributed.shared_gpu([("cn00", "GPU-a"), ("cn00", "GPU-b")]) is None
+    assert distributed.shared_gpu([("cn00", "GPU-a"), ("cn01", "GPU-a")]) is None  # 2 nodes
+    assert distributed.shared_gpu([("cn00", "GPU-a"), ("cn01", "GPU-b"), ("cn01", "GPU-b")]) == (
+        "cn01: ranks [1, 2] share one GPU (GPU-b); each process needs its own: set "
+        "launch.nproc_per_node to the node's GPUs"
+    )
+
+
 def test_a_pair_far_below_the_median_is_named_slow() -> None:
     gbs = {"a<->b": 10e9, "b<->c": 9e9, "c<->d": 4e9, "a<->d": 11e9}
     assert world_checks.slow_pairs(gbs) == ["c<->d at 40% of the median"]
@@ -287,9 +307,22 @@ def _ring_rank(rank: int, world: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank,
                             world_size=world)  # fmt: skip
     ctx = distributed.Context(rank, 0, world, torch.device("cpu"), "gloo", "test", 1)
-    report = world_checks.run(ctx, "fp32")
+    with object_exchanges.counted() as calls:
+        report = world_checks.run(ctx, "fp32")
     if rank == 0:
         Path(folder, "line").write_text(report.line)
+    # the same 3 ranks as one node's with GPUs, ranks 1 and 2 on the same one (stubbed)
+    distributed.socket = types.SimpleNamespace(gethostname=lambda: "cn00")  # type: ignore[assignment]
+    uuid = ["GPU-a", "GPU-b", "GPU-b"][rank]
+    torch.cuda.get_device_properties = lambda _: types.SimpleNamespace(uuid=uuid)  # type: ignore[assignment]
+    with object_exchanges.counted() as gpu_calls:
+        try:
+            distributed.check_distinct_gpus(torch.device("cuda", 0))
+            refused = ""
+        except devices.DeviceError as e:
+            refused = str(e)
+    found = {"calls": calls, "gpu_calls": gpu_calls, "refused": refused}
+    Path(folder, f"calls-{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 
 
@@ -297,7 +330,9 @@ def test_three_nodes_time_their_ring_pairs_in_rounds_of_their_own(tmp_path: Path
     """3 ranks on 3 nodes (processes of their own): each round's pair makes its
     group alone (a node outside it makes one of itself, so that torch names the next round's
     groups alike on both of its ranks: without that, the second round hung) and every pair's
-    bus bandwidth is in rank 0's line."""
+    bus bandwidth is in rank 0's line. No rank gets every rank's host: rank 0 gathers them
+    and sends each rank its pairs. The same 3 ranks as one node's, two of them on one GPU
+    (stubbed): every rank refuses to start, told by rank 0, which alone got every rank's GPU."""
     import torch.multiprocessing as mp
 
     mp.spawn(_ring_rank, args=(3, str(tmp_path)), nprocs=3)  # (a fork of this one may hang)
@@ -305,3 +340,22 @@ def test_three_nodes_time_their_ring_pairs_in_rounds_of_their_own(tmp_path: Path
     pairs = "; ".join(rf"{pair}: [\d.]+ GB/s" for pair in ("cn00<->cn01", "cn00<->cn02",
                                                           "cn01<->cn02"))  # fmt: skip
     assert re.search(rf"world \(3 ranks\): [\d.]+ GB/s; {pairs}; GEMM peak", line), line
+    # hosts, pairs' figures and peaks to rank 0 alone; each rank sent its own pairs to time
+    found = [json.loads((tmp_path / f"calls-{r}.json").read_text()) for r in range(3)]
+    assert [f["calls"] for f in found] == [
+        {"gather_object": 3, "gather_object:received": 9, "scatter_object_list": 1,
+         "scatter_object_list:received": 1},
+        *[{"gather_object": 3, "gather_object:received": 0, "scatter_object_list": 1,
+           "scatter_object_list:received": 1}] * 2,
+    ]  # fmt: skip
+    # two ranks of a node on one GPU: every rank refuses, told by rank 0
+    assert [f["refused"] for f in found] == [
+        "cn00: ranks [1, 2] share one GPU (GPU-b); each process needs its own: set "
+        "launch.nproc_per_node to the node's GPUs"
+    ] * 3
+    assert [f["gpu_calls"] for f in found] == [
+        {"gather_object": 1, "gather_object:received": 3, "broadcast_object_list": 1,
+         "broadcast_object_list:received": 1},
+        *[{"gather_object": 1, "gather_object:received": 0, "broadcast_object_list": 1,
+           "broadcast_object_list:received": 1}] * 2,
+    ]  # fmt: skip

@@ -49,15 +49,26 @@ def job_threads(spec: run_spec.RunSpec) -> int:
     return slurm_request.Request.from_spec(spec).node_threads(system.available_cpus())
 
 
-def thread_environment(threads: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (this environment) with ``threads`` CPU threads per launched process.
+GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"  # torch's switch for gloo's connections made at first use
+
+
+def process_environment(threads: int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (this environment) for a launched process: ``threads`` CPU threads, and gloo's
+    connections made lazily.
 
     MKL's count too: torch lets MKL_NUM_THREADS override OMP_NUM_THREADS, and Snakemake
     exports MKL_NUM_THREADS = the job's threads, which made 2 ranks run 2 threads each on
     2 CPUs (half the images/s; MKL's thread count also changes the numerics).
+
+    Gloo otherwise connects every rank of a group to every other as the group is made (a
+    full mesh: N - 1 connections a rank, N² in all, for each of the world-wide gloo groups,
+    the training's on CPUs and the checkpoints' own); lazily each pair connects at its first
+    use, so a ring's collectives connect a rank to its 2 neighbours and a gather to rank 0
+    connects rank 0 to each rank (gloo#419). A value the user set is kept.
     """
     env = os.environ if env is None else env
-    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {GLOO_LAZY: "1", **env, "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ def plan(
                 "`snakemake --profile profiles/slurm` (or set launch.nnodes: 1 for a local run)"
             )
         command = [*python, *program]
-        env = thread_environment(request.threads(system.available_cpus()), env)
+        env = process_environment(request.threads(system.available_cpus()), env)
         return Plan(command, env, None, [socket.gethostname()], request)
     placement = Placement.from_env(env)
     hosts = hosts or (placement.nodes if placement else scontrol.job_nodes(job))
@@ -138,7 +149,7 @@ def plan(
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
-    return Plan(command, thread_environment(threads, env), job, hosts, request, placement)
+    return Plan(command, process_environment(threads, env), job, hosts, request, placement)
 
 
 def data_binds(spec: RunSpec, data: Path | None) -> tuple[str, ...]:

@@ -92,25 +92,39 @@ def check_distinct_gpus(device: torch.device) -> None:
 
     (Two ranks that see one device each may still see the same one, e.g. a node with fewer
     GPUs than processes; NCCL would abort at its first collective with "Duplicate GPU
-    detected".) The check goes through a gloo group, before NCCL starts a communicator.
+    detected".) The check goes through a gloo group, before NCCL starts a communicator: every
+    rank's GPU to rank 0, which sends every rank its verdict (:func:`shared_gpu`).
     """
     mine = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
-    seen: list[tuple[str, str]] = [("", "")] * dist.get_world_size()
+    main = dist.get_rank() == 0
+    seen: list[tuple[str, str]] | None = [("", "")] * dist.get_world_size() if main else None
+    verdict: list[str | None] = [None]
     group = dist.new_group(backend="gloo")
     try:
-        dist.all_gather_object(seen, mine, group=group)
+        dist.gather_object(mine, seen, dst=0, group=group)
+        if seen is not None:
+            verdict[0] = shared_gpu(seen)
+        dist.broadcast_object_list(verdict, src=0, group=group)
     finally:
         dist.destroy_process_group(group)
+    if verdict[0] is not None:
+        raise devices.DeviceError(verdict[0])
+
+
+def shared_gpu(seen: list[tuple[str, str]]) -> str | None:
+    """What is wrong when two ranks share a GPU, from each rank's (host, GPU UUID); None when
+    every rank has its own."""
     by_gpu: dict[tuple[str, str], list[int]] = {}
     for rank, key in enumerate(seen):
         by_gpu.setdefault(key, []).append(rank)
     shared = {key: ranks for key, ranks in by_gpu.items() if len(ranks) > 1}
-    if shared:
-        (host, uuid), ranks = next(iter(shared.items()))
-        raise devices.DeviceError(
-            f"{host}: ranks {ranks} share one GPU ({uuid}); each process needs its own: "
-            "set launch.nproc_per_node to the node's GPUs"
-        )
+    if not shared:
+        return None
+    (host, uuid), ranks = next(iter(shared.items()))
+    return (
+        f"{host}: ranks {ranks} share one GPU ({uuid}); each process needs its own: "
+        "set launch.nproc_per_node to the node's GPUs"
+    )
 
 
 def collective_device() -> torch.device:

@@ -85,18 +85,22 @@ def native_bf16(device: Any, cpuinfo: Path | None = None) -> bool:
 
 def for_world(configured: str, device: Any, cpuinfo: Path | None = None) -> Decision:
     """Collective (every rank of the process group): each rank reads its own device (and
-    ``cpuinfo``), and all take the same decision (:func:`decide`), which rank 0 logs (a
-    warning for bf16 that some rank only emulates)."""
+    ``cpuinfo``); rank 0 takes the decision from what every rank found (:func:`decide`), logs
+    it (a warning for bf16 that some rank only emulates) and sends it to every rank."""
     import torch.distributed as dist
 
     mine = None if native_bf16(device, cpuinfo) else socket.gethostname()
-    gathered: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    decided = decide(configured, (h for h in gathered if h))
-    if dist.get_rank() == 0:
-        slow = decided.trained == "bf16" and not decided.bf16_native
-        log.log(logging.WARNING if slow else logging.INFO, "%s", decided.line())
-    return decided
+    main = dist.get_rank() == 0
+    gathered: list[str | None] | None = [None] * dist.get_world_size() if main else None
+    dist.gather_object(mine, gathered, dst=0)  # to rank 0, which decides for every rank
+    decided: list[Any] = [None]
+    if gathered is not None:
+        decided[0] = decide(configured, (h for h in gathered if h))
+        slow = decided[0].trained == "bf16" and not decided[0].bf16_native
+        log.log(logging.WARNING if slow else logging.INFO, "%s", decided[0].line())
+    dist.broadcast_object_list(decided, src=0)
+    chosen: Decision = decided[0]
+    return chosen
 
 
 def applied(spec: RunSpec, decided: Decision) -> RunSpec:

@@ -72,10 +72,11 @@ class Checkpoints:
         )
         self.store = sharded_checkpoint.Store(state.checkpoints, spec.train.keep_checkpoints,
                                               group, copier, replicated)  # fmt: skip
-        hosts: list[str] = [""] * ctx.world_size
-        dist.all_gather_object(hosts, socket.gethostname())
+        # every rank's host, to rank 0 alone: only its state and snapshot are complete
+        hosts: list[str] | None = [""] * ctx.world_size if ctx.is_main else None
+        dist.gather_object(socket.gethostname(), hosts, dst=0)
         self.precision = precision.as_dict()  # the ranks' (ddppipe.parallel.precision)
-        self.meta = provenance.meta(spec, ctx, hosts, self.precision)  # what checkpoints record
+        self.meta = provenance.meta(spec, ctx, hosts or [], self.precision)  # checkpoints record
         self._saving_step = 0  # the global step of the checkpoint in flight
         self._recorded = ""  # the folder of the last save recorded as committed (rank 0)
         self._longest_s = 0.0  # the longest save of this slot, start to commit

@@ -166,13 +166,15 @@ class SlotMeter:
         own = rank_memory.measure(device, self.model, self.optimizer)
         mine = (socket.gethostname(), private, max(files for _, files in processes), gpu, own,
                 start_marks())  # fmt: skip
-        ranks: list[Any] = [mine] * world_size
+        ranks: list[Any] = [mine]  # every rank's, on rank 0 (elsewhere this rank's alone)
         if dist.is_initialized():
             from ddppipe.parallel import distributed
 
             cpu = cpu.to(distributed.collective_device())
             dist.all_reduce(cpu)
-            dist.all_gather_object(ranks, mine)
+            gathered = [mine] * world_size if dist.get_rank() == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
+            ranks = gathered or ranks
         per_node = node_memory([(host, mb, files) for host, mb, files, *_ in ranks])
         figures: dict[str, Any] = {
             "startup_s": (self.first_step_at or time.time()) - self.slot_start,

@@ -84,32 +84,30 @@ def run(ctx: Context, precision: str) -> Report:
             f"{socket.gethostname()} rank {rank}: all-reduce gave {value.item()}, expected "
             f"{expected}: the interconnect or its library corrupts data"
         )
-    hosts: list[str] = [""] * world
-    dist.all_gather_object(hosts, socket.gethostname())
+    hosts = _gathered(socket.gethostname(), world)  # every rank's, on rank 0
     tensor = torch.ones(BANDWIDTH_BYTES // 4, device=device)
     overall = _figure(f"world ({world} ranks)", world, _timed_allreduce(tensor))
-    nodes = list(dict.fromkeys(hosts))
+    nodes = list(dict.fromkeys(hosts or []))
+    # This rank's pair a round, from rank 0 (no rank needs every rank's host)
+    planned: list[Any] = [None]
+    dist.scatter_object_list(planned, pair_plans(hosts) if hosts else None, src=0)
     pairs: list[tuple[int, int, float]] = []  # (node, node, bus bandwidth) by the pair's first rank
-    node = nodes.index(hosts[rank])
-    for round_pairs in ring_rounds(len(nodes)):
+    for mine, ranks in planned[0]:
         # Only a pair's ranks make its group, so the round's pairs run at once. Every rank
         # makes one group a round (its pair's, else one of itself): torch names a group made
         # so from its ranks and how many groups each of them made before, which must agree.
-        mine = next(((i, j) for i, j in round_pairs if node in (i, j)), None)
-        ranks = [r for r, h in enumerate(hosts) if mine and h in (nodes[mine[0]], nodes[mine[1]])]
         group = dist.new_group(ranks or [rank], use_local_synchronization=True)
         if mine is not None:
             seconds = _timed_allreduce(tensor, group)
             if rank == ranks[0]:
                 pairs.append((*mine, bus_bandwidth(BANDWIDTH_BYTES, len(ranks), seconds)))
         dist.destroy_process_group(group)  # (not kept through the training)
-    gathered: list[list[tuple[int, int, float]]] = [[] for _ in range(world)]
-    dist.all_gather_object(gathered, pairs)
+    gathered = _gathered(pairs, world)
     nodes_peak = _gemm_peaks(device, precision, world)
     line = f"{socket.gethostname()} rank {rank}/{world}: all-reduce ok ({ctx.backend} on {device})"
     if rank != 0:
         return Report(line, None)
-    measured = sorted(itertools.chain(*gathered))
+    measured = sorted(itertools.chain(*gathered or []))
     line += "; bus bandwidth " + "; ".join(
         [overall, *(f"{nodes[i]}<->{nodes[j]}: {gbs / 1e9:.2f} GB/s" for i, j, gbs in measured)]
     )
@@ -120,6 +118,31 @@ def run(ctx: Context, precision: str) -> Report:
         f"{host} {gflops:,.0f} GFLOP/s" for host, gflops in nodes_peak.items()
     )
     return Report(line, {"precision": precision, "gflops": nodes_peak})
+
+
+Plan = list[tuple[tuple[int, int] | None, list[int]]]  # a rank's (pair, its ranks) a round
+
+
+def pair_plans(hosts: list[str]) -> list[Plan]:
+    """Each rank's plan from every rank's host (the nodes in order of their first rank): a
+    round's pair of nodes it is in (:func:`ring_rounds`) and that pair's ranks, else
+    ``(None, [])``; a plan of as many rounds on every rank."""
+    nodes: dict[str, list[int]] = {}  # each node's ranks
+    for rank, host in enumerate(hosts):
+        nodes.setdefault(host, []).append(rank)
+    ranks = list(nodes.values())
+    rounds: list[dict[int, tuple[int, int]]] = [  # each round's pair of each node in one
+        {node: (i, j) for i, j in pairs for node in (i, j)} for pairs in ring_rounds(len(ranks))
+    ]
+    index = {host: i for i, host in enumerate(nodes)}
+    plans: list[Plan] = []
+    for host in hosts:
+        plan: Plan = []
+        for pair_of in rounds:
+            mine = pair_of.get(index[host])
+            plan.append((mine, sorted(ranks[mine[0]] + ranks[mine[1]]) if mine else []))
+        plans.append(plan)
+    return plans
 
 
 def ring_rounds(nodes: int) -> list[list[tuple[int, int]]]:
@@ -166,14 +189,22 @@ def _timed_allreduce(tensor: Any, group: Any = None) -> float:
 
 
 def _gemm_peaks(device: Any, precision: str, world: int) -> dict[str, float]:
-    """Collective: GFLOP/s per node, every process multiplying matrices at the same time."""
+    """Collective: GFLOP/s per node (on rank 0; elsewhere none), every process multiplying
+    matrices at the same time."""
     import torch.distributed as dist
 
     dist.barrier()
-    mine = (socket.gethostname(), peak.gemm_gflops(device, precision))
-    measured: list[Any] = [None] * world
-    dist.all_gather_object(measured, mine)
-    return efficiency.node_sums(measured)
+    measured = _gathered((socket.gethostname(), peak.gemm_gflops(device, precision)), world)
+    return efficiency.node_sums(measured or [])
+
+
+def _gathered(mine: Any, world: int) -> list[Any] | None:
+    """Collective: every rank's ``mine`` on rank 0 (elsewhere None)."""
+    import torch.distributed as dist
+
+    found: list[Any] | None = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(mine, found, dst=0)
+    return found
 
 
 def _figure(what: str, ranks: int, seconds: float) -> str:

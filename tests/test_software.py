@@ -3,6 +3,8 @@ distribution, the OS and the CPU model, besides torch's CUDA, cuDNN and NCCL."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,13 @@ def test_every_installed_distribution_by_name_and_version() -> None:
     assert found["ddppipe"] == "0.1.0"
     stack = software.stack()
     assert stack["packages"] == found and stack["cpu"] == system.cpu_model()
+
+
+def test_a_rank_raises_its_open_files_limit_to_the_hard_one() -> None:
+    """Rank 0 of a large world holds a socket to every rank: its soft limit goes up to the
+    hard one (a process that starts at 256 of 4,096)."""
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)); "
+            "from ddppipe.core import system; print(system.raise_open_files_limit())")  # fmt: skip
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True)  # fmt: skip
+    assert found.stdout.strip() == "(4096, 4096)"

@@ -3,8 +3,10 @@ a work tree."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import resource
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -85,3 +87,18 @@ def git_commit(cwd: Path | None = None) -> dict[str, Any]:
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit; the (soft, hard) now.
+
+    A process group's rank 0 holds a socket to every rank it gathers from (gloo: one a peer
+    and group), more than the usual soft limit of 1,024 past a few hundred ranks, while the
+    hard limit is usually far higher (as torchrun, Ray and most MPI launchers do).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):  # (the kernel's nr_open): it stays
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)

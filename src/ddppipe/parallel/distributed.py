@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddppipe.core import process_times
+from ddppipe.core import process_times, system
 from ddppipe.parallel import cpu_binding, devices, environments
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ def setup(use: devices.Use, timeout_s: float = 600) -> Context:
         cpu_binding.bind(env.local_rank, local, torch.get_num_threads())
     chosen = choose_backend(cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
+    system.raise_open_files_limit()  # rank 0's sockets to every rank (gloo's gathers)
     if env.name == "single":
         dist.init_process_group(
             chosen, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout

@@ -93,7 +93,7 @@ def test_a_rank_reads_a_pack_in_batches_through_its_workers(tmp_path: Path) -> N
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                for a, b in zip(epoch, alone, strict=True))  # fmt: skip
     # every image of the epoch once across both ranks (rank 1 above, rank 0 here)
-    other = [y for (_, y), _, _ in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
+    other = [s.batch[1] for s in batches.Feed(train, cpu, 1).epoch(3, 1, 8, 0, 2, 0)]
     seen = torch.cat([y for _, y in epoch] + other)
     assert sorted(seen.tolist()) == sorted(train.labels.tolist())
 

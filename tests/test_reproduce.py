@@ -307,7 +307,7 @@ def test_deterministic_mode_seeds_the_loader_workers() -> None:
 
     def drawn(seeded: bool, seed: int = 0) -> torch.Tensor:
         feed = batches.Feed(RandomItems(), torch.device("cpu"), workers=1, seeded=seeded)
-        return torch.cat([x for (x, _), _, _ in feed.epoch(seed, 0, 4, 0, 1, 0)])
+        return torch.cat([s.batch[0] for s in feed.epoch(seed, 0, 4, 0, 1, 0)])
 
     assert torch.equal(drawn(True), drawn(True))
     assert not torch.equal(drawn(True), drawn(True, seed=1))

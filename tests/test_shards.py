@@ -71,8 +71,8 @@ def one_rank(data: Any, epoch: int, rank: int, world: int, workers: int, start: 
     """The ids of the local batches rank ``rank`` trains at steps [start, stop)."""
     feed = batches.Feed(data, torch.device("cpu"), workers)
     out = []
-    for (_, ids), count, _total in feed.epoch(7, epoch, batch, rank, world, start):
-        out.append(ids.tolist()[:count])  # (none of a stand-in's)
+    for share in feed.epoch(7, epoch, batch, rank, world, start):
+        out.append(share.batch[1].tolist()[: share.count])  # (none of a stand-in's)
         if len(out) == stop - start:
             break
     return out

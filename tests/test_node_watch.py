@@ -4,12 +4,15 @@ lost node; SLURM's word counts too, asked once a minute and at once when a node 
 
 from __future__ import annotations
 
+import os
+import pwd
 from pathlib import Path
 
 import pytest
 
 from ddppipe.core import slot
 from ddppipe.launching import node_watch
+from ddppipe.runstate import node_beats
 from ddppipe.runstate.node_beats import NodeRecord
 from ddppipe.runstate.state import StateDir
 from ddppipe.training.measuring import node_summary
@@ -119,3 +122,24 @@ def test_slurm_is_asked_once_a_minute_and_at_once_when_a_node_falls_silent(
     assert watch.slurm_calls == 11  # cn12 silent 10 s
     run(659, ["cn11"])
     assert watch.slurm_calls == 11
+
+
+@pytest.mark.parametrize("made_by", ["this user", "nobody", "a link", "open to others"])
+def test_the_node_local_beats_folder_is_this_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made_by: str
+) -> None:
+    """The ranks beat into it and the launcher reads it: a folder of that name made first
+    by another user, a link, or one open to others is refused (nothing beats)."""
+    base = tmp_path / "ddppipe-0"
+    monkeypatch.setattr(node_beats, "local_base", lambda: base)
+    if made_by == "nobody":
+        base.mkdir(mode=0o700)
+        os.chown(base, pwd.getpwnam("nobody").pw_uid, -1)
+    elif made_by == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        base.symlink_to(tmp_path / "elsewhere")
+    elif made_by == "open to others":
+        base.mkdir()
+        base.chmod(0o777)
+    assert node_beats.private_base() is (made_by == "this user")
+    assert node_beats.make_local_folder(base / "slot-n1") is (made_by == "this user")

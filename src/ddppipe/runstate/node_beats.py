@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddppipe.core import in_place
+from ddppipe.core import in_place, private
 
 NODE_ENV = "SLURMD_NODENAME"  # set by slurmd in every task: the node's SLURM name
 SHARED_MEMORY = Path("/dev/shm")
@@ -50,13 +50,12 @@ def local_folder(launcher: str, node_name: str) -> Path:
 
 
 def private_base() -> bool:
-    """Make :func:`local_base`, private to this user; False when it cannot be made or is
-    someone else's."""
+    """Make :func:`local_base`, private to this user; False when it cannot be made or fails
+    :func:`ddppipe.core.private.problem` (a link, someone else's, open to others)."""
     base = local_base()
     with contextlib.suppress(OSError):
         base.mkdir(mode=0o700, exist_ok=True)
-        return base.stat().st_uid == os.getuid()
-    return False
+    return private.problem(base) is None
 
 
 def make_local_folder(folder: Path) -> bool:

@@ -60,6 +60,9 @@ class Attempt:
     # started (auto: bf16 only if every rank's device computes it natively), the hosts that
     # only emulate bf16 (ddppipe.parallel.precision)
     precision: dict[str, Any] | None = None
+    # whether its steps ran as a CUDA graph (train.cuda_graphs), and why: configured, capture,
+    # reason (ddppipe.training.loop.graphs); a fall-back during the slot replaces it
+    cuda_graphs: dict[str, Any] | None = None
     mem_mb: int | None = None  # SLURM: the memory a node of its job asked for (--mem)
     # what it started from: git commit and dirty state, the data's manifest digest
     # (ddppipe.runstate.origin; the provenance takes the one of the slot training started in)
@@ -180,7 +183,7 @@ def finish(
 
 PROGRESS = ("resumed_from", "start_step", "end_step", "checkpoint", "checkpoint_seconds",
             "stop_seconds", "efficiency", "world_size", "micro_steps", "strategy",
-            "precision", "peak")  # fmt: skip
+            "precision", "peak", "cuda_graphs")  # fmt: skip
 
 
 def closing(state: StateDir) -> list[Attempt]:

@@ -44,6 +44,13 @@ class Train:
     activation_checkpointing: bool = False  # recompute the blocks' activations (parallel.fsdp)
     deterministic: bool = False  # deterministic kernels (ddppipe.training.loop.determinism)
     checkpoint_minutes: float | None = None  # also mid-epoch, by time (training.loop.save_clock)
+    # auto | on | off: the step as a CUDA graph (ddppipe.training.loop.graphs)
+    cuda_graphs: str = "auto"
+
+    def __post_init__(self) -> None:
+        # (YAML reads an unquoted on/off as a boolean: the schema admits both spellings)
+        if isinstance(self.cuda_graphs, bool):
+            object.__setattr__(self, "cuda_graphs", "on" if self.cuda_graphs else "off")
 
 
 @dataclass(frozen=True)

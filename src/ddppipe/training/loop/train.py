@@ -35,6 +35,7 @@ from ddppipe.training.loop import (
     determinism,
     evaluate,
     files,
+    graphs,
     host_reads,
     optim,
     probes,
@@ -166,11 +167,33 @@ class Trainer:
         else:
             self.optimizer = self.strategy.optimizer(self.net.parameters(), recipe, ctx.device)
         self.scheduler = optim.make_scheduler(self.optimizer, recipe, self.steps_per_epoch)
-        self.train_step = stepping.Stepper(
+        self.train_step: stepping.Stepper | graphs.GraphedStepper = stepping.Stepper(
             self.net, self.optimizer, self.scheduler, self.loss_fn, self.dtype,
             self.memory_format, ctx.world_size,
         )  # fmt: skip
+        self._graph_steps()
         self.meter.watch_memory(ctx.device, model, self.optimizer)
+
+    def _graph_steps(self) -> None:
+        """``train.cuda_graphs``: :func:`graphs.decide`'s decision, logged and in the attempt
+        record; the steps as a CUDA graph where it captures (a fall-back later: recorded)."""
+        ctx, recipe = self.ctx, self.recipe
+        rows = recipe.batch_size // self.spec.world_size  # a full batch on this rank
+        facts = graphs.facts_of(
+            self.optimizer, self.scheduler, ctx.device, ctx.world_size,
+            self.spec.launch.strategy, self.micro, recipe.activation_checkpointing,
+            tail=(len(self.train_data) % recipe.batch_size) // ctx.world_size,
+        )  # fmt: skip
+        decision = graphs.decide(recipe.cuda_graphs, facts)
+        if ctx.is_main:
+            log.info("cuda graphs: %s (%s)", "on" if decision.capture else "off",
+                     decision.reason)  # fmt: skip
+        self._record_progress(cuda_graphs=decision.as_dict())
+        if decision.capture:
+            self.train_step = graphs.GraphedStepper(
+                self.train_step, facts, decision, rows,
+                lambda d: self._record_progress(cuda_graphs=d.as_dict()),
+            )  # fmt: skip
 
     def _record_efficiency(self) -> None:
         """Collective: the slot's figures into rank 0's progress (its attempt record)."""

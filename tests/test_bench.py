@@ -83,14 +83,28 @@ def test_kernel_bound_replays_exactly_the_steps_flop_carrying_kernels(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+@pytest.mark.parametrize(("mode", "what"), [([], "measure"), (["--profile"], "profile")])
 def test_gpu_bench_refuses_without_a_gpu(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its main() in this process, as `python bench/gpu.py --mirror=...` calls it."""
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], mode: list[str],
+    what: str,
+) -> None:  # fmt: skip
+    """Its main() in this process, as `python bench/gpu.py --mirror=... [--profile]` calls
+    it: no figure without a GPU."""
     spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "gpu.py")
     assert spec and spec.loader
     gpu_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_bench)
-    monkeypatch.setattr(sys, "argv", ["bench/gpu.py", "--mirror=file:///nowhere/"])
+    monkeypatch.setattr(sys, "argv", ["bench/gpu.py", "--mirror=file:///nowhere/", *mode])
     assert gpu_bench.main() == 1
-    assert capsys.readouterr().err.strip() == "bench/gpu.py: no CUDA GPU here: nothing to measure"
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"bench/gpu.py: no CUDA GPU here: nothing to {what}"
+    assert captured.out == ""
+
+
+def test_the_gpu_profile_counts_the_gpus_busy_time_once() -> None:
+    """The union of kernels' intervals: overlapping ones counted once."""
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "gpu.py")
+    assert spec and spec.loader
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    assert gpu_bench.busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17

@@ -113,6 +113,11 @@ def test_the_slot_records_where_its_time_went(straight: Path) -> None:
     assert 0 < figures["checkpoint_write_max_s"] <= figures["checkpoint_write_s"]
     assert 0 < figures["warmup_s"] < figures["train_s"]  # the first 10 of the 16 steps
     assert 0 < figures["startup_s"] < attempt["end"] - attempt["start"]
+    # train.cuda_graphs (auto) decided at start-up, with its reason (training.loop.graphs)
+    assert attempt["cuda_graphs"] == {
+        "configured": "auto", "capture": False,
+        "reason": "the step runs on cpu, not a CUDA GPU: CUDA graphs are a GPU's",
+    }  # fmt: skip
     # Its start-up in parts (ddppipe.runstate.startup): a local slot from its launcher's
     # start, its ranks started cold (each imports torch), no preflight, no checkpoint yet
     parts = startup.of_attempt(attempt)

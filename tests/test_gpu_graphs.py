@@ -96,7 +96,7 @@ def train(step: Any, batches_: list[tuple[torch.Tensor, torch.Tensor]]) -> list[
 CASES = [("adamw", "onecycle", "bf16"), ("adamw", "step", "fp32"), ("sgd", "step", "fp32")]
 
 
-@pytest.mark.gpu(seconds=15)
+@pytest.mark.gpu(seconds=5)
 @pytest.mark.parametrize(("optimizer", "schedule", "precision"), CASES)
 def test_graphed_steps_train_as_eager_ones(
     optimizer: str, schedule: str, precision: str, record_property: Any
@@ -129,7 +129,7 @@ def test_graphed_steps_train_as_eager_ones(
     )
 
 
-@pytest.mark.gpu(seconds=10)
+@pytest.mark.gpu(seconds=5)
 def test_a_graphed_run_resumes_as_it_would_have_gone_on() -> None:
     """Eleven graphed steps, its state saved after the 5th (model, optimizer, schedule), a new
     stepper loaded from it for the rest: the schedule's numbers exactly those of the run that
@@ -174,26 +174,20 @@ def test_a_model_it_cannot_capture_trains_eagerly_and_says_why() -> None:
     torch.testing.assert_close(losses, eager, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.gpu(seconds=40)
+@pytest.mark.gpu(seconds=25)
 def test_a_run_with_cuda_graphs_on_records_its_decision(
     tiny: TinyData, tmp_path: Path, record_property: Any
 ) -> None:
-    """``ddppipe launch`` of the tiny MNIST on one GPU with and without graphs (the gpu
-    recipe: AdamW, onecycle, bf16, a smaller last batch): the attempt record says what was
-    decided and why; the epochs' losses and accuracy about the eager run's."""
-    runs = {}
-    for mode in ("off", "on"):
-        cfg = gpu_tiny(tiny, epochs=2, batch_size=48, cuda_graphs=mode)
-        launch(tmp_path / mode, tiny.data_dir, cfg)
-        (attempt,) = json.loads((tmp_path / mode / "attempts.json").read_text())
-        runs[mode] = (attempt["cuda_graphs"], history(tmp_path / mode))
-    assert runs["off"][0] == {"configured": "off", "capture": False,
-                              "reason": "train.cuda_graphs: off"}  # fmt: skip
-    decided = runs["on"][0]
-    assert decided["capture"] is True and decided["update"] == "foreach", decided
-    assert decided["tensor_betas"] is True and decided["tail"] == "eager", decided
-    for eager, graphed_ in zip(runs["off"][1], runs["on"][1], strict=True):
-        assert abs(eager["train_loss"] - graphed_["train_loss"]) < 0.05 * eager["train_loss"]
-        assert abs(eager["test_accuracy"] - graphed_["test_accuracy"]) < 0.05
-    record_property("images_per_s_eager", runs["off"][1][-1]["images_per_s"])
-    record_property("images_per_s_graphed", runs["on"][1][-1]["images_per_s"])
+    """``ddppipe launch`` of the tiny MNIST on one GPU with graphs on (the gpu recipe: AdamW,
+    onecycle, bf16, channels_last, a smaller last batch): the attempt record says what was
+    decided and why, and no fall-back; it trains (the same losses as eager steps: above)."""
+    cfg = gpu_tiny(tiny, epochs=2, batch_size=48, cuda_graphs="on")
+    launch(tmp_path / "on", tiny.data_dir, cfg)
+    (attempt,) = json.loads((tmp_path / "on" / "attempts.json").read_text())
+    decided = attempt["cuda_graphs"]
+    assert decided["configured"] == "on" and decided["capture"] is True, decided
+    assert decided["update"] == "foreach" and decided["tensor_betas"] is True, decided
+    assert decided["tail"] == "eager", decided
+    epochs = history(tmp_path / "on")
+    assert len(epochs) == 2 and all(0 < e["train_loss"] < 10 for e in epochs), epochs
+    record_property("images_per_s_graphed", epochs[-1]["images_per_s"])

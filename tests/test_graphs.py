@@ -61,6 +61,8 @@ CASES: list[tuple[str, str, graphs.Facts, bool, bool, str | None, bool, str]] = 
      torch_optimizer=False), True, False, None, False, "(Lion) is no torch.optim.Optimizer"),
     ("differentiable", "on", replace(GPU, differentiable=True), True, False, None, False,
      "differentiable=True"),
+    ("a task's tensor learning rate", "on", replace(GPU, tensor_lr=True), True, False, None,
+     False, "AdamW's learning rate is a tensor of the task's already"),
     ("a host sync found in the warm-up", "on", replace(GPU, warm_up=SYNC), True, False, None,
      False, SYNC),
     ("shapes that vary", "on", replace(GPU, warm_up="the full batches' shapes vary"), True,

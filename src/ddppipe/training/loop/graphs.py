@@ -91,6 +91,7 @@ class Facts:
     torch_optimizer: bool = True  # a torch.optim.Optimizer (a task's may be anything)
     fused: bool = False  # its groups take the fused kernels
     differentiable: bool = False
+    tensor_lr: bool = False  # its learning rate a tensor already (a task's optimizer)
     schedule: str = "OneCycleLR"  # the scheduler's class name
     cycles_momentum: bool = False  # it rewrites betas[0] (or momentum) on the host every step
     activation_checkpointing: bool = False
@@ -144,6 +145,9 @@ def _refusal(facts: Facts) -> str | None:
         return f"the task's optimizer ({facts.optimizer}) is no torch.optim.Optimizer"
     if facts.differentiable:
         return f"{facts.optimizer}(differentiable=True): no capturable step"
+    if facts.tensor_lr:
+        return (f"{facts.optimizer}'s learning rate is a tensor of the task's already: ddppipe "
+                "mirrors the numbers its schedule steps")  # fmt: skip
     if facts.optimizer == "SGD":
         if facts.cycles_momentum:
             return (f"SGD's momentum is a number its kernels take, and {facts.schedule} "
@@ -201,6 +205,7 @@ def facts_of(
         optimizer=type(optimizer).__name__, torch_optimizer=torch_optimizer,
         fused=bool(groups) and all(g.get("fused") for g in groups),
         differentiable=any(g.get("differentiable") for g in groups),
+        tensor_lr=any(isinstance(g.get("lr"), torch.Tensor) for g in groups),
         schedule=type(scheduler).__name__,
         cycles_momentum=type(scheduler).__name__ in CYCLING
         and bool(getattr(scheduler, "cycle_momentum", False)),
@@ -252,6 +257,7 @@ class GraphedStepper:
         self._mirrors: list[dict[str, Any]] = []  # each group's device tensors
         self._mirrored: list[tuple[Any, ...]] = []  # the numbers last filled in
         self._taken: list[dict[str, Any]] = []  # the hyper-parameters captured
+        self._side: torch.cuda.Stream | None = None  # the warm-up's stream
 
     # -- the step ----------------------------------------------------------------------
     def forward_backward(self, share: batches.Share) -> torch.Tensor:
@@ -297,12 +303,20 @@ class GraphedStepper:
         return loss
 
     def _warm_up(self, share: batches.Share, watch: bool) -> torch.Tensor:
-        """An eager step on a side stream; ``watch``: its host synchronisations found."""
-        side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+        """An eager step on a side stream (:meth:`stepping.Stepper.__call__`'s); ``watch``:
+        its forward's and backward's host synchronisations found (not its optimizer's: an
+        eager step's may read its step count on the host, the captured one does not)."""
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side, main = self._side, torch.cuda.current_stream()
         side.wait_stream(main)
         found: list[str] = []
-        with torch.cuda.stream(side), _synchronisations(found, watch):
-            loss = self.eager(share)
+        with torch.cuda.stream(side):
+            with _synchronisations(found, watch):
+                loss = self.eager.forward_backward(share)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
         main.wait_stream(side)
         self.warmed += 1
         if found:

@@ -75,7 +75,7 @@ def test_several_nodes_without_slurm() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(config.ConfigError, match="no SLURM allocation"):
-        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], env={})
+        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], [], env={})
 
 
 @pytest.mark.parametrize("command", ["launch", "train"])

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -97,20 +97,19 @@ class Plan:
 def plan(
     spec: RunSpec,
     module_args: list[str],
+    python: Sequence[str],
     env: Mapping[str, str] | None = None,
     hosts: list[str] | None = None,
     max_restarts: int | None = None,
     join_timeout_s: int | None = None,
     program: list[str] | None = None,
-    data: Path | None = None,
     exclude: Collection[str] = (),
 ) -> Plan:
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
 
-    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``; ``data``:
-    the run's data folder, whose SquashFS image, if any, the image binds over the task's folder
-    (:func:`data_binds`).
+    ``python``: the run's Python (:func:`rank_python`); ``program`` (a script and its arguments)
+    replaces ``-m ddppipe MODULE_ARGS``.
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
     (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
     job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
@@ -123,7 +122,6 @@ def plan(
     request = slurm_request.Request.from_spec(spec)
     job = scontrol.job_id(env)
     agent = ["-m", "ddppipe", "agent"]
-    python = running.python_command(spec, data_binds(spec, data))
     if job is None:
         if request.nodes > 1:
             raise config.ConfigError(
@@ -150,6 +148,13 @@ def plan(
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
     return Plan(command, process_environment(threads, env), job, hosts, request, placement)
+
+
+def rank_python(spec: RunSpec, data: Path | None = None) -> list[str]:
+    """The Python every process of the run starts: this one, or the run's container's
+    (``container.mode``), the data folder ``data``'s image bound in (:func:`data_binds`).
+    Decided once a launcher, at its start: the same for every slot and step of it."""
+    return running.python_command(spec, data_binds(spec, data))
 
 
 def data_binds(spec: RunSpec, data: Path | None) -> tuple[str, ...]:

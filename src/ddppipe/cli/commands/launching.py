@@ -78,13 +78,14 @@ def _launch(
         runner = ["-m", "ddppipe.training.script.run_script"]
         program = [*runner, spec.task_source["path"], *spec.script_args]
         return lifecycle.run(
-            spec, program, state, attempts,
+            spec, launch.rank_python(spec), program, state, attempts,
             lambda: publish.script_results(state, outputs, metrics),
         )  # fmt: skip
     if data is None or checkpoint is None:
         raise config.ConfigError("ddppipe launch: a task run needs --data and --checkpoint")
     train_args = launch.train_args(config_path, data, state, checkpoint, metrics)
-    return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts,
+    return lifecycle.run(spec, launch.rank_python(spec, data),
+                         ["-m", "ddppipe", "train", *train_args], state, attempts,
                          data=data)  # fmt: skip
 
 
@@ -101,10 +102,11 @@ def preflight(config_path: Path) -> int:
     recorded = (cfg.get("resolved") or {}).get("device")  # a run's config, or one by hand
     gpus = recorded == "gpu" if recorded else devices.trains_on_gpus(config.validate(cfg), False)
     spec = run_spec.resolve(cfg, gpus)
-    plan = launch.plan(spec, ["train"])
+    python = launch.rank_python(spec)
+    plan = launch.plan(spec, ["train"], python)
     if plan.job is None:
         raise config.ConfigError("ddppipe preflight checks a SLURM job's nodes: run it in one")
-    print(preflight.run(spec, plan), end="")
+    print(preflight.run(spec, plan, python), end="")
     return 0
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from ddppipe.apptainer import running
 from ddppipe.launching import launch, slot_machine
 from ddppipe.settings import config
 from ddppipe.settings import run_spec as run_spec
@@ -41,7 +42,7 @@ def test_outside_slurm_the_launcher_starts_each_rank_itself() -> None:
     cfg["launch"].update(nproc_per_node=3, max_restarts=1)
     cfg["train"]["batch_size"] = 96
     spec = run_spec.resolve(cfg, gpus=False)
-    plan = launch.plan(spec, ["train", "--config=c.yaml"], launch.rank_python(spec),
+    plan = launch.plan(spec, ["train", "--config=c.yaml"], running.python_command(spec),
                        env={"PATH": "/bin"})  # fmt: skip
     assert plan.job is None and plan.workers == 3
     assert plan.command == [sys.executable, "-m", "ddppipe", "train", "--config=c.yaml"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ddppipe.apptainer import running
 from ddppipe.core import slot
 from ddppipe.launching import launch, lifecycle, slot_machine, watchdog
 from ddppipe.parallel import node_check
@@ -30,7 +31,7 @@ def test_srun_torchrun_command() -> None:
     plan = launch.plan(
         spec,
         ["train", "--config=c"],
-        launch.rank_python(spec),
+        running.python_command(spec),
         env={"SLURM_JOB_ID": "1234"},
         hosts=["gpu-a01", "gpu-a02"],
     )
@@ -201,7 +202,7 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     cfg["container"].update(mode="apptainer", image="/images/ddppipe.sif")
     cfg["launch"].update(nnodes=2, nproc_per_node=1)
     spec = run_spec.resolve(cfg, gpus=False)
-    plan = launch.plan(spec, ["train", "--config=c"], launch.rank_python(spec, data),
+    plan = launch.plan(spec, ["train", "--config=c"], running.python_command(spec, data),
                        env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"])  # fmt: skip
     image = data / "root-0123456789abcdef.sqfs"
     step = plan.command[: plan.command.index("agent") + 1]
@@ -213,7 +214,7 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     # a task folder whose path has a comma: a quoted --mount (--bind would split it)
     cfg["task_args"] = {"root": "/project/a,b"}
     spec = run_spec.resolve(cfg, gpus=False)
-    plan = launch.plan(spec, ["train", "--config=c"], launch.rank_python(spec, data),
+    plan = launch.plan(spec, ["train", "--config=c"], running.python_command(spec, data),
                        env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"])  # fmt: skip
     assert plan.command[plan.command.index("exec") + 1 : plan.command.index("exec") + 3] == [
         "--mount", f'type=bind,src={image},"dst=/project/a,b",image-src=/'

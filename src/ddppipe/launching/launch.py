@@ -24,10 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from ddppipe.apptainer import binds, running
-from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import slot, system
-from ddppipe.data import manifest, squashfs
 from ddppipe.launching import node_watch, slot_machine, watchdog, workers
 from ddppipe.parallel import node_check
 from ddppipe.runstate import finished_nodes, node_beats, preemption
@@ -108,8 +105,8 @@ def plan(
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
 
-    ``python``: the run's Python (:func:`rank_python`); ``program`` (a script and its arguments)
-    replaces ``-m ddppipe MODULE_ARGS``.
+    ``python``: the run's Python (:func:`~ddppipe.apptainer.running.python_command`);
+    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
     (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
     job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
@@ -141,72 +138,13 @@ def plan(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
             f"{request.nodes}: run it in a job of that many nodes (the SLURM profile asks for them)"
         )
-    check_rendezvous_host(request.rendezvous_host, hosts)
+    request.check_rendezvous_host(hosts)
     command = [
         *request.srun(job, placement=placement, nodelist=hosts), *python, *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
     return Plan(command, process_environment(threads, env), job, hosts, request, placement)
-
-
-def rank_python(spec: RunSpec, data: Path | None = None) -> list[str]:
-    """The Python every process of the run starts: this one, or the run's container's
-    (``container.mode``), the data folder ``data``'s image bound in (:func:`data_binds`).
-    Decided once a launcher, at its start: the same for every slot and step of it."""
-    return running.python_command(spec, data_binds(spec, data))
-
-
-def data_binds(spec: RunSpec, data: Path | None) -> tuple[str, ...]:
-    """With container.mode apptainer, the options binding the data folder ``data``'s SquashFS
-    image over the task's folder (``--bind IMAGE:FOLDER:image-src=/``; ``data.pack:
-    squashfs``, :mod:`ddppipe.data.squashfs`); none otherwise (a process outside a container
-    mounts the image itself)."""
-    if data is None or not apptainer_tool.enabled(spec.container):
-        return ()
-    image = squashfs.Image.of(data, manifest.read(data))
-    if image is None:
-        return ()
-    source, folder = image.bind(run_spec.plain(spec.task_args))
-    return tuple(binds.bind_args(source, folder, ("image-src=/",)))
-
-
-def _addresses(host: str) -> set[str]:
-    return {info[4][0] for info in socket.getaddrinfo(host, None)}
-
-
-def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
-    """Raise SlurmRequestError when ``slurm.rendezvous_host`` is none of the job's nodes.
-
-    (Names that do not resolve here are left to each node's agent, which names its node:
-    :mod:`ddppipe.parallel.node_check`.)
-    """
-    if not host or host in hosts:
-        return
-    try:
-        wanted = _addresses(host)
-        nodes = {node: _addresses(node) for node in hosts}
-    except OSError:
-        return
-    if not any(wanted & addrs for addrs in nodes.values()):
-        raise slurm_request.SlurmRequestError(
-            f"slurm.rendezvous_host {host!r} ({', '.join(sorted(wanted))}) is none of this "
-            f"job's nodes ({', '.join(hosts)}): torchrun would wait for it until its join "
-            "timeout. Set it to a name of the job's first node (e.g. its InfiniBand name) or "
-            "to null"
-        )
-
-
-def train_args(
-    config: Path, data: Path, state: StateDir, checkpoint: Path, metrics: Path
-) -> list[str]:
-    return [
-        f"--config={config}",
-        f"--data={data}",
-        f"--state={state.root}",
-        f"--checkpoint={checkpoint}",
-        f"--metrics={metrics}",
-    ]
 
 
 # -- supervising the agent or the srun step -------------------------------------------------

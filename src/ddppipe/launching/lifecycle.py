@@ -81,7 +81,7 @@ def run(
     publish: Callable[[], None] | None = None, data: Path | None = None,
 ) -> int:  # fmt: skip
     """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments),
-    started by ``python`` (the run's: :func:`~ddppipe.launching.launch.rank_python`).
+    started by ``python`` (the run's: :func:`~ddppipe.apptainer.running.python_command`).
 
     ``record`` receives the attempt history and ``publish`` runs when training is complete;
     ``data``: the task's data folder (where its slots' data comes from).

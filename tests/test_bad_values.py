@@ -64,18 +64,24 @@ def test_bad_value_is_rejected_with_its_key(
     assert message in str(e.value)
 
 
+def request(rendezvous_host: str | None) -> slurm_request.Request:
+    cfg = default_config()
+    cfg["slurm"]["rendezvous_host"] = rendezvous_host
+    return slurm_request.Request.from_spec(run_spec.resolve(cfg, gpus=False))
+
+
 def test_rendezvous_host_outside_the_allocation() -> None:
     with pytest.raises(slurm_request.SlurmRequestError, match="is none of this job's nodes"):
-        launch.check_rendezvous_host("127.0.0.2", ["127.0.0.1"])
-    launch.check_rendezvous_host("localhost", ["127.0.0.1"])  # another name of a node: fine
-    launch.check_rendezvous_host(None, ["127.0.0.1"])
+        request("127.0.0.2").check_rendezvous_host(["127.0.0.1"])
+    request("localhost").check_rendezvous_host(["127.0.0.1"])  # another name of a node: fine
+    request(None).check_rendezvous_host(["127.0.0.1"])
 
 
 def test_several_nodes_without_slurm() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(config.ConfigError, match="no SLURM allocation"):
-        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], env={})
+        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], [], env={})
 
 
 @pytest.mark.parametrize("command", ["launch", "train"])

@@ -81,12 +81,12 @@ def test_a_well_used_allocation_has_no_flag() -> None:
 
 
 def test_queue_wait_of_a_requeued_slot_counts_from_its_requeue() -> None:
-    from ddppipe.slurm import continuation
+    from ddppipe.slurm import scontrol
 
     job = {"SubmitTime": "2026-11-23T10:00:00", "EligibleTime": "2026-11-23T10:02:00",
            "StartTime": "2026-11-23T10:02:45"}  # fmt: skip
-    assert continuation.queue_seconds(job) == 45.0
-    assert continuation.queue_seconds({"StartTime": "Unknown"}) == 0.0
+    assert scontrol.queue_seconds(job) == 45.0
+    assert scontrol.queue_seconds({"StartTime": "Unknown"}) == 0.0
 
 
 def test_an_idle_gpu_is_flagged() -> None:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ddppipe.launching import lifecycle, watchdog
+from ddppipe.launching import lifecycle, slot_machine, watchdog
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec
-from ddppipe.slurm import continuation
 from ddppipe.training.measuring import allowances, heartbeat, node_summary
 from tests.tiny import default_config
 from tests.workflow_helpers import snakemake
@@ -348,7 +347,7 @@ def test_a_hung_slot_continues_unless_two_in_a_row_made_no_progress(
     outcomes: list[tuple[str, int | None]], requeue: bool
 ) -> None:
     history = [slot(n, outcome, steps) for n, (outcome, steps) in enumerate(outcomes, start=1)]
-    decision = continuation.decide(history, max_continuations=100)
+    decision = slot_machine.decide(history, max_continuations=100)
     assert decision.requeue == requeue
     if not requeue:
         n = len(history)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from ddppipe.apptainer import running
 from ddppipe.launching import launch, slot_machine
 from ddppipe.settings import config
 from ddppipe.settings import run_spec as run_spec
@@ -40,9 +41,9 @@ def test_outside_slurm_the_launcher_starts_each_rank_itself() -> None:
     cfg = default_config()
     cfg["launch"].update(nproc_per_node=3, max_restarts=1)
     cfg["train"]["batch_size"] = 96
-    plan = launch.plan(
-        run_spec.resolve(cfg, gpus=False), ["train", "--config=c.yaml"], env={"PATH": "/bin"}
-    )
+    spec = run_spec.resolve(cfg, gpus=False)
+    plan = launch.plan(spec, ["train", "--config=c.yaml"], running.python_command(spec),
+                       env={"PATH": "/bin"})  # fmt: skip
     assert plan.job is None and plan.workers == 3
     assert plan.command == [sys.executable, "-m", "ddppipe", "train", "--config=c.yaml"]
     assert plan.env["TORCH_GLOO_LAZY_INIT"] == "1"  # (every rank's: workers.rank_environment)
@@ -53,7 +54,11 @@ def test_inside_slurm_even_one_node_is_an_srun_step() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=1, nproc_per_node=2, cpus_per_proc=2)
     plan = launch.plan(
-        run_spec.resolve(cfg, gpus=False), ["train"], env={"SLURM_JOB_ID": "42"}, hosts=["cn07"]
+        run_spec.resolve(cfg, gpus=False),
+        ["train"],
+        ["python"],
+        env={"SLURM_JOB_ID": "42"},
+        hosts=["cn07"],
     )
     assert plan.job == "42" and plan.command[0] == "srun"
     assert "--cpus-per-task=4" in plan.command and "--rdzv-id=42" in plan.command
@@ -65,7 +70,7 @@ def test_several_nodes_outside_slurm_is_a_clear_error() -> None:
     cfg = default_config()
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(config.ConfigError, match="no SLURM allocation"):
-        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], env={})
+        launch.plan(run_spec.resolve(cfg, gpus=False), ["train"], [], env={})
 
 
 def test_a_job_of_another_size_is_refused() -> None:
@@ -73,7 +78,11 @@ def test_a_job_of_another_size_is_refused() -> None:
     cfg["launch"]["nnodes"] = 2
     with pytest.raises(slurm_request.SlurmRequestError, match="has 1 node"):
         launch.plan(
-            run_spec.resolve(cfg, gpus=False), ["train"], env={"SLURM_JOB_ID": "7"}, hosts=["a01"]
+            run_spec.resolve(cfg, gpus=False),
+            ["train"],
+            [],
+            env={"SLURM_JOB_ID": "7"},
+            hosts=["a01"],
         )
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from ddppipe.packing.allocation import Allocation
 from ddppipe.reports import slot_lines
 from ddppipe.runstate import attempts
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.state import StateDir
-from ddppipe.settings import config, run_spec
+from ddppipe.settings import config, run_spec, sweep
 from ddppipe.settings.runs import Runs
 from ddppipe.slurm import memory_request, request
 from tests.tiny import default_config
@@ -107,6 +108,28 @@ def test_a_gpu_runs_first_request_counts_what_its_checkpoints_pin(
     state.root.mkdir(parents=True)
     attempts.save(state, [dataclasses.replace(slot(30000.0), world_size=launch["nproc_per_node"])])
     assert request.train_resources(runs, on_slurm=True)["mem_mb"](wildcards(run="big")) == 37500
+
+
+def test_a_packed_gpu_allocation_counts_what_its_trials_checkpoints_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two one-GPU trials of the 1.3B-parameter AdamW model a node: 8,000 MB and the 14,878 MB
+    pinned a trial (the flat 16,000 MB before: killed at the first checkpoint)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big.py").write_text(BIG_TASK)
+    cfg = default_config()
+    cfg.update(run="big", task="big.py", task_args={})
+    cfg["launch"].update(device="gpu", nproc_per_node=1)
+    cfg["sweep"] = {"name": "s", "parameters": {"train.lr": [0.1]},
+                    "pack": {"allocations": 1, "nodes": 1, "trials_per_node": 2}}  # fmt: skip
+    found = sweep.from_config(config.validate(cfg))
+    assert found is not None
+    (trial,) = sweep.trials(found)
+    spec = run_spec.resolve(sweep.apply(config.validate(cfg), found, trial), gpus=True)
+    assert Allocation.of(spec).mem_mb == 45800  # 2 x (8,000 + 14,878), rounded up
+    cfg["slurm"]["mem_mb"] = 30000  # a request of the user's own: as asked
+    spec = run_spec.resolve(sweep.apply(config.validate(cfg), found, trial), gpus=True)
+    assert Allocation.of(spec).mem_mb == 60000
 
 
 def test_the_default_request_covers_the_default_runs_measured_peak_with_room() -> None:

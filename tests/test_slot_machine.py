@@ -17,7 +17,7 @@ from ddppipe.launching import slot_machine as sm
 from ddppipe.runstate import restarts
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.failures import AGENT_RANK, Failure
-from ddppipe.slurm import continuation, scontrol
+from ddppipe.slurm import scontrol
 from tests.tiny import REPO
 
 END = "2026-12-07T12:00:00"  # the job's time limit (scontrol's local time)
@@ -257,6 +257,8 @@ LAUNCHER_LOST = [  # a launcher killed without a word, as SLURM tells it at the 
     ({"gpu-a12": "IDLE+DRAIN"}, False, None),
     ({"gpu-a12": "MIXED+DRAIN"}, True, "requeued by SLURM"),
     ({"cn07": "MIXED+FAIL"}, False, None),
+    # slurmd drained it: the job's processes would not die (its Reason "Kill task failed")
+    ({"cn07": "MIXED+DRAIN+KILL_TASK_FAILED"}, False, "node failure"),
     ({"cn07": "MIXED"}, True, "requeued by SLURM"),
     ({"cn07": "MIXED"}, False, None),  # (an OOM, a SIGKILL: lost)
     ({}, False, None),  # (scontrol could not say)
@@ -265,7 +267,7 @@ LAUNCHER_LOST = [  # a launcher killed without a word, as SLURM tells it at the 
 
 @pytest.mark.parametrize(("nodes", "requeued", "outcome"), LAUNCHER_LOST)
 def test_a_slot_whose_launcher_died_is_named_by_what_slurm_says(nodes, requeued, outcome):
-    assert continuation.lost(nodes, requeued) == outcome
+    assert sm.lost(nodes, requeued) == outcome
 
 
 def test_a_stop_an_hour_before_the_jobs_end_is_a_users() -> None:

@@ -12,23 +12,26 @@ from pathlib import Path
 
 import pytest
 
+from ddppipe.apptainer import running
 from ddppipe.core import slot
-from ddppipe.launching import launch, lifecycle, watchdog
+from ddppipe.launching import launch, lifecycle, slot_machine, watchdog
 from ddppipe.parallel import node_check
 from ddppipe.runstate import attempts, failures
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings import run_spec as run_spec
-from ddppipe.slurm import continuation, scontrol
 from ddppipe.slurm import request as slurm_request
+from ddppipe.slurm import scontrol
 from tests.tiny import default_config
 
 
 def test_srun_torchrun_command() -> None:
     cfg = default_config()
     cfg["launch"].update(nnodes=2, max_restarts=3, device="gpu")
+    spec = run_spec.resolve(cfg, gpus=True)
     plan = launch.plan(
-        run_spec.resolve(cfg, gpus=True),
+        spec,
         ["train", "--config=c"],
+        running.python_command(spec),
         env={"SLURM_JOB_ID": "1234"},
         hosts=["gpu-a01", "gpu-a02"],
     )
@@ -67,6 +70,28 @@ def test_scontrol_records_and_hostlists() -> None:
     record = scontrol.parse_record(line)
     assert record["JobState"] == "RUNNING" and record["TRES"] == "cpu=2,mem=1G"
     assert scontrol.parse_nodelist(line) == ["cn07", "cn08"]
+
+
+NODE_LINES = [  # ``scontrol -o show node`` lines: the node and its state as ddppipe reads it
+    ("NodeName=cn07 Arch=x86_64 State=MIXED+DRAIN Weight=1 Reason=Kill task failed "
+     "[root@2026-12-07T11:00:00] Comment=(null)", ("cn07", "MIXED+DRAIN+KILL_TASK_FAILED")),
+    ("NodeName=gpu-a12 State=DRAIN Reason=Kill task failed [slurm@2026-12-07T11:00:00]",
+     ("gpu-a12", "DRAIN+KILL_TASK_FAILED")),
+    ("NodeName=cn08 State=MIXED+DRAIN Reason=maintenance [root@2026-12-07T11:00:00]",
+     ("cn08", "MIXED+DRAIN")),  # an administrator's drain
+    ("NodeName=cn09 State=MIXED+DRAIN Reason=after Kill task failed on cn07 [root@2026-12-07T1]",
+     ("cn09", "MIXED+DRAIN")),  # (only a Reason that starts with slurmd's words)
+    ("NodeName=cn10 State=IDLE Weight=1", ("cn10", "IDLE")),
+    ("   ", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "state"), NODE_LINES)
+def test_a_node_drained_by_slurmd_for_a_task_it_could_not_kill_is_failed(line, state) -> None:
+    assert scontrol.parse_node_state(line) == state
+    if state is not None:
+        failed = "KILL_TASK_FAILED" in state[1]
+        assert scontrol.failed_nodes(dict([state])) == ([state[0]] if failed else [])
 
 
 def _step(tmp_path: Path, marks: str, then: str = "") -> launch.Ended:
@@ -113,10 +138,10 @@ def test_the_nodes_failed_checks_are_read_from_the_steps_stderr(
 def test_a_missing_mark_ends_the_slot_only_when_slurm_ends_the_job() -> None:
     up = {"cn07": "MIXED", "cn08": "MIXED+DRAIN"}  # draining waits for the job: no failure
     running, requeued = {"JobState": "RUNNING"}, {"JobState": "PENDING", "Reason": "BeginTime"}
-    assert not continuation.ending(running, up)  # a late mark: srun's exit 0 stands
-    assert continuation.ending(running, {**up, "cn08": "DOWN+DRAIN"})
-    assert continuation.ending(running, {**up, "cn08": "IDLE+NOT_RESPONDING"})
-    assert continuation.ending(requeued, up)
+    assert not scontrol.ending(running, up)  # a late mark: srun's exit 0 stands
+    assert scontrol.ending(running, {**up, "cn08": "DOWN+DRAIN"})
+    assert scontrol.ending(running, {**up, "cn08": "IDLE+NOT_RESPONDING"})
+    assert scontrol.ending(requeued, up)
 
 
 END = "2026-12-07T12:00:00"  # the job's time limit (scontrol's local time)
@@ -156,7 +181,7 @@ def test_how_a_slot_stopped_on_a_signal_ended(
     """(its nodes' states, its job's record, the signal) -> outcome; 80 s before the time
     limit with a 60 s warning (and 30 s of slack) is a time limit's warning."""
     now = scontrol.timestamp(END) - 80
-    assert continuation.classify(signal_name, job, nodes, 60, now=now) == outcome
+    assert slot_machine.classify(signal_name, job, nodes, 60, now=now) == outcome
 
 
 def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
@@ -176,10 +201,9 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     cfg["data"] = {"pack": "squashfs"}
     cfg["container"].update(mode="apptainer", image="/images/ddppipe.sif")
     cfg["launch"].update(nnodes=2, nproc_per_node=1)
-    plan = launch.plan(
-        run_spec.resolve(cfg, gpus=False), ["train", "--config=c"],
-        env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"], data=data,
-    )  # fmt: skip
+    spec = run_spec.resolve(cfg, gpus=False)
+    plan = launch.plan(spec, ["train", "--config=c"], running.python_command(spec, data),
+                       env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"])  # fmt: skip
     image = data / "root-0123456789abcdef.sqfs"
     step = plan.command[: plan.command.index("agent") + 1]
     assert step[-9:] == [
@@ -189,10 +213,9 @@ def test_srun_in_the_image_binds_the_squashfs_image_over_the_tasks_folder(
     assert step[:2] == ["srun", "--jobid=77"] and "--nodes=2" in step
     # a task folder whose path has a comma: a quoted --mount (--bind would split it)
     cfg["task_args"] = {"root": "/project/a,b"}
-    plan = launch.plan(
-        run_spec.resolve(cfg, gpus=False), ["train", "--config=c"],
-        env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"], data=data,
-    )  # fmt: skip
+    spec = run_spec.resolve(cfg, gpus=False)
+    plan = launch.plan(spec, ["train", "--config=c"], running.python_command(spec, data),
+                       env={"SLURM_JOB_ID": "77"}, hosts=["cn07", "cn08"])  # fmt: skip
     assert plan.command[plan.command.index("exec") + 1 : plan.command.index("exec") + 3] == [
         "--mount", f'type=bind,src={image},"dst=/project/a,b",image-src=/'
     ]  # fmt: skip
@@ -207,7 +230,7 @@ def _spare_plan(
     cfg["slurm"].update(slurm)
     spec = run_spec.resolve(cfg, gpus=False)
     env = {"SLURM_JOB_ID": "9", **({"SLURMD_NODENAME": batch} if batch else {})}
-    return launch.plan(spec, ["train"], env=env, hosts=hosts, exclude=exclude)
+    return launch.plan(spec, ["train"], ["python"], env=env, hosts=hosts, exclude=exclude)
 
 
 def test_a_job_with_a_spare_asks_for_it_and_its_steps_run_on_chosen_nodes() -> None:
@@ -295,8 +318,8 @@ def _lost_then(
 
     monkeypatch.setattr(launch, "supervise", supervise)
     state = StateDir(tmp_path / "state")
-    code = lifecycle.run(run_spec.resolve(cfg, gpus=False), ["-m", "ddppipe", "train"], state,
-                         None)  # fmt: skip
+    code = lifecycle.run(run_spec.resolve(cfg, gpus=False), ["python"], ["-m", "ddppipe", "train"],
+                         state, None)  # fmt: skip
     (state.root / "watched.json").write_text(json.dumps(watched))
     return code, state
 
@@ -367,12 +390,12 @@ def test_a_slot_continued_after_a_lost_node_too_late_to_train_requeues_its_job()
                             start_step=0, end_step=150)  # fmt: skip
     late = attempts.Attempt(2, "9", 0, ["cn11", "cn13"], 0.0, outcome="time limit",
                             start_step=150, end_step=150)  # fmt: skip
-    assert continuation.decide([lost, late], max_continuations=5).requeue
-    alone = continuation.decide([late], max_continuations=5)  # (its job's first slot)
+    assert slot_machine.decide([lost, late], max_continuations=5).requeue
+    alone = slot_machine.decide([late], max_continuations=5)  # (its job's first slot)
     assert not alone.requeue and alone.reason.startswith("no progress: slot 2 (job 9)")
     requeued = attempts.Attempt(2, "9", 1, ["cn11", "cn13"], 0.0, outcome="time limit",
                                 start_step=150, end_step=150)  # fmt: skip
-    assert not continuation.decide([lost, requeued], max_continuations=5).requeue
+    assert not slot_machine.decide([lost, requeued], max_continuations=5).requeue
 
 
 def test_a_rendezvous_timeout_is_its_own_outcome_and_says_what_to_check(

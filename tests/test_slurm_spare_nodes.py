@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import torch
 
+from ddppipe.slurm import scontrol
 from tests.slurm_cluster import SlurmCluster, kill_pids, netns_pids
 from tests.slurm_fixtures import TRAIN_PARTITION, SlurmSlot
 from tests.test_slurm import (
@@ -112,6 +113,14 @@ def drain_mid_slot(cluster: SlurmCluster, wd: Path, found: dict[str, Any]) -> No
         cluster.run(["scontrol", "update", f"nodename={node}", "state=drain",
                      "reason=maintenance"])  # fmt: skip
         found.update(drained=node, drained_at=time.time())
+        found["read"] = {node: _node_state(cluster, node)}  # (as the launcher reads it)
+        # the third node, idle: drained as slurmd drains a node whose job would not die,
+        # read, and given back before the next slot needs it
+        idle = next(n for n in MAINT_NODES if n not in attempts(wd)[0]["nodes"])
+        cluster.run(["scontrol", "update", f"nodename={idle}", "state=drain",
+                     "reason=Kill task failed"])  # fmt: skip
+        found["read"][idle] = _node_state(cluster, idle)
+        cluster.run(["scontrol", "update", f"nodename={idle}", "state=resume"])
         _wait_for(lambda: train_log.exists() and WARNED in train_log.read_text(), 120,
                   "the time limit's warning")  # fmt: skip
         found["warned_at"] = time.time()
@@ -120,6 +129,12 @@ def drain_mid_slot(cluster: SlurmCluster, wd: Path, found: dict[str, Any]) -> No
         found["error"] = repr(e)
     finally:
         (wd / "hold").unlink(missing_ok=True)
+
+
+def _node_state(cluster: SlurmCluster, node: str) -> str | None:
+    line = cluster.run(["scontrol", "-o", "show", "node", node]).stdout
+    found = scontrol.parse_node_state(line)
+    return found and found[1]
 
 
 def _wait_for(condition: Any, timeout: float, what: str) -> None:
@@ -284,6 +299,11 @@ def test_a_node_drained_mid_slot_leaves_the_time_limit_a_time_limit(runs: dict) 
     result, wd, node = run["result"], run["wd"], run["drained"]
     assert result.returncode == 0, logs(wd, result)
     assert "drain" in run["state"], run  # still running the slot: "draining"
+    # SLURM's own lines, read as the launcher reads them: a drain for maintenance is no
+    # failure, one of slurmd's for a task it could not kill is
+    idle = next(n for n in run["read"] if n != node)
+    assert run["read"] == {node: "MIXED+DRAIN", idle: "IDLE+DRAIN+KILL_TASK_FAILED"}, run
+    assert scontrol.failed_nodes(run["read"]) == [idle], run
     jobs, history = train_job_ids(result), attempts(wd)
     assert len(jobs) == 1, (
         f"more than one submission of train: {jobs} {history}\n{logs(wd, result)}"

@@ -11,7 +11,9 @@ from ddppipe.apptainer import identity
 from ddppipe.apptainer.binds import bind_args, user_binds
 from ddppipe.apptainer.requirements import layer_path, requirements
 from ddppipe.apptainer.tool import APPTAINER, ContainerError, enabled
+from ddppipe.data import manifest, squashfs
 from ddppipe.runstate import node_beats
+from ddppipe.settings import run_spec
 from ddppipe.settings.run_spec import Container, RunSpec
 
 IMAGE_PYTHON = "python"  # the image's venv python, first on its PATH
@@ -52,12 +54,12 @@ def layer_bound(layer: str | Path) -> list[str]:
             f"PYTHONPATH={TASK_SITE}", "--env", "PYTHONNOUSERSITE=1"]  # fmt: skip
 
 
-def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
+def exec_prefix(spec: RunSpec, data: Path | None = None) -> list[str]:
     """``apptainer exec [--nv] [exec_args] [--bind DIR ...] [LAYER] IMAGE``, or ``[]`` when off.
 
     ``--nv`` is added when the run trains on GPUs (its spec's device); the binds are
-    :func:`~ddppipe.apptainer.binds.user_binds`, then ``data_binds`` (the options binding a
-    packed data folder's image: :func:`ddppipe.launching.launch.data_binds`), then, where
+    :func:`~ddppipe.apptainer.binds.user_binds`, then the data folder ``data``'s packed image
+    (:func:`data_binds`), then, where
     ``exec_args`` contain the container (:data:`CONTAINED`: its own ``/dev`` and ``/tmp``), the
     folder of the ranks' node-local heartbeats (:func:`ddppipe.runstate.node_beats.local_base`,
     which a local launcher reads from outside); LAYER is
@@ -68,7 +70,7 @@ def exec_prefix(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
     extra = list(spec.container.exec_args)
     nv = ["--nv"] if spec.gpus and "--nv" not in extra else []
     binds = [arg for folder in user_binds(spec) for arg in bind_args(folder)]
-    binds += data_binds
+    binds += data_binds(spec, data)
     if CONTAINED & set(extra) and node_beats.private_base():  # (the launcher reads them)
         binds += bind_args(str(node_beats.local_base()))
     layer = layer_args(spec.container)
@@ -91,10 +93,23 @@ def check_layer(container: Container) -> None:
             raise ContainerError(problem)
 
 
-def python_command(spec: RunSpec, data_binds: tuple[str, ...] = ()) -> list[str]:
-    """The Python to start training with: this interpreter, or the image's via exec_prefix
-    (its task layer checked first: :func:`check_layer`)."""
-    prefix = exec_prefix(spec, data_binds)
+def data_binds(spec: RunSpec, data: Path | None) -> list[str]:
+    """The options binding the data folder ``data``'s SquashFS image over the task's folder
+    (``--bind IMAGE:FOLDER:image-src=/``; ``data.pack: squashfs``,
+    :mod:`ddppipe.data.squashfs`); none without an image (a process outside a container mounts
+    the image itself)."""
+    image = None if data is None else squashfs.Image.of(data, manifest.read(data))
+    if image is None:
+        return []
+    source, folder = image.bind(run_spec.plain(spec.task_args))
+    return bind_args(source, folder, ("image-src=/",))
+
+
+def python_command(spec: RunSpec, data: Path | None = None) -> list[str]:
+    """The Python every process of the run starts: this interpreter, or the image's via
+    exec_prefix (its task layer checked first: :func:`check_layer`), ``data``'s image bound
+    in. Decided once a launcher, at its start: the same for every slot and step of it."""
+    prefix = exec_prefix(spec, data)
     if prefix:
         check_layer(spec.container)
     return [*prefix, IMAGE_PYTHON] if prefix else [sys.executable]

@@ -208,7 +208,7 @@ class Image:
     def bind(self, args: dict[str, Any]) -> tuple[str, str]:
         """The image's path and the task's folder (``args[arg]``, made absolute: the working
         directory is the same inside) that ``apptainer exec`` binds its content over
-        (``image-src=/``: :func:`ddppipe.launching.launch.data_binds`)."""
+        (``image-src=/``: :func:`ddppipe.apptainer.running.data_binds`)."""
         return str(self.path.resolve()), self._target(args)
 
     def bound(self, args: dict[str, Any]) -> bool:

@@ -19,15 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from ddppipe.apptainer import binds, running
-from ddppipe.apptainer import tool as apptainer_tool
 from ddppipe.core import slot, system
-from ddppipe.data import manifest, squashfs
 from ddppipe.launching import node_watch, slot_machine, watchdog, workers
 from ddppipe.parallel import node_check
 from ddppipe.runstate import finished_nodes, node_beats, preemption
@@ -97,20 +94,19 @@ class Plan:
 def plan(
     spec: RunSpec,
     module_args: list[str],
+    python: Sequence[str],
     env: Mapping[str, str] | None = None,
     hosts: list[str] | None = None,
     max_restarts: int | None = None,
     join_timeout_s: int | None = None,
     program: list[str] | None = None,
-    data: Path | None = None,
     exclude: Collection[str] = (),
 ) -> Plan:
     """``python -m ddppipe MODULE_ARGS`` on every rank of the run: locally the command of
     each worker, in a SLURM job an srun step of ``ddppipe agent`` on every node.
 
-    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``; ``data``:
-    the run's data folder, whose SquashFS image, if any, the image binds over the task's folder
-    (:func:`data_binds`).
+    ``python``: the run's Python (:func:`~ddppipe.apptainer.running.python_command`);
+    ``program`` (a script and its arguments) replaces ``-m ddppipe MODULE_ARGS``.
     ``hosts`` are the job's nodes (looked up with scontrol when not given); a placed step
     (a packed sweep's multi-node trial, :mod:`ddppipe.slurm.placement`) runs on its own. In a
     job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) the step
@@ -123,7 +119,6 @@ def plan(
     request = slurm_request.Request.from_spec(spec)
     job = scontrol.job_id(env)
     agent = ["-m", "ddppipe", "agent"]
-    python = running.python_command(spec, data_binds(spec, data))
     if job is None:
         if request.nodes > 1:
             raise config.ConfigError(
@@ -143,65 +138,13 @@ def plan(
             f"SLURM job {job} has {len(hosts)} node(s) ({','.join(hosts)}) but launch.nnodes is "
             f"{request.nodes}: run it in a job of that many nodes (the SLURM profile asks for them)"
         )
-    check_rendezvous_host(request.rendezvous_host, hosts)
+    request.check_rendezvous_host(hosts)
     command = [
         *request.srun(job, placement=placement, nodelist=hosts), *python, *agent,
         *request.torchrun_args(job, max_restarts, join_timeout_s), *program,
     ]  # fmt: skip
     threads = request.threads(request.cpus_per_node)
     return Plan(command, process_environment(threads, env), job, hosts, request, placement)
-
-
-def data_binds(spec: RunSpec, data: Path | None) -> tuple[str, ...]:
-    """With container.mode apptainer, the options binding the data folder ``data``'s SquashFS
-    image over the task's folder (``--bind IMAGE:FOLDER:image-src=/``; ``data.pack:
-    squashfs``, :mod:`ddppipe.data.squashfs`); none otherwise (a process outside a container
-    mounts the image itself)."""
-    if data is None or not apptainer_tool.enabled(spec.container):
-        return ()
-    image = squashfs.Image.of(data, manifest.read(data))
-    if image is None:
-        return ()
-    source, folder = image.bind(run_spec.plain(spec.task_args))
-    return tuple(binds.bind_args(source, folder, ("image-src=/",)))
-
-
-def _addresses(host: str) -> set[str]:
-    return {info[4][0] for info in socket.getaddrinfo(host, None)}
-
-
-def check_rendezvous_host(host: str | None, hosts: list[str]) -> None:
-    """Raise SlurmRequestError when ``slurm.rendezvous_host`` is none of the job's nodes.
-
-    (Names that do not resolve here are left to each node's agent, which names its node:
-    :mod:`ddppipe.parallel.node_check`.)
-    """
-    if not host or host in hosts:
-        return
-    try:
-        wanted = _addresses(host)
-        nodes = {node: _addresses(node) for node in hosts}
-    except OSError:
-        return
-    if not any(wanted & addrs for addrs in nodes.values()):
-        raise slurm_request.SlurmRequestError(
-            f"slurm.rendezvous_host {host!r} ({', '.join(sorted(wanted))}) is none of this "
-            f"job's nodes ({', '.join(hosts)}): torchrun would wait for it until its join "
-            "timeout. Set it to a name of the job's first node (e.g. its InfiniBand name) or "
-            "to null"
-        )
-
-
-def train_args(
-    config: Path, data: Path, state: StateDir, checkpoint: Path, metrics: Path
-) -> list[str]:
-    return [
-        f"--config={config}",
-        f"--data={data}",
-        f"--state={state.root}",
-        f"--checkpoint={checkpoint}",
-        f"--metrics={metrics}",
-    ]
 
 
 # -- supervising the agent or the srun step -------------------------------------------------

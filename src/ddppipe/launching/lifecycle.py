@@ -37,7 +37,7 @@ from ddppipe.runstate import attempts, failures, origin, outcomes, preemption, s
 from ddppipe.runstate.outcomes import Kind, Outcome
 from ddppipe.runstate.state import StateDir
 from ddppipe.settings.run_spec import RunSpec
-from ddppipe.slurm import bad_nodes, continuation, memory_request, scontrol
+from ddppipe.slurm import bad_nodes, memory_request, scontrol
 from ddppipe.slurm import request as slurm_request
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,14 @@ def mark_slot_end(state: StateDir) -> None:
 
 
 def run(
-    spec: RunSpec, program: list[str], state: StateDir, record: Path | None,
+    spec: RunSpec, python: list[str], program: list[str], state: StateDir, record: Path | None,
     publish: Callable[[], None] | None = None, data: Path | None = None,
 ) -> int:  # fmt: skip
-    """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments).
+    """Train one slot of ``program`` (``-m ddppipe train ...`` or a script and its arguments),
+    started by ``python`` (the run's: :func:`~ddppipe.apptainer.running.python_command`).
 
     ``record`` receives the attempt history and ``publish`` runs when training is complete;
-    ``data``: the task's data folder (a packed one's image bound into the container).
+    ``data``: the task's data folder (where its slots' data comes from).
 
     In a job that survives a node failure (``slurm.spare_nodes``, ``slurm.min_nodes``) a
     node lost mid-step ends the slot as "node failure", and a node that fails its own checks
@@ -91,14 +92,14 @@ def run(
     (:func:`_continue_after_loss`).
     """
     lost: list[str] = []
-    plan = launch.plan(spec, [], program=program, data=data, exclude=_bad(state))
+    plan = launch.plan(spec, [], python, program=program, exclude=_bad(state))
     with state_lock.hold(state, plan.job):
         while True:
             outcome = _slot(spec, plan, state, record, publish, data, continued=bool(lost))
             if not isinstance(outcome, NodeLoss):
                 return outcome
             lost += outcome.nodes
-            next_plan = _continue_after_loss(spec, plan, state, program, data, lost)
+            next_plan = _continue_after_loss(spec, plan, state, python, program, lost)
             if next_plan is None:
                 return _carry_out([outcome.otherwise], preemption.EXIT_CODE, spec, state)
             plan = next_plan
@@ -119,12 +120,12 @@ def _bad(state: StateDir, lost: list[str] | None = None) -> list[str]:
 
 
 def _continue_after_loss(
-    spec: RunSpec, plan: launch.Plan, state: StateDir, program: list[str], data: Path | None,
+    spec: RunSpec, plan: launch.Plan, state: StateDir, python: list[str], program: list[str],
     lost: list[str],
 ) -> launch.Plan | None:  # fmt: skip
     """The plan of the next step in the same job without the ``lost`` nodes: a spare in their
     place, else the nodes left down to slurm.min_nodes. None when too few are left."""
-    after = _ask(lambda: launch.plan(spec, [], program=program, data=data,
+    after = _ask(lambda: launch.plan(spec, [], python, program=program,
                                      hosts=scontrol.job_nodes(str(plan.job)),
                                      exclude=_bad(state, lost)),
                  None, logging.ERROR,
@@ -175,10 +176,10 @@ def _slot(
     if plan.own_job:
         job = _job_record(plan.job)
         restarts = int(job.get("Restarts", "0") or 0)
-        queue_s = 0.0 if continued else continuation.queue_seconds(job)  # (its first slot's)
-        submitted = continuation.submitted(job)
-        mem_mb, job_start = memory_request.requested_mb(job), continuation.started(job)
-        left = continuation.seconds_left(job)
+        queue_s = 0.0 if continued else scontrol.queue_seconds(job)  # (its first slot's)
+        submitted = scontrol.submitted(job)
+        mem_mb, job_start = memory_request.requested_mb(job), scontrol.started(job)
+        left = scontrol.seconds_left(job)
         if left is not None:  # None: no time limit
             end = time.time() + left
             warn_in = max(0.0, left - plan.request.signal_seconds)
@@ -321,7 +322,7 @@ def _failed_checks(
 
 def _lost_as(state: StateDir, job: str | None, restarts: int) -> Outcome:
     """The outcome of the last slot left open (its launcher killed: on a failed node it dies
-    with the node), as SLURM tells it now (:func:`continuation.lost`); else LOST."""
+    with the node), as SLURM tells it now (:func:`slot_machine.lost`); else LOST."""
     left_open = [a for a in attempts.load(state) if a.kind is Kind.RUNNING]
     if job is None or not left_open:
         return outcomes.lost()
@@ -329,7 +330,7 @@ def _lost_as(state: StateDir, job: str | None, restarts: int) -> Outcome:
     nodes = _ask(lambda: scontrol.node_states(last.nodes), {}, logging.WARNING,
                  f"scontrol show node {','.join(last.nodes)} failed ({{}})")  # fmt: skip
     requeued = last.job == job and restarts > last.restarts
-    return continuation.lost(nodes, requeued) or outcomes.lost()
+    return slot_machine.lost(nodes, requeued) or outcomes.lost()
 
 
 def _job_record(job: str) -> dict[str, str]:

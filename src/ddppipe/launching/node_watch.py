@@ -28,7 +28,7 @@ from collections.abc import Callable
 from ddppipe.launching.node_records import READ_S, NodeRecords
 from ddppipe.runstate import failures
 from ddppipe.runstate.state import StateDir
-from ddppipe.slurm import continuation, scontrol
+from ddppipe.slurm import scontrol
 from ddppipe.training.measuring.node_summary import REPORT_S
 
 log = logging.getLogger(__name__)
@@ -128,4 +128,4 @@ class NodeWatch:
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("scontrol show node failed (%s)", e)
             return {}
-        return {n: states[n] for n in continuation.failed_nodes(states)}
+        return {n: states[n] for n in scontrol.failed_nodes(states)}

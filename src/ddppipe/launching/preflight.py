@@ -16,7 +16,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ddppipe.apptainer import running
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
 from ddppipe.launching import launch
@@ -80,9 +79,10 @@ def _step(
     return result.stdout
 
 
-def run(spec: RunSpec, plan: launch.Plan) -> str:
-    """Both checks on the job's nodes, one srun step each, their limits grown with the nodes
-    (:mod:`ddppipe.parallel.startup_limits`); raise PreflightError."""
+def run(spec: RunSpec, plan: launch.Plan, python: list[str]) -> str:
+    """Both checks on the job's nodes (``python``: the run's), one srun step each, their
+    limits grown with the nodes (:mod:`ddppipe.parallel.startup_limits`); raise
+    PreflightError."""
     request, job = plan.request, str(plan.job)
     nodes = request.nodes
     use = spec.device
@@ -90,7 +90,7 @@ def run(spec: RunSpec, plan: launch.Plan) -> str:
     node_args = [f"--host={request.rendezvous_host}"] if request.rendezvous_host else []
     node_step = [
         *request.srun(job, kill_on_bad_exit=False, nodelist=plan.hosts),
-        *running.python_command(spec),
+        *python,
         "-m", "ddppipe", "preflight-node", *node_args, f"--nproc={request.procs_per_node}",
         f"--use={use}", f"--precision={precision}",
     ]  # fmt: skip
@@ -98,7 +98,7 @@ def run(spec: RunSpec, plan: launch.Plan) -> str:
     allreduce_plan = launch.plan(
         spec, ["preflight-allreduce", f"--use={use}", f"--precision={precision}",
                f"--nodes={nodes}"],
-        plan.env, plan.hosts, max_restarts=0,
+        python, plan.env, plan.hosts, max_restarts=0,
         join_timeout_s=startup_limits.preflight_join_s(nodes),
     )  # fmt: skip
     out += _step(allreduce_plan.command, allreduce_plan.env, "all-reduce", nodes)

@@ -25,10 +25,17 @@ from ddppipe.runstate import outcomes, preemption, restarts
 from ddppipe.runstate.attempts import Attempt
 from ddppipe.runstate.failures import Failure
 from ddppipe.runstate.outcomes import Kind, Outcome
-from ddppipe.slurm import bad_nodes, continuation
+from ddppipe.slurm import bad_nodes, scontrol
 
 NO_PROGRESS_EXIT = 1  # a SLURM run that stopped making progress or reached its continuations
 HUNG_EXIT = 1  # a local slot that hung (ddppipe.launching.watchdog)
+# The warning arrives signal_seconds before the end; the stop then takes some seconds more.
+TIME_LIMIT_SLACK_S = 30
+# States of a job that SLURM has put back in the queue (its nodes' states may be unknown).
+REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
+# The outcome of a stop whose job SLURM could not say (its query failed): not a time limit, not a
+# user's signal either.
+UNKNOWN_CAUSE = "cause unknown: scontrol show job failed"
 
 
 class Phase(StrEnum):
@@ -260,16 +267,16 @@ def _end(slot: SlotState, ev: Exited) -> tuple[SlotState, list[Action]]:
         done = Finish(Outcome(Kind.COMPLETED), 0, facts.unwatched, said="training complete",
                       level=logging.INFO, copy=True)  # fmt: skip
         return _ended(slot, 0), [*said, Publish(), done]
-    failed = continuation.failed_nodes(facts.node_states) if slot.job else []
+    failed = scontrol.failed_nodes(facts.node_states) if slot.job else []
     if failed:  # SLURM ended the step for a node's failure: no crash of the user's code
         return _stopped(slot, {"signal": None, "checkpoint": None, "unfinished": failed}, facts)
     return _failed(slot, code, facts)
 
 
 def ending(facts: Facts) -> bool:
-    """Is SLURM ending the job (:func:`~ddppipe.slurm.continuation.ending`)? Yes when scontrol
+    """Is SLURM ending the job (:func:`~ddppipe.slurm.scontrol.ending`)? Yes when scontrol
     could not say: its kill of the job reaches every process of it, scontrol's too."""
-    return continuation.ending(facts.job or {}, facts.node_states)
+    return scontrol.ending(facts.job or {}, facts.node_states)
 
 
 def asks_slurm(slot: SlotState, code: int, note: dict[str, Any] | None,
@@ -306,7 +313,7 @@ def _stopped(
 ) -> tuple[SlotState, list[Action]]:
     """Training stopped on a signal after writing a checkpoint, or hung (``note["hung"]``),
     or SLURM ended its step: why, and whether the job goes on (a local slot that hung fails)."""
-    outcome = continuation.classify(
+    outcome = classify(
         note.get("signal"), facts.job if slot.job else None, facts.node_states,
         slot.signal_seconds, facts.now, stop_signal=slot.stop_signal,
     )  # fmt: skip
@@ -329,7 +336,7 @@ def _stopped(
             actions.append(Say(logging.ERROR, f"the slot hung: {hung['detail']}"))
         return _ended(slot, exit_status), actions  # 75: run it again (a packed trial too)
     closed = _closed(facts.history, outcome, exit_status)
-    decision = continuation.decide(closed, slot.max_continuations)
+    decision = decide(closed, slot.max_continuations)
     if decision.requeue:
         assert slot.job is not None
         return _ended(slot, exit_status), [*actions, Finish(outcome, exit_status, detail,
@@ -410,3 +417,111 @@ def _failed(slot: SlotState, code: int, facts: Facts) -> tuple[SlotState, list[A
     if final is not None:
         actions += [Finalize(failure, final), Say(logging.ERROR, f"not retrying: {final}")]
     return _ended(slot, code), actions
+
+
+# -- after a stop: why, and whether the job goes on ------------------------------------------
+#
+# A stop on the time-limit warning (the launcher's SIGUSR1) or on a user's ``scancel --signal``
+# continues by requeueing the job itself (``scontrol requeue``, as submitit and Lightning do):
+# the same job id goes back to the queue and gets a fresh time slot, and the Snakemake SLURM
+# plugin, which sees a PENDING or RUNNING job, keeps waiting; its ``retries`` stay for real
+# failures. Preemption and node failures are requeued by SLURM itself (``--requeue``). A slot
+# that checkpointed no new step, or a run past ``slurm.max_continuations``, fails instead of
+# looping.
+
+
+def classify(
+    signal_name: str | None,
+    job: dict[str, str] | None,
+    nodes: dict[str, str],
+    signal_seconds: int,
+    now: float | None = None,
+    stop_signal: str = "SIGUSR1",
+) -> Outcome:
+    """How a slot that stopped on ``signal_name`` ended, from what SLURM says right after.
+
+    ``job`` is the job's scontrol record (None outside SLURM; empty: its query failed, the
+    cause is unknown), ``nodes`` its nodes' states (a drained node is no failure).
+    """
+    signal_name = signal_name or "a signal"
+    if job is None:
+        return outcomes.stopped(signal_name)
+    if scontrol.failed_nodes(nodes):
+        return Outcome(Kind.NODE_FAILURE)
+    if not job:
+        return outcomes.stopped(signal_name, UNKNOWN_CAUSE)
+    if job.get("JobState") == "PREEMPTED" or "preempt" in job.get("Reason", "").lower():
+        return Outcome(Kind.PREEMPTED)
+    if job.get("JobState") in REQUEUED_STATES:
+        return Outcome(Kind.REQUEUED_BY_SLURM)
+    left = scontrol.seconds_left(job, now)
+    near_end = left is not None and left <= signal_seconds + TIME_LIMIT_SLACK_S
+    if signal_name == stop_signal and near_end:
+        return Outcome(Kind.TIME_LIMIT)
+    return outcomes.stopped(signal_name)
+
+
+def lost(nodes: dict[str, str], requeued: bool) -> Outcome | None:
+    """How a slot whose launcher was killed before it could say ended, as SLURM tells it at
+    the next slot: its nodes' states ``nodes`` (a node failed: "node failure", the launcher
+    died with it; a drained one alone kills no launcher, nor one expected to fail), or its
+    job ``requeued`` since (same job, more restarts); None when SLURM says neither."""
+    if scontrol.failed_nodes(nodes):
+        return Outcome(Kind.NODE_FAILURE)
+    return Outcome(Kind.REQUEUED_BY_SLURM) if requeued else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether the job should requeue itself, and why not when it should not."""
+
+    requeue: bool
+    reason: str
+
+
+def decide(history: list[Attempt], max_continuations: int) -> Decision:
+    """Requeue after the last slot of ``history`` (which stopped on a signal)?
+
+    A slot whose progress is unknown (a script that logged no step) continues, bounded by
+    ``max_continuations``. A slot that hung without checkpointing a new step continues once;
+    a second such slot in a row fails the run. A slot that went on in its job after a lost
+    node (:func:`after_lost_node`) continues too: its time was what the lost slot left.
+    """
+    last = history[-1]
+    if last.kind in outcomes.REQUEUED_BY_SLURM:
+        return Decision(False, f"{last.outcome}: SLURM requeues the job itself")
+    if last.kind is Kind.HUNG and last.steps <= 0:  # (ddppipe.launching.watchdog)
+        before = history[-2] if len(history) > 1 else None
+        if before is not None and before.kind is Kind.HUNG and before.steps <= 0:
+            return Decision(
+                False,
+                f"slots {before.number} and {last.number} hung without checkpointing a new "
+                "step: not continuing. The attempt history names the ranks and frames, the "
+                "state folder's hangs/ has every rank's stack",
+            )  # one more slot after a hang without progress, which may have been transient
+    elif last.start_step is not None and last.steps <= 0 and not after_lost_node(history):
+        return Decision(
+            False,
+            f"no progress: slot {last.number} (job {last.job}) checkpointed no new step "
+            f"(it resumed from {last.resumed_from or 'the start'}). The time left after "
+            "start-up is too short for one checkpoint interval: raise slurm.runtime, or lower "
+            "slurm.signal_seconds if the warning comes long before the checkpoint is needed",
+        )
+    requeues = sum(1 for a in history[:-1] if a.job == last.job)
+    if requeues >= max_continuations:
+        return Decision(
+            False,
+            f"slurm.max_continuations ({max_continuations}) reached: job {last.job} ran "
+            f"{requeues + 1} slots; raise slurm.max_continuations or slurm.runtime",
+        )
+    return Decision(True, "")
+
+
+def after_lost_node(history: list[Attempt]) -> bool:
+    """Did the last slot of ``history`` go on in its job (the same job and restart) after the
+    slot before it lost a node (``slurm.spare_nodes``, ``slurm.min_nodes``)?"""
+    if len(history) < 2:
+        return False
+    before, last = history[-2], history[-1]
+    same_slot_of_job = (before.job, before.restarts) == (last.job, last.restarts)
+    return same_slot_of_job and before.kind is Kind.NODE_FAILURE

@@ -18,7 +18,7 @@ node and the ranks' DataLoader workers), names the ranks that did not progress, 
 each is in and the allowance it exceeded, writes it all to the state folder's
 ``hangs/attempt-N.txt`` and the log, and kills the ranks. The life cycle records the outcome
 ``hung`` (ddppipe.launching.lifecycle): on SLURM the job continues from the last checkpoint in
-a new slot (ddppipe.slurm.continuation caps slots that hung without progress).
+a new slot (ddppipe.launching.slot_machine.decide caps slots that hung without progress).
 
 A script's ranks are watched from their first ``job.should_stop()`` or ``job.log()`` call; a
 script that calls neither has no watchdog, and the log and attempt record say so.

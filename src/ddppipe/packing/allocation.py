@@ -8,7 +8,7 @@ import logging
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddppipe.core import atomic
 from ddppipe.core.errors import UserError
@@ -16,7 +16,7 @@ from ddppipe.packing.pool import Pool
 from ddppipe.settings.run_spec import Pack, RunSpec, SweepSection
 from ddppipe.slurm import bad_nodes, sbatch, squeue
 from ddppipe.slurm.allocation_request import AllocationRequest
-from ddppipe.slurm.request import Request
+from ddppipe.slurm.request import Request, pinned_mb
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ class Allocation:
         if pack is None or spec.trial is None:
             raise PackError(f"run {spec.run} is no trial of a packed sweep (sweep.pack)")
         request = Request.from_spec(spec)
+        if request.estimates([]):  # a GPU trial's estimate counts what its checkpoints pin
+            request = replace(request, pinned_mb=pinned_mb(spec))
         if request.nodes > pack.nodes:
             raise PackError(
                 f"{spec.run} asks for launch.nnodes {request.nodes}, but the sweep's allocations "

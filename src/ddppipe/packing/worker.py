@@ -37,7 +37,7 @@ from ddppipe.packing.gang import Gang, Seat, open_gangs
 from ddppipe.packing.pool import Pool
 from ddppipe.packing.tickets import Ticket
 from ddppipe.runstate import preemption
-from ddppipe.slurm import continuation, scontrol
+from ddppipe.slurm import scontrol
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def serve(pool_root: Path, slots: int, signal_seconds: int, stop_signal: str,
     leads = job == "local" or scontrol.job_nodes(job)[0] == node  # leads the gangs
     record_path = pool.allocations / "nodes" / f"{job}-{node}.json"
     record_path.parent.mkdir(parents=True, exist_ok=True)
-    left = continuation.seconds_left(scontrol.job_record(job)) if job != "local" else None
+    left = scontrol.seconds_left(scontrol.job_record(job)) if job != "local" else None
     end = None if left is None else time.time() + left
     if end is not None:  # the trials' launchers warn their ranks (preemption.allocation_warning)
         env[env_names.ALLOCATION_END] = f"{end - signal_seconds:.3f} {end:.3f}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
@@ -112,7 +113,7 @@ class Request:
         ``--no-kill`` says, so the nodes whose loss the job survives are the ones that train
         (with ``launch.nnodes: 1`` and a spare, the only way the spare can ever take over).
         Not with ``slurm.rendezvous_host`` set: that names the job's first node
-        (:func:`ddppipe.launching.launch.check_rendezvous_host`), which then trains."""
+        (:meth:`check_rendezvous_host`), which then trains."""
         healthy = [h for h in hosts if h not in exclude]
         if len(healthy) >= self.launch.nnodes:
             batch = None if self.rendezvous_host else batch or next(iter(hosts), None)
@@ -196,6 +197,29 @@ class Request:
     @property
     def rendezvous_host(self) -> str | None:
         return self.slurm.rendezvous_host
+
+    def check_rendezvous_host(self, hosts: list[str]) -> None:
+        """Raise SlurmRequestError when ``slurm.rendezvous_host`` is none of the job's nodes
+        ``hosts``.
+
+        (Names that do not resolve here are left to each node's agent, which names its node:
+        :mod:`ddppipe.parallel.node_check`.)
+        """
+        host = self.rendezvous_host
+        if not host or host in hosts:
+            return
+        try:
+            wanted = _addresses(host)
+            nodes = {node: _addresses(node) for node in hosts}
+        except OSError:
+            return
+        if not any(wanted & addrs for addrs in nodes.values()):
+            raise SlurmRequestError(
+                f"slurm.rendezvous_host {host!r} ({', '.join(sorted(wanted))}) is none of this "
+                f"job's nodes ({', '.join(hosts)}): torchrun would wait for it until its join "
+                "timeout. Set it to a name of the job's first node (e.g. its InfiniBand name) "
+                "or to null"
+            )
 
     @property
     def world_size(self) -> int:
@@ -369,3 +393,7 @@ def pinned_mb(spec: RunSpec) -> int:
     shards = {"fsdp": spec.world_size, "hsdp": spec.launch.nproc_per_node}
     return memory_request.pinned_mb(count, spec.train.optimizer,
                                     shards.get(spec.launch.strategy, 1))  # fmt: skip
+
+
+def _addresses(host: str) -> set[str]:
+    return {info[4][0] for info in socket.getaddrinfo(host, None)}

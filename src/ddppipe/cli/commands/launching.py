@@ -66,7 +66,8 @@ def _launch(
     config_path: Path, data: Path | None, state: StateDir, checkpoint: Path | None,
     outputs: Path | None, metrics: Path, attempts: Path | None,
 ) -> int:  # fmt: skip
-    from ddppipe.launching import launch, lifecycle
+    from ddppipe.apptainer import running
+    from ddppipe.launching import lifecycle
     from ddppipe.runstate import publish
     from ddppipe.settings import config, run_spec
 
@@ -78,13 +79,14 @@ def _launch(
         runner = ["-m", "ddppipe.training.script.run_script"]
         program = [*runner, spec.task_source["path"], *spec.script_args]
         return lifecycle.run(
-            spec, program, state, attempts,
+            spec, running.python_command(spec), program, state, attempts,
             lambda: publish.script_results(state, outputs, metrics),
         )  # fmt: skip
     if data is None or checkpoint is None:
         raise config.ConfigError("ddppipe launch: a task run needs --data and --checkpoint")
-    train_args = launch.train_args(config_path, data, state, checkpoint, metrics)
-    return lifecycle.run(spec, ["-m", "ddppipe", "train", *train_args], state, attempts,
+    train_args = _train_args(config_path, data, state, checkpoint, metrics)
+    return lifecycle.run(spec, running.python_command(spec, data),
+                         ["-m", "ddppipe", "train", *train_args], state, attempts,
                          data=data)  # fmt: skip
 
 
@@ -92,6 +94,7 @@ def preflight(config_path: Path) -> int:
     """``ddppipe preflight``: check the SLURM job's nodes before training; print the report."""
     import yaml
 
+    from ddppipe.apptainer import running
     from ddppipe.launching import launch, preflight
     from ddppipe.parallel import devices
     from ddppipe.settings import config, run_spec
@@ -101,10 +104,11 @@ def preflight(config_path: Path) -> int:
     recorded = (cfg.get("resolved") or {}).get("device")  # a run's config, or one by hand
     gpus = recorded == "gpu" if recorded else devices.trains_on_gpus(config.validate(cfg), False)
     spec = run_spec.resolve(cfg, gpus)
-    plan = launch.plan(spec, ["train"])
+    python = running.python_command(spec)
+    plan = launch.plan(spec, ["train"], python)
     if plan.job is None:
         raise config.ConfigError("ddppipe preflight checks a SLURM job's nodes: run it in one")
-    print(preflight.run(spec, plan), end="")
+    print(preflight.run(spec, plan, python), end="")
     return 0
 
 
@@ -117,3 +121,16 @@ def preflight_node(host: str | None, nproc: int, use: str, precision: str) -> in
     if report:
         print(f"{node_check.PREFIX}{report}", flush=True)
     return node_check.EXIT_CODE if problems else 0
+
+
+def _train_args(
+    config: Path, data: Path, state: StateDir, checkpoint: Path, metrics: Path
+) -> list[str]:
+    """``ddppipe train``'s arguments for a task run's ranks."""
+    return [
+        f"--config={config}",
+        f"--data={data}",
+        f"--state={state.root}",
+        f"--checkpoint={checkpoint}",
+        f"--metrics={metrics}",
+    ]

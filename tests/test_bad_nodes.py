@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from ddppipe.core import atomic
-from ddppipe.launching import lifecycle, preflight
+from ddppipe.launching import launch, lifecycle, preflight, slot_machine
 from ddppipe.packing import allocation
 from ddppipe.packing.allocation import Allocation
 from ddppipe.packing.pool import Pool
@@ -112,12 +111,11 @@ def test_both_paths_read_one_record(tmp_path: Path, caplog: pytest.LogCaptureFix
     spec = packed_spec(tmp_path, launch={"nnodes": 1, "device": "cpu"})
     held = Allocation.of(spec)
     # the executor path: the launcher records gpu2, whose agent failed its node's check
-    plan = SimpleNamespace(job="41", hosts=["gpu1", "gpu2"])
-    run = SimpleNamespace(slurm=SimpleNamespace(max_excluded_nodes=2))
-    attempts.begin(state, "41", 0, plan.hosts)  # the slot's attempt, open as its ranks start
-    said = ["preflight: gpu2: does not see the run's state folder as the job's first node does"]
+    slot = slot_machine.SlotState("41", True, ("gpu1", "gpu2"), max_excluded_nodes=2)
+    attempts.begin(state, "41", 0, list(slot.hosts))  # the slot's attempt, open as its ranks start
+    said = ("preflight: gpu2: does not see the run's state folder as the job's first node does",)
     with pytest.raises(preflight.PreflightError, match="gpu2: does not see the run's") as raised:
-        lifecycle._failed_checks(run, plan, state, said, 1)  # type: ignore[arg-type]
+        lifecycle._end(spec, slot, state, launch.Ended(1, None, list(said)))
     assert raised.value.nodes == ["gpu2"]
     (attempt,) = attempts.load(state)
     assert (attempt.outcome, attempt.exit_status) == ("bad node gpu2", 1)
@@ -180,12 +178,12 @@ def test_a_run_records_no_node_when_every_node_failed(tmp_path: Path, hosts: lis
     """Every node of the slot failed its check (each said so, twice: its two ranks): a problem
     of the run, not of a node; the slot's attempt says so, no node is recorded."""
     state = StateDir(tmp_path)
-    plan = SimpleNamespace(job="41", hosts=hosts)
-    run = SimpleNamespace(slurm=SimpleNamespace(max_excluded_nodes=2))
+    slot = slot_machine.SlotState("41", True, tuple(hosts), max_excluded_nodes=2)
     attempts.begin(state, "41", 0, hosts)
     said = [f"preflight: {h}: 2 process(es) need a GPU each and none is usable" for h in hosts]
+    spec = packed_spec(tmp_path, launch={"nnodes": 1, "device": "cpu"})  # (not read here)
     with pytest.raises(preflight.PreflightError) as raised:
-        lifecycle._failed_checks(run, plan, state, said * 2, 3)  # type: ignore[arg-type]
+        lifecycle._end(spec, slot, state, launch.Ended(3, None, said * 2))
     assert raised.value.nodes == hosts
     assert str(raised.value).count("none is usable") == len(hosts)  # each node's once
     assert not bad_nodes.of_run(state).path.exists()

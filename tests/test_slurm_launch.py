@@ -437,6 +437,7 @@ def test_a_rendezvous_timeout_is_its_own_outcome_and_says_what_to_check(
     spec = run_spec.resolve(cfg, gpus=False)
     for _ in range(2):  # the same rendezvous timeout in two slots in a row
         attempts.begin(state, "41", 0, ["cn07", "cn08"])
-        assert lifecycle._failed(spec, state, 1) == 1
+        local = slot_machine.SlotState(None, False, ())  # (a local slot's)
+        assert lifecycle._end(spec, local, state, launch.Ended(1, None)) == 1
     assert [a.outcome for a in attempts.load(state)] == ["rendezvous timeout"] * 2
     assert failures.refusal(state, failures.identity(spec)) is None  # retried

@@ -90,6 +90,15 @@ class Plan:
         """Processes the launcher starts with ``command``: the local ranks, or one srun."""
         return self.request.procs_per_node if self.job is None else 1
 
+    def slot_state(self) -> slot_machine.SlotState:
+        """The slot machine's state of a step of this plan, as it starts."""
+        request = self.request
+        return slot_machine.SlotState(
+            self.job, self.own_job, tuple(self.hosts), request.survives_node_failure,
+            request.stop_signal, request.signal_seconds, request.slurm.max_continuations,
+            request.slurm.max_excluded_nodes,
+        )  # fmt: skip
+
 
 def plan(
     spec: RunSpec,
@@ -221,8 +230,7 @@ def supervise(
     if isinstance(child, subprocess.Popen) and child.stderr is not None:
         reader = threading.Thread(target=_pass_on, args=(child.stderr, checks), daemon=True)
         reader.start()
-    code = _drain(child, plan, slot_machine.SlotState(plan.job, plan.own_job, tuple(plan.hosts),
-                  stop_signal=record.stop_signal), warn_in, watch, nodes, attempt)  # fmt: skip
+    code = _drain(child, plan, plan.slot_state(), warn_in, watch, nodes, attempt)
     if reader is not None:
         reader.join(timeout=STDERR_DRAIN_S)
     return Ended(code, _stop_note(state, attempt, code, plan, watch, nodes), checks)

@@ -3,7 +3,8 @@
 The slot's processes check their nodes and their world before step 1 (the slot record's
 ``checks`` in a SLURM job of its own: :mod:`ddppipe.parallel.node_check`,
 :mod:`ddppipe.training.measuring.world_checks`); a node whose own check failed is named on the
-srun step's stderr, and excluded from the next slot here (:func:`_failed_checks`).
+srun step's stderr, and excluded from the next slot here (:func:`_end`, the slot
+machine's order of end causes).
 
 In a SLURM job the launcher times the warning itself: SIGUSR1 to the training
 ``slurm.signal_seconds`` before the job's end (SLURM's own ``--signal`` may come up to a
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 from ddppipe.core import atomic, env_names, process_times, slot
 from ddppipe.launching import launch, preflight, slot_machine, watchdog
@@ -201,17 +202,7 @@ def _slot(
     unwatched = "" if watch.watched else watchdog.NO_WATCHDOG_NOTE
     if unwatched:
         log.warning("%s", unwatched)
-    return _end(spec, _state_of(spec, plan), state, ended, record, publish, unwatched)
-
-
-def _state_of(spec: RunSpec, plan: launch.Plan) -> slot_machine.SlotState:
-    """The slot machine's state of a step of ``plan``, as it starts."""
-    request = plan.request
-    return slot_machine.SlotState(
-        plan.job, plan.own_job, tuple(plan.hosts), request.survives_node_failure,
-        request.stop_signal, request.signal_seconds, request.slurm.max_continuations,
-        spec.slurm.max_excluded_nodes,
-    )  # fmt: skip
+    return _end(spec, plan.slot_state(), state, ended, record, publish, unwatched)
 
 
 def _end(
@@ -300,24 +291,6 @@ def _check_origin(state: StateDir, history: list[attempts.Attempt]) -> None:
     if found:
         history[-1].detail = "; ".join(found)
         attempts.save(state, history)
-
-
-def _failed(spec: RunSpec, state: StateDir, code: int) -> int:
-    """The end of a local slot whose training failed with exit ``code``: :func:`_end`."""
-    ended = _end(spec, slot_machine.SlotState(None, False, ()), state, launch.Ended(code, None))
-    assert isinstance(ended, int)
-    return ended
-
-
-def _failed_checks(
-    spec: RunSpec, plan: launch.Plan, state: StateDir, lines: list[str], code: int
-) -> NoReturn:
-    """The end of a slot whose nodes failed their own checks (``lines``: what they said) in
-    a job that cannot go on without them: :func:`_end`, which raises PreflightError."""
-    slot = slot_machine.SlotState(plan.job, True, tuple(plan.hosts),
-                                  max_excluded_nodes=spec.slurm.max_excluded_nodes)  # fmt: skip
-    _end(spec, slot, state, launch.Ended(code, None, lines))
-    raise AssertionError("failed checks that did not end the slot")
 
 
 def _lost_as(state: StateDir, job: str | None, restarts: int) -> Outcome:

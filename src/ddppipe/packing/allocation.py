@@ -40,6 +40,7 @@ class Allocation:
     pack: Pack
     sweep: str
     precision: str  # the trial's recipe's (its nodes' preflight checks it)
+    spec: RunSpec  # the trial's (what its checkpoints pin: :attr:`mem_mb`)
 
     @classmethod
     def of(cls, spec: RunSpec) -> Allocation:
@@ -48,8 +49,6 @@ class Allocation:
         if pack is None or spec.trial is None:
             raise PackError(f"run {spec.run} is no trial of a packed sweep (sweep.pack)")
         request = Request.from_spec(spec)
-        if request.estimates([]):  # a GPU trial's estimate counts what its checkpoints pin
-            request = replace(request, pinned_mb=pinned_mb(spec))
         if request.nodes > pack.nodes:
             raise PackError(
                 f"{spec.run} asks for launch.nnodes {request.nodes}, but the sweep's allocations "
@@ -68,7 +67,7 @@ class Allocation:
                 f"sweep.pack.time_min ({pack.time_min} min): the trials would be warned of the "
                 "allocation's end before they start; raise time_min or lower signal_seconds"
             )
-        return cls(request, pack, spec.trial.sweep, spec.train.precision)
+        return cls(request, pack, spec.trial.sweep, spec.train.precision, spec)
 
     @property
     def use(self) -> str:
@@ -91,8 +90,10 @@ class Allocation:
         """A node's memory: ``pack.trials_per_node`` trials' requests, fitted to the partition's
         nodes (each trial's share capped; ``slurm.mem_mb`` above it refused before any sbatch:
         :meth:`ddppipe.slurm.request.Request.fitted_mem_mb`)."""
-        return self.trial.fitted_mem_mb(self.trial.mem_mb, self.pack.trials_per_node,
-                                        self.pack.nodes)  # fmt: skip
+        trial = self.trial
+        if trial.estimates([]):  # a GPU trial's estimate counts what its checkpoints pin
+            trial = replace(trial, pinned_mb=pinned_mb(self.spec))  # (the task built on meta)
+        return trial.fitted_mem_mb(trial.mem_mb, self.pack.trials_per_node, self.pack.nodes)
 
     def sbatch(self, pool: Pool, workdir: str) -> list[str]:
         """The ``sbatch`` command line of one allocation (:mod:`ddppipe.slurm.allocation_request`):

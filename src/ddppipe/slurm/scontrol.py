@@ -136,7 +136,7 @@ def queue_seconds(job: dict[str, str]) -> float:
 
     A requeued job is eligible again from its requeue (EligibleTime); 0 when SLURM did not say.
     """
-    start = timestamp(job.get("StartTime", ""))
+    start = started(job)
     since = [t for key in ("SubmitTime", "EligibleTime")
              if (t := timestamp(job.get(key, ""))) is not None]  # fmt: skip
     return max(0.0, start - max(since)) if start is not None and since else 0.0

@@ -45,6 +45,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def environment(bindir: str) -> dict[str, str]:
+    """The DAG's environment: this one, the venv's commands first, and Python's bytecode cache
+    on as on a user's machine (a shell that sets PYTHONDONTWRITEBYTECODE compiles each of
+    ddppipe's modules again in every process)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
 def sha256sums(mirror: Path) -> dict[str, str]:
     sums = {}
     for line in (mirror / "SHA256SUMS").read_text().splitlines():
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
              "--configfile", str(work / "config.yaml"), "--cores", "all"],
             cwd=work, capture_output=True, text=True, check=False,
-            env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+            env=environment(bindir),
         )  # fmt: skip
         wall, ended = time.monotonic() - started, time.time()
         if result.returncode != 0:
@@ -139,9 +147,15 @@ def report(work: Path, wall: float, began: float, ended: float) -> None:
         print(f"    {rule:<22} {seconds:7.1f} s")
     server = work / "logs" / "warm-server.log"
     text = server.read_text() if server.exists() else ""
+    # (the log of a server kept between calls goes on: this call's part is after its last
+    # start or adoption)
+    start = max(text.rfind("warm server listening"), text.rfind("warm server adopted"))
+    text = text[start:] if start >= 0 else ""
     listening = re.search(r"warm server listening after ([\d.]+) s", text)
     ready = re.search(r"warm ranks ready in ([\d.]+) s", text)
-    if listening and ready:
+    if text.startswith("warm server adopted"):
+        print("  warm server kept from an earlier call (adopted: its imports done)")
+    elif listening and ready:
         print(f"  warm server listening {listening[1]} s after its start, its ranks' imports "
               f"done after {ready[1]} s")  # fmt: skip
     else:

@@ -3,10 +3,12 @@ process alone, and running the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from ddppipe.launching import warm
 from tests import documented_build
 from tests.container_fixtures import image_run, image_workdir  # noqa: F401
 from tests.slurm_fixtures import slurm_accounting_cluster, slurm_cluster, slurm_slot  # noqa: F401
@@ -83,10 +86,29 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove this session's groups file; not one a session it runs in made (the shared
-    build's `make test-quick TESTS=...` inherits the variable)."""
+    build's `make test-quick TESTS=...` inherits the variable). The session's last process
+    (not an xdist worker) ends the warm servers its local calls kept for later calls
+    (ddppipe.launching.warm.KEEP_S): no test's process outlives the session."""
     if GROUPS_FILE in config.stash:
         config.stash[GROUPS_FILE].unlink(missing_ok=True)
         os.environ.pop(GROUPS_ENV, None)
+    if not hasattr(config, "workerinput"):
+        end_kept_warm_servers()
+
+
+def end_kept_warm_servers() -> None:
+    """SIGTERM to this user's warm servers kept between calls (``ddppipe warm-server --socket
+    .../ddppipe-warm-kept-*.sock``)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            mine = proc.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        kept = any(warm.KEPT_PREFIX.encode() in a and a.endswith(b".sock") for a in argv)
+        if mine and b"warm-server" in argv and kept:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGTERM)
 
 
 @pytest.hookimpl(optionalhook=True)

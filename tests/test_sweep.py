@@ -121,10 +121,14 @@ def test_a_failing_trial_fails_and_the_others_complete(grid: dict, workdir: Path
     log = workdir / "logs/sweeps/grid/activation=nope+hidden=4/train.log"
     assert "activation 'nope': torch.nn.functional has no such function" in log.read_text()
     # every trial's ranks forked by the call's warm server (ddppipe.launching.warm), the
-    # datasets loaded once by it (the second call: its data prepared before it started)
+    # datasets loaded once by it (the second call: its data prepared before it started); the
+    # second call's server the first's, kept between them
     trained = (workdir / "logs/sweeps/grid/activation=relu+hidden=8/train.log").read_text()
     assert "1 of 1 rank(s) forked warm by the warm server" in trained
     assert "kept by the warm server (not loaded again)" in trained
+    server = (workdir / "logs/warm-server.log").read_text()
+    assert server.count("warm server listening") == 1, server
+    assert server.count("warm server adopted by the call of pid") == 1, server
 
 
 @pytest.mark.slow  # sweeps through the DAG

@@ -7,9 +7,11 @@ here, as a user sharing a project folder with everyone might)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -17,6 +19,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -569,3 +572,129 @@ def test_reaping_tells_each_end_once_and_survives_a_child_waited_for_elsewhere()
     assert told == {exits: {"exit": 4}, killed: {"exit": -9}, taken: {"exit": 1}}
     os.kill(running, signal.SIGKILL)
     os.waitpid(running, 0)
+
+
+# -- a server kept between calls ---------------------------------------------------------------
+
+# A kept server (as a call's: started by a caller that then ends) whose preload imports a module
+# of the test's; it logs to stderr.
+KEPT_SERVER = """
+import logging, sys
+from pathlib import Path
+from ddppipe.launching import warm
+
+logging.basicConfig(level=logging.INFO)
+sys.path.insert(0, sys.argv[3])
+
+def preload():
+    import kept_probe
+    return (kept_probe,)
+
+warm.serve(Path(sys.argv[1]), preload, keep_s=float(sys.argv[2]))
+"""
+
+# A call: starts a kept server (stderr to the log given), waits until it listens, ends.
+CALL = """
+import subprocess, sys, time
+from pathlib import Path
+path, keep_s, modules, log = sys.argv[1:5]
+with open(log, "ab") as sink:
+    server = subprocess.Popen([sys.executable, "-c", sys.argv[5], path, keep_s, modules],
+                              stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
+while not Path(path).is_socket():
+    assert server.poll() is None
+    time.sleep(0.02)
+print(server.pid)
+"""
+
+KEPT_PROBE = """
+import os, sys
+open(os.environ["PROBE_OUT"], "w").write(str("kept_probe" in sys.modules))
+"""
+
+# A later call: adopts the kept server, prints its pid (or None), ends.
+ADOPTS = """
+import sys
+from pathlib import Path
+from ddppipe.launching import warm
+print(warm._adopt(Path(sys.argv[1]), []))
+"""
+
+
+def kept_call(folder: Path, name: str, keep_s: float) -> tuple[Path, int]:
+    """A call that left a kept server on ``folder``'s socket ``name``: the socket, the pid."""
+    path = folder / f"{warm.KEPT_PREFIX}{name}.sock"
+    done = subprocess.run([sys.executable, "-c", CALL, str(path), str(keep_s), str(folder),
+                           str(folder / f"{name}.log"), KEPT_SERVER],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    return path, int(done.stdout)
+
+
+def adopt(path: Path) -> str:
+    return subprocess.run([sys.executable, "-c", ADOPTS, str(path)], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+
+
+def ends_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.fixture
+def kept_folder() -> Iterator[Path]:
+    """A private folder of kept servers' sockets, their log and the module they import."""
+    folder = Path(tempfile.mkdtemp(prefix="ddppipe-kept-test-"))
+    (folder / "kept_probe.py").write_text("VALUE = 1\n")
+    yield folder
+    for proc in Path("/proc").glob("[0-9]*"):  # (a test that failed: its servers ended)
+        with contextlib.suppress(OSError):
+            if str(folder).encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_kept_server_outlives_its_call_serves_the_next_and_ends_when_idle(
+    kept_folder: Path, tmp_path: Path
+) -> None:
+    """Its call ended: the server still listens; a later call adopts it and gets a rank
+    forked from it; once that call ended too it ends after its idle time, its socket gone."""
+    path, pid = kept_call(kept_folder, "a", keep_s=1.5)
+    time.sleep(0.3)  # its caller has ended
+    assert path.is_socket() and Path(f"/proc/{pid}").exists()
+    assert adopt(path) == str(pid)
+    env = {**os.environ, env_names.WARM_SOCKET: str(path), env_names.WARM_SERVER: str(pid),
+           "PROBE_OUT": str(tmp_path / "out")}  # fmt: skip
+    (tmp_path / "probe.py").write_text(KEPT_PROBE)
+    rank = warm_client.spawn([sys.executable, "-m", "ddppipe.training.script.run_script",
+                              str(tmp_path / "probe.py")], env)  # fmt: skip
+    assert rank is not None and rank.wait(timeout=60) == 0
+    assert (tmp_path / "out").read_text() == "True"  # forked from the kept server
+    assert ends_within(pid, 10) and not path.exists()
+    log = (kept_folder / "a.log").read_text()
+    assert "warm server adopted by the call of pid" in log
+    assert re.search(r"warm server idle for \d+ s since its last call: ending", log), log
+
+
+def test_a_kept_server_whose_imported_code_changed_is_stale(kept_folder: Path) -> None:
+    """A module it imported was edited since: the next call is refused (it starts a fresh
+    server, never the old code), the stale one stops listening and ends."""
+    path, pid = kept_call(kept_folder, "b", keep_s=60)
+    (kept_folder / "kept_probe.py").write_text("VALUE = 2  # edited\n")
+    assert adopt(path) == "None"
+    assert ends_within(pid, 10) and not path.exists()
+    log = (kept_folder / "b.log").read_text()
+    assert f"warm server stale: {kept_folder / 'kept_probe.py'} changed since" in log
+
+
+def test_one_idle_kept_server_a_user_the_newest(kept_folder: Path) -> None:
+    """An idle kept server ends once another of the user's was started after it (or adopted
+    since: it is the newest then), after a twentieth of its keep time idle (a call of its own
+    folder a moment later still finds it)."""
+    older, older_pid = kept_call(kept_folder, "c", keep_s=20)  # gives way after 1 s idle
+    newer, newer_pid = kept_call(kept_folder, "d", keep_s=20)
+    assert ends_within(older_pid, 10) and not older.exists()
+    assert Path(f"/proc/{newer_pid}").exists() and newer.is_socket()
+    os.kill(newer_pid, signal.SIGTERM)
+    assert ends_within(newer_pid, 10)

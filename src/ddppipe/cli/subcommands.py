@@ -180,6 +180,7 @@ COMMANDS: tuple[Command, ...] = (
             default="[]",
             help="datasets to keep for the ranks: [{task, data_dir, args}, ...]",
         ),
+        arg("--keep-s", type=float, default=0.0, help="seconds it outlives its callers"),
     ),
     command(
         "preflight",

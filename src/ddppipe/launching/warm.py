@@ -26,6 +26,7 @@ server's uid, else refused and logged), and a request may name only :data:`SERVE
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from typing import Any
 
 from ddppipe.core import env_names, private
 from ddppipe.core.errors import UserError
-from ddppipe.launching import warm_reaper
+from ddppipe.launching import warm_reaper, warm_sources
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,14 @@ _DEFAULT_THREADS = 1  # torch's own thread count in the server before it set 1
 # ``ahead`` is imported once no request came for this long: callers that waited for the server
 # (polling every 50 ms) are forked first; one that comes during the imports waits for them.
 _SETTLE_S = 0.2
+# A local call's server is kept this long after its call ended, for the next call of the same
+# project (its imports done: its ranks start at once); one kept server a user, the newest.
+KEEP_S = 600.0
+# An idle kept server gives way to a newer one of its user's after this share of its keep time
+# (30 s): the next call of its own folder, a moment later, still finds it.
+_YIELD_SHARE = 0.05
+_ADOPT_TIMEOUT_S = 10.0  # a kept server answers at once: one that does not is replaced
+KEPT_PREFIX = "ddppipe-warm-kept-"  # a kept server's socket: KEPT_PREFIX + its key + ".sock"
 
 
 # -- the server ------------------------------------------------------------------------------
@@ -65,21 +74,28 @@ _SETTLE_S = 0.2
 def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
           data: list[dict[str, Any]] | None = None,
           ahead: Callable[[], Sequence[ModuleType]] | None = None,
-          later: Callable[[], Sequence[ModuleType]] | None = None) -> None:  # fmt: skip
+          later: Callable[[], Sequence[ModuleType]] | None = None,
+          keep_s: float = 0.0) -> None:  # fmt: skip
     """Import what the first requests need (``preload``: torch), listen on the Unix socket
-    ``path``, and fork a process for each request until SIGTERM (or until the process that
-    started it exits); :mod:`ddppipe.cli.warm_server` names the imports. While no request
-    waits, in this order: ``ahead``, the rest of what a rank imports before its first step
-    (every training rank is forked after it: one that asks first waits for it); ``data``,
-    the task datasets to load and keep for the ranks (``task``, ``data_dir``, ``args`` each),
-    each once its data is prepared; ``later``, what the commands after a training import
-    (plots), once a training's rank is forked (beside the training, not on its way to its
-    first step)."""
+    ``path``, and fork a process for each request until SIGTERM, or until the process that
+    started it and every caller that adopted it (:func:`adopt`) have ended: then at once
+    (``keep_s`` 0), else once none of its ranks runs and no call adopted it for ``keep_s``
+    seconds (a twentieth of it when a newer kept server of this user's is in its folder: one
+    kept per user), or when a caller finds it stale (a source it imported changed:
+    :mod:`.warm_sources`). :mod:`ddppipe.cli.warm_server` names the imports. While no
+    request waits, in this order: ``ahead``, the rest of what a rank imports before its first
+    step (every training rank is forked after it: one that asks first waits for it);
+    ``data``, the task datasets to load and keep for the ranks (``task``, ``data_dir``,
+    ``args`` each), each once its data is prepared; ``later``, what the commands after a
+    training import (plots), once a training's rank is forked (beside the training, not on its
+    way to its first step)."""
     started = time.monotonic()
     _check_private(path.parent)
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
+    callers = [_watch(os.getppid())]  # each ends when its process does
     preloaded = ", ".join(m.__name__ for m in preload())
+    sources = warm_sources.snapshot({})
     global _DEFAULT_THREADS
     if "torch" in sys.modules:  # no thread pool in a process that forks (each rank sets its own)
         _DEFAULT_THREADS = sys.modules["torch"].get_num_threads()
@@ -88,7 +104,6 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
     cuda_at_start = cuda_state()
     cold: str | None = None  # why every rank starts cold (the server touched CUDA)
     pending = list(data or [])
-    parent = os.getppid()
     stop = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -97,29 +112,62 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
 
     def import_ahead() -> None:
         """``ahead`` imported (once), before the first training rank is forked."""
-        nonlocal ahead, cuda_at_start
+        nonlocal ahead, cuda_at_start, sources
         if ahead is not None:
             with warm_reaper.reaping(ranks):
                 names = ", ".join(m.__name__ for m in ahead())
             ahead = None
+            sources = warm_sources.snapshot(sources)
             _check_no_cuda()
             cuda_at_start = cuda_state()  # (what the imports mapped is no task's doing)
             log.info("warm ranks ready in %.1f s (%s)", time.monotonic() - started, names)
 
+    def adopted(request: dict[str, Any], peer: int) -> dict[str, Any]:
+        """A later call's (``request["adopt"]``: its pid) use of this kept server, unless a
+        source it imported changed: then it is stale, listens no more, and ends once idle."""
+        nonlocal listener
+        if (why := warm_sources.changed(sources)) is not None:
+            log.info("warm server stale: %s changed since it was imported; the call of pid %d "
+                     "starts a fresh one", why, peer)  # fmt: skip
+            listener.close()
+            _remove(path)
+            listener = None
+            return {"stale": f"{why} changed since the server imported it"}
+        caller = _watch(int(request["adopt"]))
+        if caller is not None:
+            callers.append(caller)
+        pending.extend(d for d in request.get("data", []) if d not in pending)
+        os.utime(path)  # the newest kept server now: an older idle one ends
+        log.info("warm server adopted by the call of pid %d (%s)", peer, _since(started))
+        return {"adopted": os.getpid()}
+
     signal.signal(signal.SIGTERM, on_term)
-    listener = _listen(path)
+    listener: socket.socket | None = _listen(path)
     log.info("warm server listening after %.1f s (%s)", time.monotonic() - started, preloaded)
     last_request = time.monotonic()
+    idle_since: float | None = None
     ranks: dict[int, socket.socket] = {}  # pid -> its launcher's connection
     orphans: set[int] = set()  # ranks whose launcher went away, killed
     trains = False  # a training's rank was forked
     try:
-        while not stop and os.getppid() == parent:
+        while not stop:
+            callers = [c for c in callers if c is not None and not _ended(c)]
+            if callers or (ranks and keep_s):
+                idle_since = None
+            elif not keep_s or listener is None:
+                break  # its callers gone (a stale server: its last rank too)
+            else:
+                idle_since = idle_since or time.monotonic()
+                idle = time.monotonic() - idle_since
+                if idle >= keep_s or (idle >= keep_s * _YIELD_SHARE and _newer_kept(path)):
+                    log.info("warm server idle for %.0f s since its last call: ending", idle)
+                    break
             watched = [c for p, c in ranks.items() if p not in orphans]
-            readable, _, _ = select.select([listener, *watched], [], [], warm_reaper.POLL_S)
+            listening = [listener] if listener is not None else []
+            readable, _, _ = select.select([*listening, *watched], [], [], warm_reaper.POLL_S)
             for conn in readable:
                 if conn is listener:
-                    trains = _accept(listener, ranks, cold, import_ahead) or trains
+                    trains = _accept(conn, ranks, cold, import_ahead, adopted) or trains
                     last_request = time.monotonic()
                 else:  # a launcher closed its connection (it died): end its rank
                     pid = next(p for p, c in ranks.items() if c is conn)
@@ -134,6 +182,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
             elif pending and not readable:
                 with warm_reaper.reaping(ranks):
                     pending, loaded = _keep_data(pending)
+                sources = warm_sources.snapshot(sources)  # (a task's own modules)
                 if loaded is not None and cold is None and cuda_touched(cuda_at_start):
                     cold = (f"loading the datasets of {loaded.get('task')} touched CUDA (pinned "
                             "memory, or torch.cuda asked): a rank forked from it could not "
@@ -144,12 +193,46 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
                     log.info("imported for later commands: %s",
                              ", ".join(m.__name__ for m in later()))  # fmt: skip
                 later = None
+                sources = warm_sources.snapshot(sources)
     finally:
-        listener.close()
-        _remove(path)
+        if listener is not None:
+            listener.close()
+            _remove(path)
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+
+def _since(started: float) -> str:
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    return f"started {minutes} min {seconds} s ago"
+
+
+def _watch(pid: int) -> int | None:
+    """A file descriptor that tells when process ``pid`` ends (None: it has ended)."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _ended(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` (:func:`_watch`) ended (its descriptor then closed)."""
+    if not select.select([pidfd], [], [], 0)[0]:
+        return False
+    os.close(pidfd)
+    return True
+
+
+def _newer_kept(path: Path) -> bool:
+    """Whether another kept server of this user's was started or adopted after this one
+    (:func:`kept_socket`: its socket's time is newer)."""
+    try:
+        mine = path.stat().st_mtime_ns
+        return any(other != path and other.stat().st_mtime_ns > mine
+                   for other in path.parent.glob(f"{KEPT_PREFIX}*.sock"))  # fmt: skip
+    except OSError:  # (this one's socket gone: another server took its name)
+        return True
 
 
 def _keep_data(
@@ -289,11 +372,12 @@ def refusal(request: Any) -> str | None:
 
 
 def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str | None,
-            before_rank: Callable[[], None]) -> bool:  # fmt: skip
+            before_rank: Callable[[], None],
+            adopt: Callable[[dict[str, Any], int], dict[str, Any]]) -> bool:  # fmt: skip
     """Fork the rank a connection asks for (a training's rank after ``before_rank()``), or
     refuse it (another user's, a request of another kind, or ``cold``: why no rank may be
-    forked now, the launcher starts it); whether it forked a training's rank (not a ddppipe
-    command delegated to it)."""
+    forked now, the launcher starts it), or answer a later call's adoption (``adopt``);
+    whether it forked a training's rank (not a ddppipe command delegated to it)."""
     conn, _ = listener.accept()
     peer, uid = peer_uid(conn)
     if uid != os.getuid():  # before reading a byte of it
@@ -305,9 +389,17 @@ def _accept(listener: socket.socket, ranks: dict[int, socket.socket], cold: str 
     try:
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         request = json.loads(message)
-        refused = refusal(request)
+        adopting = isinstance(request, dict) and isinstance(request.get("adopt"), int)
+        refused = None if adopting else refusal(request)
     except (OSError, ValueError) as e:
-        refused = f"a bad request ({e})"
+        adopting, refused = False, f"a bad request ({e})"
+    if adopting:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(adopt(request, peer)).encode() + b"\n")
+        conn.close()
+        return False
     refused = refused or cold
     if refused is not None:
         log.warning("warm server: refused a request of pid %d: %s", peer, refused)
@@ -402,18 +494,66 @@ def local_socket(name: str | None = None) -> Path:
     return private_folder() / (name or f"ddppipe-warm-{os.getpid()}.sock")
 
 
-def start(path: Path, log_path: Path,
-          data: list[dict[str, Any]] | None = None) -> subprocess.Popen:  # fmt: skip
-    """Start a server on ``path`` (its log in ``log_path``; ``data``: the datasets to keep, see
-    :func:`serve`); it listens seconds later (:func:`ddppipe.launching.warm_client.usable`
-    waits for it)."""
+def start(path: Path, log_path: Path, data: list[dict[str, Any]] | None = None,
+          keep_s: float = 0.0) -> subprocess.Popen:  # fmt: skip
+    """Start a server on ``path`` (its log in ``log_path``; ``data``: the datasets to keep,
+    ``keep_s``: how long it outlives its callers, see :func:`serve`); it listens seconds
+    later (:func:`ddppipe.launching.warm_client.usable` waits for it)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as sink:
         server = subprocess.Popen(
             [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(path),
-             "--data-json", json.dumps(data or [])],
+             "--data-json", json.dumps(data or []), "--keep-s", str(keep_s)],
             stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
         )  # fmt: skip
     return server
+
+
+# What a server's imports read from the environment (torch's settings, the libraries it loads,
+# Python's): a call whose values differ gets a server of its own.
+_IMPORT_ENV = ("TORCH", "PYTORCH", "LD_", "PYTHON", "OMP_", "MKL_", "KMP_")
+
+
+def kept_socket(project: Path) -> Path:
+    """The socket of the server kept for the calls of ``project`` (a Snakemake working
+    folder) with this interpreter and import environment, in this user's private folder."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_IMPORT_ENV)}
+    key = json.dumps([str(project.resolve()), sys.executable, env])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and private.problem(Path(runtime)) is None:
+        return Path(runtime) / f"{KEPT_PREFIX}{digest}.sock"
+    return private.user_folder(Path(tempfile.gettempdir())) / f"{KEPT_PREFIX}{digest}.sock"
+
+
+def kept(project: Path, log_path: Path, data: list[dict[str, Any]]) -> tuple[Path, int]:
+    """The warm server of this call of ``project``: the one kept since an earlier call,
+    adopted (asked to keep ``data`` too), where it listens and its imports are unchanged;
+    else a new one, kept :data:`KEEP_S` seconds after this call. Its socket and pid."""
+    path = kept_socket(project)
+    pid = _adopt(path, data)
+    if pid is None:
+        pid = start(path, log_path, data, KEEP_S).pid
+    return path, pid
+
+
+def _adopt(path: Path, data: list[dict[str, Any]]) -> int | None:
+    """The pid of the kept server on ``path``, now serving this process too; None when none
+    listens there or it is stale (its log says why)."""
+    if not path.is_socket():
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(_ADOPT_TIMEOUT_S)
+            conn.connect(str(path))
+            conn.sendall(json.dumps({"adopt": os.getpid(), "data": data}).encode())
+            answer = json.loads(conn.makefile("rb").readline() or b"{}")
+    except (OSError, ValueError) as e:
+        log.info("kept warm server on %s unusable (%s): starting another", path, e)
+        return None
+    if "stale" in answer:
+        log.info("kept warm server stale (%s): starting another", answer["stale"])
+    pid = answer.get("adopted")
+    return pid if isinstance(pid, int) else None

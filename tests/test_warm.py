@@ -590,21 +590,7 @@ def preload():
     import kept_probe
     return (kept_probe,)
 
-warm.serve(Path(sys.argv[1]), preload, keep_s=float(sys.argv[2]))
-"""
-
-# A call: starts a kept server (stderr to the log given), waits until it listens, ends.
-CALL = """
-import subprocess, sys, time
-from pathlib import Path
-path, keep_s, modules, log = sys.argv[1:5]
-with open(log, "ab") as sink:
-    server = subprocess.Popen([sys.executable, "-c", sys.argv[5], path, keep_s, modules],
-                              stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
-while not Path(path).is_socket():
-    assert server.poll() is None
-    time.sleep(0.02)
-print(server.pid)
+warm.serve(Path(sys.argv[1]), preload, keep_s=float(sys.argv[2]), caller=int(sys.argv[4]))
 """
 
 KEPT_PROBE = """
@@ -612,34 +598,52 @@ import os, sys
 open(os.environ["PROBE_OUT"], "w").write(str("kept_probe" in sys.modules))
 """
 
-# A later call: adopts the kept server, prints its pid (or None), ends.
-ADOPTS = """
-import sys
-from pathlib import Path
-from ddppipe.launching import warm
-print(warm._adopt(Path(sys.argv[1]), []))
-"""
-
 
 def kept_call(folder: Path, name: str, keep_s: float) -> tuple[Path, int]:
-    """A call that left a kept server on ``folder``'s socket ``name``: the socket, the pid."""
+    """A call (a shell) that started a kept server on ``folder``'s socket ``name`` and ended:
+    the socket, once the server listens, and the server's pid."""
     path = folder / f"{warm.KEPT_PREFIX}{name}.sock"
-    done = subprocess.run([sys.executable, "-c", CALL, str(path), str(keep_s), str(folder),
-                           str(folder / f"{name}.log"), KEPT_SERVER],
-                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
-    return path, int(done.stdout)
+    started = subprocess.run(
+        ["sh", "-c", '"$0" -c "$1" "$2" "$3" "$4" $$ </dev/null >/dev/null 2>>"$5" & echo $!',
+         sys.executable, KEPT_SERVER, str(path), str(keep_s), str(folder),
+         str(folder / f"{name}.log")],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    pid = int(started.stdout)
+    deadline = time.monotonic() + 60
+    while not path.is_socket():
+        assert Path(f"/proc/{pid}").exists() and time.monotonic() < deadline
+        time.sleep(0.02)
+    return path, pid
 
 
-def adopt(path: Path) -> str:
-    return subprocess.run([sys.executable, "-c", ADOPTS, str(path)], capture_output=True,
-                          text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+def adopt(path: Path) -> int | None:
+    """A later call (a forked process that then ends) adopts the server on ``path``: its pid."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        os.write(write, json.dumps(warm._adopt(path, [])).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        pid = json.loads(answer.read())
+    os.waitpid(child, 0)
+    return pid
 
 
 def ends_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` ended (a zombie included: init reaps it when it will) within
+    ``seconds``."""
     deadline = time.monotonic() + seconds
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
         time.sleep(0.05)
-    return not Path(f"/proc/{pid}").exists()
+    return False
 
 
 @pytest.fixture
@@ -663,7 +667,7 @@ def test_a_kept_server_outlives_its_call_serves_the_next_and_ends_when_idle(
     path, pid = kept_call(kept_folder, "a", keep_s=1.5)
     time.sleep(0.3)  # its caller has ended
     assert path.is_socket() and Path(f"/proc/{pid}").exists()
-    assert adopt(path) == str(pid)
+    assert adopt(path) == pid
     env = {**os.environ, env_names.WARM_SOCKET: str(path), env_names.WARM_SERVER: str(pid),
            "PROBE_OUT": str(tmp_path / "out")}  # fmt: skip
     (tmp_path / "probe.py").write_text(KEPT_PROBE)
@@ -682,7 +686,7 @@ def test_a_kept_server_whose_imported_code_changed_is_stale(kept_folder: Path) -
     server, never the old code), the stale one stops listening and ends."""
     path, pid = kept_call(kept_folder, "b", keep_s=60)
     (kept_folder / "kept_probe.py").write_text("VALUE = 2  # edited\n")
-    assert adopt(path) == "None"
+    assert adopt(path) is None
     assert ends_within(pid, 10) and not path.exists()
     log = (kept_folder / "b.log").read_text()
     assert f"warm server stale: {kept_folder / 'kept_probe.py'} changed since" in log

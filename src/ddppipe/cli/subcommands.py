@@ -181,6 +181,7 @@ COMMANDS: tuple[Command, ...] = (
             help="datasets to keep for the ranks: [{task, data_dir, args}, ...]",
         ),
         arg("--keep-s", type=float, default=0.0, help="seconds it outlives its callers"),
+        arg("--caller", type=int, help="the pid of the call it serves (default: its parent)"),
     ),
     command(
         "preflight",

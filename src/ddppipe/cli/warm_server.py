@@ -44,12 +44,12 @@ def preload_later() -> tuple[ModuleType, ...]:
     return (plots,)
 
 
-def warm_server(socket: Path, data_json: str, keep_s: float) -> NoReturn:
+def warm_server(socket: Path, data_json: str, keep_s: float, caller: int | None) -> NoReturn:
     """``ddppipe warm-server``: fork warm ranks on ``socket`` until SIGTERM; then exit at once,
     without the interpreter's finalization (with torch's modules loaded, seconds that the end
     of every Snakemake call waited for), its socket removed and its ranks ended already."""
     warm.serve(socket, preload, data=json.loads(data_json), ahead=preload_ahead,
-               later=preload_later, keep_s=keep_s)  # fmt: skip
+               later=preload_later, keep_s=keep_s, caller=caller)  # fmt: skip
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -75,10 +75,11 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
           data: list[dict[str, Any]] | None = None,
           ahead: Callable[[], Sequence[ModuleType]] | None = None,
           later: Callable[[], Sequence[ModuleType]] | None = None,
-          keep_s: float = 0.0) -> None:  # fmt: skip
+          keep_s: float = 0.0, caller: int | None = None) -> None:  # fmt: skip
     """Import what the first requests need (``preload``: torch), listen on the Unix socket
-    ``path``, and fork a process for each request until SIGTERM, or until the process that
-    started it and every caller that adopted it (:func:`adopt`) have ended: then at once
+    ``path``, and fork a process for each request until SIGTERM, or until its first
+    ``caller`` (the pid of the call that started it; default: its parent) and every call that
+    adopted it (:func:`kept`) have ended: then at once
     (``keep_s`` 0), else once none of its ranks runs and no call adopted it for ``keep_s``
     seconds (a twentieth of it when a newer kept server of this user's is in its folder: one
     kept per user), or when a caller finds it stale (a source it imported changed:
@@ -93,7 +94,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
     _check_private(path.parent)
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # inherited until a rank installs its own handler
-    callers = [_watch(os.getppid())]  # each ends when its process does
+    callers = [_watch(os.getppid() if caller is None else caller)]  # each ends with its process
     preloaded = ", ".join(m.__name__ for m in preload())
     sources = warm_sources.snapshot({})
     global _DEFAULT_THREADS
@@ -505,7 +506,8 @@ def start(path: Path, log_path: Path, data: list[dict[str, Any]] | None = None,
     with open(log_path, "ab") as sink:
         server = subprocess.Popen(
             [sys.executable, "-m", "ddppipe", "warm-server", "--socket", str(path),
-             "--data-json", json.dumps(data or []), "--keep-s", str(keep_s)],
+             "--data-json", json.dumps(data or []), "--keep-s", str(keep_s),
+             "--caller", str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
         )  # fmt: skip
     return server

@@ -67,8 +67,6 @@ CASES: list[tuple[str, str, graphs.Facts, bool, bool, str | None, bool, str]] = 
      False, SYNC),
     ("shapes that vary", "on", replace(GPU, warm_up="the full batches' shapes vary"), True,
      False, None, False, "shapes vary"),
-    ("YAML's on (a boolean)", True, GPU, False, True, "fused", False, "one CUDA graph"),  # type: ignore[list-item]
-    ("YAML's off (a boolean)", False, GPU, True, False, None, False, "train.cuda_graphs: off"),  # type: ignore[list-item]
 ]  # fmt: skip
 
 
@@ -83,7 +81,7 @@ def test_the_decision_and_its_reason(
     decision = graphs.decide(mode, facts, measured=measured)
     assert (decision.capture, decision.update, decision.tensor_betas) == (captured, update, betas)
     assert words in decision.reason, decision.reason
-    assert decision.configured == graphs.mode_of(mode)
+    assert decision.configured == mode
     assert decision.as_dict()["reason"] == decision.reason
 
 
@@ -143,5 +141,3 @@ def test_a_bad_value_names_the_key(value: Any) -> None:
     cfg["train"]["cuda_graphs"] = value
     with pytest.raises(config.ConfigError, match=r"train\.cuda_graphs: .* is not one of"):
         run_spec.resolve(cfg, gpus=False)
-    with pytest.raises(ValueError, match=r"train\.cuda_graphs: .* is none of auto, on, off"):
-        graphs.mode_of(value)

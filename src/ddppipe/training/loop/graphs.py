@@ -51,7 +51,6 @@ from ddppipe.training.loop import evaluate, stepping
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "on", "off")
 WARMUP_STEPS = 3  # eager steps on a side stream before the capture (PyTorch's example: 3)
 # Whether the GPU suite measured the graphed step faster and correct (what `auto` turns on):
 # no GPU measurement exists yet, so `auto` is off everywhere.
@@ -66,16 +65,6 @@ NOT_HYPERPARAMETERS = frozenset({
     "params", "initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum", "capturable",
     "fused", "foreach", "param_names",
 })  # fmt: skip
-
-
-def mode_of(value: Any) -> str:
-    """``train.cuda_graphs`` as one of :data:`MODES` (YAML reads an unquoted on/off as a
-    boolean); raise ValueError naming the key for anything else."""
-    if value is True or value is False:
-        return "on" if value else "off"
-    if isinstance(value, str) and value.strip().lower() in MODES:
-        return value.strip().lower()
-    raise ValueError(f"train.cuda_graphs: {value!r} is none of auto, on, off")
 
 
 @dataclass(frozen=True)
@@ -168,9 +157,9 @@ def _refusal(facts: Facts) -> str | None:
 
 def decide(mode: str, facts: Facts, measured: bool = MEASURED) -> Decision:
     """Whether the step of a run with ``facts`` is captured, ``train.cuda_graphs`` being
-    ``mode`` (``measured``: the GPU suite measured the graphed step faster and correct, what
-    ``auto`` needs); the reason in words either way."""
-    mode = mode_of(mode)
+    ``mode`` (auto, on or off, as the run spec has it: ddppipe.settings.run_spec.Train;
+    ``measured``: the GPU suite measured the graphed step faster and correct, what ``auto``
+    needs); the reason in words either way."""
     if mode == "off":
         return Decision(mode, False, "train.cuda_graphs: off")
     refused = _refusal(facts)

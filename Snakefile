@@ -41,9 +41,8 @@ onstart:
 
 
 onsuccess:
-    ddp_call.end(
-        P
-    )  # warm ranks stopped, a packed sweep's allocations ended, the summary
+    # the warm server left to the next call, a packed sweep's allocations ended, the summary
+    ddp_call.end(P)
 
 
 onerror:

@@ -158,7 +158,9 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
             elif not keep_s or listener is None:
                 break  # its callers gone (a stale server: its last rank too)
             else:
-                idle_since = idle_since or time.monotonic()
+                if idle_since is None:  # its last call ended: it keeps its imports, not data
+                    idle_since = time.monotonic()
+                    _drop_data()
                 idle = time.monotonic() - idle_since
                 if idle >= keep_s or (idle >= keep_s * _YIELD_SHARE and _newer_kept(path)):
                     log.info("warm server idle for %.0f s since its last call: ending", idle)
@@ -202,6 +204,14 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+
+def _drop_data() -> None:
+    """The kept datasets forgotten: a server kept between calls holds its imports only (a
+    call that adopts it asks for its datasets again, loaded while its first jobs run)."""
+    kept = sys.modules.get("ddppipe.tasks.kept_datasets")
+    if kept is not None and (dropped := kept.drop()):
+        log.info("warm server idle: %d kept dataset(s) freed", dropped)
 
 
 def _since(started: float) -> str:

@@ -53,3 +53,10 @@ def datasets(task: Task, data_dir: Path, args: dict[str, Any]) -> Any:
         return task.call("datasets", data_dir, args)
     log.info("the datasets of %s kept by the warm server (not loaded again)", data_dir)
     return kept
+
+
+def drop() -> int:
+    """Forget every kept dataset (their memory freed as no rank holds them); how many."""
+    count = len(_KEPT)
+    _KEPT.clear()
+    return count

@@ -64,6 +64,9 @@ KEEP_S = 600.0
 # An idle kept server gives way to a newer one of its user's after this share of its keep time
 # (30 s): the next call of its own folder, a moment later, still finds it.
 _YIELD_SHARE = 0.05
+# How often an idle kept server wakes (a connection wakes it at once): not 20 times a second for
+# 10 minutes, which keeps a laptop's CPU from its deep sleep states.
+_IDLE_POLL_S = 1.0
 _ADOPT_TIMEOUT_S = 10.0  # a kept server answers at once: one that does not is replaced
 KEPT_PREFIX = "ddppipe-warm-kept-"  # a kept server's socket: KEPT_PREFIX + its key + ".sock"
 
@@ -160,6 +163,7 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
             else:
                 if idle_since is None:  # its last call ended: it keeps its imports, not data
                     idle_since = time.monotonic()
+                    pending = []
                     _drop_data()
                 idle = time.monotonic() - idle_since
                 if idle >= keep_s or (idle >= keep_s * _YIELD_SHARE and _newer_kept(path)):
@@ -167,7 +171,8 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
                     break
             watched = [c for p, c in ranks.items() if p not in orphans]
             listening = [listener] if listener is not None else []
-            readable, _, _ = select.select([*listening, *watched], [], [], warm_reaper.POLL_S)
+            wait = warm_reaper.POLL_S if idle_since is None else _IDLE_POLL_S
+            readable, _, _ = select.select([*listening, *watched], [], [], wait)
             for conn in readable:
                 if conn is listener:
                     trains = _accept(conn, ranks, cold, import_ahead, adopted) or trains

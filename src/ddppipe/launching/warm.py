@@ -137,9 +137,9 @@ def serve(path: Path, preload: Callable[[], Sequence[ModuleType]],
             _remove(path)
             listener = None
             return {"stale": f"{why} changed since the server imported it"}
-        caller = _watch(int(request["adopt"]))
-        if caller is not None:
-            callers.append(caller)
+        pidfd = _watch(int(request["adopt"]))
+        if pidfd is not None:
+            callers.append(pidfd)
         pending.extend(d for d in request.get("data", []) if d not in pending)
         os.utime(path)  # the newest kept server now: an older idle one ends
         log.info("warm server adopted by the call of pid %d (%s)", peer, _since(started))
@@ -327,13 +327,16 @@ def _remove(path: Path) -> None:
             path.parent.rmdir()
 
 
-def private_folder() -> Path:
-    """A folder for a server's socket that only this user can enter: ``XDG_RUNTIME_DIR`` where
-    it is set and private (mode 0700, this user's), else a new one in the temporary folder."""
+def _runtime_folder() -> Path | None:
+    """``XDG_RUNTIME_DIR`` where it is set and private (mode 0700, this user's); else None."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and private.problem(Path(runtime)) is None:
-        return Path(runtime)
-    return Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700, whatever the umask
+    return Path(runtime) if runtime and private.problem(Path(runtime)) is None else None
+
+
+def private_folder() -> Path:
+    """A folder for a server's socket that only this user can enter: :func:`_runtime_folder`,
+    else a new one in the temporary folder."""
+    return _runtime_folder() or Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # mode 0700
 
 
 def _check_private(folder: Path) -> None:
@@ -539,10 +542,8 @@ def kept_socket(project: Path) -> Path:
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_IMPORT_ENV)}
     key = json.dumps([str(project.resolve()), sys.executable, env])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and private.problem(Path(runtime)) is None:
-        return Path(runtime) / f"{KEPT_PREFIX}{digest}.sock"
-    return private.user_folder(Path(tempfile.gettempdir())) / f"{KEPT_PREFIX}{digest}.sock"
+    folder = _runtime_folder() or private.user_folder(Path(tempfile.gettempdir()))
+    return folder / f"{KEPT_PREFIX}{digest}.sock"
 
 
 def kept(project: Path, log_path: Path, data: list[dict[str, Any]]) -> tuple[Path, int]:

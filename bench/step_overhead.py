@@ -20,7 +20,7 @@ the first ``--cnn-samples`` MNIST training images, served from a local mirror. T
 take their recipe (batch, lr, weight decay, label smoothing, channels_last, epochs) from the
 config ddppipe resolved and the precision from its evaluation record; their model from the
 task's ``model()``, their data from the same files; each rank the CPUs divided by the ranks
-as threads, as ddppipe's.
+as threads, as ddppipe's (``--threads``: that many on both sides).
 
 Figures: samples/s of the steady training (the first ``WARMUP_STEPS`` steps excluded) and ms
 a step. The plain loops time their parts directly (data: permutation and indexing;
@@ -300,8 +300,7 @@ def plain_rank(rank: int, spec: dict[str, Any], out: str) -> None:
 def run_plain(spec: dict[str, Any], work: Path, name: str) -> Figures:
     """The plain loop on ``spec['ranks']`` fresh processes; rank 0's steady figures."""
     out = work / f"{name}.plain.json"
-    spec = {**spec, "port": free_port(),
-            "threads": max(1, len(os.sched_getaffinity(0)) // spec["ranks"])}  # fmt: skip
+    spec = {**spec, "port": free_port()}
     load, started = os.getloadavg()[0], time.monotonic()
     mp.start_processes(plain_rank, args=(spec, str(out)), nprocs=spec["ranks"],
                        start_method="spawn")  # fmt: skip
@@ -332,10 +331,12 @@ def workload_setup(name: str, args: argparse.Namespace, work: Path) -> tuple[dic
     return overrides, {"data": str(plain)}
 
 
-def plain_spec(workload: str, ranks: int, recipe: dict, data: dict, fused: bool) -> dict:
+def plain_spec(workload: str, ranks: int, recipe: dict, data: dict, fused: bool,
+               threads: int | None) -> dict:  # fmt: skip
     keys = ("batch_size", "lr", "weight_decay", "label_smoothing", "channels_last", "epochs",
             "seed", "precision", "task_args")  # fmt: skip
-    return {"workload": workload, "ranks": ranks, "fused": fused, **data,
+    threads = threads or max(1, len(os.sched_getaffinity(0)) // ranks)  # (ddppipe's default)
+    return {"workload": workload, "ranks": ranks, "fused": fused, "threads": threads, **data,
             **{key: recipe[key] for key in keys}}  # fmt: skip
 
 
@@ -344,18 +345,20 @@ def measure(args: argparse.Namespace, work: Path) -> list[Pair]:
     for workload in args.workload:
         overrides, data = workload_setup(workload, args, work)
         for ranks in args.ranks:
-            launch = {"launch": {"nproc_per_node": ranks}}
+            launch = {"launch": {"nproc_per_node": ranks, "cpus_per_proc": args.threads}}
             recipe: dict | None = None
             for r in range(1, args.rounds + 1):
                 run = f"{workload}-{ranks}r-{r}"
                 print(f"round {r}: {workload} at {ranks} rank(s) ...", file=sys.stderr, flush=True)
                 plain = None
                 if r % 2 == 0 and recipe is not None:  # even rounds: the plain loop first
-                    plain = run_plain(plain_spec(workload, ranks, recipe, data, args.fused),
+                    plain = run_plain(plain_spec(workload, ranks, recipe, data, args.fused,
+                                                 args.threads),
                                       work, run)  # fmt: skip
                 ours, recipe = run_ddppipe(work, run, {**overrides, **launch})
                 if plain is None:
-                    plain = run_plain(plain_spec(workload, ranks, recipe, data, args.fused),
+                    plain = run_plain(plain_spec(workload, ranks, recipe, data, args.fused,
+                                                 args.threads),
                                       work, run)  # fmt: skip
                 pairs.append(Pair(workload, ranks, r, ours, plain))
     return pairs
@@ -427,6 +430,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mirror", type=Path, default=SHARED_MNIST,
                     help="folder of MNIST's *.gz files")  # fmt: skip
     ap.add_argument("--fused", action="store_true", help="the plain loops' AdamW fused")
+    ap.add_argument("--threads", type=int,
+                    help="CPU threads a rank, both sides (ddppipe's launch.cpus_per_proc); "
+                         "default: the CPUs shared out, as ddppipe's default")  # fmt: skip
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--keep", type=Path, help="run in this folder and keep it")
     args = ap.parse_args(argv)
@@ -449,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     print(header(began))
     print(f"load average (1 min) at the end {os.getloadavg()[0]:.1f}; the whole run "
           f"{(time.monotonic() - started) / 60:.1f} min; ms a step of the steady training; "
-          f"plain AdamW {'fused' if args.fused else 'default (for-loop on CPU)'}\n")  # fmt: skip
+          f"plain AdamW {'fused' if args.fused else 'default (for-loop on CPU)'}; threads a "
+          f"rank {args.threads or 'the CPUs shared out'}\n")  # fmt: skip
     print(table(pairs))
     print()
     print(summary(pairs))

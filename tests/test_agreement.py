@@ -1,7 +1,8 @@
 """The ranks' agreement every few steps (``ddppipe.training.loop.agreement``), as a table: a
 sequence of steps' losses, a stop signal and a checkpoint due by time, to what each check
-decides, at lag 0 (a CPU: the check's own exchange) and lag 1 (a GPU: the check before's,
-read without waiting for the device), in a process group of this process alone."""
+decides, at lag 0 (a CPU: the check's own exchange, the losses' values folded on the host)
+and lag 1 (a GPU: the check before's, read without waiting for the device; the window folded
+on the device), in a process group of this process alone."""
 
 from __future__ import annotations
 
@@ -76,8 +77,11 @@ def test_each_check_decides_on_its_exchange_or_the_one_before(
     assert decisions(lag, nonfinite_at, signal_at, save_due_at) == expected
 
 
-def test_a_stop_at_an_epochs_end_is_decided_at_once_and_the_loss_sum_counts_each_sample() -> None:
-    agreed = agreement.Agreement(CPU, 100, 1, lag=1)
+@pytest.mark.parametrize("lag", [0, 1])  # (0: the window's values folded on the host)
+def test_a_stop_at_an_epochs_end_is_decided_at_once_and_the_loss_sum_counts_each_sample(
+    lag: int,
+) -> None:
+    agreed = agreement.Agreement(CPU, 100, 1, lag=lag)
     agreed.start_epoch(40)  # (a slot resumed at step 40)
     for loss, count in [(1.0, 4), (2.0, 4), (3.5, 2), (9.0, 0)]:  # (the last: a stand-in)
         agreed.note(torch.tensor(loss), count)

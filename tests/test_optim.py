@@ -42,6 +42,19 @@ def test_onecycle_spans_every_step_of_the_run() -> None:
     assert scheduler.total_steps == 30
 
 
+def test_only_a_schedule_that_changes_the_rate_is_stepped() -> None:
+    """A constant schedule's step changes nothing: the training does not step it."""
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    stepped = {}
+    for name in ("constant", "step", "onecycle"):
+        train = recipe(optimizer="adamw", schedule=name, lr=0.1, epochs=2, gamma=0.5)
+        optimizer = optim.make_optimizer(params, train, CPU)
+        stepped[name] = optim.changes_lr(optim.make_scheduler(optimizer, train, 10))
+    assert stepped == {"constant": False, "step": True, "onecycle": True}
+    halved = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=0.5, total_iters=3)
+    assert optim.changes_lr(halved)  # (torch's ConstantLR at another factor: a change)
+
+
 def test_a_restored_stream_draws_the_same_numbers() -> None:
     saved = rng.state(CPU)
     first = torch.rand(4)

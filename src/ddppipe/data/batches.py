@@ -240,8 +240,9 @@ class Feed:
         return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
 
     def _gather(self, indices: torch.Tensor) -> Batch:
-        """(In memory) the batch of ``indices``, on the rank's device."""
-        return self._to_device(self.dataset.batch(indices))
+        """(In memory) the batch of ``indices``, on the rank's device (a CPU's: as gathered)."""
+        batch = self.dataset.batch(indices)
+        return batch if self.device.type == "cpu" else self._to_device(batch)
 
     def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
               start_step: int, micro: int = 1) -> Iterator[Share]:  # fmt: skip

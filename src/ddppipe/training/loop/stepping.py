@@ -46,6 +46,7 @@ class Stepper:
     dtype: torch.dtype
     memory_format: torch.memory_format
     world_size: int
+    steps_schedule: bool = True  # False: a schedule whose step changes nothing (optim.changes_lr)
 
     def forward_backward(self, share: batches.Share) -> torch.Tensor:
         """Forward and backward (the gradients' collectives with it), of each micro-step in
@@ -76,7 +77,8 @@ class Stepper:
         loss = self.forward_backward(share)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        if self.steps_schedule:
+            self.scheduler.step()
         return loss
 
 

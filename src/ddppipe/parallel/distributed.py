@@ -58,13 +58,26 @@ def setup(use: devices.Use, timeout_s: float = 600) -> Context:
     device = devices.select(env.local_rank, env.local_world_size, use)
     cuda = device.type == "cuda"
     local = env.local_world_size or 1
+    free: list[int] | None = None  # (a bound CPU rank: the job's CPUs, its group's threads')
     if cuda:  # binding before the process group starts its threads
         torch.cuda.set_device(device)
         in_use = devices.node_devices(device.index, torch.cuda.device_count(), local)
         cpu_binding.bind_gpu_rank(env.local_rank, device.index, in_use)
     else:
-        cpu_binding.bind(env.local_rank, local, torch.get_num_threads())
+        job = sorted(os.sched_getaffinity(0))
+        free = job if cpu_binding.bind(env.local_rank, local, torch.get_num_threads()) else None
     chosen = choose_backend(cuda)
+    with cpu_binding.threads_free(free):
+        _join(env, chosen, timeout_s)
+    if cuda and env.world_size > 1:
+        check_distinct_gpus(device)
+    log.info("%s, backend %s, device %s", env.describe(), chosen, device)
+    process_times.mark("process_group")  # (a start-up mark: ddppipe.runstate.startup)
+    return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name, local)
+
+
+def _join(env: environments.ProcessEnvironment, chosen: str, timeout_s: float) -> None:
+    """Join the launcher's process group, backend ``chosen``."""
     timeout = datetime.timedelta(seconds=timeout_s)
     system.raise_open_files_limit()  # rank 0's sockets to every rank (gloo's gathers)
     if env.name == "single":
@@ -81,11 +94,6 @@ def setup(use: devices.Use, timeout_s: float = 600) -> Context:
             world_size=env.world_size,
             timeout=timeout,
         )
-    if cuda and env.world_size > 1:
-        check_distinct_gpus(device)
-    log.info("%s, backend %s, device %s", env.describe(), chosen, device)
-    process_times.mark("process_group")  # (a start-up mark: ddppipe.runstate.startup)
-    return Context(env.rank, env.local_rank, env.world_size, device, chosen, env.name, local)
 
 
 def check_distinct_gpus(device: torch.device) -> None:

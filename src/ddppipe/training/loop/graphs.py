@@ -235,7 +235,7 @@ class GraphedStepper:
     ) -> None:  # fmt: skip
         self.eager, self.facts, self.decision = eager, facts, decision
         self.full, self._report = full, report
-        self.optimizer, self.scheduler = eager.optimizer, eager.scheduler
+        self.optimizer = eager.optimizer
         self.warmup_steps = warmup_steps
         self.warmed = 0  # full batches trained eagerly on the side stream so far
         self.shape: tuple[Any, ...] | None = None  # the full batches' (x, y) shapes and dtypes
@@ -288,7 +288,7 @@ class GraphedStepper:
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.eager.forward_backward(share)
         self.optimizer.step()
-        self.scheduler.step()
+        self.eager.step_schedule()
         return loss
 
     def _warm_up(self, share: batches.Share, watch: bool) -> torch.Tensor:
@@ -305,7 +305,7 @@ class GraphedStepper:
                 loss = self.eager.forward_backward(share)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
+            self.eager.step_schedule()
         main.wait_stream(side)
         self.warmed += 1
         if found:
@@ -358,7 +358,7 @@ class GraphedStepper:
         _run_hooks(self.optimizer, post=False)
         self.graph.replay()
         _run_hooks(self.optimizer, post=True)
-        self.scheduler.step()
+        self.eager.step_schedule()
         self.replays += 1
         return loss
 

@@ -77,9 +77,13 @@ class Stepper:
         loss = self.forward_backward(share)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.step_schedule()
+        return loss
+
+    def step_schedule(self) -> None:
+        """The schedule's step, after the optimizer's (none where it changes nothing)."""
         if self.steps_schedule:
             self.scheduler.step()
-        return loss
 
 
 @contextlib.contextmanager

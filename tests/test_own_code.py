@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -65,23 +66,35 @@ def test_task_file_trains_evaluates_and_exports(task_run: tuple[Path, dict]) -> 
     assert weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
 
 
-def tensorboard_steps(folder: Path, tag: str) -> list[int]:
-    """Steps of ``tag`` as TensorBoard loads them (honouring each slot's purge)."""
+def tensorboard_points(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, wall time) of ``tag``'s points as TensorBoard loads them (honouring each slot's
+    purge)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(folder))
     accumulator.Reload()
-    return [event.step for event in accumulator.Scalars(tag)]
+    return [(event.step, event.wall_time) for event in accumulator.Scalars(tag)]
+
+
+def tensorboard_steps(folder: Path, tag: str) -> list[int]:
+    return [step for step, _ in tensorboard_points(folder, tag)]
 
 
 @pytest.mark.slow
 def test_tensorboard_points_of_the_task(task_run: tuple[Path, dict]) -> None:
+    """An epoch point each epoch; the train loss at checks (every 10 steps), a second apart at
+    the least within an epoch (each point costs the training thread its CPU a moment)."""
     wd, _ = task_run
     folder = wd / "results" / "tinycnn" / "tensorboard"
     steps_per_epoch = 50  # 3,200 training samples (4,000 less 20 % for the test), batch 64
-    assert tensorboard_steps(folder, "epoch/test_loss") == [steps_per_epoch, 2 * steps_per_epoch]
-    train = tensorboard_steps(folder, "train/loss")
-    assert train and train == sorted(set(train))
+    epoch_points = [step for step, _ in tensorboard_points(folder, "epoch/test_loss")]
+    assert epoch_points == [steps_per_epoch, 2 * steps_per_epoch]
+    train = tensorboard_points(folder, "train/loss")
+    steps = [step for step, _ in train]
+    assert steps and steps == sorted(set(steps)) and all(step % 10 == 0 for step in steps)
+    within = [later - earlier for (a, earlier), (b, later) in itertools.pairwise(train)
+              if a // steps_per_epoch == b // steps_per_epoch]  # fmt: skip
+    assert all(gap >= 0.99 for gap in within), train
 
 
 @pytest.mark.slow

@@ -236,13 +236,14 @@ class Feed:
 
     def _to_device(self, batch: Any) -> Batch:
         x, y = batch
+        if self.device.type == "cpu":  # (where every batch is: no call a step)
+            return x, y
         pinned = self.device.type == "cuda"  # the loader pins its batches for the GPU
         return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
 
     def _gather(self, indices: torch.Tensor) -> Batch:
-        """(In memory) the batch of ``indices``, on the rank's device (a CPU's: as gathered)."""
-        batch = self.dataset.batch(indices)
-        return batch if self.device.type == "cpu" else self._to_device(batch)
+        """(In memory) the batch of ``indices``, on the rank's device."""
+        return self._to_device(self.dataset.batch(indices))
 
     def epoch(self, seed: int, epoch: int, global_batch: int, rank: int, world_size: int,
               start_step: int, micro: int = 1) -> Iterator[Share]:  # fmt: skip

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from ddppipe.data import batches
-from ddppipe.training.loop import evaluate
+from ddppipe.training.loop import evaluate, optim
 
 
 def loss_weight(count: int, total: int, world_size: int) -> float:
@@ -46,7 +46,11 @@ class Stepper:
     dtype: torch.dtype
     memory_format: torch.memory_format
     world_size: int
-    steps_schedule: bool = True  # False: a schedule whose step changes nothing (optim.changes_lr)
+    # False: a schedule whose step changes nothing (optim.changes_lr), not stepped
+    steps_schedule: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps_schedule", optim.changes_lr(self.scheduler))
 
     def forward_backward(self, share: batches.Share) -> torch.Tensor:
         """Forward and backward (the gradients' collectives with it), of each micro-step in

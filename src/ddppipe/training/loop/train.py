@@ -176,7 +176,7 @@ class Trainer:
         self.scheduler = optim.make_scheduler(self.optimizer, recipe, self.steps_per_epoch)
         self.train_step: stepping.Stepper | graphs.GraphedStepper = stepping.Stepper(
             self.net, self.optimizer, self.scheduler, self.loss_fn, self.dtype,
-            self.memory_format, ctx.world_size, optim.changes_lr(self.scheduler),
+            self.memory_format, ctx.world_size,
         )  # fmt: skip
         self._graph_steps()
         self.meter.watch_memory(ctx.device, model, self.optimizer)
